@@ -1,0 +1,370 @@
+"""The one door to etcd.
+
+Everything peerctl keeps lives under ``/peerctl/<cluster>/``; callers name
+keys relative to that prefix and never see the client library, so swapping
+the etcd client touches this file only.  Values are msgpack.
+
+Promises:
+- every failure to reach etcd surfaces as :class:`StoreUnavailable`;
+- a transaction is all-or-nothing and reports the revision it ran at;
+- ``watch`` delivers events in revision order to a callback and reports a
+  broken stream (etcd restarted, revision compacted) as one error call, so the
+  caller can resume from the last revision it saw.
+"""
+from __future__ import annotations
+
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import grpc
+import msgpack
+import pyetcd
+from pyetcd import etcdrpc
+from pyetcd import exceptions as etcd_exceptions
+from pyetcd import utils as etcd_utils
+
+__all__ = [
+    "Store", "KV", "Event", "TxnResult", "StoreUnavailable", "WatchBroken",
+    "Compacted", "Put", "Delete", "Get", "absent", "exists", "created_at",
+    "modified_at", "value_is", "lease_is", "parse_endpoints",
+]
+
+
+class StoreUnavailable(Exception):
+    """etcd could not be reached (or answered with an internal error)."""
+
+
+class WatchBroken(Exception):
+    """A watch stream ended; resume from the last revision seen."""
+
+
+class Compacted(WatchBroken):
+    """The revision a watch wanted to resume from was compacted away."""
+
+    def __init__(self, compacted_revision: int):
+        super().__init__(f"revision compacted up to {compacted_revision}")
+        self.compacted_revision = compacted_revision
+
+
+def _encode(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _decode(raw: bytes) -> Any:
+    if not raw:
+        return None
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+@dataclass(frozen=True)
+class KV:
+    key: str            # relative to the cluster prefix
+    value: Any
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str           # "put" or "delete"
+    kv: KV
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    succeeded: bool
+    revision: int
+    ranges: list        # list[list[KV]] for Get ops, in order
+
+
+# -- transaction operations and comparisons ---------------------------------
+
+@dataclass(frozen=True)
+class Put:
+    key: str
+    value: Any
+    lease: int = 0
+
+
+@dataclass(frozen=True)
+class Delete:
+    key: str
+    prefix: bool = False
+
+
+@dataclass(frozen=True)
+class Get:
+    key: str
+    prefix: bool = False
+
+
+@dataclass(frozen=True)
+class Compare:
+    key: str
+    target: str         # "version" | "create" | "mod" | "value" | "lease"
+    op: str             # "==" | "!=" | "<" | ">"
+    operand: Any
+
+
+def absent(key: str) -> Compare:
+    return Compare(key, "version", "==", 0)
+
+
+def exists(key: str) -> Compare:
+    return Compare(key, "version", ">", 0)
+
+
+def created_at(key: str, revision: int) -> Compare:
+    """The fencing compare: the key still is the one created at ``revision``."""
+    return Compare(key, "create", "==", revision)
+
+
+def modified_at(key: str, revision: int) -> Compare:
+    return Compare(key, "mod", "==", revision)
+
+
+def value_is(key: str, value: Any) -> Compare:
+    return Compare(key, "value", "==", value)
+
+
+def lease_is(key: str, lease: int) -> Compare:
+    return Compare(key, "lease", "==", lease)
+
+
+_OPS = {"==": etcdrpc.Compare.EQUAL, "!=": etcdrpc.Compare.NOT_EQUAL,
+        "<": etcdrpc.Compare.LESS, ">": etcdrpc.Compare.GREATER}
+
+
+def parse_endpoints(urls: str) -> list[tuple[str, int]]:
+    """``http://127.0.0.1:2379,http://h:2380`` -> [(host, port), ...]."""
+    endpoints = []
+    for url in filter(None, (u.strip() for u in urls.split(","))):
+        parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
+        if parsed.scheme not in ("http", "") or not parsed.hostname:
+            raise ValueError(f"bad etcd endpoint {url!r} (want http://HOST:PORT)")
+        endpoints.append((parsed.hostname, parsed.port or 2379))
+    if not endpoints:
+        raise ValueError("no etcd endpoint given")
+    return endpoints
+
+
+# gRPC's default reconnect backoff grows to two minutes; a restarted etcd must
+# be found again within a fraction of a lease TTL.
+_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 500)]
+
+
+class Store:
+    """A cluster's keyspace in etcd."""
+
+    def __init__(self, endpoints: str = "http://127.0.0.1:2379",
+                 cluster: str = "default", timeout: float = 5.0):
+        self.endpoints = endpoints
+        self.cluster = cluster
+        self.prefix = f"/peerctl/{cluster}/"
+        self._prefix_bytes = self.prefix.encode()
+        self._client = pyetcd.MultiEndpointEtcd3Client(
+            endpoints=[pyetcd.Endpoint(host, port, secure=False, time_retry=0.5,
+                                       opts=_CHANNEL_OPTIONS)
+                       for host, port in parse_endpoints(endpoints)],
+            timeout=timeout, failover=True)
+        self._timeout = timeout
+        self._watch_lock = threading.Lock()
+
+    # -- plumbing ----------------------------------------------------------
+
+    def _full(self, key: str) -> bytes:
+        return self._prefix_bytes + key.encode()
+
+    def _kv(self, raw) -> KV:
+        return KV(raw.key[len(self._prefix_bytes):].decode(), _decode(raw.value),
+                  raw.create_revision, raw.mod_revision, raw.version, raw.lease)
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise KeyError(exc.details()) from None
+            if len(self._client.endpoints) > 1:
+                self._client.endpoint_in_use.fail()     # fail over to the next one
+                self._client._clear_old_stubs()
+            raise StoreUnavailable(self._why(exc)) from None
+        except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
+            raise StoreUnavailable(self._why(exc)) from None
+
+    def _why(self, exc) -> str:
+        return f"etcd at {self.endpoints} unreachable ({type(exc).__name__})"
+
+    def _range_request(self, key: str, prefix: bool, keys_only=False,
+                       revision: int = 0, limit: int = 0):
+        full = self._full(key)
+        request = etcdrpc.RangeRequest(key=full, keys_only=keys_only,
+                                       revision=revision, limit=limit)
+        if prefix:
+            request.range_end = etcd_utils.prefix_range_end(full)
+        return request
+
+    # -- reads -------------------------------------------------------------
+
+    def get(self, key: str) -> KV | None:
+        response = self._call(self._client.kvstub.Range,
+                              self._range_request(key, False), self._timeout)
+        return self._kv(response.kvs[0]) if response.kvs else None
+
+    def range(self, prefix: str, keys_only: bool = False,
+              revision: int = 0) -> tuple[list[KV], int]:
+        """All keys under ``prefix`` and the revision of the read."""
+        response = self._call(self._client.kvstub.Range,
+                              self._range_request(prefix, True, keys_only, revision),
+                              self._timeout)
+        return [self._kv(kv) for kv in response.kvs], response.header.revision
+
+    def revision(self) -> int:
+        response = self._call(self._client.kvstub.Range,
+                              self._range_request("", False, True, 0, 1), self._timeout)
+        return response.header.revision
+
+    # -- writes ------------------------------------------------------------
+
+    def put(self, key: str, value: Any, lease: int = 0) -> int:
+        request = etcdrpc.PutRequest(key=self._full(key), value=_encode(value),
+                                     lease=lease)
+        return self._call(self._client.kvstub.Put, request, self._timeout).header.revision
+
+    def delete(self, key: str, prefix: bool = False) -> int:
+        return self.txn([], [Delete(key, prefix)]).revision
+
+    def _op(self, op) -> etcdrpc.RequestOp:
+        if isinstance(op, Put):
+            return etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(
+                key=self._full(op.key), value=_encode(op.value), lease=op.lease))
+        if isinstance(op, Delete):
+            full = self._full(op.key)
+            request = etcdrpc.DeleteRangeRequest(key=full)
+            if op.prefix:
+                request.range_end = etcd_utils.prefix_range_end(full)
+            return etcdrpc.RequestOp(request_delete_range=request)
+        if isinstance(op, Get):
+            return etcdrpc.RequestOp(request_range=self._range_request(op.key, op.prefix))
+        raise TypeError(f"not a transaction operation: {op!r}")
+
+    def _compare(self, compare: Compare) -> etcdrpc.Compare:
+        message = etcdrpc.Compare(key=self._full(compare.key), result=_OPS[compare.op])
+        if compare.target == "version":
+            message.target = etcdrpc.Compare.VERSION
+            message.version = compare.operand
+        elif compare.target == "create":
+            message.target = etcdrpc.Compare.CREATE
+            message.create_revision = compare.operand
+        elif compare.target == "mod":
+            message.target = etcdrpc.Compare.MOD
+            message.mod_revision = compare.operand
+        elif compare.target == "value":
+            message.target = etcdrpc.Compare.VALUE
+            message.value = _encode(compare.operand)
+        elif compare.target == "lease":
+            message.target = etcdrpc.Compare.LEASE
+            message.lease = compare.operand
+        else:
+            raise ValueError(compare.target)
+        return message
+
+    def txn(self, compares: Iterable[Compare], success: Iterable = (),
+            failure: Iterable = ()) -> TxnResult:
+        request = etcdrpc.TxnRequest(
+            compare=[self._compare(c) for c in compares],
+            success=[self._op(op) for op in success],
+            failure=[self._op(op) for op in failure])
+        response = self._call(self._client.kvstub.Txn, request, self._timeout)
+        ranges = [[self._kv(kv) for kv in r.response_range.kvs]
+                  for r in response.responses if r.WhichOneof("response") == "response_range"]
+        return TxnResult(response.succeeded, response.header.revision, ranges)
+
+    def create(self, key: str, value: Any, lease: int = 0) -> bool:
+        """Create-if-absent; True when this call created the key."""
+        return self.txn([absent(key)], [Put(key, value, lease)]).succeeded
+
+    # -- leases ------------------------------------------------------------
+
+    def grant(self, ttl: int) -> int:
+        request = etcdrpc.LeaseGrantRequest(TTL=int(ttl), ID=0)
+        return self._call(self._client.leasestub.LeaseGrant, request, self._timeout).ID
+
+    def keepalive(self, lease: int) -> int:
+        """Refresh ``lease``; returns its TTL, 0 or less when it has expired."""
+        def refresh():
+            request = etcdrpc.LeaseKeepAliveRequest(ID=lease)
+            for response in self._client.leasestub.LeaseKeepAlive(
+                    iter([request]), self._timeout):
+                return response.TTL
+            return 0
+        return self._call(refresh)
+
+    def revoke(self, lease: int) -> None:
+        try:
+            self._call(self._client.leasestub.LeaseRevoke,
+                       etcdrpc.LeaseRevokeRequest(ID=lease), self._timeout)
+        except KeyError:
+            pass    # already gone
+
+    def lease_alive(self, lease: int) -> bool:
+        request = etcdrpc.LeaseTimeToLiveRequest(ID=lease)
+        return self._call(self._client.leasestub.LeaseTimeToLive, request,
+                          self._timeout).TTL > 0
+
+    # -- watches -----------------------------------------------------------
+
+    def watch(self, prefix: str, start_revision: int,
+              callback: Callable[[list[Event] | Exception, int], None]) -> Callable[[], None]:
+        """Watch ``prefix`` from ``start_revision``.
+
+        ``callback(events, header_revision)`` runs on the client's watch
+        thread: keep it short.  A broken stream calls ``callback(error, 0)``
+        once with :class:`WatchBroken` or :class:`Compacted`.  Returns cancel.
+        """
+        full = self._full(prefix)
+        broken = threading.Event()
+
+        def on_response(response):
+            if broken.is_set():
+                return
+            if isinstance(response, etcd_exceptions.RevisionCompactedError):
+                broken.set()
+                callback(Compacted(response.compacted_revision), 0)
+            elif isinstance(response, BaseException) or response is None:
+                broken.set()
+                callback(WatchBroken(str(response)), 0)
+            else:
+                events = [Event("put" if isinstance(e, pyetcd.events.PutEvent) else "delete",
+                                self._kv(e._event.kv)) for e in response.events]
+                callback(events, response.header.revision)
+
+        with self._watch_lock:
+            try:
+                watch_id = self._client.add_watch_prefix_callback(
+                    full, on_response, start_revision=start_revision)
+            except etcd_exceptions.RevisionCompactedError as exc:
+                raise Compacted(exc.compacted_revision) from None
+            except (grpc.RpcError, etcd_exceptions.Etcd3Exception, ValueError) as exc:
+                raise StoreUnavailable(self._why(exc)) from None
+
+        def cancel():
+            broken.set()
+            try:
+                self._client.cancel_watch(watch_id)
+            except Exception:   # the stream may already be gone
+                pass
+        return cancel
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except Exception:
+            pass
