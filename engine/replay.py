@@ -1,0 +1,374 @@
+"""Workers as replayable generators: the deterministic heart of an automation.
+
+A worker is a generator function ``worker(ctx, **args)`` that yields
+:class:`Request` objects (or ``ctx.all([...])`` / ``ctx.first([...])`` over
+requests and child workers) and receives their outcomes.  Its whole state is
+a function of the history it was fed, so any peer can rebuild it from the log
+in etcd.
+
+The :class:`Replayer` is an event-sourced simulation: responses are delivered
+in the order etcd committed them (their revision), and after each delivery
+every worker that can move runs until it blocks again.  The live initiator and
+a peer replaying after a crash feed the same responses in the same order, so
+they reach the same states and yield the same requests.  Each yielded request
+is identified by ``(worker path, sequence number)``; when the log already holds
+that step, its fingerprint must match, otherwise the automation is *stuck*
+(the code changed under a running automation) and nothing more is written.
+
+No etcd is needed here; tests feed histories by hand.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import msgpack
+
+__all__ = ["Request", "Response", "Context", "Replayer", "NewRequest",
+           "NonDeterminism", "WorkerFailed", "fingerprint", "LoggedStep"]
+
+_NAMESPACE = uuidlib.UUID("5f1b9c62-4c3e-4e8e-9a57-0c9f1d6b7a21")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One stateless, idempotent step run by ``target`` (or the initiator)."""
+    name: str
+    args: dict = field(default_factory=dict)
+    target: str | None = None
+    deadline: float = 60.0          # seconds until a `timeout` response
+    label: str | None = None        # what progress views group by (VM, host)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: str                     # ok | error | timeout | lost
+    value: Any = None
+    error: str | None = None
+    executor: str | None = None
+    time: float = 0.0
+    revision: int = 0               # etcd revision it landed at: the delivery order
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class LoggedStep:
+    """What the log holds for one step."""
+    index: int
+    worker: str
+    seq: int
+    fingerprint: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """A step the workers yielded that the log does not hold yet."""
+    worker: str
+    seq: int
+    worker_name: str
+    request: Request
+    fingerprint: str
+
+
+class NonDeterminism(Exception):
+    """Replayed code yielded something else than the log recorded."""
+
+
+class WorkerFailed(Exception):
+    """A child worker raised; carries its error text."""
+
+
+def fingerprint(worker_name: str, request: Request) -> str:
+    blob = msgpack.packb([worker_name, request.name, request.target,
+                          _canonical(request.args)], use_bin_type=True)
+    return hashlib.sha1(blob).hexdigest()[:16]
+
+
+def _canonical(value):
+    if isinstance(value, dict):
+        return sorted((str(k), _canonical(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
+# -- what workers yield -------------------------------------------------------
+
+@dataclass
+class _Child:
+    func: Callable
+    args: tuple
+    kwargs: dict
+    label: str | None
+
+
+@dataclass
+class _All:
+    items: list
+
+
+@dataclass
+class _First:
+    items: list
+
+
+class Context:
+    """Handed to every worker: deterministic helpers and fan-out."""
+
+    def __init__(self, automation_id: str, path: str, version: int, created: float,
+                 label: str | None, replayer: "Replayer"):
+        self.automation_id = automation_id
+        self.path = path
+        self.version = version
+        self.label = label
+        self._replayer = replayer
+        self._created = created
+        self.random = random.Random(f"{automation_id}/{path}")
+
+    def now(self) -> float:
+        """Time of the latest response delivered: the same on every replay."""
+        return self._replayer.clock or self._created
+
+    def uuid(self, name: str) -> str:
+        """A uuid derived from the automation, stable across replays."""
+        return str(uuidlib.uuid5(_NAMESPACE, f"{self.automation_id}/{name}"))
+
+    def worker(self, func: Callable, *args, label: str | None = None, **kwargs) -> _Child:
+        return _Child(func, args, kwargs, label)
+
+    def all(self, items) -> _All:
+        """Wait for every item; the result is the list of their outcomes."""
+        return _All(list(items))
+
+    def first(self, items) -> _First:
+        """Wait for the first item to finish: ``(position, outcome)``."""
+        return _First(list(items))
+
+
+# -- the simulation -----------------------------------------------------------
+
+class _Node:
+    """Something a worker waits on."""
+    resolved = False
+    value: Any = None
+    error: str | None = None
+
+
+class _RequestNode(_Node):
+    def __init__(self, key):
+        self.key = key
+
+
+class _ChildNode(_Node):
+    def __init__(self, frame: "_Frame"):
+        self.frame = frame
+
+
+class _GroupNode(_Node):
+    def __init__(self, children: list[_Node], first: bool):
+        self.children = children
+        self.first = first
+
+
+class _Frame:
+    def __init__(self, path, name, generator, ctx, parent_node=None):
+        self.path = path
+        self.name = name
+        self.generator = generator
+        self.ctx = ctx
+        self.seq = 0
+        self.children = 0
+        self.waiting: _Node | None = None
+        self.finished = False
+        self.node = parent_node         # the _ChildNode a parent waits on
+
+
+class Replayer:
+    """Drives a worker tree from a history of logged steps and responses."""
+
+    def __init__(self, automation_id: str, worker: Callable, args: dict,
+                 version: int = 1, created: float = 0.0,
+                 logged: dict[tuple[str, int], LoggedStep] | None = None):
+        self.automation_id = automation_id
+        self.version = version
+        self.created = created
+        self.clock = 0.0
+        self.logged = dict(logged or {})
+        self.new: list[NewRequest] = []         # yielded, not in the log yet
+        self.finished = False
+        self.result: Any = None
+        self.error: str | None = None
+        self._responses: dict[int, Response] = {}
+        self._waiting_requests: dict[int, _RequestNode] = {}
+        self._unbound: dict[tuple[str, int], _RequestNode] = {}
+        self._runnable: list[tuple[_Frame, Any, str | None]] = []
+        self.root = self._spawn("0", worker, (), dict(args), None, None)
+        self._run()
+
+    # -- feeding ------------------------------------------------------------
+
+    def bind(self, step: LoggedStep) -> None:
+        """The log now holds ``step`` (appended by us after a NewRequest)."""
+        self.logged[(step.worker, step.seq)] = step
+        node = self._unbound.pop((step.worker, step.seq), None)
+        if node is not None:
+            self._attach(node, step.index)
+            self._run()
+
+    def deliver(self, index: int, response: Response) -> None:
+        """Feed one response, in revision order, and run what it unblocks."""
+        if index in self._responses:
+            return
+        self._responses[index] = response
+        self.clock = max(self.clock, response.time)
+        node = self._waiting_requests.pop(index, None)
+        if node is not None:
+            self._resolve(node, response, None)
+            self._run()
+
+    def take_new(self) -> list[NewRequest]:
+        new, self.new = self.new, []
+        return new
+
+    # -- internals ----------------------------------------------------------
+
+    def _spawn(self, path, func, args, kwargs, label, node) -> _Frame:
+        ctx = Context(self.automation_id, path, self.version, self.created, label, self)
+        generator = func(ctx, *args, **kwargs)
+        frame = _Frame(path, getattr(func, "__name__", str(func)), generator, ctx, node)
+        if not hasattr(generator, "send"):         # a plain function: done at once
+            frame.finished = True
+            if node is not None:
+                self._resolve(node, generator, None)
+            elif path == "0":
+                self.finished, self.result = True, generator
+            return frame
+        self._runnable.append((frame, None, None))
+        return frame
+
+    def _run(self):
+        while self._runnable:
+            frame, value, error = self._runnable.pop(0)
+            self._step(frame, value, error)
+
+    def _step(self, frame: _Frame, value, error):
+        try:
+            if error is not None:
+                yielded = frame.generator.throw(WorkerFailed(error))
+            else:
+                yielded = frame.generator.send(value)
+        except StopIteration as stop:
+            self._frame_done(frame, stop.value, None)
+            return
+        except NonDeterminism:
+            raise
+        except WorkerFailed as exc:
+            self._frame_done(frame, None, str(exc))
+            return
+        except Exception as exc:    # the worker failed: its parent hears of it
+            self._frame_done(frame, None, f"{type(exc).__name__}: {exc}")
+            return
+        node = self._node_for(frame, yielded)
+        if node.resolved:
+            self._runnable.append((frame, node.value, node.error))
+        else:
+            frame.waiting = node
+
+    def _frame_done(self, frame, result, error):
+        frame.finished = True
+        if frame.node is not None:
+            self._resolve(frame.node, result, error)
+        elif frame.path == "0":
+            self.finished, self.result, self.error = True, result, error
+
+    def _node_for(self, frame: _Frame, yielded) -> _Node:
+        if isinstance(yielded, Request):
+            key = (frame.path, frame.seq)
+            frame.seq += 1
+            node = _RequestNode(key)
+            node.owner = frame
+            fp = fingerprint(frame.name, yielded)
+            step = self.logged.get(key)
+            if step is None:
+                self._unbound[key] = node
+                self.new.append(NewRequest(frame.path, key[1], frame.name, yielded, fp))
+            else:
+                if step.fingerprint != fp:
+                    raise NonDeterminism(
+                        f"step {step.index} (worker {frame.path} {frame.name}, "
+                        f"call {key[1]}): the log holds {step.description or step.fingerprint} "
+                        f"but the code now yields {yielded.name}"
+                        f"{'@' + yielded.target if yielded.target else ''}")
+                self._attach(node, step.index)
+            return node
+        if isinstance(yielded, _Child):
+            child_path = f"{frame.path}.{frame.children}"
+            frame.children += 1
+            node = _ChildNode(None)
+            node.owner = frame
+            node.frame = self._spawn(child_path, yielded.func, yielded.args,
+                                     yielded.kwargs, yielded.label, node)
+            return node
+        if isinstance(yielded, (_All, _First)):
+            children = [self._node_for(frame, item) for item in yielded.items]
+            group = _GroupNode(children, isinstance(yielded, _First))
+            group.owner = frame
+            for child in children:
+                child.group = group
+            self._check_group(group)
+            return group
+        raise TypeError(f"worker {frame.name} yielded {yielded!r}; "
+                        "yield a Request, ctx.worker(...), ctx.all(...) or ctx.first(...)")
+
+    def _attach(self, node: _RequestNode, index: int):
+        response = self._responses.get(index)
+        if response is not None:
+            self._resolve(node, response, None)
+        else:
+            self._waiting_requests[index] = node
+
+    def _resolve(self, node: _Node, value, error):
+        if node.resolved:
+            return
+        node.resolved, node.value, node.error = True, value, error
+        group = getattr(node, "group", None)
+        if group is not None:
+            self._check_group(group)
+        else:
+            self._wake(node)
+
+    def _check_group(self, group: _GroupNode):
+        if group.resolved:
+            return
+        if group.first:
+            done = [(i, c) for i, c in enumerate(group.children) if c.resolved]
+            if not done:
+                return
+            position, child = done[0]
+            self._resolve_group(group, (position, child.value), child.error)
+        elif all(c.resolved for c in group.children):
+            errors = [c.error for c in group.children if c.error]
+            self._resolve_group(group, [c.value for c in group.children],
+                                "; ".join(errors) if errors else None)
+
+    def _resolve_group(self, group, value, error):
+        group.resolved, group.value, group.error = True, value, error
+        outer = getattr(group, "group", None)
+        if outer is not None:
+            self._check_group(outer)
+        else:
+            self._wake(group)
+
+    def _wake(self, node: _Node):
+        frame = getattr(node, "owner", None)
+        if frame is None or frame.waiting is not node or frame.finished:
+            return
+        frame.waiting = None
+        self._runnable.append((frame, node.value, node.error))

@@ -1,0 +1,132 @@
+"""Replay in the "history in, requests out" style: no etcd involved."""
+import pytest
+
+from engine.replay import NonDeterminism, Request, Response
+from tests.history import History
+
+
+def two_steps(ctx, host):
+    first = yield Request("ping", {"n": 1}, target=host)
+    second = yield Request("ping", {"n": 2, "after": first.value}, target=host)
+    return [first.status, second.status]
+
+
+def fan_out(ctx, hosts):
+    replies = yield ctx.all([Request("ping", {"round": 0}, target=h) for h in hosts])
+    return sorted(r.executor for r in replies if r.ok)
+
+
+def child(ctx, name):
+    made = yield Request("build", {"uuid": ctx.uuid(name)}, target="h1", label=name)
+    started = yield Request("start", {"uuid": ctx.uuid(name)}, target="h1", label=name)
+    return {"name": name, "uuid": ctx.uuid(name), "state": started.status, "t": ctx.now()}
+
+
+def parent(ctx, names):
+    results = yield ctx.all([ctx.worker(child, n, label=n) for n in names])
+    return results
+
+
+def race(ctx):
+    position, outcome = yield ctx.first([Request("a"), Request("b")])
+    followup = yield Request("after", {"winner": position})
+    return position
+
+
+def test_sequential_worker_emits_one_request_at_a_time():
+    history = History(two_steps, {"host": "h1"})
+    live = history.run()
+    assert live.finished and live.result == ["ok", "ok"]
+    assert [r.args["n"] for r in history.requests] == [1, 2]
+    assert history.appended_after == [1, 2, 2]
+
+
+def test_fan_out_emits_all_requests_before_any_response():
+    history = History(fan_out, {"hosts": ["h1", "h2", "h3"]})
+    live = history.run()
+    assert history.appended_after[0] == 3
+    assert live.result == ["h", "h", "h"]
+
+
+@pytest.mark.parametrize("worker,args", [
+    (two_steps, {"host": "h1"}),
+    (fan_out, {"hosts": ["h1", "h2"]}),
+    (parent, {"names": ["vm1", "vm2", "vm3"]}),
+    (race, {}),
+])
+def test_every_prefix_replays_to_the_same_requests(worker, args):
+    history = History(worker, args)
+    live = history.run()
+    for upto in range(len(history.responses) + 1):
+        replayer = history.replay(upto)
+        assert replayer.take_new() == [], f"prefix {upto} yielded a request the log lacks"
+        if upto == len(history.responses):
+            assert replayer.finished and replayer.result == live.result
+
+
+def test_children_interleave_in_any_delivery_order_and_replay_alike():
+    history = History(parent, {"names": ["vm1", "vm2", "vm3"]},
+                      order=lambda pending: pending[-1])      # newest first
+    live = history.run()
+    assert [r["name"] for r in live.result] == ["vm1", "vm2", "vm3"]
+    replayed = history.replay()
+    assert replayed.result == live.result
+
+
+def test_uuids_are_derived_from_the_automation():
+    one = History(parent, {"names": ["vm1"]}, automation_id="x").run().result
+    again = History(parent, {"names": ["vm1"]}, automation_id="x").run().result
+    other = History(parent, {"names": ["vm1"]}, automation_id="y").run().result
+    assert one[0]["uuid"] == again[0]["uuid"] != other[0]["uuid"]
+
+
+def test_now_comes_from_the_history_not_the_clock():
+    history = History(parent, {"names": ["vm1"]})
+    live = history.run()
+    assert live.result[0]["t"] == history.responses[-1][1].time
+    assert history.replay().result[0]["t"] == live.result[0]["t"]
+
+
+def test_first_takes_the_earliest_delivered_response():
+    history = History(race, {}, order=lambda pending: pending[-1])   # "b" answers first
+    live = history.run()
+    assert live.result == 1
+    assert history.requests[-1].args == {"winner": 1}
+    assert history.replay().result == 1
+
+
+def test_changed_worker_is_non_determinism_naming_the_step():
+    history = History(two_steps, {"host": "h1"})
+    history.run()
+
+    def edited(ctx, host):
+        first = yield Request("ping", {"n": 1}, target=host)
+        second = yield Request("reboot", {"n": 2}, target=host)
+        return []
+    edited.__name__ = "two_steps"   # the same worker, edited between runs
+
+    with pytest.raises(NonDeterminism, match=r"step 1 .*ping@h1.*reboot@h1"):
+        history.replay(worker=edited)
+
+
+def test_lost_response_reaches_the_worker():
+    def tolerant(ctx, host):
+        reply = yield Request("ping", target=host)
+        return reply.status
+
+    history = History(tolerant, {"host": "dead"}, answer=lambda r: Response("lost", error="host died"))
+    assert history.run().result == "lost"
+
+
+def test_failing_child_fails_the_parent_with_its_error():
+    def broken(ctx, name):
+        yield Request("build", {"name": name})
+        raise RuntimeError(f"{name} exploded")
+
+    def boss(ctx):
+        yield ctx.all([ctx.worker(broken, "vm1")])
+        return "unreachable"
+
+    live = History(boss, {}).run()
+    assert live.finished and live.result is None
+    assert "vm1 exploded" in live.error
