@@ -28,7 +28,7 @@ from typing import Any, Callable
 import msgpack
 
 __all__ = ["Request", "Response", "Context", "Replayer", "NewRequest",
-           "NonDeterminism", "WorkerFailed", "fingerprint", "LoggedStep"]
+           "NonDeterminism", "WorkerFailed", "Failed", "fingerprint", "LoggedStep"]
 
 _NAMESPACE = uuidlib.UUID("5f1b9c62-4c3e-4e8e-9a57-0c9f1d6b7a21")
 
@@ -49,8 +49,9 @@ class Response:
     value: Any = None
     error: str | None = None
     executor: str | None = None
-    time: float = 0.0
+    time: float = 0.0               # when it was written (executor's clock)
     revision: int = 0               # etcd revision it landed at: the delivery order
+    requested: float = 0.0          # when the request was appended (initiator's clock)
 
     @property
     def ok(self) -> bool:
@@ -83,6 +84,14 @@ class NonDeterminism(Exception):
 
 class WorkerFailed(Exception):
     """A child worker raised; carries its error text."""
+
+
+class Failed(Exception):
+    """Raised by a worker to fail with a message and still leave a result."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
 
 
 def fingerprint(worker_name: str, request: Request) -> str:
@@ -271,6 +280,9 @@ class Replayer:
             raise
         except WorkerFailed as exc:
             self._frame_done(frame, None, str(exc))
+            return
+        except Failed as exc:
+            self._frame_done(frame, exc.result, str(exc))
             return
         except Exception as exc:    # the worker failed: its parent hears of it
             self._frame_done(frame, None, f"{type(exc).__name__}: {exc}")

@@ -322,12 +322,14 @@ class Store:
     # -- watches -----------------------------------------------------------
 
     def watch(self, prefix: str, start_revision: int,
-              callback: Callable[[list[Event] | Exception, int], None]) -> Callable[[], None]:
+              callback: Callable[[list[Event] | Exception, int], None],
+              exact: bool = False) -> Callable[[], None]:
         """Watch ``prefix`` from ``start_revision``.
 
         ``callback(events, header_revision)`` runs on the client's watch
         thread: keep it short.  A broken stream calls ``callback(error, 0)``
-        once with :class:`WatchBroken` or :class:`Compacted`.  Returns cancel.
+        once with :class:`WatchBroken` or :class:`Compacted`.  ``exact``
+        watches the one key ``prefix`` names.  Returns cancel.
         """
         full = self._full(prefix)
         broken = threading.Event()
@@ -348,8 +350,12 @@ class Store:
 
         with self._watch_lock:
             try:
-                watch_id = self._client.add_watch_prefix_callback(
-                    full, on_response, start_revision=start_revision)
+                if exact:
+                    watch_id = self._client.add_watch_callback(
+                        full, on_response, start_revision=start_revision)
+                else:
+                    watch_id = self._client.add_watch_prefix_callback(
+                        full, on_response, start_revision=start_revision)
             except etcd_exceptions.RevisionCompactedError as exc:
                 raise Compacted(exc.compacted_revision) from None
             except (grpc.RpcError, etcd_exceptions.Etcd3Exception, ValueError) as exc:

@@ -29,7 +29,8 @@ class Reset:
 
 class PrefixWatch:
     def __init__(self, store: Store, prefix: str, after_revision: int,
-                 retry_interval: float = 0.2):
+                 retry_interval: float = 0.2, exact: bool = False):
+        self.exact = exact
         self.store = store
         self.prefix = prefix
         self.last_revision = after_revision
@@ -74,12 +75,16 @@ class PrefixWatch:
             self._broken.clear()
             try:
                 if self._compacted:
-                    kvs, revision = self.store.range(self.prefix)
+                    if self.exact:
+                        kv, revision = self.store.get(self.prefix), self.store.revision()
+                        kvs = [kv] if kv else []
+                    else:
+                        kvs, revision = self.store.range(self.prefix)
                     self.last_revision = revision
                     self._compacted = False
                     self.events.put(Reset(kvs, revision))
                 self._cancel = self.store.watch(self.prefix, self.last_revision + 1,
-                                                self._on_response)
+                                                self._on_response, exact=self.exact)
             except Compacted:
                 self._compacted = True
                 continue

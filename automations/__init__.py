@@ -1,0 +1,1 @@
+"""Automations: generator workers that yield requests (see engine/replay.py)."""

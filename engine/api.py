@@ -1,0 +1,169 @@
+"""What the command line does with automations: start, inspect, follow, abort.
+
+Starting an automation is one transaction: its spec, its status, its summary
+and a member key for each chosen peer.  From then on the members carry it;
+the command that started it may die without consequence.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Iterator
+
+from . import keys
+from .record import AutomationRecord
+from .registry import latest
+from .store import Delete, Put, Store, absent, modified_at
+from .watch import PrefixWatch, Reset
+
+__all__ = ["start_automation", "get_task", "list_tasks", "abort", "follow",
+           "UnknownTask", "NoPeers", "TERMINAL_STATES", "live_hosts", "DEFAULT_MEMBERS"]
+
+TERMINAL_STATES = keys.TERMINAL_STATES
+DEFAULT_MEMBERS = 3
+
+
+class UnknownTask(LookupError):
+    pass
+
+
+class NoPeers(RuntimeError):
+    pass
+
+
+def live_hosts(store: Store) -> dict[str, dict]:
+    kvs, _ = store.range(keys.host())
+    return {kv.key[len("hosts/"):]: kv.value or {} for kv in kvs}
+
+
+def new_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + os.urandom(3).hex()
+
+
+def start_automation(store: Store, kind: str, args: dict, members: int = DEFAULT_MEMBERS,
+                     prefer: list[str] | None = None) -> str:
+    """Create an automation; its members pick it up from etcd."""
+    version, _ = latest(kind)
+    hosts = sorted(live_hosts(store))
+    if not hosts:
+        raise NoPeers("no live peers in this cluster: start some with "
+                      "'peerctl.py peer' or 'peerctl.py up'")
+    preferred = [h for h in (prefer or []) if h in hosts]
+    others = [h for h in hosts if h not in preferred]
+    random.shuffle(others)
+    chosen = (preferred + others)[:max(1, members)]
+    automation_id = new_id()
+    now = time.time()
+    spec = {"id": automation_id, "kind": kind, "version": version, "args": args,
+            "created": now, "members": chosen}
+    ops = [Put(keys.spec(automation_id), spec),
+           Put(keys.status(automation_id), {"state": "running", "updated": now}),
+           Put(keys.task(automation_id), {"id": automation_id, "kind": kind, "state": "running",
+                                           "created": now, "members": chosen, "steps": 0})]
+    ops += [Put(keys.member(host, automation_id), {"since": now}) for host in chosen]
+    if not store.txn([absent(keys.spec(automation_id))], ops).succeeded:
+        raise RuntimeError(f"automation id {automation_id} already exists")
+    return automation_id
+
+
+def _record(store: Store, automation_id: str) -> AutomationRecord:
+    kvs, revision = store.range(keys.auto(automation_id))
+    record = AutomationRecord.parse(automation_id, kvs, revision)
+    if record.spec is None:
+        raise UnknownTask(f"no automation with id {automation_id!r}")
+    return record
+
+
+def task_view(record: AutomationRecord) -> dict:
+    status = record.status or {}
+    log = []
+    for index in sorted(record.entries):
+        entry = record.entries[index]
+        response = record.responses.get(index)
+        claim = record.claims.get(index)
+        if response is not None:
+            state = response.value.get("status")
+            executor = response.value.get("executor")
+        elif claim is not None:
+            state, executor = "running", (claim.value or {}).get("executor")
+        else:
+            state, executor = "queued", None
+        item = {"index": index, "request": entry["request"], "target": entry["target"],
+                "status": state, "executor": executor, "label": entry.get("label"),
+                "time": entry.get("time")}
+        if response is not None and response.value.get("error"):
+            item["error"] = response.value["error"]
+        log.append(item)
+    state = record.state
+    return {"id": record.id, "kind": record.spec["kind"], "version": record.spec.get("version", 1),
+            "state": state,
+            "initiator": record.initiator if state == "running" else status.get("initiator"),
+            "members": record.spec.get("members", []), "created": record.spec.get("created"),
+            "args": record.spec.get("args"), "result": status.get("result"),
+            "error": status.get("error"), "log": log}
+
+
+def get_task(store: Store, automation_id: str) -> dict:
+    return task_view(_record(store, automation_id))
+
+
+def list_tasks(store: Store, include_finished: bool = False) -> list[dict]:
+    kvs, _ = store.range("tasks/")
+    rows = []
+    for kv in kvs:
+        task = kv.value or {}
+        if not include_finished and task.get("state") in TERMINAL_STATES:
+            continue
+        rows.append({"id": task.get("id"), "kind": task.get("kind"), "state": task.get("state"),
+                     "initiator": task.get("initiator"), "created": task.get("created"),
+                     "steps": task.get("steps", 0)})
+    return sorted(rows, key=lambda r: (r["created"] or 0, r["id"]))
+
+
+def abort(store: Store, automation_id: str, wait: float = 15.0) -> dict:
+    """Ask the initiator to abort; if no member is alive to hear it, abort directly."""
+    record = _record(store, automation_id)
+    if record.state in TERMINAL_STATES:
+        return {"id": automation_id, "state": record.state}
+    store.put(keys.abort(automation_id), {"requested": time.time()})
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        record = _record(store, automation_id)
+        if record.state in TERMINAL_STATES:
+            return {"id": automation_id, "state": record.state}
+        if not record.candidates:
+            status_kv = store.get(keys.status(automation_id))
+            ops = [Put(keys.status(automation_id), {"state": "aborted", "error": "aborted by request",
+                                                    "result": None, "updated": time.time()}),
+                   Put(keys.task(automation_id), {**(store.get(keys.task(automation_id)).value or {}),
+                                                   "state": "aborted", "finished": time.time()})]
+            ops += [Delete(keys.member(m, automation_id)) for m in record.spec.get("members", [])]
+            if store.txn([modified_at(keys.status(automation_id), status_kv.mod_revision)],
+                         ops).succeeded:
+                return {"id": automation_id, "state": "aborted"}
+        time.sleep(0.1)
+    return {"id": automation_id, "state": _record(store, automation_id).state}
+
+
+def follow(store: Store, automation_id: str, timeout: float | None = None,
+           min_interval: float = 0.1) -> Iterator[dict]:
+    """Yield the task view at every change, ending after a terminal state."""
+    record = _record(store, automation_id)
+    yield task_view(record)
+    if record.state in TERMINAL_STATES:
+        return
+    watch = PrefixWatch(store, keys.auto(automation_id), record.revision).start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            batch = watch.get(timeout=0.5)
+            if batch is None:
+                continue
+            time.sleep(min_interval)        # let a burst of steps land together
+            view = get_task(store, automation_id)
+            yield view
+            if view["state"] in TERMINAL_STATES:
+                return
+    finally:
+        watch.stop()

@@ -1,0 +1,168 @@
+"""A peer's duties: the automations it is a member of, and cluster singletons.
+
+For every key under ``member/<host>/`` the peer campaigns in that
+automation's election and, when it leads, runs the :class:`Initiator`.  When
+the key goes (the automation finished) the candidacy is withdrawn.  A
+singleton duty (the janitor, the reconciler) is the same recipe over a
+cluster-wide election.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import structlog
+
+from . import keys
+from .election import Candidacy
+from .initiator import Initiator, Outcome
+from .session import Session
+from .store import Delete, Store, StoreUnavailable
+from .watch import PrefixWatch, Reset
+
+__all__ = ["Duties", "Singleton"]
+
+log = structlog.get_logger("peerctl.duties")
+
+
+class Duties:
+    def __init__(self, store: Store, session: Session, host: str, run_local):
+        self.store = store
+        self.session = session
+        self.host = host
+        self.run_local = run_local
+        self._stops: dict[str, threading.Event] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+
+    def start(self) -> "Duties":
+        prefix = keys.member(self.host)
+        kvs, revision = self.store.range(prefix)
+        for kv in kvs:
+            self._join(kv.key.rsplit("/", 1)[1])
+        self._watch = PrefixWatch(self.store, prefix, revision).start()
+        threading.Thread(target=self._follow, daemon=True, name="duties").start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._watch.stop()
+        with self._lock:
+            for event in self._stops.values():
+                event.set()
+            threads = list(self._threads.values())
+        for thread in threads:
+            thread.join(5)
+
+    def _follow(self):
+        while not self._stopped.is_set():
+            batch = self._watch.get(timeout=0.5)
+            if batch is None:
+                continue
+            if isinstance(batch, Reset):
+                present = {kv.key.rsplit("/", 1)[1] for kv in batch.kvs}
+                for automation_id in present:
+                    self._join(automation_id)
+                for automation_id in set(self._stops) - present:
+                    self._leave(automation_id)
+                continue
+            for event in batch:
+                automation_id = event.kv.key.rsplit("/", 1)[1]
+                if event.kind == "put":
+                    self._join(automation_id)
+                else:
+                    self._leave(automation_id)
+
+    def _join(self, automation_id: str):
+        with self._lock:
+            if automation_id in self._threads and self._threads[automation_id].is_alive():
+                return
+            stop = self._stops[automation_id] = threading.Event()
+            thread = threading.Thread(target=self._serve, args=(automation_id, stop),
+                                      daemon=True, name=f"auto:{automation_id}")
+            self._threads[automation_id] = thread
+        thread.start()
+
+    def _leave(self, automation_id: str):
+        with self._lock:
+            stop = self._stops.get(automation_id)
+        if stop:
+            stop.set()
+
+    def _serve(self, automation_id: str, stop: threading.Event):
+        """Campaign; lead when elected; repeat until the automation ends."""
+        candidacy = None
+        while not stop.is_set() and not self._stopped.is_set() and self.session.alive:
+            try:
+                if candidacy is None:
+                    candidacy = Candidacy(self.store, self.session, keys.elect(automation_id),
+                                          self.host)
+                if not candidacy.wait_until_leader(stop):
+                    break
+                outcome = Initiator(self.store, self.session, self.host, automation_id,
+                                    candidacy, self.run_local, stop).run()
+                if outcome in (Outcome.FINISHED, Outcome.DEPOSED):
+                    break
+            except StoreUnavailable as exc:
+                log.warning("duty_unavailable", automation=automation_id, error=str(exc))
+                stop.wait(0.3)
+        if candidacy is not None:
+            try:
+                candidacy.resign()
+            except StoreUnavailable:
+                pass    # the lease will take the key with it
+        with self._lock:
+            if self._threads.get(automation_id) is threading.current_thread():
+                self._threads.pop(automation_id, None)
+                self._stops.pop(automation_id, None)
+
+
+class Singleton:
+    """Run ``duty(stop)`` on exactly one live peer of the cluster at a time."""
+
+    def __init__(self, store: Store, session: Session, host: str, name: str,
+                 duty: Callable[[threading.Event], None]):
+        self.store, self.session, self.host = store, session, host
+        self.name, self.duty = name, duty
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"singleton:{name}")
+
+    def start(self) -> "Singleton":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self):
+        while not self._stop.is_set() and self.session.alive:
+            try:
+                candidacy = Candidacy(self.store, self.session, f"singleton/{self.name}/", self.host)
+                if candidacy.wait_until_leader(self._stop):
+                    log.info("singleton_leads", duty=self.name, host=self.host)
+                    self.duty(self._stop, candidacy)
+                return
+            except StoreUnavailable:
+                self._stop.wait(0.5)
+
+
+def janitor(store: Store, retention: float, interval: float = 10.0):
+    """Drops finished automations older than ``retention`` seconds."""
+    def duty(stop: threading.Event, candidacy: Candidacy):
+        while not stop.wait(interval):
+            try:
+                tasks, _ = store.range("tasks/")
+                now = time.time()
+                for kv in tasks:
+                    task = kv.value or {}
+                    if task.get("state") in keys.TERMINAL_STATES and \
+                            now - task.get("finished", now) > retention:
+                        store.txn([candidacy.fence()],
+                                  [Delete(keys.auto(task["id"]), prefix=True), Delete(kv.key)])
+                        log.info("automation_compacted", automation=task["id"])
+            except StoreUnavailable:
+                continue
+    return duty

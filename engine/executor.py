@@ -1,0 +1,170 @@
+"""Runs the requests addressed to this host, each log index at most once.
+
+A request reaches a host as a key in its inbox.  The executor claims it in one
+transaction that creates the claim (bound to this peer's lease) and deletes
+the inbox key, and only if no response exists yet: after that no other
+incarnation of this host can pick it up again.  The handler runs in a thread
+pool, between the optional pre and post hooks, and the response is written
+create-if-absent: if the initiator already wrote ``timeout`` or ``lost``,
+that one stays.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+
+from . import keys
+from .handlers import HANDLERS, RequestError
+from .hostctx import HostContext
+from .session import Session
+from .store import Delete, Get, Put, Store, StoreUnavailable, absent, exists
+from .watch import PrefixWatch, Reset
+
+__all__ = ["Executor"]
+
+log = structlog.get_logger("peerctl.executor")
+
+
+class Executor:
+    def __init__(self, store: Store, host: HostContext, hooks_dir: str | None = None,
+                 workers: int = 8):
+        self.store = store
+        self.host = host
+        self.hooks_dir = hooks_dir
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="request")
+        self.session: Session | None = None
+        self._running = 0
+        self._idle = threading.Condition()
+        self._watch: PrefixWatch | None = None
+        self._thread: threading.Thread | None = None
+        self._detached = threading.Event()
+        self.log = log.bind(host=host.host)
+
+    # -- inbox -------------------------------------------------------------
+
+    def attach(self, session: Session) -> None:
+        """Start taking work from the inbox under ``session``'s lease."""
+        self.session = session
+        self._detached.clear()
+        prefix = keys.inbox(self.host.host)
+        kvs, revision = self.store.range(prefix)
+        self._watch = PrefixWatch(self.store, prefix, revision).start()
+        for kv in kvs:
+            self._claim_inbox_key(kv.key)
+        self._thread = threading.Thread(target=self._follow_inbox, daemon=True, name="inbox")
+        self._thread.start()
+
+    def detach(self) -> None:
+        self._detached.set()
+        if self._watch:
+            self._watch.stop()
+        if self._thread:
+            self._thread.join(5)
+
+    def _follow_inbox(self):
+        while not self._detached.is_set():
+            batch = self._watch.get(timeout=0.5)
+            if batch is None:
+                continue
+            try:
+                if isinstance(batch, Reset):
+                    for kv in batch.kvs:
+                        self._claim_inbox_key(kv.key)
+                    continue
+                for event in batch:
+                    if event.kind == "put":
+                        self._claim_inbox_key(event.kv.key)
+            except StoreUnavailable as exc:
+                self.log.warning("inbox_unavailable", error=str(exc))
+
+    def _claim_inbox_key(self, inbox_key: str) -> None:
+        _, _, automation_id, index = inbox_key.split("/")
+        index = int(index)
+        session = self.session
+        if session is None or not session.alive:
+            return
+        result = self.store.txn(
+            [exists(inbox_key), absent(keys.claim(automation_id, index)),
+             absent(keys.response(automation_id, index))],
+            [Put(keys.claim(automation_id, index), {"executor": self.host.host}, session.lease),
+             Delete(inbox_key), Get(keys.log_entry(automation_id, index))])
+        if result.succeeded and result.ranges and result.ranges[0]:
+            self.submit(automation_id, index, result.ranges[0][0].value)
+
+    # -- execution ------------------------------------------------------------
+
+    def submit(self, automation_id: str, index: int, entry: dict) -> None:
+        """Run an entry this peer has claimed (also used by the initiator for
+        requests with no target, which it claims in the append itself)."""
+        with self._idle:
+            self._running += 1
+        self.pool.submit(self._execute, automation_id, index, entry)
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _execute(self, automation_id: str, index: int, entry: dict) -> None:
+        name = entry["request"]
+        started = time.time()
+        hook_input = {"automation": automation_id, "index": index, "request": name,
+                      "host": self.host.host, "args": entry.get("args", {})}
+        try:
+            try:
+                self._hook(name, "pre", hook_input)
+                handler = HANDLERS.get(name)
+                if handler is None:
+                    raise RequestError(f"host {self.host.host} has no handler for request {name!r}")
+                value = handler(self.host, dict(entry.get("args") or {}))
+                response = {"status": "ok", "value": value}
+            except RequestError as exc:
+                response = {"status": "error", "error": str(exc)}
+            except Exception as exc:    # a handler bug must not take the peer down
+                self.log.exception("handler_crashed", request=name, index=index)
+                response = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+            try:
+                self._hook(name, "post", {**hook_input, "response": response})
+            except RequestError as exc:
+                self.log.warning("post_hook_failed", request=name, error=str(exc))
+            response.update(executor=self.host.host, time=time.time(),
+                            duration=time.time() - started)
+            self._respond(automation_id, index, response)
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def _respond(self, automation_id: str, index: int, response: dict) -> None:
+        key = keys.response(automation_id, index)
+        for attempt in range(100):      # etcd may be restarting: keep the answer
+            try:
+                landed = self.store.txn([absent(key)], [Put(key, response)]).succeeded
+                if not landed:
+                    self.log.info("response_superseded", automation=automation_id, index=index)
+                return
+            except StoreUnavailable:
+                time.sleep(min(0.1 * (attempt + 1), 1.0))
+        self.log.error("response_dropped", automation=automation_id, index=index)
+
+    def _hook(self, request: str, phase: str, payload: dict) -> None:
+        if not self.hooks_dir:
+            return
+        path = os.path.join(self.hooks_dir, f"{request}.{phase}")
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            return
+        done = subprocess.run([path], input=json.dumps(payload), capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode != 0:
+            raise RequestError(done.stderr.strip() or f"{phase} hook {path} exited {done.returncode}")

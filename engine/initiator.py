@@ -1,0 +1,281 @@
+"""The elected initiator of one automation: replays its log, then leads it.
+
+Only the initiator appends to the log, and every write it makes carries the
+election fence, so a deposed initiator cannot write.  It also decides the
+fate of requests nobody will answer: past its deadline a request gets a
+``timeout`` response; when its executor died (claim gone with no answer, or
+target host gone before claiming) it gets ``lost``.  Both are written
+create-if-absent, racing the executor's own response: whichever lands first
+is final, and every member sees the same one.  Nothing is ever re-run.
+"""
+from __future__ import annotations
+
+import time
+
+import structlog
+
+from . import keys
+from .election import Candidacy
+from .record import AutomationRecord, response_from
+from .registry import UnknownAutomation, lookup
+from .replay import LoggedStep, NewRequest, NonDeterminism, Replayer
+from .session import Session
+from .store import Delete, Put, Store, absent
+from .watch import PrefixWatch, Reset
+
+__all__ = ["Initiator", "Outcome"]
+
+log = structlog.get_logger("peerctl.initiator")
+
+APPEND_BATCH = 40           # requests per transaction (etcd allows 128 operations)
+HOST_CHECK_INTERVAL = 0.5
+
+
+class Outcome:
+    FINISHED = "finished"       # terminal state written (or found)
+    DEPOSED = "deposed"         # leadership lost: stop, another member leads
+    RESTART = "restart"         # local view no longer trusted: replay again
+
+
+class _Deposed(Exception):
+    pass
+
+
+class Initiator:
+    def __init__(self, store: Store, session: Session, host: str, automation_id: str,
+                 candidacy: Candidacy, run_local, stop):
+        self.store = store
+        self.session = session
+        self.host = host
+        self.id = automation_id
+        self.candidacy = candidacy
+        self.run_local = run_local      # fn(automation_id, index, entry): executes on this peer
+        self.stop = stop
+        self.log = log.bind(automation=automation_id, host=host)
+
+    # -- fenced writes ------------------------------------------------------
+
+    def _txn(self, compares, success) -> bool:
+        result = self.store.txn([self.candidacy.fence(), *compares], success)
+        if not result.succeeded and not self._still_leader():
+            raise _Deposed()
+        return result.succeeded
+
+    def _still_leader(self) -> bool:
+        kv = self.store.get(self.candidacy.key)
+        return kv is not None and kv.create_revision == self.candidacy.revision
+
+    # -- main loop ----------------------------------------------------------
+
+    def run(self) -> str:
+        try:
+            return self._run()
+        except _Deposed:
+            self.log.info("initiator_deposed")
+            return Outcome.DEPOSED
+
+    def _run(self) -> str:
+        kvs, revision = self.store.range(keys.auto(self.id))
+        record = AutomationRecord.parse(self.id, kvs, revision)
+        if record.spec is None:
+            return Outcome.FINISHED         # compacted away
+        self.spec = record.spec
+        if record.state in keys.TERMINAL_STATES:
+            return Outcome.FINISHED
+        if record.abort:
+            return self._finish("aborted", None, "aborted by request", record)
+        try:
+            worker = lookup(self.spec["kind"], self.spec.get("version", 1))
+            replayer = Replayer(self.id, worker, self.spec.get("args", {}),
+                                self.spec.get("version", 1), self.spec.get("created", 0.0),
+                                logged=record.logged_steps())
+            for index, response in record.responses_in_order():
+                replayer.deliver(index, response)
+        except (NonDeterminism, UnknownAutomation) as exc:
+            return self._finish("stuck", None, str(exc), record)
+
+        self.entries = dict(record.entries)
+        self.answered = set(record.responses)     # responses seen and delivered
+        self.settling: set[int] = set()           # timeout written, not seen yet
+        self.claimed = {i: kv.value for i, kv in record.claims.items()}
+        self.next_index = max(self.entries, default=-1) + 1
+        self.log.info("initiator_leads", replayed=len(self.entries), pending=len(record.pending()))
+        watch = PrefixWatch(self.store, keys.auto(self.id), revision).start()
+        try:
+            # Requests whose executor died while nobody led.
+            for index in record.pending():
+                if index not in self.claimed:
+                    self._mark_lost_if_abandoned(index)
+            return self._lead(replayer, watch, record)
+        finally:
+            watch.stop()
+
+    def _lead(self, replayer: Replayer, watch: PrefixWatch, record) -> str:
+        last_host_check = 0.0
+        while True:
+            if self.stop.is_set() or not self.session.alive:
+                return Outcome.DEPOSED
+            if replayer.finished:
+                state = "failed" if replayer.error else "done"
+                return self._finish(state, replayer.result, replayer.error, record)
+            try:
+                new = replayer.take_new()
+                if new:
+                    self._append(replayer, new)
+                    continue
+            except NonDeterminism as exc:
+                return self._finish("stuck", None, str(exc), record)
+            batch = watch.get(timeout=self._next_wakeup())
+            if isinstance(batch, Reset):
+                return Outcome.RESTART
+            if batch:
+                outcome = self._apply(batch, replayer, record)
+                if outcome:
+                    return outcome
+            now = time.time()
+            self._expire_deadlines(now)
+            if now - last_host_check >= HOST_CHECK_INTERVAL:
+                last_host_check = now
+                self._check_targets()
+
+    def _next_wakeup(self) -> float:
+        pending = [self.entries[i]["deadline"] for i in self.entries
+                   if i not in self.answered and i not in self.settling]
+        until = (min(pending) - time.time()) if pending else HOST_CHECK_INTERVAL
+        return max(0.01, min(until, HOST_CHECK_INTERVAL))
+
+    def _apply(self, events, replayer: Replayer, record) -> str | None:
+        for event in events:
+            part, _, rest = event.kv.key[len(keys.auto(self.id)):].partition("/")
+            if part == "resp" and event.kind == "put":
+                index = int(rest)
+                if index in self.answered:
+                    continue
+                self.answered.add(index)
+                entry = self.entries.get(index, {})
+                try:
+                    replayer.deliver(index, response_from(event.kv, entry.get("time", 0.0)))
+                except NonDeterminism as exc:
+                    return self._finish("stuck", None, str(exc), record)
+            elif part == "claim":
+                index = int(rest)
+                if event.kind == "put":
+                    self.claimed[index] = event.kv.value
+                else:
+                    self.claimed.pop(index, None)
+                    if index not in self.answered:
+                        self._mark_lost_if_abandoned(index)
+            elif part == "abort" and event.kind == "put":
+                return self._finish("aborted", None, "aborted by request", record)
+            elif part == "status" and event.kind == "put" and \
+                    (event.kv.value or {}).get("state") in keys.TERMINAL_STATES:
+                return Outcome.FINISHED
+            elif event.kv.key == self.candidacy.key and event.kind == "delete":
+                return Outcome.DEPOSED
+        return None
+
+    # -- appending ------------------------------------------------------------
+
+    def _append(self, replayer: Replayer, new: list[NewRequest]) -> None:
+        for start in range(0, len(new), APPEND_BATCH):
+            chunk = new[start:start + APPEND_BATCH]
+            compares, ops, appended = [], [], []
+            now = time.time()
+            for item in chunk:
+                index = self.next_index + len(appended)
+                request = item.request
+                local = request.target is None
+                entry = {"index": index, "worker": item.worker, "seq": item.seq,
+                         "worker_name": item.worker_name, "request": request.name,
+                         "target": request.target or self.host, "args": request.args,
+                         "fingerprint": item.fingerprint, "time": now,
+                         "deadline": now + request.deadline, "label": request.label,
+                         "local": local}
+                compares.append(absent(keys.log_entry(self.id, index)))
+                ops.append(Put(keys.log_entry(self.id, index), entry))
+                if local:
+                    ops.append(Put(keys.claim(self.id, index), {"executor": self.host},
+                                   self.session.lease))
+                else:
+                    ops.append(Put(keys.inbox(request.target, self.id, index), {}))
+                appended.append(entry)
+            ops.append(Put(keys.task(self.id), self._summary("running", self.next_index + len(appended))))
+            if not self._txn(compares, ops):
+                raise _Deposed()    # someone else wrote our indices: never continue blind
+            for entry in appended:
+                self.entries[entry["index"]] = entry
+                if entry["local"]:
+                    self.claimed[entry["index"]] = {"executor": self.host}
+                self.next_index = entry["index"] + 1
+            for entry, item in zip(appended, chunk):
+                replayer.bind(LoggedStep(entry["index"], item.worker, item.seq, item.fingerprint))
+            for entry in appended:
+                if entry["local"]:
+                    self.run_local(self.id, entry["index"], entry)
+
+    def _summary(self, state: str, steps: int) -> dict:
+        return {"id": self.id, "kind": self.spec["kind"], "state": state,
+                "created": self.spec.get("created"), "members": self.spec.get("members", []),
+                "steps": steps, "initiator": self.host}
+
+    # -- fates of unanswered requests ---------------------------------------
+
+    def _respond(self, index: int, status: str, error: str, compares=(), extra_ops=()):
+        entry = self.entries[index]
+        ops = [Put(keys.response(self.id, index),
+                   {"status": status, "error": error, "executor": None, "time": time.time()}),
+               *extra_ops]
+        if not entry.get("local"):
+            ops.append(Delete(keys.inbox(entry["target"], self.id, index)))
+        return self._txn([absent(keys.response(self.id, index)), *compares], ops)
+
+    def _mark_lost_if_abandoned(self, index: int) -> None:
+        """Claimed once, claim gone, no answer: the executor died mid-request."""
+        entry = self.entries[index]
+        compares = [absent(keys.claim(self.id, index))]
+        if not entry.get("local"):
+            compares.append(absent(keys.inbox(entry["target"], self.id, index)))
+        if self._respond(index, "lost", f"executor on {entry['target']} died before answering",
+                         compares):
+            self.log.info("request_lost", index=index, target=entry["target"])
+
+    def _expire_deadlines(self, now: float) -> None:
+        for index, entry in list(self.entries.items()):
+            if index not in self.answered and index not in self.settling \
+                    and entry["deadline"] <= now:
+                if self._respond(index, "timeout",
+                                 f"no answer from {entry['target']} within "
+                                 f"{entry['deadline'] - entry['time']:.1f}s"):
+                    self.log.info("request_timeout", index=index, target=entry["target"])
+                self.settling.add(index)    # whichever response landed is on its way
+
+    def _check_targets(self) -> None:
+        waiting = [i for i in self.entries if i not in self.answered and i not in self.claimed
+                   and i not in self.settling and not self.entries[i].get("local")]
+        if not waiting:
+            return
+        alive = {kv.key[len("hosts/"):] for kv in self.store.range(keys.host(), keys_only=True)[0]}
+        for index in waiting:
+            target = self.entries[index]["target"]
+            if target not in alive:
+                if self._respond(index, "lost", f"host {target} is not alive",
+                                 [absent(keys.claim(self.id, index)), absent(keys.host(target))]):
+                    self.log.info("request_lost", index=index, target=target, reason="host dead")
+
+    # -- the end ---------------------------------------------------------------
+
+    def _finish(self, state: str, result, error, record) -> str:
+        members = (self.spec or {}).get("members", [])
+        ops = [Put(keys.status(self.id), {"state": state, "result": result, "error": error,
+                                          "initiator": self.host, "updated": time.time()}),
+               Put(keys.task(self.id), {**self._summary(state, max(getattr(self, "next_index", 0),
+                                                                    len(record.entries))),
+                                        "finished": time.time()})]
+        ops += [Delete(keys.member(m, self.id)) for m in members]
+        if state == "aborted":      # unclaimed work should not start any more
+            ops += [Delete(keys.inbox(e["target"], self.id, i))
+                    for i, e in getattr(self, "entries", record.entries).items()
+                    if i not in getattr(self, "answered", record.responses) and not e.get("local")]
+        self._txn([], ops)
+        self.log.info("automation_finished", state=state, error=error)
+        return Outcome.FINISHED

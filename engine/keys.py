@@ -1,0 +1,59 @@
+"""Key names, in one place (see docs/keyspace.md)."""
+
+TERMINAL_STATES = ("done", "failed", "aborted", "stuck")
+
+
+def auto(automation_id: str, part: str = "") -> str:
+    return f"auto/{automation_id}/{part}"
+
+
+def log_entry(automation_id: str, index: int) -> str:
+    return f"auto/{automation_id}/log/{index:08d}"
+
+
+def claim(automation_id: str, index: int) -> str:
+    return f"auto/{automation_id}/claim/{index:08d}"
+
+
+def response(automation_id: str, index: int) -> str:
+    return f"auto/{automation_id}/resp/{index:08d}"
+
+
+def status(automation_id: str) -> str:
+    return f"auto/{automation_id}/status"
+
+
+def spec(automation_id: str) -> str:
+    return f"auto/{automation_id}/spec"
+
+
+def abort(automation_id: str) -> str:
+    return f"auto/{automation_id}/abort"
+
+
+def elect(automation_id: str) -> str:
+    return f"auto/{automation_id}/elect/"
+
+
+def task(automation_id: str) -> str:
+    return f"tasks/{automation_id}"
+
+
+def member(host: str, automation_id: str = "") -> str:
+    return f"member/{host}/{automation_id}"
+
+
+def inbox(host: str, automation_id: str = "", index: int | None = None) -> str:
+    if index is None:
+        return f"inbox/{host}/{automation_id}" + ("/" if automation_id else "")
+    return f"inbox/{host}/{automation_id}/{index:08d}"
+
+
+def host(name: str = "") -> str:
+    return f"hosts/{name}"
+
+
+def split_step(key: str) -> tuple[str, int]:
+    """``auto/<id>/resp/00000007`` -> ("resp", 7)."""
+    parts = key.split("/")
+    return parts[2], int(parts[3])

@@ -1,0 +1,127 @@
+"""The peer: the one process every host runs.
+
+It holds a session (lease) in etcd and, under it: the host record, the
+executor taking requests from the host's inbox, the duties (automations it is
+a member of) and the cluster singletons.  When the session is lost (etcd
+unreachable for a TTL, the process paused) everything bound to it stops at
+once and the peer starts over with a fresh session; its durable state is all
+in etcd, so it resumes where it was.  SIGTERM/SIGINT stop it gracefully:
+running requests finish, then the lease is revoked so the other members take
+over at once instead of after a TTL.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import threading
+import time
+
+import structlog
+
+from . import keys
+from .duties import Duties, Singleton, janitor
+from .executor import Executor
+from .handlers import load_request_handlers
+from .hostctx import HostContext
+from .registry import load_automations
+from .session import Session
+from .store import Put, Store, StoreUnavailable
+
+__all__ = ["run_peer"]
+
+log = structlog.get_logger("peerctl.peer")
+
+STATS_INTERVAL = 5.0
+RETENTION = 24 * 3600.0
+
+
+def _host_record(host: HostContext) -> dict:
+    try:
+        from .hostinfo import host_facts
+        facts = host_facts(host.conn, host.state_dir)
+    except ImportError:
+        facts = {"kernel": platform.release()}
+    except Exception as exc:    # the hypervisor is down: still be a live peer
+        log.warning("host_facts_failed", error=str(exc))
+        facts = {"kernel": platform.release(), "error": str(exc)}
+    return {"host": host.host, "libvirt_uri": host.libvirt_uri, "pid": os.getpid(),
+            "updated": time.time(), **facts}
+
+
+class Peer:
+    def __init__(self, store: Store, host: str, libvirt_uri: str, ttl: int = 5,
+                 hooks_dir: str | None = None, workers: int = 8, state_dir: str | None = None,
+                 retention: float = RETENTION):
+        self.store = store
+        self.name = host
+        self.ttl = ttl
+        self.retention = retention
+        state_dir = state_dir or os.path.join("/tmp", "peerctl", store.cluster, host)
+        os.makedirs(state_dir, exist_ok=True)
+        self.host = HostContext(host, libvirt_uri, store, state_dir)
+        self.executor = Executor(store, self.host, hooks_dir, workers)
+        self.stopping = threading.Event()
+        self.extras = []                # per-session components started by plugins
+        self.log = log.bind(host=host)
+
+    def run(self) -> int:
+        load_request_handlers()
+        load_automations()
+        while not self.stopping.is_set():
+            try:
+                session = Session(self.store, self.ttl)
+            except StoreUnavailable as exc:
+                self.log.warning("etcd_unreachable", error=str(exc))
+                self.stopping.wait(0.5)
+                continue
+            try:
+                self._serve(session)
+            except StoreUnavailable as exc:
+                self.log.warning("session_interrupted", error=str(exc))
+                session.lost.set()
+            finally:
+                graceful = self.stopping.is_set()
+                if graceful:
+                    self.executor.wait_idle(30)
+                session.close(revoke=graceful)
+        self.log.info("peer_stopped")
+        return 0
+
+    def _serve(self, session: Session):
+        self.log.info("session_started", lease=f"{session.lease:x}", ttl=self.ttl)
+        record = _host_record(self.host)
+        cfg = self.store.get(f"hostcfg/{self.name}")
+        enabled = (cfg.value or {}).get("enabled", True) if cfg else True
+        self.store.txn([], [Put(keys.host(self.name), {**record, "enabled": enabled}, session.lease),
+                            Put(f"hostcfg/{self.name}", {**record, "enabled": enabled})])
+        self.executor.attach(session)
+        duties = Duties(self.store, session, self.name, self.executor.submit).start()
+        singletons = [Singleton(self.store, session, self.name, "janitor",
+                                janitor(self.store, self.retention)).start()]
+        try:
+            while not self.stopping.is_set() and not session.lost.is_set():
+                if self.stopping.wait(STATS_INTERVAL) or session.lost.is_set():
+                    break
+                record = _host_record(self.host)
+                self.store.put(keys.host(self.name), {**record, "enabled": enabled},
+                               session.lease)
+        finally:
+            duties.stop()
+            for singleton in singletons:
+                singleton.stop()
+            self.executor.detach()
+
+
+def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
+             hooks_dir: str | None = None, workers: int = 8,
+             state_dir: str | None = None) -> int:
+    """Run a peer in the foreground until SIGTERM or SIGINT."""
+    peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir)
+
+    def stop(signum, frame):
+        peer.log.info("peer_stopping", signal=signum)
+        peer.stopping.set()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return peer.run()

@@ -1,0 +1,76 @@
+"""Automation kinds and their versions.
+
+``@automation("boot", version=2)`` registers a worker.  A new automation is
+started with the newest version of its kind and records that version in its
+spec; replay always uses the recorded version.  To change a worker in a way
+that changes the requests it yields, register the new code under a new
+version and keep the old one until no running automation uses it: old logs
+keep replaying under old code.  (Inside one version, ``ctx.version`` lets a
+worker branch on small changes.)
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Callable
+
+__all__ = ["automation", "latest", "lookup", "load_automations", "UnknownAutomation",
+           "AUTOMATIONS_DIR"]
+
+AUTOMATIONS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "automations")
+_WORKERS: dict[tuple[str, int], Callable] = {}
+_loaded = False
+
+
+class UnknownAutomation(LookupError):
+    pass
+
+
+def automation(kind: str, version: int = 1):
+    def register(fn):
+        _WORKERS[(kind, version)] = fn
+        return fn
+    return register
+
+
+def latest(kind: str) -> tuple[int, Callable]:
+    load_automations()
+    versions = [v for (k, v) in _WORKERS if k == kind]
+    if not versions:
+        raise UnknownAutomation(f"unknown automation kind {kind!r}")
+    return max(versions), _WORKERS[(kind, max(versions))]
+
+
+def lookup(kind: str, version: int) -> Callable:
+    load_automations()
+    try:
+        return _WORKERS[(kind, version)]
+    except KeyError:
+        raise UnknownAutomation(f"automation {kind!r} version {version} is not "
+                                "registered on this peer") from None
+
+
+def load_automations() -> None:
+    """Import ``automations/`` and every file of the directories named in
+    ``PEERCTL_AUTOMATIONS_PATH`` (colon-separated; used by tests)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    root = os.path.dirname(AUTOMATIONS_DIR)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    for filename in sorted(os.listdir(AUTOMATIONS_DIR)):
+        if filename.endswith(".py") and not filename.startswith("_"):
+            importlib.import_module("automations." + filename[:-3])
+    for directory in filter(None, os.environ.get("PEERCTL_AUTOMATIONS_PATH", "").split(":")):
+        for filename in sorted(os.listdir(directory)):
+            if filename.endswith(".py"):
+                path = os.path.join(directory, filename)
+                spec = importlib.util.spec_from_file_location(
+                    "peerctl_extra_" + filename[:-3], path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)

@@ -1,0 +1,64 @@
+"""A peer's lease, kept alive, with a signal for the moment it is lost.
+
+Everything a peer holds in etcd that must vanish when it dies (its host
+record, election candidacies, executor claims) is bound to this lease.  The
+refresh runs every TTL/3; the session counts as lost as soon as the lease may
+have expired on the server (no successful refresh for a TTL) or etcd says it
+has.  Holders of leadership must stop at once on ``lost``: etcd-side fencing
+makes their writes fail anyway, this just makes them stop trying.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import structlog
+
+from .store import Store, StoreUnavailable
+
+__all__ = ["Session"]
+
+log = structlog.get_logger("peerctl.session")
+
+
+class Session:
+    def __init__(self, store: Store, ttl: int):
+        self.store = store
+        self.ttl = ttl
+        self.lease = store.grant(ttl)
+        self.lost = threading.Event()
+        self._closed = threading.Event()
+        self._valid_until = time.monotonic() + ttl
+        self._thread = threading.Thread(target=self._keepalive, daemon=True,
+                                        name=f"lease:{self.lease:x}")
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return not self.lost.is_set() and time.monotonic() < self._valid_until
+
+    def _keepalive(self):
+        interval = max(self.ttl / 3.0, 0.2)
+        while not self._closed.wait(interval):
+            sent = time.monotonic()
+            try:
+                remaining = self.store.keepalive(self.lease)
+            except StoreUnavailable:
+                remaining = None
+            if remaining is not None and remaining > 0:
+                self._valid_until = sent + remaining
+            elif remaining is not None or time.monotonic() >= self._valid_until:
+                log.warning("lease_lost", lease=f"{self.lease:x}",
+                            reason="expired" if remaining is not None else "etcd unreachable")
+                self.lost.set()
+                return
+
+    def close(self, revoke: bool = True) -> None:
+        """End the session; revoking deletes every key bound to the lease now."""
+        self._closed.set()
+        self.lost.set()
+        if revoke:
+            try:
+                self.store.revoke(self.lease)
+            except StoreUnavailable:
+                pass
