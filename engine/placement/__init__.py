@@ -1,0 +1,53 @@
+"""peerctl's placement service: where may this VM go, and claim it there.
+
+Resource providers, inventories, traits, aggregates, nested providers,
+allocation candidates and claims with generations, as OpenStack Placement
+defines them, over one of two backends chosen by configuration:
+
+- ``etcd`` (default): kept in the cluster's etcd beside everything else;
+  claims are single etcd transactions (see :mod:`engine.placement.etcd`);
+- an OpenStack Placement URL: the same interface over its REST API at
+  microversion 1.39 (see :mod:`engine.placement.rest`).
+
+    placement = open_placement(None, store)              # etcd, or $PEERCTL_PLACEMENT
+    placement = open_placement("http://127.0.0.1:8778")  # OpenStack Placement
+    best, *alternates = placement.candidates("VCPU:1,MEMORY_MB:256", limit=5)
+    placement.claim(vm_uuid, best["allocations"], project=p, user=u)
+"""
+from __future__ import annotations
+
+import os
+
+from engine.placement.api import ANY, Placement
+from engine.placement.model import Conflict, NotFound, PlacementError
+from engine.placement.query import Query, RequestGroup, parse_query
+
+__all__ = ["open_placement", "Placement", "PlacementError", "Conflict", "NotFound",
+           "ANY", "Query", "RequestGroup", "parse_query"]
+
+
+def open_placement(config=None, store=None) -> Placement:
+    """The configured backend.
+
+    ``config``: None (use ``$PEERCTL_PLACEMENT``, default ``etcd``), ``"etcd"``,
+    an ``http(s)://`` URL of an OpenStack Placement API, or a mapping
+    ``{"backend": "etcd"|"openstack", "url": ..., "token": ...}``.
+    ``store`` (an :class:`engine.store.Store`) is needed for etcd.
+    """
+    if config is None:
+        config = os.environ.get("PEERCTL_PLACEMENT") or "etcd"
+    if isinstance(config, str):
+        config = ({"backend": "openstack", "url": config}
+                  if config.startswith(("http://", "https://")) else {"backend": config})
+    backend = config.get("backend", "etcd")
+    if backend == "etcd":
+        if store is None:
+            raise PlacementError("the etcd placement backend needs a store")
+        from engine.placement.etcd import EtcdPlacement
+        return EtcdPlacement(store)
+    if backend in ("openstack", "rest"):
+        from engine.placement.rest import RestPlacement
+        if not config.get("url"):
+            raise PlacementError("the openstack placement backend needs a url")
+        return RestPlacement(config["url"], token=config.get("token", "admin"))
+    raise PlacementError(f"unknown placement backend {backend!r} (want etcd or a URL)")

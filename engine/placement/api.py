@@ -1,0 +1,133 @@
+"""The placement interface both backends implement.
+
+A provider is referred to by uuid or by name (``ref``).  Every method that
+writes either writes all it was asked to or nothing:
+
+- bad input raises :class:`PlacementError` (``NotFound`` for an unknown
+  provider), before anything is written;
+- a lost race raises :class:`Conflict` with ``reason`` ``concurrent_update``
+  (retry at once) or ``capacity_exceeded`` (take an alternate candidate).
+
+Claims replace the consumer's allocations, like ``PUT /allocations/{uuid}``;
+claiming again what the consumer already holds changes nothing and succeeds,
+so a claim whose reply was lost can simply be repeated.
+"""
+from __future__ import annotations
+
+import abc
+
+from engine.placement.model import DISABLED_TRAIT, Conflict
+
+__all__ = ["Placement", "ANY"]
+
+
+class _Any:
+    def __repr__(self):
+        return "ANY"
+
+
+ANY = _Any()    # "whatever the consumer generation is now"
+
+
+class Placement(abc.ABC):
+    backend = "?"
+    retries = 10        # Placement's allocation_conflict_retry_count
+
+    # -- providers -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def ensure_provider(self, name: str, *, uuid: str | None = None,
+                        parent: str | None = None) -> dict:
+        """The provider called ``name``, created (with ``uuid``) if missing."""
+
+    @abc.abstractmethod
+    def provider(self, ref: str) -> dict:
+        """One provider with inventories, usages, traits, aggregates."""
+
+    @abc.abstractmethod
+    def providers(self, name_glob: str | None = None) -> list[dict]:
+        """Providers whose name matches the shell glob, sorted by name."""
+
+    @abc.abstractmethod
+    def delete_provider(self, ref: str) -> None:
+        """Delete a provider without children or allocations."""
+
+    @abc.abstractmethod
+    def ensure_resource_class(self, name: str) -> None:
+        """Create the CUSTOM_ resource class ``name`` if missing."""
+
+    @abc.abstractmethod
+    def set_inventory(self, ref: str, inventories: dict, *,
+                      generation: int | None = None) -> dict:
+        """Replace the provider's inventories: ``{RC: total | {total, reserved,
+        min_unit, max_unit, step_size, allocation_ratio}}``."""
+
+    @abc.abstractmethod
+    def set_traits(self, ref: str, traits, *, generation: int | None = None) -> dict:
+        """Replace the provider's traits (CUSTOM_ traits are created)."""
+
+    @abc.abstractmethod
+    def set_aggregates(self, ref: str, aggregates, *,
+                       generation: int | None = None) -> dict:
+        """Replace the provider's aggregate uuids."""
+
+    # -- allocations -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def candidates(self, query, *, required: str | None = None,
+                   limit: int | None = None) -> list[dict]:
+        """``[{allocations, host, root, mappings, weight}]``, least loaded first;
+        the first is the pick, the rest its alternates."""
+
+    @abc.abstractmethod
+    def claim(self, consumer: str, allocations: dict, *, project: str, user: str,
+              consumer_type: str = "INSTANCE", consumer_generation=ANY) -> dict:
+        """Set the consumer's allocations ``{rp_uuid: {RC: n}}`` in one step."""
+
+    @abc.abstractmethod
+    def allocations(self, consumer: str) -> dict:
+        """``{consumer, generation, project, user, consumer_type, allocations}``;
+        allocations are empty (generation None) for an unknown consumer."""
+
+    @abc.abstractmethod
+    def all_allocations(self) -> list[dict]:
+        """Every consumer holding allocations, sorted by consumer uuid."""
+
+    @abc.abstractmethod
+    def release(self, consumer: str) -> None:
+        """Drop the consumer's allocations (nothing to do when it has none)."""
+
+    @abc.abstractmethod
+    def move_to_migration(self, instance: str, migration: str,
+                          destination: dict) -> dict:
+        """Atomically: the instance's allocations move to consumer ``migration``
+        and the instance is claimed on ``destination``.  Returns the
+        instance's new allocations document."""
+
+    @abc.abstractmethod
+    def revert_migration(self, instance: str, migration: str) -> dict:
+        """Atomically: the instance gets back what ``migration`` holds, which
+        is dropped; the destination allocations are freed."""
+
+    def close(self) -> None:
+        pass
+
+    # -- built on the above ------------------------------------------------------
+
+    def drain(self, ref: str, drained: bool = True) -> dict:
+        """Draining sets reserved to total for every class (no new claims fit)
+        and adds COMPUTE_STATUS_DISABLED; undraining sets reserved back to 0."""
+        for _ in range(self.retries):
+            rp = self.provider(ref)
+            inventories = {rc: {**inv, "reserved": inv["total"] if drained else 0}
+                           for rc, inv in rp["inventories"].items()}
+            try:
+                rp = self.set_inventory(rp["uuid"], inventories, generation=rp["generation"])
+                traits = set(rp["traits"])
+                traits = traits | {DISABLED_TRAIT} if drained else traits - {DISABLED_TRAIT}
+                if traits != set(rp["traits"]):
+                    rp = self.set_traits(rp["uuid"], sorted(traits), generation=rp["generation"])
+                return rp
+            except Conflict:
+                continue
+        raise Conflict("concurrent_update", f"provider {ref} kept changing while draining")

@@ -1,0 +1,168 @@
+"""Allocation candidates computed in memory from one read of every provider.
+
+Semantics follow OpenStack Placement (microversion 1.39):
+
+- the unnumbered group may spread its resource classes over the providers of
+  one tree plus the sharing providers (trait MISC_SHARES_VIA_AGGREGATE)
+  anchored to that tree by a common aggregate; its required traits must be
+  held collectively by the providers it uses, its forbidden traits by none;
+- a numbered group (``resources1=...``) is satisfied by a single provider of
+  the tree or a sharing provider; ``group_policy=isolate`` keeps numbered
+  groups on different providers;
+- ``member_of``/``in_tree`` filter the providers a group may use,
+  ``root_required`` filters on the traits of the tree's root.
+
+Candidates are ordered by :func:`weigh`: least loaded first.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+from engine.placement.model import SHARING_TRAIT, capacity
+from engine.placement.query import Query, RequestGroup
+
+__all__ = ["find_candidates", "weigh", "order"]
+
+_MAX_PER_TREE = 64      # bound the combinations one tree may contribute
+
+
+def _fits(provider: dict, rc: str, amount: int) -> bool:
+    inv = provider["inventories"].get(rc)
+    if inv is None:
+        return False
+    if amount < inv["min_unit"] or amount > inv["max_unit"] or amount % inv["step_size"]:
+        return False
+    return provider["usages"].get(rc, 0) + amount <= capacity(inv)
+
+
+def _group_allows(provider: dict, group: RequestGroup, tree_of: dict) -> bool:
+    if group.forbidden and group.forbidden & set(provider["traits"]):
+        return False
+    if group.in_tree and provider["root"] != tree_of.get(group.in_tree):
+        return False
+    aggs = set(provider["aggregates"])
+    for wanted, negated in group.member_of:
+        if bool(wanted & aggs) == negated:
+            return False
+    return True
+
+
+def _traits_hold(required: list, traits: set) -> bool:
+    return all(any_of & traits for any_of in required)
+
+
+def _unnumbered_options(group, pool, tree_of):
+    per_rc = []
+    for rc, amount in group.resources.items():
+        options = [p for p in pool if _fits(p, rc, amount) and _group_allows(p, group, tree_of)]
+        if not options:
+            return []
+        per_rc.append([(p, rc, amount) for p in options])
+    result = []
+    for combo in itertools.islice(itertools.product(*per_rc), _MAX_PER_TREE * 4):
+        used = {p["uuid"]: p for p, _, _ in combo}
+        traits = set().union(*(set(p["traits"]) for p in used.values()))
+        if not _traits_hold(group.required, traits):
+            continue
+        allocs = defaultdict(dict)
+        for p, rc, amount in combo:
+            allocs[p["uuid"]][rc] = amount
+        result.append(dict(allocs))
+    return result
+
+
+def _numbered_options(group, pool, tree_of):
+    return [{p["uuid"]: dict(group.resources)} for p in pool
+            if all(_fits(p, rc, n) for rc, n in group.resources.items())
+            and _group_allows(p, group, tree_of)
+            and _traits_hold(group.required, set(p["traits"]))]
+
+
+def find_candidates(providers: dict, query: Query) -> list[dict]:
+    """``providers``: uuid -> provider document with ``usages``; unordered result."""
+    tree_of = {u: p["root"] for u, p in providers.items()}
+    trees = defaultdict(list)
+    roots_in_agg = defaultdict(set)
+    for p in providers.values():
+        trees[p["root"]].append(p)
+        for agg in p["aggregates"]:
+            roots_in_agg[agg].add(p["root"])
+    anchored = defaultdict(list)
+    for p in providers.values():
+        if SHARING_TRAIT in p["traits"]:
+            for root in set().union(*(roots_in_agg[a] for a in p["aggregates"])) if p["aggregates"] else ():
+                if root != p["root"]:
+                    anchored[root].append(p)
+    needed = query.resource_classes
+    results, seen = [], set()
+    for root, local in trees.items():
+        root_doc = providers[root]
+        if query.root_required and not query.root_required <= set(root_doc["traits"]):
+            continue
+        if query.root_forbidden & set(root_doc["traits"]):
+            continue
+        pool = local + anchored.get(root, [])
+        # cheap rejection: the pool must at least have every class asked for
+        offered = {rc for p in pool for rc in p["inventories"]}
+        if not needed <= offered:
+            continue
+        per_group = []
+        for group in query.groups:
+            options = (_unnumbered_options(group, pool, tree_of) if group.suffix == ""
+                       else _numbered_options(group, pool, tree_of))
+            if not options:
+                break
+            per_group.append(options)
+        else:
+            local_ids = {p["uuid"] for p in local}
+            count = 0
+            for combo in itertools.product(*per_group):
+                if query.group_policy == "isolate":
+                    numbered = [next(iter(c)) for g, c in zip(query.groups, combo) if g.suffix]
+                    if len(numbered) != len(set(numbered)):
+                        continue
+                merged = defaultdict(lambda: defaultdict(int))
+                for part in combo:
+                    for rp, resources in part.items():
+                        for rc, n in resources.items():
+                            merged[rp][rc] += n
+                if not local_ids & set(merged):
+                    continue        # only sharing providers: found under their own tree
+                if any(not _fits(providers[rp], rc, n) for rp, res in merged.items()
+                       for rc, n in res.items()):
+                    continue
+                allocations = {rp: dict(res) for rp, res in merged.items()}
+                key = tuple(sorted((rp, tuple(sorted(r.items()))) for rp, r in allocations.items()))
+                if key in seen:
+                    continue
+                seen.add(key)
+                mappings = {}
+                for g, part in zip(query.groups, combo):
+                    mappings[g.suffix] = sorted(part)
+                results.append({"allocations": allocations, "host": root_doc["name"],
+                                "root": root, "mappings": mappings})
+                count += 1
+                if count >= _MAX_PER_TREE:
+                    break
+    return results
+
+
+def weigh(allocations: dict, capacity_used) -> float:
+    """Least loaded first: the mean free fraction left after this allocation.
+
+    ``capacity_used(rp, rc) -> (capacity, used)``.
+    """
+    fractions = []
+    for rp, resources in allocations.items():
+        for rc, amount in resources.items():
+            cap, used = capacity_used(rp, rc)
+            fractions.append((cap - used - amount) / cap if cap else 0.0)
+    return sum(fractions) / len(fractions) if fractions else 0.0
+
+
+def order(candidates: list[dict], capacity_used, limit: int | None) -> list[dict]:
+    for c in candidates:
+        c["weight"] = round(weigh(c["allocations"], capacity_used), 6)
+    candidates.sort(key=lambda c: (-c["weight"], c["host"], sorted(c["allocations"])))
+    return candidates[:limit] if limit else candidates

@@ -1,0 +1,393 @@
+"""Placement kept in etcd, next to the rest of the cluster's state.
+
+Keys, relative to the cluster prefix (values are msgpack maps):
+
+- ``placement/rp/<uuid>``: the whole provider ``{uuid, name, parent, root,
+  generation, inventories, usages, traits, aggregates}``.  Usages live in the
+  provider document so that one compare on its mod revision covers
+  everything a claim depends on, and the generation moves with every change;
+- ``placement/name/<name>`` -> uuid: names are unique, created in the same
+  transaction as the provider;
+- ``placement/rc/<CUSTOM_X>``: custom resource classes that exist;
+- ``placement/consumer/<uuid>``: ``{consumer, generation, project, user,
+  consumer_type, allocations: {rp_uuid: {RC: n}}}``.
+
+A claim reads the consumers and providers it touches in one atomic read,
+checks capacity, and writes new usages and the consumer documents in one
+transaction guarded by the mod revision of every key read.  A lost compare is
+re-read and re-checked: still fits -> try again (up to ``retries`` times, as
+Placement's allocation_conflict_retry_count), no longer fits ->
+``Conflict("capacity_exceeded")``.  Nothing else ever writes usages, so
+usages always equal the sum of the allocations, and a claiming process killed
+at any moment leaves a whole allocation or none.
+"""
+from __future__ import annotations
+
+import fnmatch
+import uuid as uuidlib
+
+import structlog
+
+from engine.placement.api import ANY, Placement
+from engine.placement.candidates import find_candidates, order
+from engine.placement.model import (Conflict, NotFound, PlacementError,
+                                    STANDARD_RESOURCE_CLASSES, amount_problem, capacity,
+                                    check_resource_class_name, check_trait_name, check_uuid,
+                                    normalize_allocations, normalize_inventories)
+from engine.placement.query import parse_query
+from engine.store import Delete, Get, Put, absent, modified_at
+
+__all__ = ["EtcdPlacement"]
+
+log = structlog.get_logger("placement")
+
+RP, NAME, RC, CONSUMER = "placement/rp/", "placement/name/", "placement/rc/", "placement/consumer/"
+
+
+class EtcdPlacement(Placement):
+    backend = "etcd"
+
+    def __init__(self, store):
+        self.store = store
+
+    # -- reading -------------------------------------------------------------------
+
+    def _resolve(self, ref: str) -> str:
+        """uuid of a provider given its uuid or name."""
+        if not isinstance(ref, str) or not ref:
+            raise PlacementError(f"bad provider reference {ref!r}")
+        try:
+            return str(uuidlib.UUID(ref))
+        except ValueError:
+            kv = self.store.get(NAME + ref)
+            if kv is None:
+                raise NotFound(f"no provider named {ref!r}") from None
+            return kv.value
+
+    def _read(self, uuid: str):
+        kv = self.store.get(RP + uuid)
+        if kv is None:
+            raise NotFound(f"no provider with uuid {uuid}")
+        return kv
+
+    def provider(self, ref: str) -> dict:
+        return self._read(self._resolve(ref)).value
+
+    def providers(self, name_glob: str | None = None) -> list[dict]:
+        kvs, _ = self.store.range(RP)
+        docs = [kv.value for kv in kvs]
+        if name_glob:
+            docs = [d for d in docs if fnmatch.fnmatchcase(d["name"], name_glob)]
+        return sorted(docs, key=lambda d: (d["name"], d["uuid"]))
+
+    def _custom_classes(self) -> set:
+        kvs, _ = self.store.range(RC, keys_only=True)
+        return {kv.key[len(RC):] for kv in kvs}
+
+    def _check_classes_exist(self, classes) -> None:
+        custom = {rc for rc in classes if rc not in STANDARD_RESOURCE_CLASSES}
+        missing = custom - self._custom_classes() if custom else set()
+        if missing:
+            raise PlacementError(f"unknown resource class(es) {sorted(missing)}: "
+                                 "no such custom class")
+
+    # -- providers -----------------------------------------------------------------
+
+    def ensure_provider(self, name: str, *, uuid: str | None = None,
+                        parent: str | None = None) -> dict:
+        if not isinstance(name, str) or not name or len(name) > 200 or "/" in name:
+            raise PlacementError(f"bad provider name {name!r}")
+        uuid = check_uuid(uuid, "provider uuid") if uuid else None
+        for _ in range(self.retries):
+            existing = self.store.get(NAME + name)
+            if existing is not None:
+                doc = self._read(existing.value).value
+                if uuid and doc["uuid"] != uuid:
+                    raise PlacementError(f"provider name {name!r} is taken by {doc['uuid']}")
+                return doc
+            parent_kv = None
+            if parent:
+                parent_kv = self._read(self._resolve(parent))
+            new_uuid = uuid or str(uuidlib.uuid4())
+            if self.store.get(RP + new_uuid) is not None:
+                raise PlacementError(f"provider uuid {new_uuid} is taken by another name")
+            doc = {"uuid": new_uuid, "name": name,
+                   "parent": parent_kv.value["uuid"] if parent_kv else None,
+                   "root": parent_kv.value["root"] if parent_kv else new_uuid,
+                   "generation": 0, "inventories": {}, "usages": {}, "traits": [],
+                   "aggregates": []}
+            compares = [absent(NAME + name), absent(RP + new_uuid)]
+            puts = [Put(RP + new_uuid, doc), Put(NAME + name, new_uuid)]
+            if parent_kv:   # re-put the parent so that a concurrent delete of it fails
+                compares.append(modified_at(parent_kv.key, parent_kv.mod_revision))
+                puts.append(Put(parent_kv.key, parent_kv.value))
+            if self.store.txn(compares, puts).succeeded:
+                log.info("placement.provider_created", name=name, uuid=new_uuid,
+                         parent=doc["parent"])
+                return doc
+        raise Conflict("concurrent_update", f"provider {name!r} kept changing")
+
+    def delete_provider(self, ref: str) -> None:
+        uuid = self._resolve(ref)
+        kv = self._read(uuid)
+        if any(kv.value["usages"].values()):
+            raise PlacementError(f"provider {kv.value['name']} has allocations")
+        kvs, _ = self.store.range(RP)
+        if any(other.value["parent"] == uuid for other in kvs):
+            raise PlacementError(f"provider {kv.value['name']} has child providers")
+        done = self.store.txn([modified_at(kv.key, kv.mod_revision)],
+                              [Delete(kv.key), Delete(NAME + kv.value["name"])])
+        if not done.succeeded:
+            raise Conflict("concurrent_update", f"provider {kv.value['name']} changed meanwhile")
+
+    def ensure_resource_class(self, name: str) -> None:
+        check_resource_class_name(name)
+        if name not in STANDARD_RESOURCE_CLASSES:
+            self.store.create(RC + name, {})
+
+    def _update(self, ref: str, generation, change) -> dict:
+        """Read-modify-write one provider document, bumping its generation."""
+        uuid = self._resolve(ref)
+        for _ in range(self.retries):
+            kv = self._read(uuid)
+            doc = dict(kv.value)
+            if generation is not None and doc["generation"] != generation:
+                raise Conflict("concurrent_update", f"provider {doc['name']} is at generation "
+                               f"{doc['generation']}, not {generation}")
+            extra = change(doc) or []
+            doc["generation"] += 1
+            if self.store.txn([modified_at(kv.key, kv.mod_revision)],
+                              [Put(kv.key, doc), *extra]).succeeded:
+                return doc
+            if generation is not None:
+                raise Conflict("concurrent_update", f"provider {doc['name']} changed meanwhile")
+        raise Conflict("concurrent_update", f"provider {ref} kept changing")
+
+    def set_inventory(self, ref: str, inventories: dict, *,
+                      generation: int | None = None) -> dict:
+        inventories = normalize_inventories(inventories)
+        custom = [rc for rc in inventories if rc not in STANDARD_RESOURCE_CLASSES]
+
+        def change(doc):
+            in_use = [rc for rc, n in doc["usages"].items() if n and rc not in inventories]
+            if in_use:
+                raise PlacementError(f"cannot remove inventory of {in_use} from "
+                                     f"{doc['name']}: in use")
+            doc["inventories"] = inventories
+            return [Put(RC + rc, {}) for rc in custom]
+        return self._update(ref, generation, change)
+
+    def set_traits(self, ref: str, traits, *, generation: int | None = None) -> dict:
+        traits = sorted({check_trait_name(t) for t in traits})
+
+        def change(doc):
+            doc["traits"] = traits
+        return self._update(ref, generation, change)
+
+    def set_aggregates(self, ref: str, aggregates, *,
+                       generation: int | None = None) -> dict:
+        aggregates = sorted({check_uuid(a, "aggregate") for a in aggregates})
+
+        def change(doc):
+            doc["aggregates"] = aggregates
+        return self._update(ref, generation, change)
+
+    # -- candidates ----------------------------------------------------------------
+
+    def candidates(self, query, *, required: str | None = None,
+                   limit: int | None = None) -> list[dict]:
+        query = parse_query(query, required, limit)
+        self._check_classes_exist(query.resource_classes)
+        kvs, _ = self.store.range(RP)
+        providers = {kv.value["uuid"]: kv.value for kv in kvs}
+        for group in query.groups:
+            if group.in_tree and group.in_tree not in providers:
+                raise NotFound(f"in_tree{group.suffix}: no provider with uuid {group.in_tree}")
+        found = find_candidates(providers, query)
+
+        def capacity_used(rp, rc):
+            doc = providers[rp]
+            return capacity(doc["inventories"][rc]), doc["usages"].get(rc, 0)
+        return order(found, capacity_used, query.limit)
+
+    # -- allocations ---------------------------------------------------------------
+
+    def allocations(self, consumer: str) -> dict:
+        consumer = check_uuid(consumer, "consumer")
+        kv = self.store.get(CONSUMER + consumer)
+        return kv.value if kv else _empty(consumer)
+
+    def all_allocations(self) -> list[dict]:
+        kvs, _ = self.store.range(CONSUMER)
+        return sorted((kv.value for kv in kvs), key=lambda d: d["consumer"])
+
+    def claim(self, consumer: str, allocations: dict, *, project: str, user: str,
+              consumer_type: str = "INSTANCE", consumer_generation=ANY) -> dict:
+        consumer = check_uuid(consumer, "consumer")
+        allocations = normalize_allocations(allocations)
+        if not allocations:
+            raise PlacementError("a claim needs at least one allocation (use release)")
+        want = _consumer_doc(consumer, allocations, project, user, consumer_type)
+        return self._write({consumer: want}, {consumer: consumer_generation})[consumer]
+
+    def release(self, consumer: str) -> None:
+        consumer = check_uuid(consumer, "consumer")
+        self._write({consumer: None}, {consumer: ANY})
+
+    def move_to_migration(self, instance: str, migration: str, destination: dict) -> dict:
+        instance = check_uuid(instance, "instance consumer")
+        migration = check_uuid(migration, "migration consumer")
+        if instance == migration:
+            raise PlacementError("migration consumer must differ from the instance")
+        destination = normalize_allocations(destination)
+        if not destination:
+            raise PlacementError("move_to_migration needs destination allocations")
+        for _ in range(self.retries):
+            inst, mig = self.allocations(instance), self.allocations(migration)
+            if mig["allocations"]:
+                if inst["allocations"] == destination:
+                    return inst                         # done already (a retry)
+                raise PlacementError(f"migration {migration} already holds allocations")
+            if not inst["allocations"]:
+                raise NotFound(f"instance {instance} holds no allocations to move")
+            want = {
+                migration: _consumer_doc(migration, inst["allocations"], inst["project"],
+                                         inst["user"], "MIGRATION"),
+                instance: _consumer_doc(instance, destination, inst["project"],
+                                        inst["user"], inst["consumer_type"])}
+            try:
+                return self._write(want, {migration: None,
+                                          instance: inst["generation"]})[instance]
+            except Conflict as exc:
+                if exc.reason != "concurrent_update":
+                    raise
+        raise Conflict("concurrent_update", f"instance {instance} kept changing")
+
+    def revert_migration(self, instance: str, migration: str) -> dict:
+        instance = check_uuid(instance, "instance consumer")
+        migration = check_uuid(migration, "migration consumer")
+        for _ in range(self.retries):
+            inst, mig = self.allocations(instance), self.allocations(migration)
+            if not mig["allocations"]:
+                raise NotFound(f"migration {migration} holds no allocations to revert")
+            want = {instance: _consumer_doc(instance, mig["allocations"], mig["project"],
+                                            mig["user"], inst["consumer_type"] or "INSTANCE"),
+                    migration: None}
+            try:
+                return self._write(want, {instance: inst["generation"],
+                                          migration: mig["generation"]})[instance]
+            except Conflict as exc:
+                if exc.reason != "concurrent_update":
+                    raise
+        raise Conflict("concurrent_update", f"instance {instance} kept changing")
+
+    def _snapshot(self, consumers, providers):
+        """Consumers and providers read at one revision."""
+        keys = [CONSUMER + c for c in consumers] + [RP + p for p in providers]
+        result = self.store.txn([], [Get(k) for k in keys])
+        found = {}
+        for key, kvs in zip(keys, result.ranges):
+            found[key] = kvs[0] if kvs else None
+        return found
+
+    def _write(self, want: dict, expect: dict) -> dict:
+        """Give each consumer in ``want`` its document (None: no allocations)
+        in one transaction.  ``expect``: consumer -> generation, None for
+        'must not exist', or ANY."""
+        wanted_rps = {rp for doc in want.values() if doc for rp in doc["allocations"]}
+        self._check_classes_exist({rc for doc in want.values() if doc
+                                   for res in doc["allocations"].values() for rc in res})
+        for attempt in range(self.retries):
+            read = self._snapshot(want, wanted_rps)
+            old = {c: read[CONSUMER + c] for c in want}
+            old_rps = {rp for kv in old.values() if kv for rp in kv.value["allocations"]}
+            if old_rps - wanted_rps:
+                read = self._snapshot(want, wanted_rps | old_rps)
+                old = {c: read[CONSUMER + c] for c in want}
+                if {rp for kv in old.values() if kv for rp in kv.value["allocations"]} - (wanted_rps | old_rps):
+                    continue        # the consumer moved meanwhile: read again
+            for rp in sorted(wanted_rps):
+                if read[RP + rp] is None:
+                    raise NotFound(f"no provider with uuid {rp}")
+            for c, generation in expect.items():
+                current = old[c].value["generation"] if old[c] else None
+                if generation is not ANY and generation != current:
+                    raise Conflict("concurrent_update", f"consumer {c} is at generation "
+                                   f"{current}, not {generation}")
+            if all(_same(old[c], doc) for c, doc in want.items()):
+                return {c: (old[c].value if old[c] else _empty(c)) for c in want}
+            compares, ops, docs = [], [], {}
+            rps = {}
+            for key, kv in read.items():
+                if key.startswith(RP) and kv is not None:
+                    rps[kv.value["uuid"]] = dict(kv.value, usages=dict(kv.value["usages"]))
+                    compares.append(modified_at(key, kv.mod_revision))
+            for c, kv in old.items():
+                compares.append(modified_at(kv.key, kv.mod_revision) if kv else absent(CONSUMER + c))
+                for rp, res in (kv.value["allocations"] if kv else {}).items():
+                    for rc, n in res.items():
+                        rps[rp]["usages"][rc] = rps[rp]["usages"].get(rc, 0) - n
+            for c, doc in want.items():
+                for rp, res in (doc["allocations"] if doc else {}).items():
+                    for rc, n in res.items():
+                        self._check_fits(rps[rp], rc, n)
+                        rps[rp]["usages"][rc] = rps[rp]["usages"].get(rc, 0) + n
+                if doc:
+                    generation = (old[c].value["generation"] if old[c] else 0) + 1
+                    docs[c] = dict(doc, generation=generation)
+                    ops.append(Put(CONSUMER + c, docs[c]))
+                else:
+                    docs[c] = _empty(c)
+                    if old[c]:
+                        ops.append(Delete(CONSUMER + c))
+            for rp, doc in rps.items():
+                doc["usages"] = {rc: n for rc, n in doc["usages"].items() if n}
+                doc["generation"] += 1
+                ops.append(Put(RP + rp, doc))
+            if self.store.txn(compares, ops).succeeded:
+                log.debug("placement.allocations_written", consumers=sorted(want),
+                          providers=sorted(rps), attempt=attempt)
+                return docs
+        raise Conflict("concurrent_update",
+                       f"providers kept changing: {self.retries} attempts lost the race")
+
+    @staticmethod
+    def _check_fits(rp: dict, rc: str, amount: int) -> None:
+        """``rp['usages']`` holds usage without this claim's consumers."""
+        inv = rp["inventories"].get(rc)
+        if inv is None:
+            raise Conflict("capacity_exceeded",
+                           f"provider {rp['name']} has no inventory of {rc}")
+        problem = amount_problem(inv, amount)
+        if problem:
+            raise PlacementError(f"{amount} {rc} on provider {rp['name']}: {problem}")
+        used = rp["usages"].get(rc, 0)
+        if used + amount > capacity(inv):
+            raise Conflict("capacity_exceeded",
+                           f"provider {rp['name']} cannot fit {amount} {rc}: "
+                           f"{used} used of {capacity(inv)}")
+
+
+def _consumer_doc(consumer, allocations, project, user, consumer_type) -> dict:
+    for what, value in (("project", project), ("user", user),
+                        ("consumer_type", consumer_type)):
+        if not isinstance(value, str) or not value:
+            raise PlacementError(f"{what} must be a non-empty string, not {value!r}")
+    return {"consumer": consumer, "generation": None, "project": project, "user": user,
+            "consumer_type": consumer_type, "allocations": allocations}
+
+
+def _empty(consumer: str) -> dict:
+    return {"consumer": consumer, "generation": None, "project": None, "user": None,
+            "consumer_type": None, "allocations": {}}
+
+
+def _same(kv, doc) -> bool:
+    if doc is None:
+        return kv is None
+    if kv is None:
+        return False
+    have = kv.value
+    return (have["allocations"] == doc["allocations"] and have["project"] == doc["project"]
+            and have["user"] == doc["user"] and have["consumer_type"] == doc["consumer_type"])
+

@@ -1,0 +1,57 @@
+"""Fixtures for the placement tests: one contract, two backends.
+
+``placement`` is parametrized over ``etcd`` (a fresh cluster on the session
+etcd) and ``openstack`` (a real openstack-placement served on loopback for
+the whole session, wiped after each test).  Import the fixtures into a test
+module with ``from tests.placement_support import *``.
+"""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from engine.placement import open_placement
+
+__all__ = ["placement", "placement_server", "new_uuid", "make_provider"]
+
+
+def new_uuid() -> str:
+    return str(uuid.uuid4())
+
+
+def make_provider(placement, name, inventories=None, traits=(), aggregates=(), parent=None):
+    rp = placement.ensure_provider(name, parent=parent)
+    if inventories:
+        rp = placement.set_inventory(rp["uuid"], inventories)
+    if traits:
+        rp = placement.set_traits(rp["uuid"], traits)
+    if aggregates:
+        rp = placement.set_aggregates(rp["uuid"], aggregates)
+    return rp
+
+
+@pytest.fixture(scope="session")
+def placement_server(tmp_path_factory):
+    from tests.placement_server import PlacementServer, placement_installed
+    if not placement_installed():
+        pytest.skip("openstack-placement not installed (pip install -r requirements-placement.txt)")
+    server = PlacementServer(str(tmp_path_factory.mktemp("placement"))).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["etcd", "openstack"])
+def placement(request, etcd, cluster_name):
+    if request.param == "etcd":
+        from engine.store import Store
+        store = Store(etcd.url, cluster_name)
+        backend = open_placement("etcd", store)
+        yield backend
+        store.close()
+    else:
+        server = request.getfixturevalue("placement_server")
+        backend = open_placement(server.url)
+        yield backend
+        server.wipe()
+        backend.close()

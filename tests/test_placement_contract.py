@@ -1,0 +1,308 @@
+"""The placement contract: every test runs against the etcd backend and a
+real OpenStack Placement, and both must answer alike."""
+from __future__ import annotations
+
+import pytest
+
+from engine.placement import Conflict, NotFound, PlacementError
+from tests.placement_support import *  # noqa: F401,F403  (fixtures)
+from tests.placement_support import make_provider, new_uuid
+
+COMPUTE = {"VCPU": 8, "MEMORY_MB": 8192, "DISK_GB": 100}
+P = {"project": "proj", "user": "alice"}
+
+
+def usage(placement, rp):
+    return placement.provider(rp["uuid"])["usages"]
+
+
+# -- providers ------------------------------------------------------------------
+
+def test_providers_are_unique_by_name_and_nest(placement):
+    root = placement.ensure_provider("node1")
+    assert placement.ensure_provider("node1")["uuid"] == root["uuid"]
+    numa = placement.ensure_provider("node1_numa0", parent=root["uuid"])
+    assert numa["parent"] == root["uuid"] and numa["root"] == root["uuid"]
+    names = [p["name"] for p in placement.providers("node1*")]
+    assert names == ["node1", "node1_numa0"]
+    assert placement.provider("node1_numa0")["uuid"] == numa["uuid"]
+    with pytest.raises(NotFound):
+        placement.provider(new_uuid())
+    with pytest.raises(NotFound):
+        placement.ensure_provider("orphan", parent=new_uuid())
+    assert [p["name"] for p in placement.providers("orphan")] == []
+
+
+def test_inventory_traits_aggregates_bump_generation(placement):
+    rp = placement.ensure_provider("node1")
+    g0 = rp["generation"]
+    rp = placement.set_inventory(rp["uuid"], {"VCPU": {"total": 8, "allocation_ratio": 2.0},
+                                              "MEMORY_MB": 4096})
+    assert rp["generation"] == g0 + 1
+    inv = rp["inventories"]
+    assert inv["VCPU"] == {"total": 8, "reserved": 0, "min_unit": 1, "max_unit": 2147483647,
+                           "step_size": 1, "allocation_ratio": 2.0}
+    assert inv["MEMORY_MB"]["total"] == 4096
+    agg = new_uuid()
+    rp = placement.set_traits(rp["uuid"], ["HW_CPU_X86_AVX2", "CUSTOM_FAST"])
+    rp = placement.set_aggregates(rp["uuid"], [agg])
+    assert rp["generation"] == g0 + 3
+    again = placement.provider(rp["uuid"])
+    assert sorted(again["traits"]) == ["CUSTOM_FAST", "HW_CPU_X86_AVX2"]
+    assert again["aggregates"] == [agg]
+    assert again["generation"] == g0 + 3
+    with pytest.raises(Conflict) as err:
+        placement.set_traits(rp["uuid"], [], generation=g0)
+    assert err.value.reason == "concurrent_update"
+
+
+def test_custom_resource_classes(placement):
+    rp = make_provider(placement, "gpu1", {"CUSTOM_MAGIC": 4})
+    assert rp["inventories"]["CUSTOM_MAGIC"]["total"] == 4
+    [cand] = placement.candidates("CUSTOM_MAGIC:2")
+    assert cand["allocations"] == {rp["uuid"]: {"CUSTOM_MAGIC": 2}}
+
+
+# -- candidates -------------------------------------------------------------------
+
+def test_candidates_least_loaded_first_with_alternates(placement):
+    rps = [make_provider(placement, f"node{i}", COMPUTE) for i in range(3)]
+    placement.claim(new_uuid(), {rps[0]["uuid"]: {"VCPU": 6}}, **P)
+    placement.claim(new_uuid(), {rps[1]["uuid"]: {"VCPU": 2}}, **P)
+    cands = placement.candidates("VCPU:2,MEMORY_MB:256,DISK_GB:1")
+    assert [c["host"] for c in cands] == ["node2", "node1", "node0"]
+    assert cands[0]["allocations"] == {rps[2]["uuid"]: {"VCPU": 2, "MEMORY_MB": 256, "DISK_GB": 1}}
+    assert [c["host"] for c in placement.candidates("VCPU:3")] == ["node2", "node1"]
+    assert len(placement.candidates("VCPU:1", limit=2)) == 2
+    assert placement.candidates("VCPU:9") == []
+
+
+def test_candidates_query_form_and_traits(placement):
+    make_provider(placement, "fast", COMPUTE, traits=["HW_CPU_X86_AVX2"])
+    make_provider(placement, "slow", COMPUTE, traits=["HW_CPU_X86_AVX2", "CUSTOM_SLOW"])
+    make_provider(placement, "plain", COMPUTE)
+    hosts = lambda q, **kw: sorted(c["host"] for c in placement.candidates(q, **kw))  # noqa: E731
+    assert hosts("VCPU:1", required="HW_CPU_X86_AVX2") == ["fast", "slow"]
+    assert hosts("VCPU:1", required="HW_CPU_X86_AVX2,!CUSTOM_SLOW") == ["fast"]
+    assert hosts("resources=VCPU:1,MEMORY_MB:256&required=HW_CPU_X86_AVX2,!CUSTOM_SLOW") == ["fast"]
+    assert hosts("resources=VCPU:1&required=!CUSTOM_SLOW") == ["fast", "plain"]
+    assert hosts("resources=VCPU:1&required=in:CUSTOM_SLOW,HW_CPU_X86_AVX2") == ["fast", "slow"]
+
+
+def test_member_of_and_in_tree(placement):
+    agg1, agg2 = new_uuid(), new_uuid()
+    a = make_provider(placement, "a", COMPUTE, aggregates=[agg1])
+    make_provider(placement, "b", COMPUTE, aggregates=[agg2])
+    make_provider(placement, "c", COMPUTE)
+    hosts = lambda q: sorted(c["host"] for c in placement.candidates(q))  # noqa: E731
+    assert hosts(f"resources=VCPU:1&member_of={agg1}") == ["a"]
+    assert hosts(f"resources=VCPU:1&member_of=in:{agg1},{agg2}") == ["a", "b"]
+    assert hosts(f"resources=VCPU:1&member_of=!{agg1}") == ["b", "c"]
+    assert hosts(f"resources=VCPU:1&in_tree={a['uuid']}") == ["a"]
+
+
+def test_nested_providers_and_granular_groups(placement):
+    root = make_provider(placement, "numa-host", {"DISK_GB": 100})
+    cells = [make_provider(placement, f"numa-host_cell{i}", {"VCPU": 4, "MEMORY_MB": 4096},
+                           parent=root["uuid"]) for i in range(2)]
+    # unnumbered: spread over the tree, the root gives disk, a cell the rest
+    cands = placement.candidates("VCPU:2,MEMORY_MB:1024,DISK_GB:10")
+    assert {c["host"] for c in cands} == {"numa-host"}
+    assert len(cands) == 4          # VCPU and MEMORY_MB each from either cell
+    for c in cands:
+        assert c["allocations"][root["uuid"]] == {"DISK_GB": 10}
+    # granular, isolated: two cells, one group each
+    q = "resources1=VCPU:3&resources2=VCPU:3&group_policy=isolate&resources=DISK_GB:1"
+    cands = placement.candidates(q)
+    assert cands
+    for c in cands:
+        assert c["allocations"][cells[0]["uuid"]] == {"VCPU": 3}
+        assert c["allocations"][cells[1]["uuid"]] == {"VCPU": 3}
+    # 3 VCPU twice cannot share one 4-VCPU cell, even with group_policy=none
+    cands = placement.candidates("resources1=VCPU:3&resources2=VCPU:3&group_policy=none")
+    assert cands and all(len(c["allocations"]) == 2 for c in cands)
+    # isolate forbids two small groups on one cell, none allows it
+    q = "resources1=VCPU:1&resources2=VCPU:1&group_policy={}&in_tree1={}&in_tree2={}"
+    one_cell = [c for c in placement.candidates(q.format("none", root["uuid"], root["uuid"]))
+                if len(c["allocations"]) == 1]
+    assert one_cell
+    assert all(len(c["allocations"]) == 2 for c in
+               placement.candidates(q.format("isolate", root["uuid"], root["uuid"])))
+    # claims on nested providers count on the child
+    best = placement.candidates("resources1=VCPU:4&resources=DISK_GB:1&group_policy=none")[0]
+    placement.claim(new_uuid(), best["allocations"], **P)
+    assert len(placement.candidates("resources1=VCPU:4&group_policy=none")) == 1
+
+
+def test_sharing_provider_via_aggregate(placement):
+    agg = new_uuid()
+    compute = make_provider(placement, "cn1", {"VCPU": 8, "MEMORY_MB": 8192}, aggregates=[agg])
+    make_provider(placement, "cn2", {"VCPU": 8, "MEMORY_MB": 8192})   # not in the aggregate
+    shared = make_provider(placement, "nfs", {"DISK_GB": 1000},
+                           traits=["MISC_SHARES_VIA_AGGREGATE"], aggregates=[agg])
+    cands = placement.candidates("VCPU:1,MEMORY_MB:512,DISK_GB:50")
+    assert [c["allocations"] for c in cands] == [
+        {compute["uuid"]: {"VCPU": 1, "MEMORY_MB": 512}, shared["uuid"]: {"DISK_GB": 50}}]
+    assert cands[0]["host"] == "cn1"
+    placement.claim(new_uuid(), cands[0]["allocations"], **P)
+    assert usage(placement, shared) == {"DISK_GB": 50}
+    assert placement.candidates("VCPU:1,DISK_GB:951") == []
+
+
+# -- claims -----------------------------------------------------------------------
+
+def test_claim_usage_generation_idempotent_release(placement):
+    rp = make_provider(placement, "node1", COMPUTE)
+    vm = new_uuid()
+    allocs = {rp["uuid"]: {"VCPU": 2, "MEMORY_MB": 512}}
+    g = placement.provider(rp["uuid"])["generation"]
+    doc = placement.claim(vm, allocs, **P)
+    assert doc["allocations"] == allocs and doc["project"] == "proj"
+    assert usage(placement, rp) == {"VCPU": 2, "MEMORY_MB": 512}
+    assert placement.provider(rp["uuid"])["generation"] == g + 1
+    again = placement.claim(vm, allocs, **P)          # a repeated claim: no change
+    assert again["generation"] == doc["generation"]
+    assert usage(placement, rp) == {"VCPU": 2, "MEMORY_MB": 512}
+    assert placement.provider(rp["uuid"])["generation"] == g + 1
+    assert placement.allocations(vm)["allocations"] == allocs
+    assert [a["consumer"] for a in placement.all_allocations()] == [vm]
+    placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, **P)     # replaces
+    assert usage(placement, rp) == {"VCPU": 1}
+    placement.release(vm)
+    placement.release(vm)
+    assert usage(placement, rp) == {}
+    assert placement.allocations(vm)["allocations"] == {}
+    assert placement.all_allocations() == []
+
+
+def test_claim_conflicts_say_why(placement):
+    rp = make_provider(placement, "node1", {"VCPU": {"total": 4, "reserved": 1}})
+    placement.claim(new_uuid(), {rp["uuid"]: {"VCPU": 2}}, **P)
+    with pytest.raises(Conflict) as err:
+        placement.claim(new_uuid(), {rp["uuid"]: {"VCPU": 2}}, **P)
+    assert err.value.reason == "capacity_exceeded"
+    with pytest.raises(Conflict) as err:
+        placement.claim(new_uuid(), {rp["uuid"]: {"MEMORY_MB": 2}}, **P)
+    assert err.value.reason == "capacity_exceeded"
+    vm = new_uuid()
+    doc = placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, **P)
+    with pytest.raises(Conflict) as err:      # stale consumer generation
+        placement.claim(vm, {}, **P, consumer_generation=None) if False else \
+            placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, project="other", user="bob",
+                            consumer_generation=(doc["generation"] or 0) + 5)
+    assert err.value.reason == "concurrent_update"
+    assert usage(placement, rp) == {"VCPU": 3}
+
+
+def test_allocation_ratio_and_step_size(placement):
+    rp = make_provider(placement, "node1", {"VCPU": {"total": 2, "allocation_ratio": 4.0},
+                                            "MEMORY_MB": {"total": 1024, "step_size": 256,
+                                                          "max_unit": 512}})
+    for _ in range(8):
+        placement.claim(new_uuid(), {rp["uuid"]: {"VCPU": 1}}, **P)
+    with pytest.raises(Conflict):
+        placement.claim(new_uuid(), {rp["uuid"]: {"VCPU": 1}}, **P)
+    with pytest.raises(PlacementError):
+        placement.claim(new_uuid(), {rp["uuid"]: {"MEMORY_MB": 100}}, **P)
+    assert placement.candidates("MEMORY_MB:100") == []
+    assert placement.candidates("MEMORY_MB:768") == []
+    assert len(placement.candidates("MEMORY_MB:512")) == 1
+
+
+def test_move_to_migration_and_revert(placement):
+    src = make_provider(placement, "src", COMPUTE)
+    dst = make_provider(placement, "dst", COMPUTE)
+    vm, mig = new_uuid(), new_uuid()
+    placement.claim(vm, {src["uuid"]: {"VCPU": 2, "MEMORY_MB": 1024}}, **P)
+    dest = {dst["uuid"]: {"VCPU": 2, "MEMORY_MB": 1024}}
+    doc = placement.move_to_migration(vm, mig, dest)
+    assert doc["allocations"] == dest
+    assert placement.allocations(mig)["allocations"] == {src["uuid"]: {"VCPU": 2, "MEMORY_MB": 1024}}
+    assert placement.allocations(mig)["project"] == "proj"
+    assert usage(placement, src) == usage(placement, dst) == {"VCPU": 2, "MEMORY_MB": 1024}
+    assert placement.move_to_migration(vm, mig, dest)["allocations"] == dest   # repeat: no-op
+    back = placement.revert_migration(vm, mig)
+    assert back["allocations"] == {src["uuid"]: {"VCPU": 2, "MEMORY_MB": 1024}}
+    assert placement.allocations(mig)["allocations"] == {}
+    assert usage(placement, dst) == {}
+    assert usage(placement, src) == {"VCPU": 2, "MEMORY_MB": 1024}
+    # a destination that cannot fit moves nothing
+    with pytest.raises(Conflict) as err:
+        placement.move_to_migration(vm, mig, {dst["uuid"]: {"VCPU": 9}})
+    assert err.value.reason == "capacity_exceeded"
+    assert placement.allocations(vm)["allocations"] == {src["uuid"]: {"VCPU": 2, "MEMORY_MB": 1024}}
+    assert placement.allocations(mig)["allocations"] == {}
+    # confirming the migration is releasing the migration consumer
+    placement.move_to_migration(vm, mig, dest)
+    placement.release(mig)
+    assert usage(placement, src) == {}
+    assert usage(placement, dst) == {"VCPU": 2, "MEMORY_MB": 1024}
+
+
+def test_drain_sets_reserved_to_total(placement):
+    rp = make_provider(placement, "node1", COMPUTE)
+    placement.claim(new_uuid(), {rp["uuid"]: {"VCPU": 1}}, **P)
+    drained = placement.drain("node1")
+    assert all(inv["reserved"] == inv["total"] for inv in drained["inventories"].values())
+    assert "COMPUTE_STATUS_DISABLED" in drained["traits"]
+    assert placement.candidates("VCPU:1") == []
+    with pytest.raises(Conflict):
+        placement.claim(new_uuid(), {rp["uuid"]: {"VCPU": 1}}, **P)
+    back = placement.drain("node1", drained=False)
+    assert back["inventories"]["VCPU"]["reserved"] == 0
+    assert "COMPUTE_STATUS_DISABLED" not in back["traits"]
+    assert len(placement.candidates("VCPU:1")) == 1
+
+
+# -- bad input: a clear error, nothing written --------------------------------------
+
+@pytest.mark.parametrize("query, words", [
+    ("VCPU:0", "VCPU"),
+    ("VCPU:-1", "VCPU"),
+    ("VCPU:one", "VCPU"),
+    ("VCPUS:1", "VCPUS"),
+    ("CUSTOM_NOPE:1", "CUSTOM_NOPE"),
+    ("resources=VCPU:1&bogus=2", "bogus"),
+    ("resources=VCPU", "VCPU"),
+    ("resources1=VCPU:1&resources2=VCPU:1", "group_policy"),
+    ("resources=VCPU:1&member_of=not-a-uuid", "member_of"),
+    ("resources=VCPU:1&limit=0", "limit"),
+    ("", "query"),
+])
+def test_malformed_queries(placement, query, words):
+    make_provider(placement, "node1", COMPUTE)
+    with pytest.raises(PlacementError) as err:
+        placement.candidates(query)
+    assert words in str(err.value)
+
+
+def test_bad_claims_write_nothing(placement):
+    rp = make_provider(placement, "node1", COMPUTE)
+    before = placement.provider(rp["uuid"])
+    vm = new_uuid()
+    bad = [
+        ({rp["uuid"]: {"VCPU": 0}}, "VCPU"),
+        ({rp["uuid"]: {"VCPU": -2}}, "VCPU"),
+        ({rp["uuid"]: {"VCPUS": 1}}, "VCPUS"),
+        ({rp["uuid"]: {"CUSTOM_NOPE": 1}}, "CUSTOM_NOPE"),
+        ({rp["uuid"]: {"VCPU": 1}, new_uuid(): {"VCPU": 1}}, "provider"),
+        ({"not-a-uuid": {"VCPU": 1}}, "not-a-uuid"),
+        ({rp["uuid"]: {}}, rp["uuid"]),
+    ]
+    for allocations, words in bad:
+        with pytest.raises(PlacementError) as err:
+            placement.claim(vm, allocations, **P)
+        assert words in str(err.value), (allocations, str(err.value))
+    with pytest.raises(NotFound):
+        placement.claim(vm, {new_uuid(): {"VCPU": 1}}, **P)
+    with pytest.raises(PlacementError):
+        placement.set_inventory(rp["uuid"], {"VCPU": {"total": 4, "reserved": 5}})
+    with pytest.raises(PlacementError):
+        placement.set_inventory(rp["uuid"], {"VCPU": 0})
+    with pytest.raises(PlacementError):
+        placement.set_traits(rp["uuid"], ["lower_case"])
+    with pytest.raises(NotFound):
+        placement.set_inventory(new_uuid(), {"VCPU": 1})
+    after = placement.provider(rp["uuid"])
+    assert after == before
+    assert placement.allocations(vm)["allocations"] == {}
