@@ -1,0 +1,157 @@
+"""Domain XML for peerctl's VMs, built with ElementTree and read back.
+
+User input (names, kernel command lines, paths) only ever becomes element
+text or attribute values through ElementTree, which escapes it; nothing here
+formats user input into an XML string.
+
+A domain carries what peerctl knows about it beyond libvirt's own fields in
+``<metadata>``, under :data:`NAMESPACE`, so that the VM publisher can read
+``disk_gb`` (and the image it was built from) back from libvirt alone.
+
+No request handler here: this module registers nothing.
+"""
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+__all__ = ["NAMESPACE", "DomainSpec", "domain_xml", "pool_xml", "volume_xml",
+           "read_metadata", "disk_paths", "domain_type"]
+
+NAMESPACE = "https://peerctl.dev/xmlns/vm/1"
+_PREFIX = "peerctl"
+ET.register_namespace(_PREFIX, NAMESPACE)
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    uuid: str
+    name: str
+    vcpus: int
+    memory_mb: int
+    disk_gb: int
+    domain_type: str                    # "kvm", "qemu" or "test"
+    disk_path: str | None = None        # a pool volume's path, qcow2
+    image: str | None = None
+    kernel: str | None = None
+    initrd: str | None = None
+    cmdline: str | None = None
+    console_log: str | None = None
+    extra_metadata: dict = field(default_factory=dict)
+
+
+def domain_type(conn_type: str) -> str:
+    """libvirt's ``<domain type>`` for a connection of ``conn.getType()``."""
+    if conn_type.upper() == "TEST":
+        return "test"
+    return "kvm" if os.path.exists("/dev/kvm") else "qemu"
+
+
+def _sub(parent: ET.Element, tag: str, text=None, **attrs) -> ET.Element:
+    element = ET.SubElement(parent, tag, {k: str(v) for k, v in attrs.items()})
+    if text is not None:
+        element.text = str(text)
+    return element
+
+
+def _metadata(spec: DomainSpec) -> ET.Element:
+    vm = ET.Element(f"{{{NAMESPACE}}}vm")
+    values = {"disk_gb": spec.disk_gb, "image": spec.image or "", **spec.extra_metadata}
+    for key, value in values.items():
+        _sub(vm, f"{{{NAMESPACE}}}{key}", value)
+    return vm
+
+
+def domain_xml(spec: DomainSpec) -> str:
+    domain = ET.Element("domain", type=spec.domain_type)
+    _sub(domain, "name", spec.name)
+    _sub(domain, "uuid", spec.uuid)
+    _sub(domain, "memory", spec.memory_mb, unit="MiB")
+    _sub(domain, "vcpu", spec.vcpus)
+    _sub(domain, "metadata").append(_metadata(spec))
+
+    os_element = _sub(domain, "os")
+    _sub(os_element, "type", "hvm", arch="x86_64")
+    if spec.kernel:
+        _sub(os_element, "kernel", spec.kernel)
+        if spec.initrd:
+            _sub(os_element, "initrd", spec.initrd)
+        if spec.cmdline:
+            _sub(os_element, "cmdline", spec.cmdline)
+    else:
+        _sub(os_element, "boot", dev="hd")
+
+    features = _sub(domain, "features")
+    _sub(features, "acpi")          # ACPI shutdown needs it
+    _sub(features, "apic")
+    _sub(domain, "on_poweroff", "destroy")
+    _sub(domain, "on_reboot", "restart")
+    _sub(domain, "on_crash", "destroy")
+
+    devices = _sub(domain, "devices")
+    if spec.disk_path:
+        disk = _sub(devices, "disk", type="file", device="disk")
+        _sub(disk, "driver", name="qemu", type="qcow2")
+        _sub(disk, "source", file=spec.disk_path)
+        _sub(disk, "target", dev="vda", bus="virtio")
+    # A pty serial console, logged by virtlogd: QEMU never opens the log file
+    # itself, so the state directory need not be reachable by its user.
+    serial = _sub(devices, "serial", type="pty")
+    if spec.console_log:
+        _sub(serial, "log", file=spec.console_log, append="off")
+    _sub(serial, "target", port=0)
+    console = _sub(devices, "console", type="pty")
+    _sub(console, "target", type="serial", port=0)
+    if spec.domain_type != "test":
+        _sub(devices, "memballoon", model="none")
+    # No <graphics>: these are headless servers (and type='none' is invalid).
+    return ET.tostring(domain, encoding="unicode")
+
+
+def read_metadata(dom) -> dict:
+    """The peerctl metadata of a libvirt domain, or {} when it has none."""
+    import libvirt
+    try:
+        raw = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NAMESPACE, 0)
+    except libvirt.libvirtError:
+        return {}
+    values = {}
+    for child in ET.fromstring(raw):
+        values[child.tag.rsplit("}", 1)[-1]] = child.text or ""
+    if "disk_gb" in values:
+        try:
+            values["disk_gb"] = int(values["disk_gb"])
+        except ValueError:
+            values["disk_gb"] = 0
+    return values
+
+
+def disk_paths(xml: str) -> list[str]:
+    """Source files of a domain's disks."""
+    root = ET.fromstring(xml)
+    return [source.get("file") for source in root.findall("./devices/disk/source")
+            if source.get("file")]
+
+
+def pool_xml(name: str, path: str) -> str:
+    pool = ET.Element("pool", type="dir")
+    _sub(pool, "name", name)
+    _sub(_sub(pool, "target"), "path", path)
+    return ET.tostring(pool, encoding="unicode")
+
+
+def volume_xml(name: str, capacity: int, fmt: str, *, backing_path: str | None = None,
+               backing_format: str | None = None) -> str:
+    """A volume of ``capacity`` bytes, allocated on demand; with a backing
+    store it is a copy-on-write overlay of that file."""
+    volume = ET.Element("volume")
+    _sub(volume, "name", name)
+    _sub(volume, "capacity", capacity, unit="bytes")
+    _sub(volume, "allocation", 0, unit="bytes")
+    _sub(_sub(volume, "target"), "format", type=fmt)
+    if backing_path:
+        backing = _sub(volume, "backingStore")
+        _sub(backing, "path", backing_path)
+        _sub(backing, "format", type=backing_format or "raw")
+    return ET.tostring(volume, encoding="unicode")

@@ -1,0 +1,331 @@
+"""The host's storage: one libvirt dir pool, a cache of base images, and the
+VMs' disks as qcow2 overlays on them.
+
+Promises:
+- everything goes through libvirt's storage API (pool define/build/start,
+  volume create, upload, resize, delete); the only files this module writes
+  itself are a download in progress and the cache index, both under the
+  peer's state directory;
+- a base image is stored once per host, as volume ``image-<sha256>`` of its
+  content, however many URLs or VMs use it;
+- a base volume counts only once its upload finished (the index says so),
+  so a peer killed mid-upload re-uploads instead of booting a torn image;
+- every ``ensure_*`` finds what an earlier call made and returns it.
+
+On ``test:///default`` volumes have no content and cannot be resized; the
+same calls run and the missing operations are worked around at the one
+place each can fail (see :func:`_upload` and :func:`ensure_capacity`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import threading
+import urllib.parse
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+
+import libvirt
+import requests as http
+import structlog
+
+from engine.handlers import RequestError
+from peerctl_requests.domain_xml import pool_xml, volume_xml
+
+__all__ = ["POOL_NAME", "GiB", "ensure_pool", "ensure_base", "ensure_overlay",
+           "ensure_blank", "ensure_capacity", "delete_volumes", "volumes_of",
+           "image_volume_name"]
+
+log = structlog.get_logger("peerctl.images")
+
+POOL_NAME = "peerctl"
+GiB = 1 << 30
+_CHUNK = 1 << 20
+_QCOW2_MAGIC = b"QFI\xfb"
+
+# libvirt prints every error on stderr by default; ours become exceptions.
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+_locks_guard = threading.Lock()
+_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+
+
+def _lock(key: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks[key]
+
+
+def _code(exc: libvirt.libvirtError) -> int:
+    return exc.get_error_code()
+
+
+# -- the pool ----------------------------------------------------------------
+
+def ensure_pool(host) -> libvirt.virStoragePool:
+    """The host's ``peerctl`` pool, defined, built and started if need be."""
+    conn = host.conn
+    with _lock("pool:" + host.libvirt_uri):
+        try:
+            pool = conn.storagePoolLookupByName(POOL_NAME)
+        except libvirt.libvirtError as exc:
+            if _code(exc) != libvirt.VIR_ERR_NO_STORAGE_POOL:
+                raise
+            path = os.path.join(os.path.abspath(host.state_dir), "pool")
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            pool = conn.storagePoolDefineXML(pool_xml(POOL_NAME, path), 0)
+            pool.build(0)
+            log.info("pool_defined", pool=POOL_NAME, path=path)
+        if not pool.isActive():
+            pool.create(0)
+        try:
+            pool.setAutostart(1)
+        except libvirt.libvirtError:
+            pass        # a transient pool, or a driver without autostart
+        return pool
+
+
+def _lookup(pool, name: str):
+    try:
+        return pool.storageVolLookupByName(name)
+    except libvirt.libvirtError as exc:
+        if _code(exc) == libvirt.VIR_ERR_NO_STORAGE_VOL:
+            return None
+        raise
+
+
+def volumes_of(pool, uuid: str) -> list:
+    """The pool's volumes that belong to VM ``uuid`` (named ``<uuid>...``)."""
+    return [vol for vol in pool.listAllVolumes(0) if vol.name().startswith(uuid)]
+
+
+def delete_volumes(pool, uuid: str) -> list[str]:
+    deleted = []
+    for vol in volumes_of(pool, uuid):
+        name = vol.name()
+        try:
+            vol.delete(0)
+        except libvirt.libvirtError as exc:
+            if _code(exc) != libvirt.VIR_ERR_NO_STORAGE_VOL:
+                raise
+        deleted.append(name)
+    return deleted
+
+
+# -- the image cache ---------------------------------------------------------
+
+def image_volume_name(sha256: str) -> str:
+    return f"image-{sha256}"
+
+
+class _Index:
+    """``state_dir/images.json``: which URL had which content, and which
+    base volumes finished uploading.  Rewritten whole, atomically."""
+
+    def __init__(self, state_dir: str):
+        self.path = os.path.join(state_dir, "images.json")
+
+    def load(self) -> dict:
+        try:
+            with open(self.path) as f:
+                data = json.load(f)
+        except (FileNotFoundError, ValueError):
+            data = {}
+        data.setdefault("urls", {})
+        data.setdefault("complete", {})
+        return data
+
+    def update(self, fn) -> None:
+        with _lock("index:" + self.path):
+            data = self.load()
+            fn(data)
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".images.")
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+
+
+def _local_path(url: str) -> str:
+    parsed = urllib.parse.urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise RequestError(f"file URL {url!r} names a remote host; use file:///PATH")
+    path = urllib.parse.unquote(parsed.path)
+    if not os.path.isfile(path):
+        raise RequestError(f"image {url!r}: no such file on this host")
+    return path
+
+
+def _hash_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _download(url: str, directory: str) -> tuple[str, str]:
+    """Stream ``url`` into a temporary file; returns (path, sha256)."""
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".download.")
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out, \
+                http.get(url, stream=True, timeout=(10, 60)) as response:
+            if response.status_code != 200:
+                raise RequestError(f"image {url!r}: HTTP {response.status_code} "
+                                   f"{response.reason}")
+            for chunk in response.iter_content(_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+    except http.RequestException as exc:
+        os.unlink(tmp)
+        raise RequestError(f"image {url!r}: download failed: {exc}") from None
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp, digest.hexdigest()
+
+
+def _probe(path: str) -> tuple[str, int]:
+    """(format, virtual size in bytes) of an image file."""
+    with open(path, "rb") as f:
+        header = f.read(32)
+    if header[:4] == _QCOW2_MAGIC and len(header) >= 32:
+        return "qcow2", struct.unpack(">Q", header[24:32])[0]
+    return "raw", os.path.getsize(path)
+
+
+def _upload(conn, vol, path: str) -> bool:
+    """Copy ``path`` into ``vol`` through a libvirt stream.  False when the
+    driver keeps no volume content (test:///default)."""
+    size = os.path.getsize(path)
+    stream = conn.newStream(0)
+    try:
+        vol.upload(stream, 0, size, 0)
+    except libvirt.libvirtError as exc:
+        if _code(exc) == libvirt.VIR_ERR_NO_SUPPORT:
+            return False
+        raise
+    try:
+        with open(path, "rb") as f:
+            stream.sendAll(lambda _stream, nbytes, src: src.read(min(nbytes, _CHUNK)), f)
+        stream.finish()
+    except BaseException:
+        try:
+            stream.abort()
+        except libvirt.libvirtError:
+            pass
+        raise
+    return True
+
+
+def ensure_base(host, pool, url: str) -> tuple[libvirt.virStorageVol, str]:
+    """The cached base volume holding ``url``'s content, and its format."""
+    scheme = urllib.parse.urlparse(url).scheme
+    if scheme not in ("http", "https", "file"):
+        raise RequestError(f"image {url!r}: unsupported scheme (want http, https or file)")
+    index = _Index(host.state_dir)
+    with _lock("url:" + url):
+        known = index.load()["urls"].get(url)
+        local = _local_path(url) if scheme == "file" else None
+        if local is not None:
+            stat = os.stat(local)
+            if known and (known.get("size"), known.get("mtime")) != (stat.st_size, stat.st_mtime):
+                known = None        # the file changed since we hashed it
+        if known:
+            found = _cached(pool, index, known["sha256"])
+            if found:
+                return found
+        # Not known, or its volume vanished: get the content and its hash.
+        if local is not None:
+            source, sha, temporary = local, _hash_file(local), False
+        else:
+            source, sha = _download(url, os.path.join(host.state_dir, "downloads"))
+            temporary = True
+        try:
+            result = _store(host, pool, index, source, sha)
+        finally:
+            if temporary:
+                os.unlink(source)
+        entry = {"sha256": sha}
+        if local is not None:
+            entry.update(size=stat.st_size, mtime=stat.st_mtime)
+        index.update(lambda data: data["urls"].__setitem__(url, entry))
+        return result
+
+
+def _cached(pool, index: _Index, sha: str):
+    complete = index.load()["complete"].get(sha)
+    vol = _lookup(pool, image_volume_name(sha))
+    if complete and vol is not None:
+        return vol, complete["format"]
+    return None
+
+
+def _store(host, pool, index: _Index, source: str, sha: str):
+    with _lock("sha:" + sha):
+        found = _cached(pool, index, sha)
+        if found:
+            log.info("image_cache_hit", sha256=sha)
+            return found
+        name = image_volume_name(sha)
+        torn = _lookup(pool, name)
+        if torn is not None:            # an upload that never finished
+            torn.delete(0)
+        fmt, virtual_size = _probe(source)
+        # Created raw at the file's exact size, then overwritten byte for
+        # byte: what lands on disk is the image file itself, whatever format.
+        vol = pool.createXML(volume_xml(name, os.path.getsize(source), "raw"), 0)
+        stored = _upload(host.conn, vol, source)
+        if stored:
+            pool.refresh(0)             # let libvirt re-read the image header
+            vol = pool.storageVolLookupByName(name)
+        index.update(lambda data: data["complete"].__setitem__(
+            sha, {"format": fmt, "virtual_size": virtual_size}))
+        log.info("image_cached", sha256=sha, format=fmt, bytes=os.path.getsize(source),
+                 content_stored=stored)
+        return vol, fmt
+
+
+# -- the VMs' disks ----------------------------------------------------------
+
+def ensure_overlay(host, pool, name: str, base_vol, base_format: str,
+                   disk_gb: int) -> libvirt.virStorageVol:
+    """Volume ``name``: a qcow2 overlay on ``base_vol`` of at least ``disk_gb``."""
+    vol = _lookup(pool, name)
+    if vol is None:
+        vol = pool.createXML(volume_xml(name, base_vol.info()[1], "qcow2",
+                                        backing_path=base_vol.path(),
+                                        backing_format=base_format), 0)
+    return ensure_capacity(pool, vol, disk_gb * GiB)
+
+
+def ensure_blank(pool, name: str, disk_gb: int) -> libvirt.virStorageVol:
+    """Volume ``name``: an empty qcow2 disk of ``disk_gb``."""
+    vol = _lookup(pool, name)
+    if vol is None:
+        vol = pool.createXML(volume_xml(name, disk_gb * GiB, "qcow2"), 0)
+    return ensure_capacity(pool, vol, disk_gb * GiB)
+
+
+def ensure_capacity(pool, vol, capacity: int) -> libvirt.virStorageVol:
+    """Grow ``vol`` to ``capacity`` bytes (never shrinks: an image larger
+    than the requested disk keeps its size)."""
+    if vol.info()[1] >= capacity:
+        return vol
+    try:
+        vol.resize(capacity, 0)
+        return vol
+    except libvirt.libvirtError as exc:
+        if _code(exc) != libvirt.VIR_ERR_NO_SUPPORT:
+            raise RequestError(f"cannot resize disk {vol.name()}: {exc}") from None
+    # The driver cannot resize (test:///default): the volume is new and
+    # unused, so make it again at the right size from its own description.
+    root = ET.fromstring(vol.XMLDesc(0))
+    vol.delete(0)
+    root.find("capacity").text = str(capacity)
+    root.find("capacity").set("unit", "bytes")
+    return pool.createXML(ET.tostring(root, encoding="unicode"), 0)
