@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.placement import Conflict, NotFound, PlacementError
-from tests.placement_support import *  # noqa: F401,F403  (fixtures)
-from tests.placement_support import make_provider, new_uuid
+from tests.placement_support import make_provider, new_uuid, placement, placement_server  # noqa: F401
 
 COMPUTE = {"VCPU": 8, "MEMORY_MB": 8192, "DISK_GB": 100}
 P = {"project": "proj", "user": "alice"}
@@ -187,10 +186,16 @@ def test_claim_conflicts_say_why(placement):
     vm = new_uuid()
     doc = placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, **P)
     with pytest.raises(Conflict) as err:      # stale consumer generation
-        placement.claim(vm, {}, **P, consumer_generation=None) if False else \
-            placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, project="other", user="bob",
-                            consumer_generation=(doc["generation"] or 0) + 5)
+        placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, project="other", user="bob",
+                        consumer_generation=doc["generation"] + 5)
     assert err.value.reason == "concurrent_update"
+    with pytest.raises(Conflict) as err:      # "new consumer", but it exists
+        placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, project="other", user="bob",
+                        consumer_generation=None)
+    assert err.value.reason == "concurrent_update"
+    # a repeated claim of a new consumer is idempotent, generation or not
+    assert placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, **P,
+                           consumer_generation=None)["allocations"] == {rp["uuid"]: {"VCPU": 1}}
     assert usage(placement, rp) == {"VCPU": 3}
 
 

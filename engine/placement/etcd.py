@@ -33,7 +33,8 @@ from engine.placement.candidates import find_candidates, order
 from engine.placement.model import (Conflict, NotFound, PlacementError,
                                     STANDARD_RESOURCE_CLASSES, amount_problem, capacity,
                                     check_resource_class_name, check_trait_name, check_uuid,
-                                    normalize_allocations, normalize_inventories)
+                                    normalize_allocations, normalize_inventories,
+                                    consumer_doc, empty_consumer, same_holding)
 from engine.placement.query import parse_query
 from engine.store import Delete, Get, Put, absent, modified_at
 
@@ -215,7 +216,7 @@ class EtcdPlacement(Placement):
     def allocations(self, consumer: str) -> dict:
         consumer = check_uuid(consumer, "consumer")
         kv = self.store.get(CONSUMER + consumer)
-        return kv.value if kv else _empty(consumer)
+        return kv.value if kv else empty_consumer(consumer)
 
     def all_allocations(self) -> list[dict]:
         kvs, _ = self.store.range(CONSUMER)
@@ -227,7 +228,7 @@ class EtcdPlacement(Placement):
         allocations = normalize_allocations(allocations)
         if not allocations:
             raise PlacementError("a claim needs at least one allocation (use release)")
-        want = _consumer_doc(consumer, allocations, project, user, consumer_type)
+        want = consumer_doc(consumer, allocations, project, user, consumer_type)
         return self._write({consumer: want}, {consumer: consumer_generation})[consumer]
 
     def release(self, consumer: str) -> None:
@@ -251,9 +252,9 @@ class EtcdPlacement(Placement):
             if not inst["allocations"]:
                 raise NotFound(f"instance {instance} holds no allocations to move")
             want = {
-                migration: _consumer_doc(migration, inst["allocations"], inst["project"],
+                migration: consumer_doc(migration, inst["allocations"], inst["project"],
                                          inst["user"], "MIGRATION"),
-                instance: _consumer_doc(instance, destination, inst["project"],
+                instance: consumer_doc(instance, destination, inst["project"],
                                         inst["user"], inst["consumer_type"])}
             try:
                 return self._write(want, {migration: None,
@@ -270,7 +271,7 @@ class EtcdPlacement(Placement):
             inst, mig = self.allocations(instance), self.allocations(migration)
             if not mig["allocations"]:
                 raise NotFound(f"migration {migration} holds no allocations to revert")
-            want = {instance: _consumer_doc(instance, mig["allocations"], mig["project"],
+            want = {instance: consumer_doc(instance, mig["allocations"], mig["project"],
                                             mig["user"], inst["consumer_type"] or "INSTANCE"),
                     migration: None}
             try:
@@ -309,13 +310,13 @@ class EtcdPlacement(Placement):
             for rp in sorted(wanted_rps):
                 if read[RP + rp] is None:
                     raise NotFound(f"no provider with uuid {rp}")
+            if all(_same(old[c], doc) for c, doc in want.items()):
+                return {c: (old[c].value if old[c] else empty_consumer(c)) for c in want}
             for c, generation in expect.items():
                 current = old[c].value["generation"] if old[c] else None
                 if generation is not ANY and generation != current:
                     raise Conflict("concurrent_update", f"consumer {c} is at generation "
                                    f"{current}, not {generation}")
-            if all(_same(old[c], doc) for c, doc in want.items()):
-                return {c: (old[c].value if old[c] else _empty(c)) for c in want}
             compares, ops, docs = [], [], {}
             rps = {}
             for key, kv in read.items():
@@ -337,7 +338,7 @@ class EtcdPlacement(Placement):
                     docs[c] = dict(doc, generation=generation)
                     ops.append(Put(CONSUMER + c, docs[c]))
                 else:
-                    docs[c] = _empty(c)
+                    docs[c] = empty_consumer(c)
                     if old[c]:
                         ops.append(Delete(CONSUMER + c))
             for rp, doc in rps.items():
@@ -368,26 +369,7 @@ class EtcdPlacement(Placement):
                            f"{used} used of {capacity(inv)}")
 
 
-def _consumer_doc(consumer, allocations, project, user, consumer_type) -> dict:
-    for what, value in (("project", project), ("user", user),
-                        ("consumer_type", consumer_type)):
-        if not isinstance(value, str) or not value:
-            raise PlacementError(f"{what} must be a non-empty string, not {value!r}")
-    return {"consumer": consumer, "generation": None, "project": project, "user": user,
-            "consumer_type": consumer_type, "allocations": allocations}
-
-
-def _empty(consumer: str) -> dict:
-    return {"consumer": consumer, "generation": None, "project": None, "user": None,
-            "consumer_type": None, "allocations": {}}
-
-
 def _same(kv, doc) -> bool:
     if doc is None:
         return kv is None
-    if kv is None:
-        return False
-    have = kv.value
-    return (have["allocations"] == doc["allocations"] and have["project"] == doc["project"]
-            and have["user"] == doc["user"] and have["consumer_type"] == doc["consumer_type"])
-
+    return kv is not None and same_holding(kv.value, doc)

@@ -24,6 +24,7 @@ __all__ = [
     "SHARING_TRAIT", "DISABLED_TRAIT", "INVENTORY_DEFAULTS", "capacity",
     "check_resource_class_name", "check_trait_name", "check_uuid",
     "normalize_inventories", "normalize_allocations", "amount_problem",
+    "consumer_doc", "empty_consumer", "same_holding",
 ]
 
 
@@ -167,3 +168,24 @@ def amount_problem(inventory: dict | None, amount: int) -> str | None:
     if amount % inventory["step_size"]:
         return f"not a multiple of step_size {inventory['step_size']}"
     return None
+
+
+def consumer_doc(consumer, allocations, project, user, consumer_type) -> dict:
+    """What a consumer holds: ``{consumer, generation, project, user,
+    consumer_type, allocations}``."""
+    for what, value in (("project", project), ("user", user),
+                        ("consumer_type", consumer_type)):
+        if not isinstance(value, str) or not value:
+            raise PlacementError(f"{what} must be a non-empty string, not {value!r}")
+    return {"consumer": consumer, "generation": None, "project": project, "user": user,
+            "consumer_type": consumer_type, "allocations": allocations}
+
+
+def empty_consumer(consumer: str) -> dict:
+    return {"consumer": consumer, "generation": None, "project": None, "user": None,
+            "consumer_type": None, "allocations": {}}
+
+
+def same_holding(have: dict, want: dict) -> bool:
+    """Would writing ``want`` change nothing?  (A repeated claim.)"""
+    return all(have[k] == want[k] for k in ("allocations", "project", "user", "consumer_type"))
