@@ -1,0 +1,80 @@
+"""A claiming process, for the concurrency and crash tests and the bench.
+
+    python tests/placement_claimer.py BACKEND SPEC MODE [GO_FILE]
+
+BACKEND is ``etcd:<endpoints>:<cluster>`` or a Placement URL.  Waits for
+GO_FILE to exist (so that every process starts together), then:
+
+- MODE ``until-refused``: new consumer after new consumer, each takes the
+  best candidate for SPEC (alternates on capacity_exceeded), until there is
+  no candidate left; prints ``{"claimed": [...], "capacity_exceeded": n,
+  "concurrent_update": n, "seconds": s}``;
+- MODE ``forever``: claims SPEC's best candidate and releases every second
+  consumer, without end: the crash test SIGKILLs it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from engine.placement import Conflict, open_placement  # noqa: E402
+
+
+def open_backend(spec: str):
+    if spec.startswith("etcd:"):
+        from engine.store import Store
+        _, rest = spec.split(":", 1)
+        endpoints, cluster = rest.rsplit(":", 1)
+        return open_placement("etcd", Store(endpoints, cluster))
+    return open_placement(spec)
+
+
+def claim_one(placement, spec: str, stats: dict) -> str | None:
+    """Claim ``spec`` for a new consumer; None when nothing fits any more."""
+    consumer = str(uuid.uuid4())
+    while True:
+        candidates = placement.candidates(spec, limit=10)
+        if not candidates:
+            return None
+        for candidate in candidates:
+            try:
+                placement.claim(consumer, candidate["allocations"], project="bench",
+                                user="bench", consumer_generation=None)
+                return consumer
+            except Conflict as exc:
+                stats[exc.reason] += 1      # capacity: next alternate; race: next too
+
+
+def main(argv) -> int:
+    backend, spec, mode = argv[1], argv[2], argv[3]
+    go = argv[4] if len(argv) > 4 else None
+    placement = open_backend(backend)
+    deadline = time.monotonic() + 60
+    while go and not os.path.exists(go):
+        if time.monotonic() > deadline:
+            return 3
+        time.sleep(0.005)
+    stats = {"claimed": [], "capacity_exceeded": 0, "concurrent_update": 0}
+    start = time.monotonic()
+    if mode == "until-refused":
+        while (consumer := claim_one(placement, spec, stats)) is not None:
+            stats["claimed"].append(consumer)
+        stats["seconds"] = time.monotonic() - start
+        print(json.dumps(stats), flush=True)
+        return 0
+    count = 0
+    while True:     # forever: the crash test kills us
+        consumer = claim_one(placement, spec, stats)
+        count += 1
+        if consumer and count % 2:
+            placement.release(consumer)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
