@@ -84,18 +84,45 @@ class Executor:
                 self.log.warning("inbox_unavailable", error=str(exc))
 
     def _claim_inbox_key(self, inbox_key: str) -> None:
+        """Claim and run one inbox entry.  If etcd fails mid-call the claim may
+        or may not have landed: retry, and recognise our own earlier claim by
+        its lease (an idempotency key in the name, as kazoo's lock does)."""
         _, _, automation_id, index = inbox_key.split("/")
         index = int(index)
-        session = self.session
-        if session is None or not session.alive:
+        claim_key = keys.claim(automation_id, index)
+        attempt = 0
+        while True:
+            session = self.session
+            if session is None or not session.alive or self._detached.is_set():
+                return
+            try:
+                result = self.store.txn(
+                    [exists(inbox_key), absent(claim_key), absent(keys.response(automation_id, index))],
+                    [Put(claim_key, {"executor": self.host.host}, session.lease),
+                     Delete(inbox_key), Get(keys.log_entry(automation_id, index))],
+                    [Get(claim_key), Get(keys.response(automation_id, index))])
+            except StoreUnavailable:
+                attempt += 1
+                time.sleep(min(0.1 * attempt, 1.0))
+                continue
+            if result.succeeded:
+                if result.ranges and result.ranges[0]:
+                    self.submit(automation_id, index, result.ranges[0][0].value)
+                return
+            claim, response = result.ranges
+            if claim and claim[0].lease == session.lease and not response and attempt:
+                entry = self.store.get(keys.log_entry(automation_id, index))
+                if entry is not None:
+                    self.submit(automation_id, index, entry.value)
             return
-        result = self.store.txn(
-            [exists(inbox_key), absent(keys.claim(automation_id, index)),
-             absent(keys.response(automation_id, index))],
-            [Put(keys.claim(automation_id, index), {"executor": self.host.host}, session.lease),
-             Delete(inbox_key), Get(keys.log_entry(automation_id, index))])
-        if result.succeeded and result.ranges and result.ranges[0]:
-            self.submit(automation_id, index, result.ranges[0][0].value)
+
+    def rescan(self) -> int:
+        """Claim whatever still sits in the inbox (a safety net run now and then)."""
+        kvs, _ = self.store.range(keys.inbox(self.host.host))
+        for kv in kvs:
+            self.log.info("inbox_rescan_claims", key=kv.key)
+            self._claim_inbox_key(kv.key)
+        return len(kvs)
 
     # -- execution ------------------------------------------------------------
 
@@ -141,6 +168,8 @@ class Executor:
             response.update(executor=self.host.host, time=time.time(),
                             duration=time.time() - started)
             self._respond(automation_id, index, response)
+        except Exception:
+            self.log.exception("response_failed", automation=automation_id, index=index)
         finally:
             with self._idle:
                 self._running -= 1

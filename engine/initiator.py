@@ -190,7 +190,7 @@ class Initiator:
                          "target": request.target or self.host, "args": request.args,
                          "fingerprint": item.fingerprint, "time": now,
                          "deadline": now + request.deadline, "label": request.label,
-                         "local": local}
+                         "local": local, "initiator": self.host}
                 compares.append(absent(keys.log_entry(self.id, index)))
                 ops.append(Put(keys.log_entry(self.id, index), entry))
                 if local:

@@ -106,6 +106,7 @@ class Peer:
                 record = _host_record(self.host)
                 self.store.put(keys.host(self.name), {**record, "enabled": enabled},
                                session.lease)
+                self.executor.rescan()
         finally:
             duties.stop()
             for singleton in singletons:

@@ -22,7 +22,7 @@ __all__ = ["automation", "latest", "lookup", "load_automations", "UnknownAutomat
 AUTOMATIONS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "automations")
 _WORKERS: dict[tuple[str, int], Callable] = {}
-_loaded = False
+_loaded: set[str] = set()
 
 
 class UnknownAutomation(LookupError):
@@ -56,17 +56,18 @@ def lookup(kind: str, version: int) -> Callable:
 def load_automations() -> None:
     """Import ``automations/`` and every file of the directories named in
     ``PEERCTL_AUTOMATIONS_PATH`` (colon-separated; used by tests)."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    root = os.path.dirname(AUTOMATIONS_DIR)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    for filename in sorted(os.listdir(AUTOMATIONS_DIR)):
-        if filename.endswith(".py") and not filename.startswith("_"):
-            importlib.import_module("automations." + filename[:-3])
+    if AUTOMATIONS_DIR not in _loaded:
+        _loaded.add(AUTOMATIONS_DIR)
+        root = os.path.dirname(AUTOMATIONS_DIR)
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        for filename in sorted(os.listdir(AUTOMATIONS_DIR)):
+            if filename.endswith(".py") and not filename.startswith("_"):
+                importlib.import_module("automations." + filename[:-3])
     for directory in filter(None, os.environ.get("PEERCTL_AUTOMATIONS_PATH", "").split(":")):
+        if directory in _loaded:
+            continue
+        _loaded.add(directory)
         for filename in sorted(os.listdir(directory)):
             if filename.endswith(".py"):
                 path = os.path.join(directory, filename)

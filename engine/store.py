@@ -185,9 +185,11 @@ class Store:
         return KV(raw.key[len(self._prefix_bytes):].decode(), _decode(raw.value),
                   raw.create_revision, raw.mod_revision, raw.version, raw.lease)
 
-    def _call(self, fn, *args, **kwargs):
+    def _call(self, stub: str, method: str, request):
+        """One RPC; the stub is looked up inside the try because pyetcd raises
+        there too while it considers the endpoint failed."""
         try:
-            return fn(*args, **kwargs)
+            return getattr(getattr(self._client, stub), method)(request, self._timeout)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             if code == grpc.StatusCode.NOT_FOUND:
@@ -214,21 +216,18 @@ class Store:
     # -- reads -------------------------------------------------------------
 
     def get(self, key: str) -> KV | None:
-        response = self._call(self._client.kvstub.Range,
-                              self._range_request(key, False), self._timeout)
+        response = self._call("kvstub", "Range", self._range_request(key, False))
         return self._kv(response.kvs[0]) if response.kvs else None
 
     def range(self, prefix: str, keys_only: bool = False,
               revision: int = 0) -> tuple[list[KV], int]:
         """All keys under ``prefix`` and the revision of the read."""
-        response = self._call(self._client.kvstub.Range,
-                              self._range_request(prefix, True, keys_only, revision),
-                              self._timeout)
+        response = self._call("kvstub", "Range",
+                              self._range_request(prefix, True, keys_only, revision))
         return [self._kv(kv) for kv in response.kvs], response.header.revision
 
     def revision(self) -> int:
-        response = self._call(self._client.kvstub.Range,
-                              self._range_request("", False, True, 0, 1), self._timeout)
+        response = self._call("kvstub", "Range", self._range_request("", False, True, 0, 1))
         return response.header.revision
 
     # -- writes ------------------------------------------------------------
@@ -236,7 +235,7 @@ class Store:
     def put(self, key: str, value: Any, lease: int = 0) -> int:
         request = etcdrpc.PutRequest(key=self._full(key), value=_encode(value),
                                      lease=lease)
-        return self._call(self._client.kvstub.Put, request, self._timeout).header.revision
+        return self._call("kvstub", "Put", request).header.revision
 
     def delete(self, key: str, prefix: bool = False) -> int:
         return self.txn([], [Delete(key, prefix)]).revision
@@ -282,7 +281,7 @@ class Store:
             compare=[self._compare(c) for c in compares],
             success=[self._op(op) for op in success],
             failure=[self._op(op) for op in failure])
-        response = self._call(self._client.kvstub.Txn, request, self._timeout)
+        response = self._call("kvstub", "Txn", request)
         ranges = [[self._kv(kv) for kv in r.response_range.kvs]
                   for r in response.responses if r.WhichOneof("response") == "response_range"]
         return TxnResult(response.succeeded, response.header.revision, ranges)
@@ -295,29 +294,27 @@ class Store:
 
     def grant(self, ttl: int) -> int:
         request = etcdrpc.LeaseGrantRequest(TTL=int(ttl), ID=0)
-        return self._call(self._client.leasestub.LeaseGrant, request, self._timeout).ID
+        return self._call("leasestub", "LeaseGrant", request).ID
 
     def keepalive(self, lease: int) -> int:
         """Refresh ``lease``; returns its TTL, 0 or less when it has expired."""
-        def refresh():
-            request = etcdrpc.LeaseKeepAliveRequest(ID=lease)
-            for response in self._client.leasestub.LeaseKeepAlive(
-                    iter([request]), self._timeout):
+        request = etcdrpc.LeaseKeepAliveRequest(ID=lease)
+        try:
+            for response in self._call("leasestub", "LeaseKeepAlive", iter([request])):
                 return response.TTL
-            return 0
-        return self._call(refresh)
+        except grpc.RpcError as exc:
+            raise StoreUnavailable(self._why(exc)) from None
+        return 0
 
     def revoke(self, lease: int) -> None:
         try:
-            self._call(self._client.leasestub.LeaseRevoke,
-                       etcdrpc.LeaseRevokeRequest(ID=lease), self._timeout)
+            self._call("leasestub", "LeaseRevoke", etcdrpc.LeaseRevokeRequest(ID=lease))
         except KeyError:
             pass    # already gone
 
     def lease_alive(self, lease: int) -> bool:
         request = etcdrpc.LeaseTimeToLiveRequest(ID=lease)
-        return self._call(self._client.leasestub.LeaseTimeToLive, request,
-                          self._timeout).TTL > 0
+        return self._call("leasestub", "LeaseTimeToLive", request).TTL > 0
 
     # -- watches -----------------------------------------------------------
 

@@ -1,0 +1,13 @@
+"""Test automations, loaded by peers through PEERCTL_AUTOMATIONS_PATH."""
+from engine.registry import automation
+from engine.replay import Request
+
+
+@automation("steps", version=1)
+def steps(ctx, target, count, deadline=30.0):
+    """``count`` sequential pings to ``target``; reports each outcome."""
+    outcomes = []
+    for i in range(count):
+        reply = yield Request("ping", {"step": i}, target=target, deadline=deadline, label=target)
+        outcomes.append({"step": i, "status": reply.status, "error": reply.error})
+    return {"outcomes": outcomes}

@@ -1,0 +1,232 @@
+"""The engine against a real etcd and real peer processes.
+
+Each scenario kills something for real (SIGKILL, SIGSTOP, etcd itself) and
+then checks the automation's log: nothing lost, nothing run twice.
+"""
+import collections
+import os
+import signal
+import time
+
+import pytest
+
+from engine import api, keys
+from engine.store import Store
+from tests.cluster import wait_for
+from tests.hooks import counting_hook, executions
+
+TEST_AUTOMATIONS = os.path.join(os.path.dirname(__file__), "automations")
+
+
+def start_peers(cluster, store, names, hooks=None, env=None):
+    extra = ["--hooks", hooks] if hooks else []
+    for name in names:
+        cluster.start_peer(name, extra_args=extra, env=env)
+    wait_for(lambda: set(names) <= set(api.live_hosts(store)), what=f"peers {names} alive")
+
+
+def finished(store, automation_id, timeout=60):
+    return wait_for(lambda: (lambda t: t if t["state"] in keys.TERMINAL_STATES else None)(
+        api.get_task(store, automation_id)), timeout=timeout, what="automation to finish")
+
+
+def assert_each_index_ran_once(log_path, automation_id):
+    runs = [(a, i) for a, i, _ in executions(log_path) if a == automation_id]
+    doubled = [key for key, n in collections.Counter(runs).items() if n > 1]
+    assert not doubled, f"executed twice: {doubled}"
+    return runs
+
+
+def test_three_peers_ping_ten_rounds(cluster, store):
+    start_peers(cluster, store, ["h1", "h2", "h3"])
+    automation_id = api.start_automation(store, "ping", {"hosts": ["h1", "h2", "h3"], "rounds": 10})
+    task = finished(store, automation_id)
+    assert task["state"] == "done", task["error"]
+    replies = task["result"]["replies"]
+    assert sorted((r["host"], r["round"]) for r in replies) == \
+        sorted((h, n) for h in ("h1", "h2", "h3") for n in range(10))
+    assert all(r["latency_ms"] >= 0 for r in replies)
+    assert [e["index"] for e in task["log"]] == list(range(30))
+    assert {e["executor"] for e in task["log"]} == {"h1", "h2", "h3"}
+
+
+def test_sigkill_of_the_initiator_at_every_round_boundary(cluster, store, tmp_path):
+    """Members m1..m3 lead in turn; every time a round is appended the leader
+    is SIGKILLed and restarted.  The targets' pre hook counts executions."""
+    hooks = str(tmp_path / "hooks")
+    runs_log = counting_hook(hooks, sleep=0.15)
+    start_peers(cluster, store, ["t1", "t2"], hooks=hooks)
+    start_peers(cluster, store, ["m1", "m2", "m3"])
+    rounds = 6
+    automation_id = api.start_automation(store, "ping", {"hosts": ["t1", "t2"], "rounds": rounds},
+                                         prefer=["m1", "m2", "m3"])
+    killed = []
+    for boundary in range(1, rounds):
+        task = wait_for(lambda: (lambda t: t if len(t["log"]) >= 2 * boundary
+                                 or t["state"] != "running" else None)(
+            api.get_task(store, automation_id)), what=f"round {boundary}")
+        if task["state"] != "running":
+            break
+        leader = task["initiator"]
+        assert leader in ("m1", "m2", "m3")
+        cluster.kill(leader)
+        killed.append(leader)
+        cluster.start_peer(leader)      # it rejoins and campaigns again
+    task = finished(store, automation_id)
+    assert task["state"] == "done", task["error"]
+    assert len(killed) >= 3, "the initiator should have been killed at several boundaries"
+    assert sorted((r["host"], r["round"]) for r in task["result"]["replies"]) == \
+        sorted((h, n) for h in ("t1", "t2") for n in range(rounds))
+    runs = assert_each_index_ran_once(runs_log, automation_id)
+    assert len(runs) == 2 * rounds
+    assert [e["index"] for e in task["log"]] == list(range(2 * rounds))
+    assert all(e["status"] == "ok" for e in task["log"])
+
+
+def test_paused_initiator_is_fenced_after_its_lease_expires(cluster, store, tmp_path):
+    hooks = str(tmp_path / "hooks")
+    runs_log = counting_hook(hooks, sleep=0.1)
+    start_peers(cluster, store, ["t1"], hooks=hooks)
+    start_peers(cluster, store, ["m1", "m2"])
+    automation_id = api.start_automation(store, "ping", {"hosts": ["t1"], "rounds": 30},
+                                         prefer=["m1", "m2"], members=2)
+    task = wait_for(lambda: (lambda t: t if len(t["log"]) >= 3 else None)(
+        api.get_task(store, automation_id)), what="3 steps")
+    old = task["initiator"]
+    cluster.kill(old, signal.SIGSTOP)
+    stopped_at = len(api.get_task(store, automation_id)["log"])
+    # Its lease expires; the other member takes over and appends.
+    wait_for(lambda: api.get_task(store, automation_id)["initiator"] not in (old, None),
+             what="a new initiator")
+    wait_for(lambda: len(api.get_task(store, automation_id)["log"]) >= stopped_at + 3,
+             what="the new initiator appending")
+    cluster.kill(old, signal.SIGCONT)
+    task = finished(store, automation_id)
+    assert task["state"] == "done", task["error"]
+    entries, _ = store.range(f"auto/{automation_id}/log/")
+    writers = [kv.value["initiator"] for kv in entries]
+    assert old not in writers[stopped_at + 1:], "the deposed initiator appended after the pause"
+    assert [kv.value["index"] for kv in entries] == list(range(30))
+    assert len(assert_each_index_ran_once(runs_log, automation_id)) == 30
+    assert "session_started" in cluster.log(old)    # it came back as a fresh session
+
+
+def test_fence_refuses_a_deposed_initiators_append(etcd, cluster_name):
+    """In-process: revoke the leader's lease, then let it try to append."""
+    import threading
+    from engine.election import Candidacy
+    from engine.initiator import Initiator, _Deposed
+    from engine.replay import NewRequest, Replayer, Request
+    from engine.session import Session
+    from engine.registry import lookup
+
+    store = Store(etcd.url, cluster_name)
+    store.put("hosts/h1", {})
+    automation_id = api.start_automation(store, "ping", {"hosts": ["h1"], "rounds": 1}, members=1)
+    session = Session(store, 2)
+    candidacy = Candidacy(store, session, keys.elect(automation_id), "h1")
+    assert candidacy.wait_until_leader(threading.Event())
+    initiator = Initiator(store, session, "h1", automation_id, candidacy, lambda *a: None,
+                          threading.Event())
+    initiator.spec = store.get(keys.spec(automation_id)).value
+    initiator.entries, initiator.claimed, initiator.next_index = {}, {}, 0
+    replayer = Replayer(automation_id, lookup("ping", 1), {"hosts": ["h1"], "rounds": 1})
+    session.close(revoke=True)          # the lease is gone: deposed
+    with pytest.raises(_Deposed):
+        initiator._append(replayer, [NewRequest("0", 0, "ping", Request("ping", target="h1"), "f")])
+    assert store.range(f"auto/{automation_id}/log/")[0] == []
+    assert store.range("inbox/h1/")[0] == []
+
+
+def test_changed_worker_goes_stuck_and_writes_nothing_more(cluster, store, tmp_path):
+    code_dir = tmp_path / "automations"
+    code_dir.mkdir()
+    original = open(os.path.join(TEST_AUTOMATIONS, "steps.py")).read()
+    (code_dir / "steps.py").write_text(original)
+    env = {"PEERCTL_AUTOMATIONS_PATH": str(code_dir)}
+    hooks = str(tmp_path / "hooks")
+    counting_hook(hooks, sleep=0.2)
+    start_peers(cluster, store, ["t1"], hooks=hooks)
+    start_peers(cluster, store, ["m1"], env=env)
+    os.environ["PEERCTL_AUTOMATIONS_PATH"] = str(code_dir)     # so this process knows "steps"
+    try:
+        automation_id = api.start_automation(store, "steps", {"target": "t1", "count": 6},
+                                             members=1, prefer=["m1"])
+    finally:
+        del os.environ["PEERCTL_AUTOMATIONS_PATH"]
+    wait_for(lambda: len(api.get_task(store, automation_id)["log"]) >= 2, what="2 steps")
+    cluster.kill("m1")
+    (code_dir / "steps.py").write_text(original.replace('Request("ping", {"step": i}',
+                                                        'Request("ping", {"step": i * 10}'))
+    before = api.get_task(store, automation_id)
+    cluster.start_peer("m1", env=env)
+    task = finished(store, automation_id)
+    assert task["state"] == "stuck"
+    assert "step 1" in task["error"] and "ping@t1" in task["error"], task["error"]
+    # Nothing was appended or answered by the new code.
+    assert len(task["log"]) == len(before["log"])
+    entries, _ = store.range(f"auto/{automation_id}/log/")
+    assert all(kv.value["args"]["step"] < 2 for kv in entries)
+
+
+def test_request_to_a_dead_host_is_lost_within_its_deadline(cluster, store, tmp_path):
+    hooks = str(tmp_path / "hooks")
+    counting_hook(hooks, sleep=60)      # t1 claims the request and hangs in the hook
+    start_peers(cluster, store, ["t1"], hooks=hooks)
+    start_peers(cluster, store, ["m1"], env={"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
+    os.environ["PEERCTL_AUTOMATIONS_PATH"] = TEST_AUTOMATIONS
+    try:
+        automation_id = api.start_automation(store, "steps", {"target": "t1", "count": 2,
+                                                              "deadline": 4.0},
+                                             members=1, prefer=["m1"])
+    finally:
+        del os.environ["PEERCTL_AUTOMATIONS_PATH"]
+    wait_for(lambda: api.get_task(store, automation_id)["log"][0]["status"] == "running"
+             if api.get_task(store, automation_id)["log"] else False, what="t1 claiming")
+    appended = api.get_task(store, automation_id)["log"][0]["time"]
+    cluster.kill("t1")
+    task = finished(store, automation_id, timeout=30)
+    first, second = task["result"]["outcomes"]
+    assert first["status"] in ("lost", "timeout") and second["status"] in ("lost", "timeout")
+    responses = {kv.key: kv.value for kv in store.range(f"auto/{automation_id}/resp/")[0]}
+    for index, entry in enumerate(task["log"]):
+        answered = responses[keys.response(automation_id, index)]["time"]
+        deadline = entry["time"] + 4.0
+        assert answered <= deadline + 1.0, f"step {index} answered {answered - deadline:.2f}s late"
+    assert task["state"] == "done"      # the worker handled the failures itself
+    assert appended > 0
+
+
+def test_etcd_restart_mid_automation(own_etcd, tmp_path):
+    from tests.cluster import Cluster
+    cluster = Cluster(own_etcd.url, "restart", tmp_path)
+    store = Store(own_etcd.url, "restart")
+    try:
+        hooks = str(tmp_path / "hooks")
+        runs_log = counting_hook(hooks, sleep=0.05)
+        start_peers(cluster, store, ["h1", "h2", "h3"], hooks=hooks)
+        automation_id = api.start_automation(store, "ping", {"hosts": ["h1", "h2", "h3"],
+                                                             "rounds": 12})
+        wait_for(lambda: len(api.get_task(store, automation_id)["log"]) >= 9, what="3 rounds")
+        own_etcd.restart()
+        task = finished(store, automation_id, timeout=60)
+        assert task["state"] == "done", task["error"]
+        assert len(task["result"]["replies"]) == 36
+        assert len(assert_each_index_ran_once(runs_log, automation_id)) == 36
+        for host in ("h1", "h2", "h3"):
+            assert cluster.peers[host].poll() is None, f"{host} died with etcd"
+    finally:
+        cluster.close()
+        store.close()
+
+
+def test_abort_stops_a_running_automation(cluster, store, tmp_path):
+    hooks = str(tmp_path / "hooks")
+    counting_hook(hooks, sleep=0.2)
+    start_peers(cluster, store, ["h1", "h2"], hooks=hooks)
+    automation_id = api.start_automation(store, "ping", {"hosts": ["h1", "h2"], "rounds": 50})
+    wait_for(lambda: len(api.get_task(store, automation_id)["log"]) >= 2, what="first round")
+    assert api.abort(store, automation_id)["state"] == "aborted"
+    task = api.get_task(store, automation_id)
+    assert task["state"] == "aborted" and len(task["log"]) < 100
+    assert store.range("member/")[0] == []
