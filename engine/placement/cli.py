@@ -1,0 +1,45 @@
+"""The JSON shapes of ``peerctl.py placement ...`` (see CONTRACT.md).
+
+Plain functions over a :class:`~engine.placement.api.Placement`; the command
+line renders what they return.  Bad specs raise ``PlacementError``.
+"""
+from __future__ import annotations
+
+import uuid as uuidlib
+
+__all__ = ["providers_rows", "allocations_rows", "candidates_rows"]
+
+_INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",
+                     "allocation_ratio")
+
+
+def providers_rows(placement, glob: str | None = None) -> list[dict]:
+    """``[{uuid, name, parent, generation, inventories, usages, traits, aggregates}]``."""
+    return [{"uuid": p["uuid"], "name": p["name"], "parent": p["parent"],
+             "generation": p["generation"],
+             "inventories": {rc: {k: inv[k] for k in _INVENTORY_FIELDS}
+                             for rc, inv in sorted(p["inventories"].items())},
+             "usages": {rc: p["usages"].get(rc, 0) for rc in sorted(p["inventories"])},
+             "traits": sorted(p["traits"]), "aggregates": sorted(p["aggregates"])}
+            for p in placement.providers(glob)]
+
+
+def allocations_rows(placement, consumer: str | None = None) -> list[dict]:
+    """``[{consumer, allocations}]``: one consumer, or all; [] when it holds nothing."""
+    if consumer:
+        try:
+            uuidlib.UUID(consumer)
+        except ValueError:
+            return []       # not a consumer uuid: matches nothing
+        docs = [placement.allocations(consumer)]
+    else:
+        docs = placement.all_allocations()
+    return [{"consumer": d["consumer"], "allocations": d["allocations"]}
+            for d in docs if d["allocations"]]
+
+
+def candidates_rows(placement, spec: str, required: str | None = None,
+                    limit: int | None = None) -> list[dict]:
+    """``[{allocations, host}]``, best first."""
+    return [{"allocations": c["allocations"], "host": c["host"]}
+            for c in placement.candidates(spec, required=required or None, limit=limit)]

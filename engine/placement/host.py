@@ -1,0 +1,87 @@
+"""Hosts as resource providers.
+
+The peer calls, at start and whenever its measurements change::
+
+    register_host(placement, host_name, source, state_dir=STATE_DIR) -> provider
+
+``source`` is a libvirt connection (``getInfo()`` gives CPUs and memory), a
+mapping ``{"vcpus", "memory_mb", "disk_gb"}`` already measured, or None
+(psutil).  DISK_GB is the size of the file system holding ``state_dir``.
+
+Promises:
+- one provider per host, ever: an existing provider of that name is reused,
+  and a new one gets ``uuid5(cluster, host)``, so a restarted peer finds its
+  provider again and never leaves an orphan;
+- registering again with the same measurements writes nothing;
+- a drained host (``drain(placement, host)``: reserved = total, trait
+  COMPUTE_STATUS_DISABLED) stays drained across restarts until undrained.
+
+Nested children (NUMA cells, devices) are created with
+``placement.ensure_provider(name, parent=host_uuid)``; hosts report none today.
+"""
+from __future__ import annotations
+
+import os
+import uuid as uuidlib
+
+from engine.placement.api import Placement
+from engine.placement.model import DISABLED_TRAIT, NotFound
+
+__all__ = ["register_host", "drain", "measure", "host_provider_uuid"]
+
+_NAMESPACE = uuidlib.UUID("5b1d3c52-6f0e-4c39-9d7a-4f3c7c1c7e10")
+# nova's initial_*_allocation_ratio defaults
+DEFAULT_RATIOS = {"VCPU": 4.0, "MEMORY_MB": 1.0, "DISK_GB": 1.0}
+
+
+def host_provider_uuid(cluster: str, host: str) -> str:
+    return str(uuidlib.uuid5(_NAMESPACE, f"{cluster}/{host}"))
+
+
+def measure(source=None, state_dir: str = "/") -> dict:
+    """``{VCPU, MEMORY_MB, DISK_GB}`` totals of this host."""
+    if isinstance(source, dict):
+        return {"VCPU": int(source["vcpus"]), "MEMORY_MB": int(source["memory_mb"]),
+                "DISK_GB": int(source["disk_gb"])}
+    import psutil
+    if source is not None:
+        info = source.getInfo()         # [model, memory MiB, cpus, mhz, nodes, ...]
+        vcpus, memory_mb = int(info[2]), int(info[1])
+    else:
+        vcpus, memory_mb = psutil.cpu_count() or 1, psutil.virtual_memory().total >> 20
+    path = state_dir if os.path.exists(state_dir) else "/"
+    return {"VCPU": vcpus, "MEMORY_MB": memory_mb,
+            "DISK_GB": psutil.disk_usage(path).total >> 30}
+
+
+def register_host(placement: Placement, host: str, source=None, *, state_dir: str = "/",
+                  reserved: dict | None = None, ratios: dict | None = None) -> dict:
+    """Create or refresh ``host``'s provider; returns the provider document."""
+    totals = measure(source, state_dir)
+    try:
+        rp = placement.provider(host)
+    except NotFound:
+        cluster = getattr(getattr(placement, "store", None), "cluster", None) or placement.backend
+        rp = placement.ensure_provider(host, uuid=host_provider_uuid(cluster, host))
+    drained = DISABLED_TRAIT in rp["traits"]
+    ratios = {**DEFAULT_RATIOS, **(ratios or {})}
+    inventories = {}
+    for rc, total in totals.items():
+        if total < 1:
+            continue
+        kept = reserved.get(rc, 0) if reserved else 0
+        inventories[rc] = {"total": total, "reserved": total if drained else min(kept, total),
+                           "min_unit": 1, "max_unit": total, "step_size": 1,
+                           "allocation_ratio": float(ratios[rc])}
+    # classes measured before but not now stay while in use
+    for rc, inv in rp["inventories"].items():
+        if rc not in inventories and rp["usages"].get(rc):
+            inventories[rc] = inv
+    if inventories != rp["inventories"]:
+        rp = placement.set_inventory(rp["uuid"], inventories)
+    return rp
+
+
+def drain(placement: Placement, host: str, drained: bool = True) -> dict:
+    """No new claims fit on ``host`` (existing allocations stay)."""
+    return placement.drain(host, drained)
