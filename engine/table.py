@@ -1,0 +1,172 @@
+"""Tables and field lists for the command line, the way Ganeti's tools print them.
+
+A listing is a list of plain dicts (what ``--format json`` prints) plus a set
+of :class:`Column` definitions saying how each field looks in a table.  This
+module promises:
+
+- ``-o FIELDS`` selects and orders columns; an unknown field is a
+  :class:`FieldError` naming it (the command line turns it into exit 2);
+- ``--sort`` takes fields, ``-FIELD`` for descending, with natural order on
+  names (``host2`` before ``host10``) and missing values last;
+- tables align on display width; with a separator they are not padded, so
+  ``--no-headers --separator ,`` is machine-readable.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+__all__ = ["Column", "FieldError", "select", "sort_rows", "render", "to_json",
+           "human_mb", "human_gb", "human_bytes", "percent", "natural_key"]
+
+
+class FieldError(ValueError):
+    """An ``-o`` or ``--sort`` field that the listing does not have."""
+
+
+@dataclass(frozen=True)
+class Column:
+    field: str                                  # key in the row dict
+    header: str                                 # table header
+    show: Callable[[Any], str] | None = None    # value -> table text
+    right: bool = False                         # right-align (numbers)
+
+    def text(self, row: dict) -> str:
+        value = row.get(self.field)
+        if value is None:
+            return "-"
+        if self.show is not None:
+            return _shown(self.show, value) if isinstance(value, (int, float)) \
+                else self.show(value)
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, (list, tuple)):
+            return ",".join(str(v) for v in value)
+        return str(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shown(show, value) -> str:
+    return show(value)
+
+
+def _units(value: float, units: Sequence[str]) -> str:
+    value = float(value)
+    for unit in units[:-1]:
+        if abs(value) < 1024:
+            return f"{value:.0f}{unit}" if unit == units[0] else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}{units[-1]}"
+
+
+def human_mb(mb) -> str:
+    """Mebibytes as ``512M``, ``4.0G``, ``1.5T``."""
+    return _units(mb, ("M", "G", "T", "P"))
+
+
+def human_gb(gb) -> str:
+    return _units(gb, ("G", "T", "P"))
+
+
+def human_bytes(n) -> str:
+    return _units(n, ("B", "K", "M", "G", "T", "P"))
+
+
+def percent(value) -> str:
+    return f"{float(value):.0f}%"
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(value: Any):
+    """Sort key: numbers inside strings compare as numbers; None sorts last."""
+    if value is None:
+        return (2, ())
+    if isinstance(value, bool):
+        return (0, (int(value),))
+    if isinstance(value, (int, float)):
+        return (0, (value,))
+    return (1, _text_key(str(value)))
+
+
+@functools.lru_cache(maxsize=65536)
+def _text_key(text: str) -> tuple:
+    if not any(c.isdigit() for c in text):
+        return ((1, 0, text),)
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
+                 for p in _DIGITS.split(text) if p)
+
+
+def _fields(spec: str | Iterable[str]) -> list[str]:
+    if isinstance(spec, str):
+        spec = spec.split(",")
+    return [f.strip() for f in spec if f.strip()]
+
+
+def select(columns: Sequence[Column], spec: str | None, default: Sequence[str]) -> list[Column]:
+    """The columns named by ``-o`` (``+f1,f2`` appends to the default ones)."""
+    known = {c.field: c for c in columns}
+    if not spec:
+        spec = ",".join(default)
+    elif spec.startswith("+"):
+        spec = ",".join(default) + "," + spec[1:]
+    chosen = []
+    for field in _fields(spec):
+        if field not in known:
+            raise FieldError(f"unknown field {field!r} (known: {', '.join(sorted(known))})")
+        chosen.append(known[field])
+    if not chosen:
+        raise FieldError("no field given")
+    return chosen
+
+
+def sort_rows(rows: list[dict], spec: str | None, known: Iterable[str]) -> list[dict]:
+    """Sort by ``f1,-f2``: stable, applied right to left."""
+    if not spec:
+        return rows
+    known = set(known)
+    keys = _fields(spec)
+    for key in keys:
+        if key.lstrip("-") not in known:
+            raise FieldError(f"unknown sort field {key.lstrip('-')!r} "
+                             f"(known: {', '.join(sorted(known))})")
+    rows = list(rows)
+    # one sort per run of keys going the same way, right to left (sorts are stable)
+    runs: list[tuple[bool, list[str]]] = []
+    for key in keys:
+        descending = key.startswith("-")
+        if runs and runs[-1][0] == descending:
+            runs[-1][1].append(key.lstrip("-"))
+        else:
+            runs.append((descending, [key.lstrip("-")]))
+    for descending, fields in reversed(runs):
+        rows.sort(key=lambda r: tuple(natural_key(r.get(f)) for f in fields),
+                  reverse=descending)
+    return rows
+
+
+def render(rows: Sequence[dict], columns: Sequence[Column], headers: bool = True,
+           separator: str | None = None) -> str:
+    """The table as text (no trailing newline; empty when there is nothing)."""
+    cells = [[c.text(row) for c in columns] for row in rows]
+    if headers:
+        cells.insert(0, [c.header for c in columns])
+    if not cells:
+        return ""
+    if separator is not None:
+        return "\n".join(separator.join(line) for line in cells)
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    out = []
+    for line in cells:
+        parts = [text.rjust(w) if c.right else text.ljust(w)
+                 for text, w, c in zip(line, widths, columns)]
+        out.append(" ".join(parts).rstrip())
+    return "\n".join(out)
+
+
+def to_json(doc: Any) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False, default=str)

@@ -1,0 +1,1425 @@
+#!/usr/bin/env python3
+"""peerctl: the command line of a masterless cluster manager for KVM hosts.
+
+One file, one entry point (also installed as the ``peerctl`` console script).
+It runs a peer (``peer``), starts and follows replicated automations (``boot``,
+``destroy`` ... ``ping``), lists what the cluster knows (``vmlist``,
+``hostlist``, ``hoststats``, ``tasks``, ``placement``) and brings up an
+embedded local cluster (``up`` / ``down``).
+
+What it promises (see shared/CONTRACT.md):
+- exit 0 on success, 1 when the operation ran and failed or a pattern matched
+  nothing, 2 on a usage error (one line naming the bad part), 3 when etcd is
+  unreachable (one line naming the endpoint); 130 after Ctrl-C detached from
+  an automation, which goes on;
+- ``--format json`` prints exactly one JSON document on stdout, messages and
+  progress go to stderr;
+- no traceback reaches the user unless ``--debug`` is given.
+
+Engine modules are imported inside the commands, so ``--help`` and listings
+answer fast and work whatever else is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import configparser
+import fnmatch
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from engine import table  # noqa: E402  (pure Python, no engine dependencies)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED = 0, 1, 2, 3, 130
+
+DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "table",
+            "ttl": "5", "workers": "8", "retention": "7d", "state_dir": "state",
+            "libvirt": "test:///default", "hosts": "3"}
+
+VM_ACTIONS = ("destroy", "start", "stop", "reboot", "suspend", "resume")
+# Actions that take a service down: on more than one VM they need --yes.
+DESTRUCTIVE = ("destroy", "stop", "reboot", "suspend")
+FINISHED_STEP = ("ok", "error", "timeout", "lost", "failed", "done", "skipped")
+
+
+# -- errors the user can act on -------------------------------------------------
+
+class UsageError(Exception):
+    """Exit 2: a bad flag, resource spec or pattern."""
+
+
+class Failed(Exception):
+    """Exit 1: the operation ran and failed, or a pattern matched nothing.
+
+    ``doc`` is the JSON document printed on stdout with ``--format json``."""
+
+    def __init__(self, message: str, doc=None):
+        super().__init__(message)
+        self.doc = doc
+
+
+class Unreachable(Exception):
+    """Exit 3: etcd could not be reached."""
+
+
+# -- settings: flag > environment > running `up` > config file > default -------
+
+def _conf_path() -> str:
+    return os.environ.get("PEERCTL_CONF") or os.path.join(ROOT, "conf", "peerctl.conf")
+
+
+def read_conf(path: str) -> dict:
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(path)
+    except configparser.Error as exc:
+        raise UsageError(f"bad config file {path}: {exc}".splitlines()[0]) from None
+    if not parser.has_section("peerctl"):
+        return {}
+    return {k.replace("-", "_"): v.strip() for k, v in parser.items("peerctl")}
+
+
+def settings_for(args) -> dict:
+    settings = dict(DEFAULTS)
+    settings.update(read_conf(getattr(args, "conf", None) or _conf_path()))
+    up = running_up(os.path.abspath(settings["state_dir"]))
+    if up:     # the embedded default: a running `peerctl.py up` in ./state
+        settings["etcd"], settings["cluster"] = up["etcd"]["url"], up.get("cluster", "default")
+    for key in ("etcd", "cluster", "format"):
+        if os.environ.get("PEERCTL_" + key.upper()):
+            settings[key] = os.environ["PEERCTL_" + key.upper()]
+        if getattr(args, key, None):
+            settings[key] = getattr(args, key)
+    if settings["format"] not in ("table", "json"):
+        raise UsageError(f"bad format {settings['format']!r} (want table or json)")
+    return settings
+
+
+class Context:
+    """What every command gets: settings, the store (opened on first use), output."""
+
+    def __init__(self, args, settings: dict):
+        self.args = args
+        self.settings = settings
+        self.json = settings["format"] == "json"
+        self._store = None
+
+    def store(self):
+        if self._store is None:
+            from engine.store import Store, parse_endpoints
+            try:
+                parse_endpoints(self.settings["etcd"])
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            self._store = Store(self.settings["etcd"], self.settings["cluster"], timeout=5.0)
+        return self._store
+
+    def emit(self, doc, text: str | None = None) -> None:
+        """The command's answer: ``doc`` as JSON, else ``text`` (or nothing)."""
+        if self.json:
+            sys.stdout.write(table.to_json(doc) + "\n")
+        elif text:
+            sys.stdout.write(text.rstrip("\n") + "\n")
+        sys.stdout.flush()
+
+
+def say(message: str) -> None:
+    """A message for the user, on stderr."""
+    sys.stderr.write(message.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
+def me() -> str:
+    """How the user called us, for the commands we suggest."""
+    base = os.path.basename(sys.argv[0] or "peerctl")
+    return "python peerctl.py" if base.endswith(".py") else "peerctl"
+
+
+def _engine_api():
+    configure_logging("DEBUG" if _DEBUG else "WARNING")
+    try:
+        from engine import api
+    except ImportError as exc:
+        raise Failed(f"the automation engine is not available ({exc})") from None
+    return api
+
+
+# -- patterns and specs ------------------------------------------------------
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_RC = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+def check_glob(text: str, what: str) -> str:
+    if not text:
+        raise UsageError(f"empty {what}")
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise UsageError(f"bad {what} {text!r}: whitespace or control character")
+    depth = 0
+    for c in text:
+        if c == "[":
+            depth += 1
+        elif c == "]" and depth:
+            depth -= 1
+    if depth:
+        raise UsageError(f"bad {what} {text!r}: unclosed '['")
+    return text
+
+
+def host_pattern(text: str | None) -> str:
+    if text is None:
+        return "*"
+    if "/" in text:
+        raise UsageError(f"bad host pattern {text!r}: a host pattern has no '/'")
+    return check_glob(text, "host pattern")
+
+
+def vm_pattern(text: str) -> tuple[str, str]:
+    """``HOSTGLOB/VMGLOB`` or ``VMGLOB`` -> (hostglob, vmglob)."""
+    if text.count("/") > 1:
+        raise UsageError(f"bad VM pattern {text!r}: more than one '/' (want HOSTGLOB/VMGLOB)")
+    if "/" in text:
+        host, vm = text.split("/")
+        if not host or not vm:
+            raise UsageError(f"bad VM pattern {text!r}: empty {'host' if not host else 'VM'} part")
+        return check_glob(host, "VM pattern"), check_glob(vm, "VM pattern")
+    return "*", check_glob(text, "VM pattern")
+
+
+def match_vms(vms: list[dict], patterns: list[str]) -> tuple[list[dict], list[str]]:
+    """VMs matching any pattern (in listing order) and the patterns matching none."""
+    parsed = [(p, vm_pattern(p)) for p in patterns]
+    hits, unmatched = {}, []
+    for text, (hglob, vglob) in parsed:
+        found = False
+        for vm in vms:
+            if fnmatch.fnmatchcase(vm.get("host") or "", hglob) and \
+                    fnmatch.fnmatchcase(vm.get("name") or "", vglob):
+                hits[(vm.get("host"), vm.get("uuid"), vm.get("name"))] = vm
+                found = True
+        if not found:
+            unmatched.append(text)
+    return list(hits.values()), unmatched
+
+
+def parse_resources(spec: str, required: str | None = None) -> tuple[dict, list]:
+    """``VCPU:1,MEMORY_MB:256`` or ``resources=...&required=...`` plus ``--required``
+    -> (resources, traits) with forbidden traits as ``!TRAIT``.
+
+    Uses placement's own parser when it is there, so that the command line and
+    the placement service agree on one grammar."""
+    try:
+        from engine.placement.model import PlacementError
+        from engine.placement.query import parse_query
+    except ImportError:
+        resources, traits = _parse_resources(spec)
+        return resources, traits + parse_traits(required)
+    try:
+        query = parse_query(spec, required=required or None)
+    except PlacementError as exc:
+        raise UsageError(f"bad resource spec {spec!r}: {exc}") from None
+    group = query.groups[0]
+    traits = [next(iter(any_of)) for any_of in group.required if len(any_of) == 1]
+    if len(query.groups) > 1 or len(traits) != len(group.required) or group.member_of \
+            or group.in_tree or query.root_required or query.root_forbidden:
+        raise UsageError(f"bad resource spec {spec!r}: boot takes one request group of "
+                         "resources and required traits")
+    return dict(group.resources), traits + ["!" + t for t in sorted(group.forbidden)]
+
+
+def _parse_resources(spec: str) -> tuple[dict, list]:
+    resources_text, required = spec, []
+    if "=" in spec:
+        resources_text = ""
+        for part in spec.split("&"):
+            key, sep, value = part.partition("=")
+            if not sep:
+                raise UsageError(f"bad resource spec {spec!r}: {part!r} is not KEY=VALUE")
+            if key == "resources":
+                resources_text = value
+            elif key == "required":
+                required = parse_traits(value)
+            elif key != "limit":
+                raise UsageError(f"bad resource spec {spec!r}: unknown key {key!r}")
+    resources = {}
+    for part in resources_text.split(","):
+        rc, sep, amount = part.strip().partition(":")
+        if not sep or not _RC.match(rc) or not amount.isdigit() or int(amount) <= 0:
+            raise UsageError(f"bad resource spec {spec!r}: {part.strip()!r} "
+                             "(want RESOURCE_CLASS:N, e.g. VCPU:1)")
+        resources[rc] = int(amount)
+    return resources, required
+
+
+def parse_traits(text: str | None) -> list[str]:
+    traits = []
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        if not _RC.match(part.lstrip("!")) or part.count("!") > 1:
+            raise UsageError(f"bad trait {part!r} (want TRAIT or !TRAIT, e.g. HW_CPU_X86_AVX2)")
+        traits.append(part)
+    return traits
+
+
+# -- reading the cluster -----------------------------------------------------
+
+def read_hosts(store) -> list[dict]:
+    """Every host ever seen (hostcfg/), live record when alive (hosts/)."""
+    from engine.store import Get
+    cfg, live = store.txn([], [Get("hostcfg/", True), Get("hosts/", True)]).ranges
+    records: dict[str, dict] = {}
+    for kv in cfg:
+        name = kv.key.split("/", 1)[1]
+        records[name] = dict(kv.value or {}, host=name, alive=False)
+    for kv in live:
+        name = kv.key.split("/", 1)[1]
+        record = dict(records.get(name, {}))
+        enabled = record.get("enabled")
+        record.update(kv.value or {})
+        if enabled is not None:     # hostcfg holds the operator's word (drain)
+            record["enabled"] = enabled
+        record.update(host=name, alive=True)
+        records[name] = record
+    if any(r.get("vms") is None for r in records.values()):
+        counts: dict[str, int] = {}
+        for kv in store.range("vms/", keys_only=True)[0]:
+            host = kv.key.split("/")[1]
+            counts[host] = counts.get(host, 0) + 1
+        for name, record in records.items():
+            if record.get("vms") is None:
+                record["vms"] = counts.get(name, 0)
+    for record in records.values():
+        record.setdefault("enabled", True)
+        record["status"] = ("down" if not record["alive"]
+                            else "up" if record["enabled"] else "disabled")
+    return sorted(records.values(), key=lambda r: table.natural_key(r["host"]))
+
+
+def read_vms(store) -> list[dict]:
+    kvs, _ = store.range("vms/")
+    vms = []
+    for kv in kvs:
+        vm = kv.value if isinstance(kv.value, dict) else {}
+        parts = kv.key.split("/")
+        vms.append({"host": vm.get("host") or (parts[1] if len(parts) > 2 else None),
+                    "name": vm.get("name"), "uuid": vm.get("uuid") or parts[-1],
+                    "state": vm.get("state"), "vcpus": vm.get("vcpus"),
+                    "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb")})
+    return vms
+
+
+# -- listings ----------------------------------------------------------------
+
+C = table.Column
+HOST_COLUMNS = [
+    C("host", "Host"), C("status", "Status"), C("alive", "Alive"), C("enabled", "Enabled"),
+    C("hypervisor", "Hypervisor"), C("vcpus", "CPUs", right=True),
+    C("memory_mb", "Memory", table.human_mb, True),
+    C("free_memory_mb", "MemFree", table.human_mb, True),
+    C("vms", "VMs", right=True), C("disk_gb", "Disk", table.human_gb, True),
+    C("free_disk_gb", "DiskFree", table.human_gb, True),
+    C("kernel", "Kernel"), C("cpu_model", "CPU model"),
+    C("cpu_usage", "CPU%", table.percent, True),
+    C("used_memory_mb", "MemUsed", table.human_mb, True),
+    C("memory_usage", "Mem%", table.percent, True),
+    C("used_disk_gb", "DiskUsed", table.human_gb, True),
+    C("disk_usage", "Disk%", table.percent, True),
+    C("net_rx_bytes", "NetRx", table.human_bytes, True),
+    C("net_tx_bytes", "NetTx", table.human_bytes, True),
+    C("libvirt_uri", "Libvirt"), C("provider_uuid", "Provider"),
+]
+HOSTLIST_DEFAULT = ["host", "status", "hypervisor", "vcpus", "memory_mb", "free_memory_mb",
+                    "vms", "free_disk_gb", "kernel", "cpu_model"]
+HOSTLIST_JSON = ["host", "alive", "enabled", "vcpus", "memory_mb", "free_memory_mb",
+                 "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model"]
+HOSTSTATS_DEFAULT = ["host", "status", "vcpus", "cpu_usage", "memory_mb", "used_memory_mb",
+                     "memory_usage", "vms", "disk_gb", "used_disk_gb", "disk_usage",
+                     "net_rx_bytes", "net_tx_bytes"]
+HOSTSTATS_JSON = ["host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb",
+                  "free_memory_mb", "vms", "disk_gb", "free_disk_gb",
+                  "net_rx_bytes", "net_tx_bytes"]
+VM_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
+              C("vcpus", "VCPUs", right=True),
+              C("memory_mb", "Memory", table.human_mb, True), C("state", "State"),
+              C("disk_gb", "Disk", table.human_gb, True)]
+VMLIST_DEFAULT = ["host", "name", "vcpus", "memory_mb", "state"]
+VMLIST_JSON = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb"]
+BUSY_CPU = 90     # a host at or above this CPU usage counts as busy in the totals
+
+
+def _ratio(used, total):
+    return round(100.0 * used / total, 1) if total else None
+
+
+def _host_derived(record: dict) -> dict:
+    def used(total, free):
+        return None if total is None or free is None else max(total - free, 0)
+    record["used_memory_mb"] = used(record.get("memory_mb"), record.get("free_memory_mb"))
+    record["used_disk_gb"] = used(record.get("disk_gb"), record.get("free_disk_gb"))
+    record["memory_usage"] = _ratio(record["used_memory_mb"] or 0, record.get("memory_mb"))
+    record["disk_usage"] = _ratio(record["used_disk_gb"] or 0, record.get("disk_gb"))
+    return record
+
+
+def host_totals(hosts: list[dict]) -> str:
+    alive = [h for h in hosts if h["alive"]]
+    def total(key):
+        return sum(h.get(key) or 0 for h in alive)
+    cores, vms = total("vcpus"), total("vms")
+    enabled = sum(1 for h in alive if h.get("enabled"))
+    busy = sum(1 for h in alive if (h.get("cpu_usage") or 0) >= BUSY_CPU)
+    cpu = (sum((h.get("cpu_usage") or 0) * (h.get("vcpus") or 0) for h in alive) / cores
+           if cores else 0.0)
+    mem, mem_free = total("memory_mb"), total("free_memory_mb")
+    disk, disk_free = total("disk_gb"), total("free_disk_gb")
+    lines = [f"{len(alive)} host{'s' if len(alive) != 1 else ''} responded "
+             f"({enabled} enabled, {busy} busy) for a total of {cores} cores "
+             f"hosting {vms} VM{'s' if vms != 1 else ''}",
+             f"CPU: {cpu:.0f}% used, {100 - cpu:.0f}% free",
+             f"Memory: {table.human_mb(mem_free)} free, "
+             f"{table.human_mb(max(mem - mem_free, 0))} used of {table.human_mb(mem)}",
+             f"Disk: {table.human_gb(disk_free)} free, "
+             f"{table.human_gb(max(disk - disk_free, 0))} used of {table.human_gb(disk)}"]
+    down = [h["host"] for h in hosts if not h["alive"]]
+    if down:
+        lines.append(f"{len(down)} host{'s' if len(down) != 1 else ''} not responding: "
+                     + ", ".join(down))
+    return "\n".join(lines)
+
+
+def vm_totals(vms: list[dict]) -> str:
+    states: dict[str, int] = {}
+    for vm in vms:
+        states[vm.get("state") or "unknown"] = states.get(vm.get("state") or "unknown", 0) + 1
+    hosts = len({vm.get("host") for vm in vms})
+    def total(key):
+        return sum(vm.get(key) or 0 for vm in vms)
+    by_state = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+    return (f"{len(vms)} VM{'s' if len(vms) != 1 else ''} ({by_state or 'none'}) on {hosts} "
+            f"host{'s' if hosts != 1 else ''} using {total('vcpus')} vCPUs, "
+            f"{table.human_mb(total('memory_mb'))} memory and {table.human_gb(total('disk_gb'))} disk")
+
+
+def show_listing(ctx: Context, rows: list[dict], columns, default, json_fields,
+                 default_sort: str, totals=None) -> None:
+    args = ctx.args
+    try:
+        chosen = table.select(columns, args.output, default)
+        rows = table.sort_rows(rows, args.sort or default_sort, [c.field for c in columns])
+    except table.FieldError as exc:
+        raise UsageError(str(exc)) from None
+    if ctx.json:
+        fields = [c.field for c in chosen] if args.output else json_fields
+        ctx.emit([{f: row.get(f) for f in fields} for row in rows])
+        return
+    text = table.render(rows, chosen, headers=not args.no_headers, separator=args.separator)
+    if totals and not args.no_headers and args.separator is None:
+        text = (text + "\n" if text else "") + totals(rows)
+    ctx.emit(None, text)
+
+
+def cmd_vmlist(ctx: Context) -> int:
+    for text in ctx.args.patterns:
+        vm_pattern(text)        # a bad pattern is a usage error before any read
+    vms = read_vms(ctx.store())
+    if ctx.args.patterns:
+        vms, unmatched = match_vms(vms, ctx.args.patterns)
+        if unmatched:
+            ctx.emit([])
+            raise Failed("no VM matches " + ", ".join(repr(p) for p in unmatched))
+    show_listing(ctx, vms, VM_COLUMNS, VMLIST_DEFAULT, VMLIST_JSON, "host,name", vm_totals)
+    return EXIT_OK
+
+
+def _hosts_matching(ctx: Context) -> list[dict]:
+    glob = host_pattern(ctx.args.hostglob)
+    hosts = [_host_derived(h) for h in read_hosts(ctx.store())
+             if fnmatch.fnmatchcase(h["host"], glob)]
+    if not hosts and ctx.args.hostglob is not None:
+        ctx.emit([])
+        raise Failed(f"no host matches {ctx.args.hostglob!r}")
+    return hosts
+
+
+def cmd_hostlist(ctx: Context) -> int:
+    hosts = _hosts_matching(ctx)
+    show_listing(ctx, hosts, HOST_COLUMNS, HOSTLIST_DEFAULT, HOSTLIST_JSON, "host", host_totals)
+    return EXIT_OK
+
+
+def cmd_hoststats(ctx: Context) -> int:
+    hosts = _hosts_matching(ctx)
+    show_listing(ctx, hosts, HOST_COLUMNS, HOSTSTATS_DEFAULT, HOSTSTATS_JSON, "host",
+                 host_totals)
+    return EXIT_OK
+
+
+# -- progress ------------------------------------------------------------------
+
+def _latest_by_label(task: dict) -> list[tuple[str, dict]]:
+    latest: dict[str, dict] = {}
+    for entry in sorted(task.get("log") or [], key=lambda e: e.get("index") or 0):
+        label = str(entry.get("label") or entry.get("target") or "-")
+        latest.pop(label, None)
+        latest[label] = entry
+    order = sorted(latest, key=lambda label: table.natural_key(label))
+    return [(label, latest[label]) for label in order]
+
+
+def _result_by_name(task: dict) -> dict:
+    result = task.get("result") or {}
+    return {str(vm.get("name")): vm for vm in result.get("vms") or [] if isinstance(vm, dict)}
+
+
+class ProgressView:
+    """Shows an automation while it runs: on a terminal one line per VM or host
+    with its current step and a summary bar, redrawn in place; otherwise plain
+    lines, one per change."""
+
+    def __init__(self, stream, automation: str, tty: bool):
+        self.stream, self.automation, self.tty = stream, automation, tty
+        self.started = time.monotonic()
+        self.drawn = 0
+        self.seen: dict[str, tuple] = {}
+        self.state = None
+
+    def update(self, task: dict) -> None:
+        if self.tty:
+            self._redraw(task)
+        else:
+            self._plain(task)
+        self.state = task.get("state")
+
+    def _plain(self, task: dict) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        for label, entry in _latest_by_label(task):
+            key = (entry.get("request"), entry.get("status"), entry.get("index"))
+            if self.seen.get(label) != key:
+                self.seen[label] = key
+                where = f" on {entry['executor']}" if entry.get("executor") else ""
+                self.stream.write(f"{stamp} {label}: {entry.get('request')} "
+                                  f"{entry.get('status') or 'pending'}{where}\n")
+        if task.get("state") != self.state:
+            self.stream.write(f"{stamp} automation {self.automation} {task.get('state')}"
+                              + (f": {task['error']}" if task.get("error") else "") + "\n")
+        self.stream.flush()
+
+    def lines(self, task: dict, width: int, height: int) -> list[str]:
+        rows = _latest_by_label(task)
+        results = _result_by_name(task) if task.get("state") != "running" else {}
+        label_width = min(max([len(label) for label, _ in rows] + [4]), 32)
+        out = []
+        for label, entry in rows:
+            status = entry.get("status") or "pending"
+            line = f"  {label:<{label_width}}  {str(entry.get('request')):<8} {status:<8}"
+            if entry.get("executor"):
+                line += f" on {entry['executor']}"
+            vm = results.get(label)
+            if vm:
+                line += f"  -> {vm.get('state')}" + (f" ({vm['error']})" if vm.get("error") else "")
+            out.append(line[:width - 1])
+        room = max(height - 3, 3)
+        if len(out) > room:
+            out = out[:room - 1] + [f"  ... and {len(out) - room + 1} more"]
+        log = task.get("log") or []
+        done = sum(1 for e in log if (e.get("status") or "") in FINISHED_STEP)
+        bar_width = max(min(width - 60, 30), 10)
+        filled = int(bar_width * done / len(log)) if log else 0
+        elapsed = time.monotonic() - self.started
+        out.append(f"[{'#' * filled}{'-' * (bar_width - filled)}] {done}/{len(log)} steps  "
+                   f"{len(rows)} {'targets' if len(rows) != 1 else 'target'}  "
+                   f"{task.get('state')}  {elapsed:.1f}s  {self.automation}"[:width - 1])
+        return out
+
+    def _redraw(self, task: dict) -> None:
+        size = shutil.get_terminal_size((100, 40))
+        out = self.lines(task, size.columns, size.lines)
+        if self.drawn:
+            self.stream.write(f"\x1b[{self.drawn}F\x1b[J")
+        self.stream.write("\n".join(out) + "\n")
+        self.stream.flush()
+        self.drawn = len(out)
+
+
+def follow(ctx: Context, automation: str, timeout: float | None = None,
+           quiet: bool = False) -> dict:
+    """Follow ``automation`` to a terminal state; Ctrl-C detaches (exit 130)."""
+    api = _engine_api()
+    store = ctx.store()
+    view = None if quiet else ProgressView(sys.stderr, automation, sys.stderr.isatty())
+    last = None
+    try:
+        for task in api.follow(store, automation, timeout=timeout):
+            last = task
+            if view:
+                view.update(task)
+    except KeyboardInterrupt:
+        say(f"\nDetached from automation {automation}; it goes on without us.\n"
+            f"Re-attach with: {me()} wait {automation}")
+        raise Detached() from None
+    if last is None:
+        last = api.get_task(store, automation)
+        if view:
+            view.update(last)
+    return last
+
+
+class Detached(Exception):
+    """Ctrl-C while following: the automation goes on; exit 130."""
+
+
+# -- automations -----------------------------------------------------------------
+
+def start(ctx: Context, kind: str, args: dict) -> str:
+    api = _engine_api()
+    try:
+        return api.start_automation(ctx.store(), kind, args)
+    except api.NoPeers as exc:
+        raise Failed(str(exc), doc={"automation": None, "state": "failed"}) from None
+    except LookupError as exc:      # the engine does not know this kind of automation
+        raise Failed(exc.args[0] if exc.args else str(exc),
+                     doc={"automation": None, "state": "failed"}) from None
+
+
+def vm_outcome(ctx: Context, automation: str, task: dict) -> int:
+    vms = [{"name": vm.get("name"), "uuid": vm.get("uuid"), "host": vm.get("host"),
+            "state": vm.get("state"), "error": vm.get("error")}
+           for vm in (task.get("result") or {}).get("vms") or []]
+    doc = {"automation": automation, "state": task.get("state"), "vms": vms}
+    if task.get("error"):
+        doc["error"] = task["error"]
+    text = table.render(vms, [C("name", "Name"), C("host", "Host"), C("state", "State"),
+                              C("uuid", "UUID"), C("error", "Error")])
+    text = (text + "\n" if text else "") + f"automation {automation} {task.get('state')}"
+    ctx.emit(doc, text)
+    failed = [vm for vm in vms if vm.get("error") or vm.get("state") == "error"]
+    if task.get("state") != "done" or failed:
+        why = task.get("error") or ", ".join(f"{vm['name']}: {vm.get('error') or 'error'}"
+                                             for vm in failed)
+        raise Failed(f"{task.get('kind') or 'automation'} {automation} "
+                     f"{task.get('state')}" + (f": {why}" if why else ""))
+    return EXIT_OK
+
+
+def run_automation(ctx: Context, kind: str, args: dict, outcome) -> int:
+    automation = start(ctx, kind, args)
+    if ctx.args.detach:
+        ctx.emit({"automation": automation}, automation)
+        return EXIT_OK
+    if not ctx.json and not sys.stderr.isatty():
+        say(f"automation {automation} started ({kind}); Ctrl-C detaches")
+    task = follow(ctx, automation)
+    return outcome(ctx, automation, task)
+
+
+def cmd_boot(ctx: Context) -> int:
+    args = ctx.args
+    for name in args.names:
+        if not _NAME.match(name):
+            raise UsageError(f"bad VM name {name!r} (letters, digits, '.', '_', '-'; "
+                             "no wildcards)")
+    if len(set(args.names)) != len(args.names):
+        raise UsageError("a VM name is given twice")
+    resources, required = parse_resources(args.resources, args.required)
+    on = host_pattern(args.on) if args.on is not None else None
+    taken = {vm["name"]: vm["host"] for vm in read_vms(ctx.store())}
+    clash = [f"{name} (on {taken[name]})" for name in args.names if name in taken]
+    if clash:
+        raise Failed("VM name already in use: " + ", ".join(clash),
+                     doc={"automation": None, "state": "failed", "vms": []})
+    vms = [{"name": name, "resources": resources, "required": required,
+            "image": args.image, "on": on} for name in args.names]
+    return run_automation(ctx, "boot", {"vms": vms}, vm_outcome)
+
+
+def confirm(ctx: Context, kind: str, vms: list[dict]) -> None:
+    listing = "\n".join(f"  {vm['host']}/{vm['name']} ({vm.get('state')})" for vm in vms)
+    if not sys.stdin.isatty():
+        say(f"{kind} would act on {len(vms)} VMs:\n{listing}")
+        raise UsageError(f"{kind} matches {len(vms)} VMs: add --yes to confirm "
+                         "(no terminal to ask on)")
+    say(f"{kind} will act on {len(vms)} VMs:\n{listing}")
+    sys.stderr.write(f"{kind.capitalize()} these {len(vms)} VMs? [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise Failed("nothing done", doc={"automation": None, "state": "cancelled", "vms": []})
+
+
+def cmd_vm_action(ctx: Context) -> int:
+    args, kind = ctx.args, ctx.args.command
+    for text in args.patterns:
+        vm_pattern(text)        # a bad pattern is a usage error before anything else
+    vms, unmatched = match_vms(read_vms(ctx.store()), args.patterns)
+    if unmatched:
+        raise Failed("no VM matches " + ", ".join(repr(p) for p in unmatched),
+                     doc={"automation": None, "state": "failed", "vms": []})
+    vms.sort(key=lambda vm: (table.natural_key(vm["host"]), table.natural_key(vm["name"])))
+    targets = [{"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"]} for vm in vms]
+    if args.dry_run:
+        rows = [dict(t, state=vm.get("state")) for t, vm in zip(targets, vms)]
+        ctx.emit({"automation": None, "state": "dry-run", "vms": rows},
+                 table.render(rows, [C("host", "Host"), C("name", "Name"),
+                                     C("state", "State"), C("uuid", "UUID")])
+                 + f"\n{kind} would act on {len(rows)} VM{'s' if len(rows) != 1 else ''}")
+        return EXIT_OK
+    if kind in DESTRUCTIVE and len(vms) > 1 and not args.yes:
+        confirm(ctx, kind, vms)
+    return run_automation(ctx, kind, {"vms": targets}, vm_outcome)
+
+
+def ping_outcome(ctx: Context, automation: str, task: dict) -> int:
+    replies = (task.get("result") or {}).get("replies") or []
+    doc = {"automation": automation, "state": task.get("state"), "replies": replies}
+    if task.get("error"):
+        doc["error"] = task["error"]
+    stats: dict[str, list] = {}
+    for reply in replies:
+        stats.setdefault(reply.get("host"), []).append(reply.get("latency_ms") or 0.0)
+    rows = [{"host": h, "replies": len(v), "min": f"{min(v):.1f}",
+             "avg": f"{sum(v) / len(v):.1f}", "max": f"{max(v):.1f}"}
+            for h, v in sorted(stats.items(), key=lambda i: table.natural_key(i[0]))]
+    text = table.render(rows, [C("host", "Host"), C("replies", "Replies", right=True),
+                               C("min", "Min ms", right=True), C("avg", "Avg ms", right=True),
+                               C("max", "Max ms", right=True)])
+    ctx.emit(doc, (text + "\n" if text else "") + f"automation {automation} {task.get('state')}")
+    if task.get("state") != "done":
+        raise Failed(f"ping {automation} {task.get('state')}"
+                     + (f": {task['error']}" if task.get("error") else ""))
+    return EXIT_OK
+
+
+def cmd_ping(ctx: Context) -> int:
+    glob = host_pattern(ctx.args.hostglob)
+    hosts = [h["host"] for h in read_hosts(ctx.store())
+             if h["alive"] and fnmatch.fnmatchcase(h["host"], glob)]
+    if not hosts:
+        raise Failed(f"no live host matches {glob!r}",
+                     doc={"automation": None, "state": "failed", "replies": []})
+    return run_automation(ctx, "ping", {"hosts": hosts, "rounds": ctx.args.rounds},
+                          ping_outcome)
+
+
+def _when(value) -> str:
+    if isinstance(value, (int, float)) and value > 0:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+    return "-" if value is None else str(value)
+
+
+def cmd_tasks(ctx: Context) -> int:
+    api = _engine_api()
+    tasks = api.list_tasks(ctx.store(), include_finished=ctx.args.all)
+    columns = [C("id", "ID"), C("kind", "Kind"), C("state", "State"),
+               C("initiator", "Initiator"), C("created", "Created", _when),
+               C("steps", "Steps", right=True)]
+    show_listing(ctx, list(tasks), columns, [c.field for c in columns],
+                 ["id", "kind", "state", "initiator", "created", "steps"], "created")
+    return EXIT_OK
+
+
+def _get_task(ctx: Context, automation: str) -> dict:
+    api = _engine_api()
+    try:
+        return api.get_task(ctx.store(), automation)
+    except api.UnknownTask:
+        raise Failed(f"no automation {automation!r}") from None
+
+
+def task_text(task: dict) -> str:
+    head = [f"{key + ':':<11}{task.get(key)}" for key in ("id", "kind", "state", "initiator")]
+    head.append(f"{'members:':<11}{', '.join(map(str, task.get('members') or []))}")
+    if task.get("error"):
+        head.append(f"{'error:':<11}{task['error']}")
+    log = table.render(task.get("log") or [],
+                       [C("index", "#", right=True), C("request", "Request"),
+                        C("label", "Label"), C("target", "Target"), C("status", "Status"),
+                        C("executor", "Executor")])
+    result = task.get("result")
+    tail = "result:    " + json.dumps(result, default=str) if result else ""
+    return "\n".join(filter(None, ["\n".join(head), log, tail]))
+
+
+def cmd_task(ctx: Context) -> int:
+    task = _get_task(ctx, ctx.args.id)
+    ctx.emit(task, task_text(task))
+    return EXIT_OK
+
+
+def cmd_wait(ctx: Context) -> int:
+    _get_task(ctx, ctx.args.id)      # unknown id: exit 1 before following
+    task = follow(ctx, ctx.args.id, timeout=ctx.args.timeout)
+    ctx.emit(task, task_text(task))
+    if task.get("state") == "running":
+        raise Failed(f"automation {ctx.args.id} still running after {ctx.args.timeout}s")
+    if task.get("state") != "done":
+        raise Failed(f"automation {ctx.args.id} {task.get('state')}"
+                     + (f": {task['error']}" if task.get("error") else ""))
+    return EXIT_OK
+
+
+def cmd_abort(ctx: Context) -> int:
+    api = _engine_api()
+    try:
+        doc = api.abort(ctx.store(), ctx.args.id)
+    except api.UnknownTask:
+        raise Failed(f"no automation {ctx.args.id!r}") from None
+    ctx.emit(doc, f"automation {doc.get('id')} {doc.get('state')}")
+    return EXIT_OK
+
+
+# -- placement -------------------------------------------------------------------
+
+def _placement(ctx: Context):
+    configure_logging("DEBUG" if ctx.args.debug else "WARNING")
+    try:
+        from engine.placement import PlacementError, open_placement
+    except ImportError as exc:
+        raise Failed(f"placement is not available ({exc})") from None
+    try:
+        from engine.placement import cli as placement_cli
+    except ImportError:
+        placement_cli = None
+    try:
+        return open_placement(None, ctx.store()), placement_cli, PlacementError
+    except PlacementError as exc:
+        raise Failed(f"placement: {exc}") from None
+
+
+_PROVIDER_FIELDS = ("uuid", "name", "parent", "generation", "inventories", "usages",
+                    "traits", "aggregates")
+
+
+def _allocations_text(allocations: dict) -> str:
+    return " ".join(f"{provider}:" + ",".join(f"{rc}={n}" for rc, n in sorted(res.items()))
+                    for provider, res in sorted(allocations.items()))
+
+
+def placement_rows(ctx: Context) -> tuple[list[dict], str]:
+    args = ctx.args
+    if args.what == "providers":
+        glob = host_pattern(args.hostglob)
+        service, pcli, _ = _placement(ctx)
+        if pcli and hasattr(pcli, "providers_rows"):
+            rows = pcli.providers_rows(service, glob)
+        else:
+            rows = [{k: p.get(k) for k in _PROVIDER_FIELDS} for p in service.providers(glob)]
+        if not rows and args.hostglob is not None:
+            ctx.emit([])
+            raise Failed(f"no provider matches {args.hostglob!r}")
+        return rows, table.render(rows, [
+            C("name", "Name"), C("uuid", "UUID"), C("generation", "Gen", right=True),
+            C("inventories", "Inventory", lambda inv: " ".join(
+                f"{rc}:{v.get('total')}" for rc, v in sorted(inv.items()))),
+            C("usages", "Used", lambda u: " ".join(f"{rc}:{n}" for rc, n in sorted(u.items()))),
+            C("traits", "Traits")])
+    if args.what == "allocations":
+        service, pcli, _ = _placement(ctx)
+        if pcli and hasattr(pcli, "allocations_rows"):
+            rows = pcli.allocations_rows(service, args.consumer)
+        elif args.consumer:
+            doc = service.allocations(args.consumer)
+            rows = [{"consumer": args.consumer, "allocations": doc.get("allocations") or {}}] \
+                if doc.get("allocations") else []
+        else:
+            rows = [{"consumer": a.get("consumer"), "allocations": a.get("allocations") or {}}
+                    for a in service.all_allocations()]
+        return rows, table.render(rows, [C("consumer", "Consumer"),
+                                         C("allocations", "Allocations", _allocations_text)])
+    parse_resources(args.spec, args.required)       # exit 2 on a bad spec, before etcd
+    service, pcli, placement_error = _placement(ctx)
+    try:
+        if pcli and hasattr(pcli, "candidates_rows"):
+            rows = pcli.candidates_rows(service, args.spec, args.required, args.limit)
+        else:
+            rows = [{"allocations": c.get("allocations"), "host": c.get("host")}
+                    for c in service.candidates(args.spec, required=args.required,
+                                                limit=args.limit)]
+    except placement_error as exc:
+        raise UsageError(f"bad resource spec {args.spec!r}: {exc}") from None
+    return rows, table.render(rows, [C("host", "Host"),
+                                     C("allocations", "Allocations", _allocations_text)])
+
+
+def cmd_placement(ctx: Context) -> int:
+    rows, text = placement_rows(ctx)
+    ctx.emit(rows, text)
+    return EXIT_OK
+
+
+# -- the peer ----------------------------------------------------------------------
+
+_DEBUG = False
+_LOGGING = []
+
+
+def configure_logging(level: str) -> None:
+    """structlog to stderr (never stdout: it carries the JSON), once per process."""
+    if _LOGGING:
+        return
+    _LOGGING.append(level)
+    import logging
+    import structlog
+    structlog.configure(
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso"),
+                    structlog.dev.ConsoleRenderer(colors=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level)),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True)
+
+
+def cmd_peer(ctx: Context) -> int:
+    args, settings = ctx.args, ctx.settings
+    if not _NAME.match(args.host):
+        raise UsageError(f"bad host name {args.host!r}")
+    configure_logging("DEBUG" if args.debug else "INFO")
+    import inspect
+    from engine.peer import run_peer
+    kwargs = {"ttl": args.ttl or int(settings["ttl"]), "hooks_dir": args.hooks,
+              "workers": args.workers or int(settings["workers"]),
+              "state_dir": args.state_dir, "retention": settings.get("retention")}
+    accepted = inspect.signature(run_peer).parameters
+    if not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    return int(run_peer(ctx.store(), args.host, args.libvirt, **kwargs) or 0)
+
+
+# -- the embedded default: up / down -------------------------------------------------
+
+def _up_file(state_dir: str) -> str:
+    return os.path.join(state_dir, "up.json")
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [p.decode(errors="replace") for p in f.read().split(b"\0") if p]
+    except OSError:
+        return []       # gone (a zombie has an empty cmdline too)
+
+
+def _is_ours(record: dict) -> bool:
+    """The recorded process is alive and still runs the recorded command."""
+    pid = record.get("pid")
+    return bool(pid) and _cmdline(pid) == record.get("cmd")
+
+
+def running_up(state_dir: str) -> dict | None:
+    try:
+        with open(_up_file(state_dir)) as f:
+            up = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return up if _is_ours(up.get("etcd") or {}) else None
+
+
+def _port_free(port: int) -> bool:
+    import socket
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).rstrip()
+    except OSError:
+        return ""
+
+
+def cmd_up(ctx: Context) -> int:
+    from engine.etcd_server import EtcdServer, free_port
+    args, settings = ctx.args, ctx.settings
+    state_dir = os.path.abspath(args.state_dir or settings["state_dir"])
+    os.makedirs(state_dir, exist_ok=True)
+    try:
+        with open(_up_file(state_dir)) as f:
+            up = json.load(f)
+    except (OSError, ValueError):
+        up = {}
+    cluster = up.get("cluster") or settings["cluster"]
+    libvirt = args.libvirt or settings["libvirt"]
+    count = args.hosts if args.hosts is not None else int(settings["hosts"])
+    report = []
+
+    etcd = up.get("etcd") or {}
+    if _is_ours(etcd):
+        report.append(("etcd", "already running", etcd))
+    else:
+        client_port = etcd.get("client_port") or (2379 if _port_free(2379) else free_port())
+        peer_port = etcd.get("peer_port") or (2380 if _port_free(2380) else free_port())
+        if not _port_free(client_port):
+            client_port = free_port()
+        if not _port_free(peer_port):
+            peer_port = free_port()
+        server = EtcdServer(os.path.join(state_dir, "etcd-data"), client_port, peer_port,
+                            log_path=os.path.join(state_dir, "etcd.log"))
+        try:
+            server.start()
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            raise Failed(f"etcd did not start: {exc}") from None
+        etcd = {"pid": server.process.pid, "cmd": server.command(), "url": server.url,
+                "client_port": client_port, "peer_port": peer_port,
+                "data_dir": server.data_dir, "log": server.log_path}
+        report.append(("etcd", "started", etcd))
+    up.update(state_dir=state_dir, cluster=cluster, etcd=etcd)
+    _save_up(state_dir, up)
+
+    peers = {p["host"]: p for p in up.get("peers") or []}
+    started = []
+    for i in range(1, max(count, len(peers)) + 1):
+        host = f"host{i}"
+        peer = peers.get(host)
+        if peer and _is_ours(peer):
+            report.append((host, "already running", peer))
+            continue
+        if i > count:
+            continue
+        uri = (peer or {}).get("libvirt") or libvirt
+        cmd = [sys.executable, os.path.join(ROOT, "peerctl.py"), "--etcd", etcd["url"],
+               "--cluster", cluster, "peer", "--host", host, "--libvirt", uri,
+               "--ttl", str(settings["ttl"]), "--state-dir", os.path.join(state_dir, host)]
+        log_path = os.path.join(state_dir, f"{host}.log")
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, cwd=ROOT,
+                                       start_new_session=True)
+        # what /proc shows for it: the interpreter path as exec'd
+        peers[host] = {"host": host, "pid": process.pid, "cmd": cmd, "libvirt": uri,
+                       "log": log_path}
+        started.append(host)
+        report.append((host, "started", peers[host]))
+    up["peers"] = sorted(peers.values(), key=lambda p: table.natural_key(p["host"]))
+    _save_up(state_dir, up)
+
+    if started:
+        _wait_hosts(etcd["url"], cluster, peers, started)
+    running = [p for p in up["peers"] if _is_ours(p)]
+    doc = {"state_dir": state_dir, "cluster": cluster, "etcd": _public(etcd),
+           "peers": [dict(_public(p), started=p["host"] in started) for p in up["peers"]],
+           "hosts": len(running)}
+    lines = []
+    for name, what, record in report:
+        where = record.get("url") or record.get("libvirt")
+        lines.append(f"{name:<8} {what:<16} pid {record['pid']:<8} {where}  "
+                     f"log {_short(record['log'])}")
+    default_dir = state_dir == os.path.abspath(DEFAULTS["state_dir"])
+    lines += ["", f"{len(running)} peer{'s' if len(running) != 1 else ''} up in cluster "
+              f"{cluster!r}, etcd at {etcd['url']}.",
+              ("In this directory peerctl finds them by itself; elsewhere:" if default_dir
+               else "Use them with:"),
+              f"  export PEERCTL_ETCD={etcd['url']} PEERCTL_CLUSTER={cluster}",
+              "Then for instance:",
+              f"  {me()} hostlist",
+              f"  {me()} boot vm1 --resources VCPU:1,MEMORY_MB:256,DISK_GB:1",
+              f"  {me()} vmlist",
+              f"Stop everything with: {me()} down"
+              + ("" if default_dir else f" --state-dir {_short(state_dir)}")]
+    ctx.emit(doc, "\n".join(lines))
+    return EXIT_OK
+
+
+def _short(path: str) -> str:
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def _public(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "cmd"}
+
+
+def _save_up(state_dir: str, up: dict) -> None:
+    tmp = _up_file(state_dir) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(up, f, indent=2)
+    os.replace(tmp, _up_file(state_dir))
+
+
+def _wait_hosts(url: str, cluster: str, peers: dict, hosts: list[str],
+                timeout: float = 60.0) -> None:
+    from engine.store import Store, StoreUnavailable
+    store = Store(url, cluster, timeout=2.0)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                seen = {kv.key.split("/", 1)[1] for kv in store.range("hosts/", keys_only=True)[0]}
+            except StoreUnavailable:
+                seen = set()
+            missing = [h for h in hosts if h not in seen]
+            if not missing:
+                return
+            dead = [h for h in missing if not _is_ours(peers[h])]
+            if dead:
+                host = dead[0]
+                raise Failed(f"peer {host} exited; see {peers[host]['log']}:\n"
+                             + _tail(peers[host]["log"]))
+            if time.monotonic() > deadline:
+                raise Failed(f"peers {', '.join(missing)} not registered after {timeout:.0f}s; "
+                             f"see their logs in {os.path.dirname(peers[missing[0]]['log'])}")
+            time.sleep(0.1)
+    finally:
+        store.close()
+
+
+def _stop_process(record: dict, grace: float = 15.0) -> str:
+    pid = record["pid"]
+    if not _is_ours(record):
+        return "stopped"
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not _is_ours(record):
+            return "stopped"
+        time.sleep(0.05)
+    if _is_ours(record):
+        os.kill(pid, signal.SIGKILL)
+        return "killed"
+    return "stopped"
+
+
+def cmd_down(ctx: Context) -> int:
+    state_dir = os.path.abspath(ctx.args.state_dir or ctx.settings["state_dir"])
+    try:
+        with open(_up_file(state_dir)) as f:
+            up = json.load(f)
+    except (OSError, ValueError):
+        ctx.emit({"state_dir": state_dir, "stopped": []},
+                 f"nothing to stop: no {_short(_up_file(state_dir))}")
+        return EXIT_OK
+    stopped = []
+    peers = up.get("peers") or []
+    # peers first (in parallel: each hands over what it leads), etcd last
+    running = [p for p in peers if _is_ours(p)]
+    for peer in running:
+        os.kill(peer["pid"], signal.SIGTERM)
+    for peer in peers:
+        what = _stop_process(peer) if peer in running else "not running"
+        stopped.append({"name": peer["host"], "pid": peer["pid"], "what": what})
+    if up.get("etcd"):
+        stopped.append({"name": "etcd", "pid": up["etcd"]["pid"],
+                        "what": _stop_process(up["etcd"]) if _is_ours(up["etcd"])
+                        else "not running"})
+    # up.json stays: the next `up` reuses its ports with the data kept here
+    ctx.emit({"state_dir": state_dir, "stopped": stopped},
+             "\n".join(f"{s['name']:<8} pid {s['pid']:<8} {s['what']}" for s in stopped)
+             + f"\ndata kept in {_short(state_dir)}")
+    return EXIT_OK
+
+
+# -- the argument parser -------------------------------------------------------------
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit 2."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+EPILOG = """\
+examples:
+  python peerctl.py up                       # a local etcd and 3 test peers
+  python peerctl.py boot web1 web2 --resources VCPU:1,MEMORY_MB:256,DISK_GB:1
+  python peerctl.py vmlist 'host1/*'
+  python peerctl.py --format json hostlist
+  python peerctl.py stop 'host17/*sql*' --yes
+  python peerctl.py tasks
+
+Patterns: a VM pattern is HOSTGLOB/VMGLOB or VMGLOB (shell globs, quote them);
+a host pattern is a glob on host names.
+Settings: flags, then PEERCTL_ETCD / PEERCTL_CLUSTER / PEERCTL_FORMAT, then a
+running `up` in ./state, then the config file (PEERCTL_CONF or conf/peerctl.conf).
+Exit codes: 0 ok; 1 failed or nothing matched; 2 usage error; 3 etcd
+unreachable; 130 detached from an automation by Ctrl-C (it goes on).
+Run `python peerctl.py COMMAND --help` for a command's options and an example."""
+
+LISTING_HELP = "fields: {fields}"
+
+
+def build_parser() -> Parser:
+    common = Parser(add_help=False)
+    group = common.add_argument_group("global options (also accepted before the command)")
+    group.add_argument("--etcd", default=argparse.SUPPRESS, metavar="URLS",
+                       help="comma-separated etcd endpoints [$PEERCTL_ETCD]")
+    group.add_argument("--cluster", default=argparse.SUPPRESS, metavar="NAME",
+                       help="cluster name [$PEERCTL_CLUSTER]")
+    group.add_argument("--format", default=argparse.SUPPRESS, choices=("table", "json"),
+                       help="table, or json: one JSON document on stdout [$PEERCTL_FORMAT]")
+    group.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks and debug logs")
+
+    parser = Parser(prog="peerctl.py", description="peerctl: a masterless cluster "
+                    "manager for KVM hosts. State lives in etcd; every host runs a peer.",
+                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--etcd", metavar="URLS",
+                        help="comma-separated etcd endpoints [$PEERCTL_ETCD, "
+                             "default http://127.0.0.1:2379]")
+    parser.add_argument("--cluster", metavar="NAME",
+                        help="cluster name, keys live under /peerctl/NAME/ "
+                             "[$PEERCTL_CLUSTER, default 'default']")
+    parser.add_argument("--format", choices=("table", "json"),
+                        help="output format [$PEERCTL_FORMAT, default table]")
+    parser.add_argument("--conf", metavar="FILE",
+                        help="config file [$PEERCTL_CONF, default conf/peerctl.conf]")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    def command(name, summary, example, func, description=None):
+        sub = commands.add_parser(
+            name, help=summary, parents=[common],
+            description=(description or summary[0].upper() + summary[1:] + "."),
+            epilog="example:\n  " + example.replace("\n", "\n  "),
+            formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.set_defaults(func=func)
+        return sub
+
+    def listing_options(sub, columns, default_sort):
+        sub.add_argument("-o", "--output", metavar="FIELDS",
+                         help="comma-separated fields to show, '+F1,F2' adds to the "
+                              "defaults; fields: " + ",".join(c.field for c in columns))
+        sub.add_argument("--sort", metavar="FIELDS",
+                         help=f"sort by these fields, -FIELD for descending "
+                              f"(default {default_sort})")
+        sub.add_argument("--no-headers", action="store_true",
+                         help="no header line and no totals (for scripts)")
+        sub.add_argument("--separator", metavar="SEP",
+                         help="separate fields with SEP instead of aligning them")
+
+    sub = command("vmlist", "list VMs: host, name, vcpus, memory, state",
+                  "python peerctl.py vmlist 'host1/*web*' -o name,state,uuid --sort -memory_mb",
+                  cmd_vmlist, "List VMs from one read of the cluster state, with a totals "
+                  "line. With patterns, only the VMs matching any of them; a pattern "
+                  "matching nothing exits 1.")
+    sub.add_argument("patterns", nargs="*", metavar="PATTERN",
+                     help="HOSTGLOB/VMGLOB or VMGLOB")
+    listing_options(sub, VM_COLUMNS, "host,name")
+
+    sub = command("hostlist", "list hosts: hypervisor, CPUs, memory, VMs, storage, kernel",
+                  "python peerctl.py hostlist 'host1*' --sort -free_memory_mb",
+                  cmd_hostlist, "List every host the cluster has seen (down ones too), "
+                  "ending with the totals of the hosts that responded.")
+    sub.add_argument("hostglob", nargs="?", metavar="HOSTGLOB")
+    listing_options(sub, HOST_COLUMNS, "host")
+
+    sub = command("hoststats", "show host usage: CPU, memory, VMs, disk and network",
+                  "python peerctl.py hoststats --sort -cpu_usage", cmd_hoststats,
+                  f"Show how loaded each host is, ending with the totals line. A host "
+                  f"at {BUSY_CPU}%% CPU or more counts as busy.")
+    sub.add_argument("hostglob", nargs="?", metavar="HOSTGLOB")
+    listing_options(sub, HOST_COLUMNS, "host")
+
+    sub = command("boot", "create and start VMs, placed by the cluster",
+                  "python peerctl.py boot web1 web2 --resources VCPU:1,MEMORY_MB:256,DISK_GB:1 "
+                  "--required '!CUSTOM_SLOW' --on 'host1*'", cmd_boot,
+                  "Create and start one VM per NAME in one automation: each is placed "
+                  "on a host with room for SPEC and the required traits, claimed, "
+                  "built and started.")
+    sub.add_argument("names", nargs="+", metavar="NAME")
+    sub.add_argument("--resources", required=True, metavar="SPEC",
+                     help="VCPU:1,MEMORY_MB:256,DISK_GB:1 or resources=...&required=...")
+    sub.add_argument("--required", metavar="TRAITS",
+                     help="traits the host must (TRAIT) or must not (!TRAIT) have")
+    sub.add_argument("--image", metavar="URL", help="disk image to boot from")
+    sub.add_argument("--on", metavar="HOSTGLOB", help="only place on hosts matching this")
+    sub.add_argument("--detach", action="store_true",
+                     help="print the automation id and return at once")
+
+    for action in VM_ACTIONS:
+        caution = (" On more than one VM it lists them and asks for --yes."
+                   if action in DESTRUCTIVE else "")
+        sub = command(action, f"{action} the VMs matching patterns, in parallel",
+                      f"python peerctl.py {action} 'host17/*sql*' --dry-run\n"
+                      f"python peerctl.py {action} '*webfront*' --yes", cmd_vm_action,
+                      f"{action.capitalize()} every VM matching any PATTERN, all in one "
+                      f"automation.{caution} A pattern matching nothing exits 1.")
+        sub.add_argument("patterns", nargs="+", metavar="PATTERN",
+                         help="HOSTGLOB/VMGLOB or VMGLOB")
+        sub.add_argument("--yes", "-y", action="store_true",
+                         help="do not ask when several VMs match")
+        sub.add_argument("--dry-run", action="store_true",
+                         help="only list the VMs that would be acted on")
+        sub.add_argument("--detach", action="store_true",
+                         help="print the automation id and return at once")
+
+    sub = command("ping", "round trips through the automation machinery to live hosts",
+                  "python peerctl.py ping 'host*' --rounds 3", cmd_ping)
+    sub.add_argument("hostglob", nargs="?", metavar="HOSTGLOB")
+    sub.add_argument("--rounds", type=_positive, default=1, metavar="N")
+    sub.add_argument("--detach", action="store_true",
+                     help="print the automation id and return at once")
+
+    sub = command("tasks", "list running automations (--all: finished ones too)",
+                  "python peerctl.py tasks --all", cmd_tasks)
+    sub.add_argument("--all", action="store_true", help="include finished automations")
+    listing_options(sub, [C(f, f) for f in ("id", "kind", "state", "initiator",
+                                            "created", "steps")], "created")
+
+    sub = command("task", "show one automation with its log",
+                  "python peerctl.py task 0193f2c4a1b2", cmd_task)
+    sub.add_argument("id", metavar="ID")
+
+    sub = command("wait", "follow an automation until it ends (exit 1 unless done)",
+                  "python peerctl.py wait 0193f2c4a1b2", cmd_wait,
+                  "Follow an automation with the progress view until it ends; exit 0 "
+                  "when done, 1 when failed, aborted or stuck. Ctrl-C detaches again.")
+    sub.add_argument("id", metavar="ID")
+    sub.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                     help="give up waiting after this long (exit 1)")
+
+    sub = command("abort", "ask an automation to stop",
+                  "python peerctl.py abort 0193f2c4a1b2", cmd_abort)
+    sub.add_argument("id", metavar="ID")
+
+    sub = command("placement", "inspect placement: providers, allocations, candidates",
+                  "python peerctl.py placement providers 'host1*'\n"
+                  "python peerctl.py placement allocations\n"
+                  "python peerctl.py placement candidates VCPU:2,MEMORY_MB:512 --limit 5",
+                  cmd_placement)
+    what = sub.add_subparsers(dest="what", metavar="WHAT", required=True,
+                              parser_class=Parser)
+    p = what.add_parser("providers", parents=[common], help="resource providers",
+                        epilog="example:\n  python peerctl.py placement providers 'host1*'",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("hostglob", nargs="?", metavar="HOSTGLOB")
+    p = what.add_parser("allocations", parents=[common], help="allocations by consumer",
+                        epilog="example:\n  python peerctl.py placement allocations",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("consumer", nargs="?", metavar="CONSUMER")
+    p = what.add_parser("candidates", parents=[common], help="where SPEC would fit, best first",
+                        epilog="example:\n  python peerctl.py placement candidates "
+                               "VCPU:2,MEMORY_MB:512 --required HW_CPU_X86_AVX2 --limit 5",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--required", metavar="TRAITS")
+    p.add_argument("--limit", type=_positive, default=10, metavar="N")
+
+    sub = command("peer", "run this host's peer in the foreground",
+                  "python peerctl.py peer --host host1 --libvirt qemu:///system --ttl 5",
+                  cmd_peer, "Run the peer of one host: it registers the host, keeps its "
+                  "records current, executes requests and leads automations. SIGTERM or "
+                  "SIGINT stop it gracefully.")
+    sub.add_argument("--host", required=True, metavar="NAME")
+    sub.add_argument("--libvirt", required=True, metavar="URI")
+    sub.add_argument("--ttl", type=_positive, metavar="SECONDS",
+                     help="etcd lease TTL bounding failure detection (default 5)")
+    sub.add_argument("--hooks", metavar="DIR", help="directory of R.pre / R.post hooks")
+    sub.add_argument("--workers", type=_positive, metavar="N",
+                     help="requests executed in parallel (default 8)")
+    sub.add_argument("--state-dir", metavar="DIR", help="local state of this peer")
+
+    sub = command("up", "start a local etcd and N peers on this machine",
+                  "python peerctl.py up --hosts 3\npython peerctl.py up --libvirt qemu:///system",
+                  cmd_up, "Start the embedded default: Debian's etcd with its data in the "
+                  "state directory and N peers named host1..hostN (libvirt test driver "
+                  "by default), all detached, with PIDs in STATE_DIR/up.json. Running it "
+                  "again reports what is up and starts what is missing.")
+    sub.add_argument("--hosts", type=_positive, metavar="N", help="number of peers (default 3)")
+    sub.add_argument("--libvirt", metavar="URI", help="libvirt URI (default test:///default)")
+    sub.add_argument("--state-dir", metavar="DIR", help="default ./state")
+
+    sub = command("down", "stop what `up` started, by PID",
+                  "python peerctl.py down", cmd_down,
+                  "Stop the peers and the etcd that `up` started (by recorded PID, "
+                  "only if the process still runs the recorded command); data stays.")
+    sub.add_argument("--state-dir", metavar="DIR", help="default ./state")
+    return parser
+
+
+# -- main --------------------------------------------------------------------------
+
+def run(argv=None) -> int:
+    """Parse, run one command, map every failure onto an exit code and one line."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    fixed = []
+    for arg in argv:        # `--sort -memory_mb` (descending) is a value, not an option
+        if fixed and fixed[-1] == "--sort" and arg.startswith("-") and arg != "--":
+            fixed[-1] = f"--sort={arg}"
+        else:
+            fixed.append(arg)
+    argv = fixed
+    debug = "--debug" in argv
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        debug = bool(getattr(args, "debug", False))
+        if not args.command:
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        ctx = Context(args, settings_for(args))
+        global _DEBUG
+        _DEBUG = debug
+        if args.command != "peer":
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # `vmlist | head` is fine
+        return args.func(ctx)
+    except UsageError as exc:
+        say(f"peerctl: {exc}")
+        return EXIT_USAGE
+    except Failed as exc:
+        if exc.doc is not None and "ctx" in locals() and ctx.json:
+            ctx.emit(exc.doc)
+        say(f"peerctl: {exc}")
+        return EXIT_FAILED
+    except Detached:
+        return EXIT_DETACHED
+    except KeyboardInterrupt:
+        say("peerctl: interrupted")
+        return EXIT_DETACHED
+    except Exception as exc:
+        if debug:
+            import traceback
+            traceback.print_exc()
+        if type(exc).__name__ == "StoreUnavailable":
+            etcd = locals().get("ctx").settings["etcd"] if "ctx" in locals() else "?"
+            say(f"peerctl: etcd unreachable at {etcd}")
+            return EXIT_UNREACHABLE
+        say(f"peerctl: {type(exc).__name__}: {exc}".splitlines()[0]
+            + ("" if debug else " (--debug shows the traceback)"))
+        return EXIT_FAILED
+
+
+def main(argv=None) -> None:
+    code = run(argv)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+    # client library threads (watches, keepalives) must not hold the exit
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Errors through the real command line: exit codes 1, 2 and 3, one line on
+stderr naming the bad part, never a traceback unless --debug."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from engine.etcd_server import free_port
+
+
+def one_line(done):
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def closed_url():
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.mark.parametrize("command", [
+    ["vmlist"], ["hostlist"], ["hoststats", "host*"], ["tasks"], ["task", "x1"],
+    ["wait", "x1"], ["abort", "x1"], ["ping"], ["destroy", "vm1", "--yes"],
+    ["stop", "host1/*"], ["boot", "vm1", "--resources", "VCPU:1,MEMORY_MB:256"],
+    ["placement", "providers"], ["placement", "allocations"],
+])
+def test_etcd_unreachable_exits_3_with_one_line(cluster, closed_url, command):
+    done = cluster.cli("--etcd", closed_url, *command, input="")
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert one_line(done) == f"peerctl: etcd unreachable at {closed_url}"
+    assert done.stdout == ""
+
+
+def test_etcd_unreachable_from_the_environment(cluster, closed_url):
+    done = cluster.cli("--format", "json", "vmlist", env={"PEERCTL_ETCD": closed_url})
+    assert done.returncode == 3
+    assert closed_url in one_line(done)
+
+
+def test_debug_shows_the_traceback(cluster, closed_url):
+    done = cluster.cli("--debug", "--etcd", closed_url, "vmlist")
+    assert done.returncode == 3
+    assert "Traceback" in done.stderr
+    assert done.stderr.rstrip().endswith(f"peerctl: etcd unreachable at {closed_url}")
+
+
+@pytest.mark.parametrize("command, named", [
+    (["vmlist", "a/b/c"], "'a/b/c'"),
+    (["vmlist", "host1/"], "'host1/'"),
+    (["vmlist", "web[1"], "'web[1'"),
+    (["hostlist", "host/x"], "'host/x'"),
+    (["destroy", "a/b/c", "--yes"], "'a/b/c'"),
+    (["ping", "h[", "--rounds", "2"], "'h['"),
+    (["boot", "vm1", "--resources", "VCPU:x"], "VCPU:x"),
+    (["boot", "vm1", "--resources", "VCPU:1,BOGUS"], "BOGUS"),
+    (["boot", "vm1", "--resources", "resources=VCPU:1&bogus=1"], "bogus"),
+    (["boot", "vm1", "--resources", "VCPU:1", "--required", "not a trait"], "not a trait"),
+    (["boot", "vm*", "--resources", "VCPU:1"], "'vm*'"),
+    (["boot", "vm1"], "--resources"),
+    (["placement", "candidates", "VCPU:-1"], "VCPU"),
+    (["ping", "--rounds", "0"], "--rounds"),
+    (["vmlist", "--bogus"], "--bogus"),
+    (["vmlist", "-o", "name,bogus"], "'bogus'"),
+    (["vmlist", "--sort", "-bogus"], "'bogus'"),
+    (["--format", "yaml", "vmlist"], "yaml"),
+    (["nosuchcommand"], "nosuchcommand"),
+    (["wait", "x1", "--timeout", "soon"], "soon"),
+])
+def test_usage_errors_exit_2_naming_the_bad_part(cluster, command, named):
+    done = cluster.cli(*command, input="")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    line = one_line(done)
+    assert line.startswith("peerctl: ") and named in line, line
+    assert done.stdout == ""
+
+
+def test_usage_errors_come_before_etcd(cluster, closed_url):
+    done = cluster.cli("--etcd", closed_url, "boot", "vm1", "--resources", "VCPU:0")
+    assert done.returncode == 2, done.stderr
+    done = cluster.cli("--etcd", "ftp://nowhere", "vmlist")
+    assert done.returncode == 2 and "ftp://nowhere" in one_line(done)
+
+
+def test_unknown_task_exits_1(cluster):
+    for command in (["task", "nosuch"], ["wait", "nosuch"], ["abort", "nosuch"]):
+        done = cluster.cli(*command)
+        assert done.returncode == 1, (command, done.stderr)
+        assert "nosuch" in one_line(done)
+
+
+def test_action_on_nothing_exits_1(cluster, store):
+    done = cluster.cli("destroy", "*webfront*", "--yes")
+    assert done.returncode == 1
+    assert one_line(done) == "peerctl: no VM matches '*webfront*'"
+    doc = cluster.cli_json("stop", "host17/*sql*", expect_rc=1)
+    assert doc["automation"] is None and doc["vms"] == []
+    assert cluster.cli_json("ping", expect_rc=1)["replies"] == []
+
+
+def _vm(store, host, name):
+    vm_uuid = str(uuid.uuid4())
+    store.put(f"vms/{host}/{vm_uuid}", {"host": host, "name": name, "uuid": vm_uuid,
+                                        "state": "running", "vcpus": 1, "memory_mb": 256,
+                                        "disk_gb": 1})
+    return vm_uuid
+
+
+def test_destructive_action_on_several_vms_needs_yes_without_a_terminal(cluster, store):
+    _vm(store, "host1", "webfront1")
+    _vm(store, "host2", "webfront2")
+    done = cluster.cli("destroy", "*webfront*", input="")
+    assert done.returncode == 2
+    assert "host1/webfront1" in done.stderr and "host2/webfront2" in done.stderr
+    assert "--yes" in done.stderr.splitlines()[-1]
+    assert "Traceback" not in done.stderr
+    assert cluster.cli_json("tasks", "--all") == []       # nothing started
+
+
+def test_dry_run_only_lists(cluster, store):
+    first = _vm(store, "host1", "webfront1")
+    _vm(store, "host2", "webfront2")
+    _vm(store, "host2", "db1")
+    doc = cluster.cli_json("destroy", "*webfront*", "--dry-run")
+    assert doc["automation"] is None and doc["state"] == "dry-run"
+    assert [(vm["host"], vm["name"]) for vm in doc["vms"]] == [("host1", "webfront1"),
+                                                               ("host2", "webfront2")]
+    assert doc["vms"][0]["uuid"] == first
+    done = cluster.cli("stop", "host2/*", "--dry-run")
+    assert done.returncode == 0
+    assert "stop would act on 2 VMs" in done.stdout
+    assert cluster.cli_json("tasks", "--all") == []
+    assert len(cluster.cli_json("vmlist")) == 3

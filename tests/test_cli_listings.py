@@ -1,0 +1,202 @@
+"""vmlist, hostlist and hoststats through the real command line, on host and
+VM records written straight into a fresh cluster of a real etcd."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from engine.store import Put
+from tests.cluster import PEERCTL, ROOT
+
+HOSTLIST_KEYS = {"host", "alive", "enabled", "vcpus", "memory_mb", "free_memory_mb",
+                 "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model"}
+HOSTSTATS_KEYS = {"host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb",
+                  "free_memory_mb", "vms", "disk_gb", "free_disk_gb"}
+VMLIST_KEYS = {"host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb"}
+
+
+def host_record(name, vcpus=8, cpu=10.0, vms=0, enabled=True):
+    return {"host": name, "enabled": enabled, "vcpus": vcpus, "cpu_usage": cpu,
+            "memory_mb": 16384, "free_memory_mb": 8192, "disk_gb": 500,
+            "free_disk_gb": 200, "net_rx_bytes": 1 << 20, "net_tx_bytes": 1 << 10,
+            "vms": vms, "hypervisor": "QEMU 7.2.0", "kernel": "6.1.0-18-amd64",
+            "cpu_model": "Intel Xeon", "libvirt_uri": "test:///default",
+            "provider_uuid": str(uuid.uuid4()), "updated": time.time()}
+
+
+def put_vm(store, host, name, state="running", memory_mb=512):
+    vm_uuid = str(uuid.uuid4())
+    store.put(f"vms/{host}/{vm_uuid}", {"host": host, "name": name, "uuid": vm_uuid,
+                                        "state": state, "vcpus": 1, "memory_mb": memory_mb,
+                                        "disk_gb": 10})
+    return vm_uuid
+
+
+@pytest.fixture
+def small(store):
+    """host1 (busy) and host2 alive, host10 down; five VMs."""
+    for name, cpu, vms in (("host1", 95.0, 3), ("host2", 20.0, 2), ("host10", 0.0, 0)):
+        record = host_record(name, vcpus=12 if name == "host1" else 8, cpu=cpu, vms=vms)
+        store.put(f"hostcfg/{name}", record)
+        if name != "host10":
+            store.put(f"hosts/{name}", record)
+    put_vm(store, "host1", "webfront1")
+    put_vm(store, "host1", "webfront2", memory_mb=2048)
+    put_vm(store, "host1", "db-sql1", state="shutoff")
+    put_vm(store, "host2", "webfront3")
+    put_vm(store, "host2", "mysql2", memory_mb=4096)
+    return store
+
+
+def test_hostlist_json_has_every_host_alive_or_not(cluster, small):
+    hosts = cluster.cli_json("hostlist")
+    assert [h["host"] for h in hosts] == ["host1", "host2", "host10"]     # natural order
+    for h in hosts:
+        assert set(h) == HOSTLIST_KEYS
+    assert {h["host"]: h["alive"] for h in hosts} == {"host1": True, "host2": True,
+                                                      "host10": False}
+    assert hosts[0]["vms"] == 3 and hosts[0]["vcpus"] == 12
+    assert cluster.cli_json("hostlist", "host1*") == [hosts[0], hosts[2]]
+
+
+def test_hostlist_table_ends_with_totals(cluster, small):
+    done = cluster.cli("hostlist")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:3] == ["Host", "Status", "Hypervisor"]
+    assert "CPU model" in lines[0]
+    assert lines[1].split()[:2] == ["host1", "up"] and "6.1.0-18-amd64" in lines[1]
+    assert lines[3].split()[:2] == ["host10", "down"]
+    assert "2 hosts responded (2 enabled, 1 busy) for a total of 20 cores hosting 5 VMs" \
+        in done.stdout
+    assert "Memory: 16.0G free, 16.0G used of 32.0G" in done.stdout
+    assert "Disk: 400G free, 600G used of 1000G" in done.stdout
+    assert "1 host not responding: host10" in done.stdout
+
+
+def test_hoststats_json_and_table(cluster, small):
+    stats = cluster.cli_json("hoststats")
+    assert all(HOSTSTATS_KEYS <= set(h) for h in stats)
+    assert stats[0]["cpu_usage"] == 95.0
+    done = cluster.cli("hoststats", "host2")
+    assert done.returncode == 0
+    header = done.stdout.splitlines()[0].split()
+    assert header[:4] == ["Host", "Status", "CPUs", "CPU%"]
+    assert "NetRx" in header and "Disk%" in header
+    assert "1 host responded (1 enabled, 0 busy) for a total of 8 cores hosting 2 VMs" \
+        in done.stdout
+
+
+def test_hostlist_pattern_matching_nothing_exits_1(cluster, small):
+    done = cluster.cli("--format", "json", "hostlist", "nosuch*")
+    assert done.returncode == 1
+    assert done.stdout.strip() == "[]"
+    assert "no host matches 'nosuch*'" in done.stderr
+
+
+def test_vmlist_json_patterns(cluster, small):
+    vms = cluster.cli_json("vmlist")
+    assert len(vms) == 5 and all(set(vm) == VMLIST_KEYS for vm in vms)
+    assert [(vm["host"], vm["name"]) for vm in vms][:3] == [
+        ("host1", "db-sql1"), ("host1", "webfront1"), ("host1", "webfront2")]
+    names = [vm["name"] for vm in cluster.cli_json("vmlist", "*webfront*")]
+    assert names == ["webfront1", "webfront2", "webfront3"]
+    names = [vm["name"] for vm in cluster.cli_json("vmlist", "host2/*", "host1/*sql*")]
+    assert sorted(names) == ["db-sql1", "mysql2", "webfront3"]
+    # the format flag after the command works too
+    done = cluster.cli("vmlist", "host2/mysql*", "--format", "json")
+    assert done.returncode == 0 and '"mysql2"' in done.stdout
+
+
+def test_vmlist_pattern_matching_nothing_exits_1(cluster, small):
+    done = cluster.cli("vmlist", "*webfront*", "host9/*")
+    assert done.returncode == 1
+    assert "no VM matches 'host9/*'" in done.stderr
+    assert cluster.cli_json("vmlist", "nothing", expect_rc=1) == []
+
+
+def test_vmlist_fields_sorting_separator(cluster, small):
+    done = cluster.cli("vmlist", "-o", "name,memory_mb", "--sort", "-memory_mb,name",
+                       "--no-headers", "--separator", ",")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["mysql2,4.0G", "webfront2,2.0G", "db-sql1,512M",
+                                        "webfront1,512M", "webfront3,512M"]
+    rows = cluster.cli_json("vmlist", "-o", "name,state", "--sort", "state,name")
+    assert rows[0] == {"name": "mysql2", "state": "running"}
+    assert rows[-1] == {"name": "db-sql1", "state": "shutoff"}
+    done = cluster.cli("vmlist", "-o", "+uuid")
+    assert done.stdout.splitlines()[0].split() == ["Host", "Name", "VCPUs", "Memory",
+                                                   "State", "UUID"]
+    assert "5 VMs (4 running, 1 shutoff) on 2 hosts" in done.stdout
+
+
+def test_env_format_json(cluster, small):
+    done = cluster.cli("hostlist", env={"PEERCTL_FORMAT": "json"})
+    assert done.returncode == 0 and done.stdout.lstrip().startswith("[")
+
+
+def test_empty_cluster_lists_nothing(cluster):
+    assert cluster.cli_json("vmlist") == []
+    assert cluster.cli_json("hostlist") == []
+    done = cluster.cli("hostlist")
+    assert "0 hosts responded (0 enabled, 0 busy) for a total of 0 cores hosting 0 VMs" \
+        in done.stdout
+
+
+def test_config_file_names_etcd_and_cluster(cluster, small, tmp_path):
+    conf = tmp_path / "peerctl.conf"
+    conf.write_text(f"[peerctl]\netcd = {cluster.etcd_url}\ncluster = {cluster.name}\n")
+    env = {k: v for k, v in cluster.env.items()
+           if k not in ("PEERCTL_ETCD", "PEERCTL_CLUSTER")}
+    env["PEERCTL_CONF"] = str(conf)
+    done = subprocess.run([sys.executable, PEERCTL, "--format", "json", "vmlist"],
+                          capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split('"uuid"')) == 6
+    # a flag beats the file
+    done = subprocess.run([sys.executable, PEERCTL, "--cluster", "elsewhere", "--format",
+                           "json", "vmlist"], capture_output=True, text=True, env=env,
+                          cwd=str(tmp_path))
+    assert done.returncode == 0 and done.stdout.strip() == "[]"
+
+
+def test_vmlist_10000_vms_well_under_a_second(cluster, store):
+    hosts = [f"host{i}" for i in range(1, 101)]
+    ops = []
+    for h in hosts:
+        ops.append(Put(f"hosts/{h}", host_record(h, vms=100)))
+        for v in range(100):
+            vm_uuid = str(uuid.uuid4())
+            ops.append(Put(f"vms/{h}/{vm_uuid}", {
+                "host": h, "name": f"{h}-vm{v}", "uuid": vm_uuid, "state": "running",
+                "vcpus": 1, "memory_mb": 512, "disk_gb": 10}))
+    for i in range(0, len(ops), 120):      # etcd takes at most 128 operations a txn
+        store.txn([], ops[i:i + 120])
+    best = float("inf")
+    for _ in range(3):
+        started = time.monotonic()
+        done = cluster.cli("vmlist")
+        best = min(best, time.monotonic() - started)
+        assert done.returncode == 0
+    assert len(done.stdout.splitlines()) == 10002
+    assert "10000 VMs (10000 running) on 100 hosts" in done.stdout
+    assert best < 1.0, f"vmlist of 10,000 VMs took {best:.2f}s"
+
+
+def test_help_explains_every_command_with_an_example(cluster):
+    done = cluster.cli("--help")
+    assert done.returncode == 0
+    commands = ["vmlist", "hostlist", "hoststats", "boot", "destroy", "start", "stop",
+                "reboot", "suspend", "resume", "ping", "tasks", "task", "wait", "abort",
+                "placement", "peer", "up", "down"]
+    for command in commands:
+        assert f"    {command} " in done.stdout, command
+        sub = cluster.cli(command, "--help")
+        assert sub.returncode == 0, (command, sub.stderr)
+        assert "example:" in sub.stdout and f"peerctl.py {command}" in sub.stdout, command
+    assert os.path.exists(os.path.join(ROOT, "conf", "peerctl.conf"))
