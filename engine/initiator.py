@@ -96,7 +96,8 @@ class Initiator:
 
         self.entries = dict(record.entries)
         self.answered = set(record.responses)     # responses seen and delivered
-        self.settling: set[int] = set()           # timeout written, not seen yet
+        # Unanswered requests whose fate is still ours to watch: index -> deadline.
+        self.open = {i: self.entries[i]["deadline"] for i in record.pending()}
         self.claimed = {i: kv.value for i, kv in record.claims.items()}
         self.next_index = max(self.entries, default=-1) + 1
         self.log.info("initiator_leads", replayed=len(self.entries), pending=len(record.pending()))
@@ -139,9 +140,7 @@ class Initiator:
                 self._check_targets()
 
     def _next_wakeup(self) -> float:
-        pending = [self.entries[i]["deadline"] for i in self.entries
-                   if i not in self.answered and i not in self.settling]
-        until = (min(pending) - time.time()) if pending else HOST_CHECK_INTERVAL
+        until = (min(self.open.values()) - time.time()) if self.open else HOST_CHECK_INTERVAL
         return max(0.01, min(until, HOST_CHECK_INTERVAL))
 
     def _apply(self, events, replayer: Replayer, record) -> str | None:
@@ -152,6 +151,7 @@ class Initiator:
                 if index in self.answered:
                     continue
                 self.answered.add(index)
+                self.open.pop(index, None)
                 entry = self.entries.get(index, {})
                 try:
                     replayer.deliver(index, response_from(event.kv, entry.get("time", 0.0)))
@@ -204,6 +204,7 @@ class Initiator:
                 raise _Deposed()    # someone else wrote our indices: never continue blind
             for entry in appended:
                 self.entries[entry["index"]] = entry
+                self.open[entry["index"]] = entry["deadline"]
                 if entry["local"]:
                     self.claimed[entry["index"]] = {"executor": self.host}
                 self.next_index = entry["index"] + 1
@@ -240,18 +241,18 @@ class Initiator:
             self.log.info("request_lost", index=index, target=entry["target"])
 
     def _expire_deadlines(self, now: float) -> None:
-        for index, entry in list(self.entries.items()):
-            if index not in self.answered and index not in self.settling \
-                    and entry["deadline"] <= now:
+        for index, deadline in list(self.open.items()):
+            if deadline <= now:
+                entry = self.entries[index]
                 if self._respond(index, "timeout",
                                  f"no answer from {entry['target']} within "
                                  f"{entry['deadline'] - entry['time']:.1f}s"):
                     self.log.info("request_timeout", index=index, target=entry["target"])
-                self.settling.add(index)    # whichever response landed is on its way
+                del self.open[index]    # whichever response landed is on its way
 
     def _check_targets(self) -> None:
-        waiting = [i for i in self.entries if i not in self.answered and i not in self.claimed
-                   and i not in self.settling and not self.entries[i].get("local")]
+        waiting = [i for i in self.open if i not in self.claimed
+                   and not self.entries[i].get("local")]
         if not waiting:
             return
         alive = {kv.key[len("hosts/"):] for kv in self.store.range(keys.host(), keys_only=True)[0]}
