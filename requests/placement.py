@@ -4,7 +4,8 @@
   user?, consumer_type?}`` -> ``{consumer, host, allocations}``.  With
   ``resources`` (``"VCPU:1,MEMORY_MB:256"`` or a mapping) it takes the best
   candidate whose host matches the ``hosts`` glob, alternates on
-  capacity_exceeded.  Idempotent: a consumer that already holds what was asked
+  capacity_exceeded; hosts named in ``exclude`` are skipped (alternates
+  after a failed build).  Idempotent: a consumer that already holds what was asked
   for gets its allocations back unchanged.
 - ``release``: ``{consumer}`` -> ``{consumer, released: true}`` (also when it
   held nothing).
@@ -68,8 +69,10 @@ def claim(host, args: dict) -> dict:
             return {"consumer": consumer, "allocations": held["allocations"],
                     "host": _host_of(placement, held["allocations"])}
         for _ in range(placement.retries):
+            excluded = set(args.get("exclude") or ())
             candidates = [c for c in placement.candidates(query, required=args.get("required"))
-                          if fnmatch.fnmatchcase(c["host"], args.get("hosts") or "*")]
+                          if fnmatch.fnmatchcase(c["host"], args.get("hosts") or "*")
+                          and c["host"] not in excluded]
             if not candidates:
                 raise RequestError(f"no host can fit {query}"
                                    + (f" with {args['required']}" if args.get("required") else ""))
