@@ -16,6 +16,7 @@ Candidates are ordered by :func:`weigh`: least loaded first.
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import defaultdict
 
@@ -53,6 +54,13 @@ def _traits_hold(required: list, traits: set) -> bool:
 
 
 def _unnumbered_options(group, pool, tree_of):
+    if len(pool) == 1:      # the common case: a host without children or sharing
+        p = pool[0]
+        if (all(_fits(p, rc, n) for rc, n in group.resources.items())
+                and _group_allows(p, group, tree_of)
+                and _traits_hold(group.required, set(p["traits"]))):
+            return [{p["uuid"]: dict(group.resources)}]
+        return []
     per_rc = []
     for rc, amount in group.resources.items():
         options = [p for p in pool if _fits(p, rc, amount) and _group_allows(p, group, tree_of)]
@@ -104,8 +112,10 @@ def find_candidates(providers: dict, query: Query) -> list[dict]:
             continue
         pool = local + anchored.get(root, [])
         # cheap rejection: the pool must at least have every class asked for
-        offered = {rc for p in pool for rc in p["inventories"]}
-        if not needed <= offered:
+        if len(pool) == 1:
+            if not needed <= pool[0]["inventories"].keys():
+                continue
+        elif not needed <= {rc for p in pool for rc in p["inventories"]}:
             continue
         per_group = []
         for group in query.groups:
@@ -122,17 +132,20 @@ def find_candidates(providers: dict, query: Query) -> list[dict]:
                     numbered = [next(iter(c)) for g, c in zip(query.groups, combo) if g.suffix]
                     if len(numbered) != len(set(numbered)):
                         continue
-                merged = defaultdict(lambda: defaultdict(int))
-                for part in combo:
-                    for rp, resources in part.items():
-                        for rc, n in resources.items():
-                            merged[rp][rc] += n
-                if not local_ids & set(merged):
+                if len(combo) == 1:
+                    allocations = combo[0]      # fits, checked per provider already
+                else:
+                    merged = defaultdict(lambda: defaultdict(int))
+                    for part in combo:
+                        for rp, resources in part.items():
+                            for rc, n in resources.items():
+                                merged[rp][rc] += n
+                    if any(not _fits(providers[rp], rc, n) for rp, res in merged.items()
+                           for rc, n in res.items()):
+                        continue    # two groups on one provider: must fit together
+                    allocations = {rp: dict(res) for rp, res in merged.items()}
+                if local_ids.isdisjoint(allocations):
                     continue        # only sharing providers: found under their own tree
-                if any(not _fits(providers[rp], rc, n) for rp, res in merged.items()
-                       for rc, n in res.items()):
-                    continue
-                allocations = {rp: dict(res) for rp, res in merged.items()}
                 key = tuple(sorted((rp, tuple(sorted(r.items()))) for rp, r in allocations.items()))
                 if key in seen:
                     continue
@@ -141,11 +154,24 @@ def find_candidates(providers: dict, query: Query) -> list[dict]:
                 for g, part in zip(query.groups, combo):
                     mappings[g.suffix] = sorted(part)
                 results.append({"allocations": allocations, "host": root_doc["name"],
-                                "root": root, "mappings": mappings})
+                                "root": root, "mappings": mappings,
+                                "weight": _weight(providers, allocations)})
                 count += 1
                 if count >= _MAX_PER_TREE:
                     break
     return results
+
+
+def _weight(providers: dict, allocations: dict) -> float:
+    total, count = 0.0, 0
+    for rp, resources in allocations.items():
+        doc = providers[rp]
+        for rc, amount in resources.items():
+            inv = doc["inventories"][rc]
+            cap = int((inv["total"] - inv["reserved"]) * inv["allocation_ratio"])
+            total += (cap - doc["usages"].get(rc, 0) - amount) / cap if cap else 0.0
+            count += 1
+    return round(total / count, 6) if count else 0.0
 
 
 def weigh(allocations: dict, capacity_used) -> float:
@@ -161,8 +187,13 @@ def weigh(allocations: dict, capacity_used) -> float:
     return sum(fractions) / len(fractions) if fractions else 0.0
 
 
-def order(candidates: list[dict], capacity_used, limit: int | None) -> list[dict]:
+def order(candidates: list[dict], capacity_used=None, limit: int | None = None) -> list[dict]:
+    """Best first; ties by host name.  Weights missing are computed with
+    ``capacity_used``."""
     for c in candidates:
-        c["weight"] = round(weigh(c["allocations"], capacity_used), 6)
-    candidates.sort(key=lambda c: (-c["weight"], c["host"], sorted(c["allocations"])))
-    return candidates[:limit] if limit else candidates
+        if "weight" not in c:
+            c["weight"] = round(weigh(c["allocations"], capacity_used), 6)
+    key = lambda c: (-c["weight"], c["host"], sorted(c["allocations"]))  # noqa: E731
+    if limit and limit < len(candidates):
+        return heapq.nsmallest(limit, candidates, key=key)
+    return sorted(candidates, key=key)

@@ -204,12 +204,7 @@ class EtcdPlacement(Placement):
         for group in query.groups:
             if group.in_tree and group.in_tree not in providers:
                 raise NotFound(f"in_tree{group.suffix}: no provider with uuid {group.in_tree}")
-        found = find_candidates(providers, query)
-
-        def capacity_used(rp, rc):
-            doc = providers[rp]
-            return capacity(doc["inventories"][rc]), doc["usages"].get(rc, 0)
-        return order(found, capacity_used, query.limit)
+        return order(find_candidates(providers, query), limit=query.limit)
 
     # -- allocations ---------------------------------------------------------------
 
