@@ -95,6 +95,8 @@ class Peer:
         enabled = (cfg.value or {}).get("enabled", True) if cfg else True
         self.store.txn([], [Put(keys.host(self.name), {**record, "enabled": enabled}, session.lease),
                             Put(f"hostcfg/{self.name}", {**record, "enabled": enabled})])
+        self._register_provider()
+        publisher = self._start_publisher()
         self.executor.attach(session)
         duties = Duties(self.store, session, self.name, self.executor.submit).start()
         singletons = [Singleton(self.store, session, self.name, "janitor",
@@ -112,6 +114,28 @@ class Peer:
             for singleton in singletons:
                 singleton.stop()
             self.executor.detach()
+            if publisher is not None:
+                publisher.stop()
+
+    def _register_provider(self):
+        """The host as a placement provider: same provider across restarts."""
+        from .placement import open_placement
+        from .placement.host import register_host
+        placement = open_placement(None, self.store)
+        try:
+            register_host(placement, self.name, self.host.conn, state_dir=self.host.state_dir)
+        finally:
+            placement.close()
+
+    def _start_publisher(self):
+        """Keep ``vms/<host>/`` in line with the hypervisor."""
+        try:
+            from .vmpublish import VmPublisher
+        except ImportError:
+            return None
+        publisher = VmPublisher(self.store, self.name, self.host.conn)
+        publisher.start()
+        return publisher
 
 
 def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,

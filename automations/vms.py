@@ -1,0 +1,120 @@
+"""VM automations: boot places, claims and builds; the others act on VMs.
+
+Every VM gets one worker, and one automation drives all selected VMs in
+parallel.  VM uuids are derived from the automation (``ctx.uuid``), so a
+replay after a crash names the same VMs and the same placement consumers.
+
+``boot`` per VM: claim (placement picks the least loaded host that fits,
+honouring traits and ``--on``), build on that host; if the build fails or the
+host is lost, release the claim and take the next alternate, up to
+``attempts`` hosts.  A VM that cannot be built ends in state ``error`` with
+the reason, and its claim released.
+"""
+from engine.registry import automation
+from engine.replay import Failed, Request
+
+BUILD_DEADLINE = 300.0
+ACTION_DEADLINE = 120.0
+
+
+def _traits(required) -> str | None:
+    if not required:
+        return None
+    return required if isinstance(required, str) else ",".join(required)
+
+
+def _outcome(vm, uuid, host, state, error=None):
+    return {"name": vm["name"], "uuid": uuid, "host": host, "state": state, "error": error}
+
+
+def boot_one(ctx, vm, attempts):
+    uuid = ctx.uuid("vm/" + vm["name"])
+    resources = vm["resources"]
+    tried, reasons = [], []
+    for _ in range(attempts):
+        claim = yield Request("claim", {"consumer": uuid, "resources": resources,
+                                        "required": _traits(vm.get("required")),
+                                        "hosts": vm.get("on"), "exclude": tried,
+                                        "project": ctx.automation_id},
+                              label=vm["name"])
+        if not claim.ok:
+            reasons.append(claim.error or claim.status)
+            break
+        host = claim.value["host"]
+        built = yield Request("build", {"uuid": uuid, "name": vm["name"],
+                                        "vcpus": resources.get("VCPU", 1),
+                                        "memory_mb": resources.get("MEMORY_MB", 256),
+                                        "disk_gb": resources.get("DISK_GB", 0),
+                                        "image": vm.get("image")},
+                              target=host, deadline=BUILD_DEADLINE, label=vm["name"])
+        if built.ok:
+            return _outcome(vm, uuid, host, built.value.get("state", "running"))
+        tried.append(host)
+        reasons.append(f"{host}: {built.error or built.status}")
+        if built.status in ("error", "timeout"):
+            # The host is alive: clear whatever half-built VM it holds.
+            yield Request("destroy", {"uuid": uuid, "name": vm["name"]}, target=host,
+                          deadline=ACTION_DEADLINE, label=vm["name"])
+        released = yield Request("release", {"consumer": uuid}, label=vm["name"])
+        if not released.ok:
+            reasons.append(f"release: {released.error}")
+            break
+    yield Request("release", {"consumer": uuid}, label=vm["name"])
+    return _outcome(vm, uuid, None, "error", "; ".join(reasons) or "no attempt left")
+
+
+@automation("boot", version=1)
+def boot(ctx, vms, attempts=3):
+    results = yield ctx.all([ctx.worker(boot_one, vm, attempts, label=vm["name"])
+                             for vm in vms])
+    return _finish(results, "built")
+
+
+def _finish(results, verb):
+    failed = [r for r in results if r["state"] == "error"]
+    if failed:
+        raise Failed(f"{len(failed)} of {len(results)} VMs could not be {verb}: "
+                     + "; ".join(f"{r['name']}: {r['error']}" for r in failed[:5]),
+                     {"vms": results})
+    return {"vms": results}
+
+
+def destroy_one(ctx, vm):
+    done = yield Request("destroy", {"uuid": vm["uuid"], "name": vm["name"]},
+                         target=vm["host"], deadline=ACTION_DEADLINE, label=vm["name"])
+    if not done.ok:
+        return _outcome(vm, vm["uuid"], vm["host"], "error", done.error or done.status)
+    released = yield Request("release", {"consumer": vm["uuid"]}, label=vm["name"])
+    if not released.ok:
+        return _outcome(vm, vm["uuid"], vm["host"], "error", f"release: {released.error}")
+    return _outcome(vm, vm["uuid"], vm["host"], "destroyed")
+
+
+@automation("destroy", version=1)
+def destroy(ctx, vms):
+    results = yield ctx.all([ctx.worker(destroy_one, vm, label=vm["name"]) for vm in vms])
+    return _finish(results, "destroyed")
+
+
+def _act_one(ctx, vm, request):
+    done = yield Request(request, {"uuid": vm["uuid"], "name": vm["name"]},
+                         target=vm["host"], deadline=ACTION_DEADLINE, label=vm["name"])
+    if not done.ok:
+        return _outcome(vm, vm["uuid"], vm["host"], "error", done.error or done.status)
+    return _outcome(vm, vm["uuid"], vm["host"], (done.value or {}).get("state", "running"))
+
+
+def _action(request, verb):
+    def act(ctx, vms):
+        results = yield ctx.all([ctx.worker(_act_one, vm, request, label=vm["name"])
+                                 for vm in vms])
+        return _finish(results, verb)
+    act.__name__ = request
+    return automation(request, version=1)(act)
+
+
+start = _action("start", "started")
+stop = _action("stop", "stopped")
+reboot = _action("reboot", "rebooted")
+suspend = _action("suspend", "suspended")
+resume = _action("resume", "resumed")
