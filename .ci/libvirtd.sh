@@ -1,6 +1,7 @@
 #!/bin/sh
 # Prepare this machine for peerctl's real-QEMU tier, without systemd:
-#   1. install libvirtd, QEMU, qemu-img and a static busybox (Debian packages);
+#   1. install libvirtd, QEMU, qemu-img, a static busybox and the tools that
+#      make a bootable FAT disk image (syslinux, mtools, dosfstools);
 #   2. unpack a Debian cloud kernel and the two modules the test guest needs
 #      (ACPI power button, evdev) into $PEERCTL_GUEST_DIR, without installing
 #      the kernel package (its hooks want a real /boot and an initramfs tool);
@@ -14,7 +15,8 @@ GUEST_DIR=${PEERCTL_GUEST_DIR:-/var/cache/peerctl/guest}
 export DEBIAN_FRONTEND=noninteractive
 
 need=""
-for pkg in libvirt-daemon-system qemu-system-x86 qemu-utils busybox-static; do
+for pkg in libvirt-daemon-system qemu-system-x86 qemu-utils busybox-static \
+           syslinux syslinux-common mtools dosfstools; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
         || need="$need $pkg"
 done

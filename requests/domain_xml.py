@@ -5,8 +5,10 @@ text or attribute values through ElementTree, which escapes it; nothing here
 formats user input into an XML string.
 
 A domain carries what peerctl knows about it beyond libvirt's own fields in
-``<metadata>``, under :data:`NAMESPACE`, so that the VM publisher can read
-``disk_gb`` (and the image it was built from) back from libvirt alone.
+``<metadata>``, under :data:`NAMESPACE`: the peerctl host it belongs to,
+``disk_gb`` and the image it was built from, so that the VM publisher reads
+everything back from libvirt alone, and peers sharing one libvirtd (a test
+cluster on qemu:///system) each see only their own VMs.
 
 No request handler here: this module registers nothing.
 """
@@ -17,7 +19,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 __all__ = ["NAMESPACE", "DomainSpec", "domain_xml", "pool_xml", "volume_xml",
-           "read_metadata", "disk_paths", "domain_type"]
+           "read_metadata", "disk_paths", "domain_type", "ACCELERATORS"]
 
 NAMESPACE = "https://peerctl.dev/xmlns/vm/1"
 _PREFIX = "peerctl"
@@ -38,14 +40,28 @@ class DomainSpec:
     initrd: str | None = None
     cmdline: str | None = None
     console_log: str | None = None
+    owner: str = ""                     # the peerctl host the VM belongs to
     extra_metadata: dict = field(default_factory=dict)
 
 
-def domain_type(conn_type: str) -> str:
-    """libvirt's ``<domain type>`` for a connection of ``conn.getType()``."""
+ACCELERATORS = ("kvm", "tcg")
+
+
+def domain_type(conn_type: str, accel: str | None = None) -> str:
+    """libvirt's ``<domain type>`` for a connection of ``conn.getType()``.
+
+    QEMU guests use KVM when /dev/kvm exists, else TCG (``type='qemu'``).
+    ``accel`` (a build argument) or the peer's ``PEERCTL_QEMU_ACCEL``
+    environment variable force one: nested hosts where KVM runs firmware but
+    not a Linux kernel at useful speed want ``tcg``.
+    """
     if conn_type.upper() == "TEST":
         return "test"
-    return "kvm" if os.path.exists("/dev/kvm") else "qemu"
+    accel = accel or os.environ.get("PEERCTL_QEMU_ACCEL") or (
+        "kvm" if os.path.exists("/dev/kvm") else "tcg")
+    if accel not in ACCELERATORS:
+        raise ValueError(f"unknown accelerator {accel!r} (want kvm or tcg)")
+    return "kvm" if accel == "kvm" else "qemu"
 
 
 def _sub(parent: ET.Element, tag: str, text=None, **attrs) -> ET.Element:
@@ -57,7 +73,7 @@ def _sub(parent: ET.Element, tag: str, text=None, **attrs) -> ET.Element:
 
 def _metadata(spec: DomainSpec) -> ET.Element:
     vm = ET.Element(f"{{{NAMESPACE}}}vm")
-    values = {"disk_gb": spec.disk_gb, "image": spec.image or "", **spec.extra_metadata}
+    values = {"host": spec.owner, "disk_gb": spec.disk_gb, "image": spec.image or "", **spec.extra_metadata}
     for key, value in values.items():
         _sub(vm, f"{{{NAMESPACE}}}{key}", value)
     return vm

@@ -35,7 +35,7 @@ import structlog
 from engine.handlers import RequestError
 from peerctl_requests.domain_xml import pool_xml, volume_xml
 
-__all__ = ["POOL_NAME", "GiB", "ensure_pool", "ensure_base", "ensure_overlay",
+__all__ = ["POOL_NAME", "pool_name", "GiB", "ensure_pool", "ensure_base", "ensure_overlay",
            "ensure_blank", "ensure_capacity", "delete_volumes", "volumes_of",
            "image_volume_name"]
 
@@ -64,20 +64,44 @@ def _code(exc: libvirt.libvirtError) -> int:
 
 # -- the pool ----------------------------------------------------------------
 
+def pool_name(host) -> str:
+    """One pool per peer, so that several peers sharing one libvirtd (a test
+    cluster on qemu:///system) keep their disks apart."""
+    return f"{POOL_NAME}-{host.host}"
+
+
+def _pool_path(pool) -> str | None:
+    target = ET.fromstring(pool.XMLDesc(0)).find("./target/path")
+    return target.text if target is not None else None
+
+
 def ensure_pool(host) -> libvirt.virStoragePool:
-    """The host's ``peerctl`` pool, defined, built and started if need be."""
+    """The peer's dir pool under ``state_dir/pool``, defined, built and
+    started if need be.  A pool left over from an earlier state directory is
+    kept while its directory exists (its volumes may back live VMs), and
+    replaced once that directory is gone."""
     conn = host.conn
-    with _lock("pool:" + host.libvirt_uri):
+    name = pool_name(host)
+    path = os.path.join(os.path.abspath(host.state_dir), "pool")
+    with _lock("pool:" + host.libvirt_uri + name):
         try:
-            pool = conn.storagePoolLookupByName(POOL_NAME)
+            pool = conn.storagePoolLookupByName(name)
         except libvirt.libvirtError as exc:
             if _code(exc) != libvirt.VIR_ERR_NO_STORAGE_POOL:
                 raise
-            path = os.path.join(os.path.abspath(host.state_dir), "pool")
+            pool = None
+        if pool is not None and _pool_path(pool) != path \
+                and not os.path.isdir(_pool_path(pool) or ""):
+            log.info("pool_replaced", pool=name, old=_pool_path(pool), new=path)
+            if pool.isActive():
+                pool.destroy()
+            pool.undefine()
+            pool = None
+        if pool is None:
             os.makedirs(path, mode=0o755, exist_ok=True)
-            pool = conn.storagePoolDefineXML(pool_xml(POOL_NAME, path), 0)
+            pool = conn.storagePoolDefineXML(pool_xml(name, path), 0)
             pool.build(0)
-            log.info("pool_defined", pool=POOL_NAME, path=path)
+            log.info("pool_defined", pool=name, path=path)
         if not pool.isActive():
             pool.create(0)
         try:

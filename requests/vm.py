@@ -10,7 +10,8 @@ tell: twice is two reboots, with the same outcome.
 Arguments (all handlers): ``uuid`` (required), ``name`` (for messages).
 ``build`` adds ``name``, ``vcpus``, ``memory_mb``, ``disk_gb``, ``image``
 (http(s)/file URL or None) and optionally ``kernel``, ``initrd``,
-``cmdline`` (direct kernel boot from files on the host).  ``stop`` takes an
+``cmdline`` (direct kernel boot from files on the host) and ``accel``
+(``kvm`` or ``tcg``; default KVM when /dev/kvm exists).  ``stop`` takes an
 optional ``timeout`` in seconds for the ACPI shutdown before it destroys.
 """
 from __future__ import annotations
@@ -26,9 +27,10 @@ import structlog
 
 from engine.handlers import RequestError, handler
 from peerctl_requests import images
-from peerctl_requests.domain_xml import DomainSpec, domain_type, domain_xml, read_metadata
+from peerctl_requests.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
+                                        read_metadata)
 
-__all__ = ["vm_state", "vm_record", "console_log_path", "DEFAULT_STOP_TIMEOUT"]
+__all__ = ["vm_state", "vm_record", "owned_by", "console_log_path", "DEFAULT_STOP_TIMEOUT"]
 
 log = structlog.get_logger("peerctl.vm")
 
@@ -101,18 +103,28 @@ def _label(args: dict, uuid: str) -> str:
     return f"VM {args['name']!r} ({uuid})" if args.get("name") else f"VM {uuid}"
 
 
-def _find(conn, uuid: str):
+def owned_by(dom, host_name: str) -> bool:
+    """A peerctl VM of ``host_name`` (not another peer's on a shared libvirtd,
+    not a domain peerctl did not make)."""
+    return read_metadata(dom).get("host") == host_name
+
+
+def _find(host, uuid: str):
+    """This host's domain ``uuid``, or None.  Another peer's domain on a
+    shared libvirtd counts as absent."""
     try:
-        return conn.lookupByUUIDString(uuid)
+        dom = host.conn.lookupByUUIDString(uuid)
     except libvirt.libvirtError as exc:
         if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
             return None
         raise
+    owner = read_metadata(dom).get("host")
+    return None if owner and owner != host.host else dom
 
 
 def _require(host, args: dict):
     uuid = _uuid(args)
-    dom = _find(host.conn, uuid)
+    dom = _find(host, uuid)
     if dom is None:
         raise RequestError(f"{_label(args, uuid)} is not on host {host.host}")
     return uuid, dom
@@ -149,20 +161,24 @@ def build(host, args: dict) -> dict:
         raise RequestError("initrd given without kernel")
     if cmdline is not None and (not isinstance(cmdline, str) or not kernel):
         raise RequestError("cmdline must be a string and needs a kernel")
+    accel = args.get("accel")
+    if accel is not None and accel not in ACCELERATORS:
+        raise RequestError(f"accel must be one of {', '.join(ACCELERATORS)}, got {accel!r}")
 
     with _vm_lock(host, uuid):
         conn = host.conn
-        dom = _find(conn, uuid)
+        dom = _find(host, uuid)
         if dom is None:
             dom = _define(host, uuid, name, vcpus, memory_mb, disk_gb, image,
-                          kernel, initrd, cmdline)
+                          kernel, initrd, cmdline, accel)
         if vm_state(dom) in ("shutoff", "building"):
             _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
             log.info("vm_started", vm=name, uuid=uuid)
         return {"uuid": uuid, "name": dom.name(), "host": host.host, "state": vm_state(dom)}
 
 
-def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, cmdline):
+def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, cmdline,
+            accel):
     conn = host.conn
     try:
         other = conn.lookupByName(name)
@@ -173,6 +189,10 @@ def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, 
         raise RequestError(f"host {host.host} already has a VM named {name!r} "
                            f"(uuid {other.UUIDString()})")
 
+    try:
+        dtype = domain_type(conn.getType(), accel)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
     pool = images.ensure_pool(host)
     disk_path = None
     try:
@@ -186,9 +206,10 @@ def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, 
         console = console_log_path(host, uuid)
         os.makedirs(os.path.dirname(console), exist_ok=True)
         spec = DomainSpec(uuid=uuid, name=name, vcpus=vcpus, memory_mb=memory_mb,
-                          disk_gb=disk_gb, domain_type=domain_type(conn.getType()),
+                          disk_gb=disk_gb, domain_type=dtype,
                           disk_path=disk_path, image=image, kernel=kernel,
-                          initrd=initrd, cmdline=cmdline, console_log=console)
+                          initrd=initrd, cmdline=cmdline, console_log=console,
+                          owner=host.host)
         dom = _libvirt_call(f"cannot define VM {name!r}", conn.defineXML, domain_xml(spec))
     except BaseException:
         # Nothing refers to this VM's volumes yet: take them back.
@@ -290,7 +311,7 @@ def destroy(host, args: dict) -> dict:
     already gone is fine: its leftovers are swept all the same."""
     uuid = _uuid(args)
     with _vm_lock(host, uuid):
-        dom = _find(host.conn, uuid)
+        dom = _find(host, uuid)
         if dom is not None:
             if dom.isActive():
                 _destroy_domain(dom)
@@ -322,7 +343,7 @@ def vm_info(host, args: dict) -> dict:
     """The VM's record as ``vmlist`` shows it; ``state: absent`` when the
     host has no such VM."""
     uuid = _uuid(args)
-    dom = _find(host.conn, uuid)
+    dom = _find(host, uuid)
     if dom is None:
         return {"uuid": uuid, "host": host.host, "state": "absent"}
     return vm_record(host.host, dom)
