@@ -596,8 +596,10 @@ def vm_outcome(ctx: Context, automation: str, task: dict) -> int:
     doc = {"automation": automation, "state": task.get("state"), "vms": vms}
     if task.get("error"):
         doc["error"] = task["error"]
-    text = table.render(vms, [C("name", "Name"), C("host", "Host"), C("state", "State"),
-                              C("uuid", "UUID"), C("error", "Error")])
+    columns = [C("name", "Name"), C("host", "Host"), C("state", "State"), C("uuid", "UUID")]
+    if any(vm.get("error") for vm in vms):
+        columns.append(C("error", "Error"))
+    text = table.render(vms, columns)
     text = (text + "\n" if text else "") + f"automation {automation} {task.get('state')}"
     ctx.emit(doc, text)
     failed = [vm for vm in vms if vm.get("error") or vm.get("state") == "error"]

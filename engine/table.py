@@ -44,7 +44,7 @@ class Column:
         if isinstance(value, bool):
             return "yes" if value else "no"
         if isinstance(value, (list, tuple)):
-            return ",".join(str(v) for v in value)
+            return ",".join(str(v) for v in value) or "-"
         return str(value)
 
 

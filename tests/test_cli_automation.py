@@ -1,0 +1,173 @@
+"""Automations through the real command line, on real peers and a real etcd:
+ping, tasks, task, wait, abort, --detach, boot and the wildcard bulk actions."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.cluster import PEERCTL, ROOT, wait_for
+from tests.test_cli_terminal import Terminal, alive, peers  # noqa: F401,F811
+
+TASK_KEYS = {"id", "kind", "state", "initiator", "members", "result", "error", "log"}
+LOG_KEYS = {"index", "request", "target", "status", "executor"}
+SPEC = "VCPU:1,MEMORY_MB:128,DISK_GB:1"
+
+
+def test_ping_tasks_task_wait_abort(cluster, peers):
+    doc = cluster.cli_json("ping", "--rounds", "2")
+    assert set(doc) >= {"automation", "state", "replies"}
+    assert doc["state"] == "done"
+    assert sorted((r["host"], r["round"]) for r in doc["replies"]) == \
+        sorted((h, n) for h in peers for n in range(2))
+    assert all(r["latency_ms"] >= 0 for r in doc["replies"])
+    automation = doc["automation"]
+
+    assert cluster.cli_json("tasks") == []          # finished ones need --all
+    tasks = cluster.cli_json("tasks", "--all")
+    assert [t["id"] for t in tasks] == [automation]
+    assert set(tasks[0]) == {"id", "kind", "state", "initiator", "created", "steps"}
+    assert tasks[0]["kind"] == "ping" and tasks[0]["state"] == "done"
+
+    task = cluster.cli_json("task", automation)
+    assert TASK_KEYS <= set(task)
+    assert task["state"] == "done" and task["kind"] == "ping"
+    assert task["result"]["replies"] and len(task["log"]) == 6
+    assert all(LOG_KEYS <= set(entry) for entry in task["log"])
+    assert {entry["request"] for entry in task["log"]} == {"ping"}
+
+    waited = cluster.cli_json("wait", automation)
+    assert waited["id"] == automation and waited["state"] == "done"
+    assert cluster.cli_json("abort", automation) == {"id": automation, "state": "done"}
+
+    done = cluster.cli("task", automation)
+    assert done.returncode == 0 and "ping" in done.stdout and automation in done.stdout
+
+
+def test_ping_detach_then_wait(cluster, peers):
+    doc = cluster.cli_json("ping", "host2", "--rounds", "3", "--detach")
+    assert list(doc) == ["automation"]
+    task = cluster.cli_json("wait", doc["automation"])
+    assert task["state"] == "done"
+    assert {r["host"] for r in task["result"]["replies"]} == {"host2"}
+    # the table form prints just the id
+    done = cluster.cli("ping", "--detach")
+    assert done.returncode == 0
+    automation = done.stdout.strip()
+    assert cluster.cli_json("wait", automation)["state"] == "done"
+
+
+def test_ping_table_and_plain_progress(cluster, peers):
+    done = cluster.cli("ping", "host*", "--rounds", "2", input="")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].split()[:2] == ["Host", "Replies"]
+    assert "done" in done.stdout.splitlines()[-1]
+    # no terminal: plain progress lines on stderr, one per change
+    assert "host1: ping" in done.stderr and "done" in done.stderr
+    assert "\x1b[" not in done.stderr
+    assert cluster.cli_json("ping", "nosuch*", expect_rc=1)["replies"] == []
+
+
+def test_hostlist_with_live_peers(cluster, peers):
+    hosts = cluster.cli_json("hostlist")
+    assert [h["host"] for h in hosts] == peers
+    assert all(h["alive"] and h["enabled"] for h in hosts)
+    cluster.kill("host3")
+    wait_for(lambda: "host3" not in alive(cluster), timeout=15, what="host3 seen dead")
+    hosts = {h["host"]: h for h in cluster.cli_json("hostlist")}
+    assert hosts["host3"]["alive"] is False        # still listed, from hostcfg/
+    done = cluster.cli("hostlist")
+    assert "2 hosts responded (2 enabled" in done.stdout
+    assert "1 host not responding: host3" in done.stdout
+
+
+def vms_by_name(cluster):
+    return {vm["name"]: vm for vm in cluster.cli_json("vmlist")}
+
+
+def test_boot_then_bulk_actions_with_wildcards(cluster, peers):
+    doc = cluster.cli_json("boot", "web1", "web2", "db1", "--resources", SPEC)
+    assert doc["state"] == "done", doc
+    assert sorted(vm["name"] for vm in doc["vms"]) == ["db1", "web1", "web2"]
+    assert all(vm["state"] == "running" and vm["uuid"] and vm["host"] for vm in doc["vms"])
+    wait_for(lambda: len(vms_by_name(cluster)) == 3, what="three VMs listed")
+    vms = vms_by_name(cluster)
+    assert {vm["host"] for vm in vms.values()} <= set(peers)
+
+    stopped = cluster.cli_json("stop", "*web*", "--yes")
+    assert stopped["state"] == "done"
+    assert sorted((vm["name"], vm["state"]) for vm in stopped["vms"]) == \
+        [("web1", "shutoff"), ("web2", "shutoff")]
+    wait_for(lambda: vms_by_name(cluster)["web1"]["state"] == "shutoff",
+             what="web1 listed shutoff")
+
+    host = vms["web1"]["host"]
+    started = cluster.cli_json("start", f"{host}/web1")      # one VM: no --yes needed
+    assert [(vm["name"], vm["state"]) for vm in started["vms"]] == [("web1", "running")]
+
+    destroyed = cluster.cli_json("destroy", "*", "--yes")
+    assert destroyed["state"] == "done" and len(destroyed["vms"]) == 3
+    wait_for(lambda: vms_by_name(cluster) == {}, what="no VM left")
+    assert cluster.cli_json("vmlist", "*web*", expect_rc=1) == []
+
+
+def test_boot_that_cannot_be_placed_fails_with_exit_1(cluster, peers):
+    done = cluster.cli("--format", "json", "boot", "huge1",
+                       "--resources", "VCPU:100000,MEMORY_MB:128")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    doc = json.loads(done.stdout)
+    assert doc["state"] in ("done", "failed")
+    assert [vm["state"] for vm in doc["vms"]] in ([], ["error"])
+    assert "Traceback" not in done.stderr and "huge1" in done.stderr or doc.get("error")
+
+
+def test_boot_name_in_use_exits_1(cluster, peers):
+    assert cluster.cli_json("boot", "solo", "--resources", SPEC)["state"] == "done"
+    done = cluster.cli("boot", "solo", "--resources", SPEC)
+    assert done.returncode == 1 and "solo" in done.stderr
+
+
+@pytest.fixture
+def slow_peers(cluster, tmp_path):
+    """Three peers whose builds each take a second longer (a build.pre hook)."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    hook = hooks / "build.pre"
+    hook.write_text("#!/bin/sh\ncat >/dev/null\nsleep 1\n")
+    hook.chmod(0o755)
+    names = ["host1", "host2", "host3"]
+    for name in names:
+        cluster.start_peer(name, extra_args=["--hooks", str(hooks)])
+    wait_for(lambda: set(names) <= alive(cluster), timeout=30, what="three peers alive")
+    return names
+
+
+def test_progress_of_a_ten_vm_boot_and_ctrl_c_detaches(cluster, slow_peers):
+    names = [f"vm{i:02d}" for i in range(10)]
+    terminal = Terminal([sys.executable, PEERCTL, "boot", *names, "--resources", SPEC],
+                        cluster.env)
+    # the live view: a summary bar and one line per VM with its current step
+    terminal.wait_for_text(r"\[[#-]+\] \d+/\d+ steps")
+    terminal.wait_for_text(r"vm0\d\s+\w+\s+(queued|running|ok)")
+    screen = terminal.text()
+    assert "\x1b[" in screen or screen.count("steps") == 1      # redrawn in place
+    automation = re.search(r"steps\s+\d+ targets?\s+\w+\s+[\d.]+s\s+(\S+)", screen).group(1)
+    terminal.type(b"\x03")       # Ctrl-C on the terminal: SIGINT to the command
+    code = terminal.finish()
+    text = terminal.text()
+    assert code == 130, text
+    assert "Traceback" not in text
+    assert f"wait {automation}" in text, text
+
+    # the automation went on without us: wait picks it up again
+    task = json.loads(subprocess.run(
+        [sys.executable, PEERCTL, "--format", "json", "wait", automation],
+        capture_output=True, text=True, env=cluster.env, cwd=ROOT, timeout=120).stdout)
+    assert task["state"] == "done", task
+    states = {vm["name"]: vm["state"] for vm in task["result"]["vms"]}
+    assert states == {name: "running" for name in names}
+    listed = cluster.cli_json("vmlist", "vm*")
+    assert sorted(vm["name"] for vm in listed) == names

@@ -1,0 +1,97 @@
+"""`up` and `down`: the embedded default, a local etcd and N peers on this
+machine, started detached and stopped by PID."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.cluster import PEERCTL
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return bool(f.read())           # a zombie has an empty command line
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def local(tmp_path, cluster_name):
+    """Run peerctl in tmp_path, with no etcd named: `up` there is the default."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEERCTL_")}
+    env.update(PEERCTL_CLUSTER=cluster_name, PEERCTL_CONF=str(tmp_path / "none.conf"),
+               PYTHONUNBUFFERED="1")
+
+    def cli(*args, timeout=120):
+        return subprocess.run([sys.executable, PEERCTL, *args], capture_output=True,
+                              text=True, env=env, cwd=str(tmp_path), timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    yield cli
+    cli("down")                 # whatever a failed test left running
+
+
+def test_up_again_and_down(local, tmp_path, cluster_name):
+    done = local("--format", "json", "up", "--hosts", "2")
+    assert done.returncode == 0, done.stderr
+    up = json.loads(done.stdout)
+    assert up["state_dir"] == str(tmp_path / "state") and up["cluster"] == cluster_name
+    assert [p["host"] for p in up["peers"]] == ["host1", "host2"]
+    assert all(p["started"] for p in up["peers"])
+    pids = [up["etcd"]["pid"]] + [p["pid"] for p in up["peers"]]
+    assert all(running(pid) for pid in pids)
+    assert os.path.exists(tmp_path / "state" / "up.json")
+    assert os.path.exists(tmp_path / "state" / "etcd-data")
+
+    # in this directory the CLI finds the local cluster by itself
+    hosts = json.loads(local("--format", "json", "hostlist").stdout)
+    assert [(h["host"], h["alive"]) for h in hosts] == [("host1", True), ("host2", True)]
+    ping = local("--format", "json", "ping")
+    assert ping.returncode == 0, ping.stderr
+    assert json.loads(ping.stdout)["state"] == "done"
+
+    # again: reports what is up, starts nothing new
+    again = local("up", "--hosts", "2")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("already running") == 3
+    assert f"export PEERCTL_ETCD={up['etcd']['url']}" in again.stdout
+    # more hosts: only the new one starts
+    more = json.loads(local("--format", "json", "up", "--hosts", "3").stdout)
+    assert [(p["host"], p["started"]) for p in more["peers"]] == \
+        [("host1", False), ("host2", False), ("host3", True)]
+    pids.append(more["peers"][2]["pid"])
+
+    down = local("--format", "json", "down")
+    assert down.returncode == 0, down.stderr
+    stopped = json.loads(down.stdout)["stopped"]
+    assert [s["name"] for s in stopped] == ["host1", "host2", "host3", "etcd"]
+    assert all(s["what"] in ("stopped", "killed") for s in stopped)
+    assert not any(running(pid) for pid in pids)
+    assert local("down").stdout.count("not running") == 4
+
+    # with nothing up, the default endpoint is the config's, unreachable here
+    done = local("--etcd", "http://127.0.0.1:1", "vmlist")
+    assert done.returncode == 3
+
+
+def test_down_leaves_a_foreign_process_alone(local, tmp_path):
+    """A recorded PID that now runs something else is not ours to kill."""
+    state = tmp_path / "state"
+    state.mkdir()
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        (state / "up.json").write_text(json.dumps({
+            "cluster": "x", "peers": [],
+            "etcd": {"pid": sleeper.pid, "cmd": ["/usr/bin/etcd", "--name", "peerctl"],
+                     "url": "http://127.0.0.1:1", "log": str(state / "etcd.log")}}))
+        done = local("down")
+        assert done.returncode == 0
+        assert "not running" in done.stdout
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
