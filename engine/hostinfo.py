@@ -1,0 +1,87 @@
+"""What a host record says about its host: XenoControl's hostlist and
+hoststats columns, measured now.
+
+The hypervisor's capacity (CPUs, memory) comes from libvirt, because that is
+what VMs can be given (on test:///default it is the test driver's fake host);
+usage, disk and network come from psutil, for the machine the peer runs on.
+``free_memory_mb`` is the smaller of what the machine has available and what
+the hypervisor has not yet promised to running VMs.
+"""
+from __future__ import annotations
+
+import os
+import platform
+
+import psutil
+
+import engine.handlers  # noqa: F401  (makes peerctl_requests importable)
+from peerctl_requests.domain_xml import read_metadata
+
+__all__ = ["host_facts", "hypervisor_version", "cpu_model"]
+
+_MiB = 1 << 20
+_GiB = 1 << 30
+
+psutil.cpu_percent(interval=None)   # the first reading only starts the clock
+
+
+def _version(number: int) -> str:
+    return f"{number // 1_000_000}.{number // 1000 % 1000}.{number % 1000}"
+
+
+def hypervisor_version(conn) -> str:
+    """``QEMU 7.2.0``, ``TEST 0.0.2``: the driver and its version."""
+    return f"{conn.getType()} {_version(conn.getVersion())}"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _existing(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def _owner(dom) -> str | None:
+    return read_metadata(dom).get("host")
+
+
+def host_facts(conn, state_dir: str, host: str | None = None) -> dict:
+    """The host's numbers.  ``vms`` counts peerctl's domains (those of
+    ``host`` when given: peers may share one libvirtd); ``domains`` counts
+    every domain libvirt has."""
+    _arch, memory_mb, cpus, *_ = conn.getInfo()
+    domains = conn.listAllDomains(0)
+    ours = [d for d in domains if (_owner(d) == host if host else _owner(d))]
+    promised_mb = sum(d.info()[1] // 1024 for d in ours if d.isActive())
+    available_mb = psutil.virtual_memory().available // _MiB
+    disk = psutil.disk_usage(_existing(state_dir))
+    net = psutil.net_io_counters(pernic=True)
+    rx = sum(c.bytes_recv for nic, c in net.items() if nic != "lo")
+    tx = sum(c.bytes_sent for nic, c in net.items() if nic != "lo")
+    return {
+        "vcpus": cpus,
+        "cpu_usage": psutil.cpu_percent(interval=None),
+        "memory_mb": memory_mb,
+        "free_memory_mb": max(0, min(available_mb, memory_mb - promised_mb)),
+        "disk_gb": round(disk.total / _GiB, 1),
+        "free_disk_gb": round(disk.free / _GiB, 1),
+        "net_rx_bytes": rx,
+        "net_tx_bytes": tx,
+        "vms": len(ours),
+        "domains": len(domains),
+        "hypervisor": hypervisor_version(conn),
+        "libvirt": _version(conn.getLibVersion()),
+        "kernel": platform.release(),
+        "cpu_model": cpu_model(),
+    }

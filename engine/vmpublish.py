@@ -1,0 +1,187 @@
+"""Keeps ``vms/<host>/<uuid>`` in line with what libvirt has, so that
+``vmlist`` is one range read instead of a fan-out to every host.
+
+Promises:
+- after :meth:`VmPublisher.reconcile` returns, ``vms/<host>/`` holds exactly
+  this host's peerctl domains (owner in their metadata), each as
+  ``{host, name, uuid, state, vcpus, memory_mb, disk_gb}``, and a key is
+  written only when its value changed;
+- once started, a libvirt lifecycle event (start, stop, suspend, undefine...)
+  reaches etcd within a reconcile's time, and a periodic reconcile repairs
+  whatever an event could not (etcd away, libvirtd restarted, events lost);
+- libvirt's event loop is registered once per process
+  (:func:`ensure_event_loop`); each publisher listens on a connection of its
+  own, opened after that registration, because a remote connection opened
+  before it never delivers events.
+"""
+from __future__ import annotations
+
+import threading
+
+import libvirt
+import structlog
+
+from engine.handlers import load_request_handlers
+from engine.store import Delete, Put, StoreUnavailable
+
+load_request_handlers()     # makes peerctl_requests importable
+from peerctl_requests.vm import owned_by, vm_record  # noqa: E402
+
+__all__ = ["VmPublisher", "ensure_event_loop", "DEFAULT_INTERVAL"]
+
+log = structlog.get_logger("peerctl.vmpublish")
+
+DEFAULT_INTERVAL = 10.0
+_BATCH = 64                 # etcd allows 128 operations per transaction
+
+_loop_guard = threading.Lock()
+_loop_thread: threading.Thread | None = None
+
+
+def ensure_event_loop() -> None:
+    """Register libvirt's default event loop and run it in a daemon thread
+    (once per process).  Call it before opening connections that should
+    deliver events."""
+    global _loop_thread
+    with _loop_guard:
+        if _loop_thread is not None:
+            return
+        libvirt.virEventRegisterDefaultImpl()
+
+        def run():
+            while True:
+                libvirt.virEventRunDefaultImpl()
+        _loop_thread = threading.Thread(target=run, name="libvirt-events", daemon=True)
+        _loop_thread.start()
+
+
+class VmPublisher:
+    """Publishes one host's VMs; ``conn`` is the host's libvirt connection
+    (or a zero-argument callable returning it, to follow reconnections)."""
+
+    def __init__(self, store, host: str, conn, interval: float = DEFAULT_INTERVAL):
+        self.store = store
+        self.host = host
+        self._conn_source = conn if callable(conn) else (lambda: conn)
+        self.uri = self._conn_source().getURI()
+        self.interval = interval
+        self.prefix = f"vms/{host}/"
+        self._own_conn = None
+        self._events_conn = None
+        self._callback_id = None
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.reconciles = 0
+
+    # -- one pass ----------------------------------------------------------
+
+    def _conn(self):
+        conn = self._conn_source()
+        if conn.isAlive():
+            return conn
+        if self._own_conn is None or not self._own_conn.isAlive():
+            self._own_conn = libvirt.open(self.uri)
+        return self._own_conn
+
+    def records(self) -> dict[str, dict]:
+        """This host's VMs as libvirt has them now, by uuid."""
+        records = {}
+        for dom in self._conn().listAllDomains(0):
+            try:
+                if owned_by(dom, self.host):
+                    records[dom.UUIDString()] = vm_record(self.host, dom)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                    raise
+                # undefined while we were listing: the next pass sees it gone
+        return records
+
+    def reconcile(self) -> int:
+        """Make ``vms/<host>/`` match libvirt; returns how many keys changed."""
+        with self._lock:
+            wanted = self.records()
+            kvs, _revision = self.store.range(self.prefix)
+            present = {kv.key[len(self.prefix):]: kv.value for kv in kvs}
+            ops = [Put(self.prefix + uuid, record) for uuid, record in sorted(wanted.items())
+                   if present.get(uuid) != record]
+            ops += [Delete(self.prefix + uuid) for uuid in sorted(present) if uuid not in wanted]
+            for start in range(0, len(ops), _BATCH):
+                self.store.txn([], ops[start:start + _BATCH])
+            self.reconciles += 1
+            if ops:
+                log.info("vms_published", host=self.host, changed=len(ops), vms=len(wanted))
+            return len(ops)
+
+    # -- running -----------------------------------------------------------
+
+    def _on_lifecycle(self, _conn, dom, event, detail, _opaque):
+        self._wake.set()
+
+    def _listen(self) -> None:
+        """(Re)open the event connection if it is missing or dead."""
+        if self._events_conn is not None:
+            try:
+                if self._events_conn.isAlive():
+                    return
+            except libvirt.libvirtError:
+                pass
+            self._events_conn = self._callback_id = None
+        try:
+            conn = libvirt.open(self.uri)
+            try:
+                conn.setKeepAlive(5, 3)
+            except libvirt.libvirtError:
+                pass        # local drivers have no keepalive
+            self._callback_id = conn.domainEventRegisterAny(
+                None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, self._on_lifecycle, None)
+            self._events_conn = conn
+        except libvirt.libvirtError as exc:
+            log.warning("vm_events_unavailable", host=self.host, error=str(exc))
+
+    def start(self) -> "VmPublisher":
+        ensure_event_loop()
+        self._listen()
+        self._wake.set()            # publish at once
+        self._thread = threading.Thread(target=self._run, name=f"vmpublish-{self.host}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        delay = self.interval
+        while not self._stopped.is_set():
+            self._wake.wait(delay)
+            self._wake.clear()
+            if self._stopped.is_set():
+                break
+            self._listen()
+            try:
+                self.reconcile()
+                delay = self.interval
+            except (StoreUnavailable, libvirt.libvirtError) as exc:
+                log.warning("vm_reconcile_failed", host=self.host, error=str(exc))
+                delay = min(1.0, self.interval)
+            except Exception:
+                log.exception("vm_reconcile_crashed", host=self.host)
+                delay = self.interval
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._events_conn is not None:
+            try:
+                if self._callback_id is not None:
+                    self._events_conn.domainEventDeregisterAny(self._callback_id)
+                self._events_conn.close()
+            except libvirt.libvirtError:
+                pass
+            self._events_conn = self._callback_id = None
+        if self._own_conn is not None:
+            try:
+                self._own_conn.close()
+            except libvirt.libvirtError:
+                pass

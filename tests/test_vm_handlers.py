@@ -1,0 +1,342 @@
+"""VM request handlers against libvirt's test driver, in this process.
+
+test:///default keeps one in-memory hypervisor per process, shared by every
+connection: each test uses its own host name (so its own storage pool) and
+VM names of its own.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import os
+import threading
+import uuid as uuidlib
+import xml.etree.ElementTree as ET
+
+import libvirt
+import pytest
+
+from engine.handlers import RequestError, load_request_handlers
+from engine.hostctx import HostContext
+
+HANDLERS = load_request_handlers()
+from peerctl_requests import images  # noqa: E402
+from peerctl_requests.domain_xml import DomainSpec, domain_xml, read_metadata  # noqa: E402
+
+
+def call(host, request, **args):
+    return HANDLERS[request](host, args)
+
+
+@pytest.fixture
+def host(tmp_path):
+    return HostContext("h" + uuidlib.uuid4().hex[:8], "test:///default", None,
+                       str(tmp_path / "state"))
+
+
+def vm_args(image=None, **overrides):
+    tag = uuidlib.uuid4().hex[:8]
+    args = {"uuid": str(uuidlib.uuid4()), "name": f"vm-{tag}", "vcpus": 1,
+            "memory_mb": 64, "disk_gb": 2, "image": image}
+    args.update(overrides)
+    return args
+
+
+def domain(host, uuid):
+    try:
+        return host.conn.lookupByUUIDString(uuid)
+    except libvirt.libvirtError:
+        return None
+
+
+def pool_volumes(host):
+    return {vol.name(): vol for vol in images.ensure_pool(host).listAllVolumes(0)}
+
+
+def vm_volumes(host, uuid):
+    return [name for name in pool_volumes(host) if name.startswith(uuid)]
+
+
+# -- build and destroy -------------------------------------------------------
+
+def test_build_twice_gives_one_running_vm_and_destroy_twice_leaves_nothing(host):
+    args = vm_args()
+    first = call(host, "build", **args)
+    second = call(host, "build", **args)
+    assert first == second == {"uuid": args["uuid"], "name": args["name"],
+                               "host": host.host, "state": "running"}
+    assert vm_volumes(host, args["uuid"]) == [args["uuid"] + ".qcow2"]
+    disk = pool_volumes(host)[args["uuid"] + ".qcow2"]
+    assert disk.info()[1] == 2 * images.GiB
+    assert read_metadata(domain(host, args["uuid"])) == {
+        "host": host.host, "disk_gb": 2, "image": ""}
+
+    first = call(host, "destroy", uuid=args["uuid"])
+    second = call(host, "destroy", uuid=args["uuid"])
+    assert first == {"uuid": args["uuid"], "state": "destroyed",
+                     "volumes_deleted": [args["uuid"] + ".qcow2"]}
+    assert second == {"uuid": args["uuid"], "state": "destroyed", "volumes_deleted": []}
+    assert domain(host, args["uuid"]) is None
+    assert vm_volumes(host, args["uuid"]) == []
+    assert not os.path.exists(os.path.join(host.state_dir, "console", args["uuid"] + ".log"))
+
+
+def test_build_restarts_a_vm_an_earlier_run_defined_but_did_not_start(host):
+    args = vm_args()
+    call(host, "build", **args)
+    domain(host, args["uuid"]).destroy()        # as if the peer died before create()
+    assert call(host, "build", **args)["state"] == "running"
+
+
+def test_diskless_vm_has_no_volume(host):
+    args = vm_args(disk_gb=0)
+    assert call(host, "build", **args)["state"] == "running"
+    assert vm_volumes(host, args["uuid"]) == []
+    call(host, "destroy", uuid=args["uuid"])
+    assert domain(host, args["uuid"]) is None
+
+
+@pytest.mark.parametrize("request_name, state", [
+    ("suspend", "paused"), ("stop", "shutoff"), ("start", "running"),
+    ("reboot", "running"), ("resume", "running")])
+def test_lifecycle_handler_run_twice_ends_in_the_same_state(host, request_name, state):
+    args = vm_args()
+    call(host, "build", **args)
+    if request_name == "resume":
+        call(host, "suspend", uuid=args["uuid"])
+    if request_name == "start":
+        call(host, "stop", uuid=args["uuid"])
+    first = call(host, request_name, uuid=args["uuid"], name=args["name"])
+    second = call(host, request_name, uuid=args["uuid"], name=args["name"])
+    assert first == second == {"uuid": args["uuid"], "state": state}
+    assert call(host, "vm_info", uuid=args["uuid"])["state"] == state
+    call(host, "destroy", uuid=args["uuid"])
+
+
+def test_stop_of_a_paused_vm_and_start_of_a_paused_vm(host):
+    args = vm_args()
+    call(host, "build", **args)
+    call(host, "suspend", uuid=args["uuid"])
+    assert call(host, "start", uuid=args["uuid"])["state"] == "running"
+    call(host, "suspend", uuid=args["uuid"])
+    assert call(host, "stop", uuid=args["uuid"], timeout=1)["state"] == "shutoff"
+    with pytest.raises(RequestError, match="cannot suspend .* shutoff"):
+        call(host, "suspend", uuid=args["uuid"], name=args["name"])
+    with pytest.raises(RequestError, match="cannot resume .* shutoff"):
+        call(host, "resume", uuid=args["uuid"])
+    call(host, "destroy", uuid=args["uuid"])
+
+
+def test_requests_for_an_unknown_vm_fail_clearly_except_destroy(host):
+    unknown = str(uuidlib.uuid4())
+    for request_name in ("start", "stop", "reboot", "suspend", "resume"):
+        with pytest.raises(RequestError, match=f"VM 'ghost' \\({unknown}\\) is not on host"):
+            call(host, request_name, uuid=unknown, name="ghost")
+    assert call(host, "destroy", uuid=unknown)["state"] == "destroyed"
+    assert call(host, "vm_info", uuid=unknown) == {"uuid": unknown, "host": host.host,
+                                                   "state": "absent"}
+
+
+def test_vm_info_is_the_vmlist_record(host):
+    args = vm_args(vcpus=2, memory_mb=128, disk_gb=3)
+    call(host, "build", **args)
+    assert call(host, "vm_info", uuid=args["uuid"]) == {
+        "host": host.host, "name": args["name"], "uuid": args["uuid"], "state": "running",
+        "vcpus": 2, "memory_mb": 128, "disk_gb": 3}
+    call(host, "destroy", uuid=args["uuid"])
+
+
+def test_another_peers_vm_on_a_shared_hypervisor_is_not_ours(host, tmp_path):
+    args = vm_args()
+    call(host, "build", **args)
+    neighbour = HostContext(host.host + "-b", "test:///default", None, str(tmp_path / "b"))
+    assert call(neighbour, "vm_info", uuid=args["uuid"])["state"] == "absent"
+    call(neighbour, "destroy", uuid=args["uuid"])
+    assert call(host, "vm_info", uuid=args["uuid"])["state"] == "running"
+    call(host, "destroy", uuid=args["uuid"])
+
+
+# -- errors ------------------------------------------------------------------
+
+def test_a_name_taken_by_another_uuid_is_an_error(host):
+    args = vm_args()
+    call(host, "build", **args)
+    clash = vm_args(name=args["name"])
+    with pytest.raises(RequestError, match=f"already has a VM named '{args['name']}' "
+                                           f"\\(uuid {args['uuid']}\\)"):
+        call(host, "build", **clash)
+    assert domain(host, clash["uuid"]) is None
+    assert vm_volumes(host, clash["uuid"]) == []
+    call(host, "destroy", uuid=args["uuid"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"uuid": "not-a-uuid"}, "bad uuid"),
+    ({"uuid": None}, "bad uuid"),
+    ({"name": ""}, "bad VM name"),
+    ({"name": "a/b"}, "bad VM name"),
+    ({"vcpus": 0}, "vcpus must be an integer >= 1"),
+    ({"vcpus": "2"}, "vcpus must be an integer"),
+    ({"memory_mb": True}, "memory_mb must be an integer"),
+    ({"disk_gb": -1}, "disk_gb must be an integer >= 0"),
+    ({"image": "ftp://example.org/x.img"}, "unsupported scheme"),
+    ({"image": "file:///nonexistent/x.img"}, "no such file"),
+    ({"image": 7}, "image must be a URL"),
+    ({"kernel": "vmlinuz"}, "kernel 'vmlinuz': not an absolute path"),
+    ({"initrd": "/etc/hostname"}, "initrd given without kernel"),
+    ({"accel": "hvf"}, "accel must be one of kvm, tcg"),
+])
+def test_bad_build_arguments_are_refused_and_leave_nothing(host, override, message):
+    args = vm_args(**override)
+    with pytest.raises(RequestError, match=message):
+        call(host, "build", **args)
+    if isinstance(args["uuid"], str) and len(args["uuid"]) == 36:
+        assert domain(host, args["uuid"]) is None
+        assert vm_volumes(host, args["uuid"]) == []
+
+
+def test_a_define_failure_takes_the_new_volumes_back(host, monkeypatch):
+    import peerctl_requests.vm as vm
+    monkeypatch.setattr(vm, "domain_xml", lambda spec: "<domain type='test'/>")
+    args = vm_args()
+    with pytest.raises(RequestError, match="cannot define VM"):
+        call(host, "build", **args)
+    assert vm_volumes(host, args["uuid"]) == []
+
+
+def test_domain_xml_keeps_user_input_as_text():
+    hostile = "x' /><evil attr=\"1\"/><cmdline>&amp;"
+    spec = DomainSpec(uuid=str(uuidlib.uuid4()), name=hostile, vcpus=1, memory_mb=64,
+                      disk_gb=1, domain_type="test", kernel="/k", cmdline=hostile,
+                      image=hostile, owner="h")
+    root = ET.fromstring(domain_xml(spec))
+    assert root.find("name").text == hostile
+    assert root.find("os/cmdline").text == hostile
+    assert root.find(".//evil") is None
+    assert root.find("devices/graphics") is None
+
+
+# -- images ------------------------------------------------------------------
+
+def write_image(path, content=b"peerctl test image\n" * 1000):
+    path.write_bytes(content)
+    return hashlib.sha256(content).hexdigest()
+
+
+def backing_path(vol):
+    return ET.fromstring(vol.XMLDesc(0)).findtext("backingStore/path")
+
+
+def test_file_images_are_cached_once_per_content_and_shared(host, tmp_path):
+    sha = write_image(tmp_path / "a.raw")
+    write_image(tmp_path / "b.raw")             # same bytes, other URL
+    first = vm_args(image=f"file://{tmp_path / 'a.raw'}")
+    second = vm_args(image=f"file://{tmp_path / 'b.raw'}")
+    call(host, "build", **first)
+    call(host, "build", **second)
+    call(host, "build", **first)
+
+    bases = [name for name in pool_volumes(host) if name.startswith("image-")]
+    assert bases == [f"image-{sha}"]
+    base_path = pool_volumes(host)[f"image-{sha}"].path()
+    for args in (first, second):
+        overlay = pool_volumes(host)[args["uuid"] + ".qcow2"]
+        assert backing_path(overlay) == base_path
+        assert overlay.info()[1] == 2 * images.GiB
+        assert read_metadata(domain(host, args["uuid"]))["image"] == args["image"]
+
+    for args in (first, second):
+        call(host, "destroy", uuid=args["uuid"])
+    assert sorted(pool_volumes(host)) == [f"image-{sha}"]     # the cache stays
+
+
+def test_a_changed_file_is_hashed_again(host, tmp_path):
+    image = tmp_path / "img.raw"
+    old = write_image(image, b"old" * 100)
+    call(host, "build", **vm_args(image=f"file://{image}"))
+    new = write_image(image, b"new" * 200)
+    os.utime(image, (1, 1))
+    call(host, "build", **vm_args(image=f"file://{image}"))
+    assert {f"image-{old}", f"image-{new}"} <= set(pool_volumes(host))
+
+
+def test_a_base_volume_whose_upload_never_finished_is_made_again(host, tmp_path):
+    sha = write_image(tmp_path / "img.raw")
+    pool = images.ensure_pool(host)
+    from peerctl_requests.domain_xml import volume_xml
+    pool.createXML(volume_xml(f"image-{sha}", 10, "raw"), 0)     # torn, not in the index
+    call(host, "build", **vm_args(image=f"file://{tmp_path / 'img.raw'}"))
+    assert pool_volumes(host)[f"image-{sha}"].info()[1] == os.path.getsize(tmp_path / "img.raw")
+
+
+def test_concurrent_builds_of_one_image_store_it_once(host, tmp_path):
+    sha = write_image(tmp_path / "img.raw")
+    url = f"file://{tmp_path / 'img.raw'}"
+    results, errors = [], []
+
+    def build():
+        try:
+            results.append(call(host, "build", **vm_args(image=url)))
+        except Exception as exc:       # pragma: no cover - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [r["state"] for r in results] == ["running"] * 4
+    assert [n for n in pool_volumes(host) if n.startswith("image-")] == [f"image-{sha}"]
+
+
+class _CountingHandler(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self):
+        self.server.hits.append(self.path)
+        super().do_GET()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    root = tmp_path / "www"
+    root.mkdir()
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_CountingHandler, directory=str(root)))
+    server.hits = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_images_are_streamed_once_and_cached(host, http_server):
+    server, root, base_url = http_server
+    sha = write_image(root / "guest.img", b"\x00" * 3_000_000)
+    first = vm_args(image=f"{base_url}/guest.img")
+    second = vm_args(image=f"{base_url}/guest.img")
+    call(host, "build", **first)
+    call(host, "build", **second)
+    assert server.hits == ["/guest.img"]
+    assert [n for n in pool_volumes(host) if n.startswith("image-")] == [f"image-{sha}"]
+    assert os.listdir(os.path.join(host.state_dir, "downloads")) == []
+    for args in (first, second):
+        call(host, "destroy", uuid=args["uuid"])
+    assert not any(name.startswith((first["uuid"], second["uuid"]))
+                   for name in pool_volumes(host))
+
+
+def test_an_http_error_is_a_request_error(host, http_server):
+    _server, _root, base_url = http_server
+    args = vm_args(image=f"{base_url}/missing.img")
+    with pytest.raises(RequestError, match="HTTP 404"):
+        call(host, "build", **args)
+    assert domain(host, args["uuid"]) is None
+
+
+def test_an_unreachable_http_server_is_a_request_error(host):
+    with pytest.raises(RequestError, match="download failed"):
+        call(host, "build", **vm_args(image="http://127.0.0.1:9/none.img"))
