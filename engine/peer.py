@@ -22,6 +22,7 @@ import structlog
 from . import keys
 from .duties import Duties, Singleton, janitor
 from .executor import Executor
+from .reconciler import reconciler
 from .handlers import load_request_handlers
 from .hostctx import HostContext
 from .registry import load_automations
@@ -100,7 +101,9 @@ class Peer:
         self.executor.attach(session)
         duties = Duties(self.store, session, self.name, self.executor.submit).start()
         singletons = [Singleton(self.store, session, self.name, "janitor",
-                                janitor(self.store, self.retention)).start()]
+                                janitor(self.store, self.retention)).start(),
+                      Singleton(self.store, session, self.name, "reconciler",
+                                reconciler(self.store)).start()]
         try:
             while not self.stopping.is_set() and not session.lost.is_set():
                 if self.stopping.wait(STATS_INTERVAL) or session.lost.is_set():

@@ -172,3 +172,37 @@ def test_destroy_by_pattern_leaves_nothing_behind(cluster, store):
     assert set(allocations(store)) == {db1["uuid"]}
     wait_for(lambda: sorted(v["name"] for v in published(store) if v["name"] != "test")
              == ["db1"], what="vms/ without the web VMs")
+
+
+def test_reconciler_releases_orphans_but_not_claims_in_flight(cluster, store, tmp_path):
+    import uuid as uuidlib
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    hook = hooks / "build.pre"
+    hook.write_text(f"#!/bin/sh\nif [ -e {tmp_path}/hang ]; then sleep 60; fi\n")
+    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
+    os.environ["PEERCTL_RECONCILE_INTERVAL"] = "0.3"
+    try:
+        start(cluster, store, ["t1", "m1"], hooks={"t1": str(hooks)})
+    finally:
+        del os.environ["PEERCTL_RECONCILE_INTERVAL"]
+    kept = finished(store, run(store, "boot", booted(["kept"]), prefer=["m1"]))
+    assert kept["state"] == "done", kept["error"]
+    placement = open_placement("etcd", store)
+    t1 = placement.provider("t1")["uuid"]
+    orphan = str(uuidlib.uuid4())
+    placement.claim(orphan, {t1: {"VCPU": 1, "MEMORY_MB": 64}}, project="p", user="u")
+    (tmp_path / "hang").write_text("")
+    in_flight = run(store, "boot", booted(["slow"]), prefer=["m1"])
+    wait_for(lambda: any(e["request"] == "build" and e["status"] == "running"
+                         for e in api.get_task(store, in_flight)["log"]), what="build hanging")
+    wait_for(lambda: orphan not in allocations(store), what="orphan released")
+    # Several passes later the claim of the running boot is still held.
+    first = store.get("reconcile/report").value["time"]
+    wait_for(lambda: store.get("reconcile/report").value["time"] > first + 1.0, what="more passes")
+    held = allocations(store)
+    kept_uuid = kept["result"]["vms"][0]["uuid"]
+    assert kept_uuid in held
+    assert len(held) == 2, "the in-flight boot's claim must stay while it runs"
+    api.abort(store, in_flight)
+    wait_for(lambda: set(allocations(store)) == {kept_uuid}, what="aborted boot's claim released")
