@@ -1,0 +1,101 @@
+"""VmPublisher: vms/<host>/ follows libvirt, by reconcile and by events
+(test:///default in this process, a real etcd)."""
+from __future__ import annotations
+
+import time
+import uuid as uuidlib
+
+import pytest
+
+from engine.handlers import load_request_handlers
+from engine.hostctx import HostContext
+from engine.vmpublish import VmPublisher
+
+HANDLERS = load_request_handlers()
+
+
+def call(host, request, **args):
+    return HANDLERS[request](host, args)
+
+
+@pytest.fixture
+def host(tmp_path):
+    return HostContext("p" + uuidlib.uuid4().hex[:8], "test:///default", None,
+                       str(tmp_path / "state"))
+
+
+def build(host, **overrides):
+    args = {"uuid": str(uuidlib.uuid4()), "name": "vm-" + uuidlib.uuid4().hex[:8],
+            "vcpus": 1, "memory_mb": 64, "disk_gb": 1, "image": None, **overrides}
+    call(host, "build", **args)
+    return args
+
+
+def published(store, host):
+    kvs, _ = store.range(f"vms/{host.host}/")
+    return {kv.key.rsplit("/", 1)[1]: kv.value for kv in kvs}
+
+
+def wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_reconcile_publishes_exactly_this_hosts_vms(store, host):
+    a = build(host, vcpus=2, memory_mb=128, disk_gb=3)
+    b = build(host)
+    store.put(f"vms/{host.host}/{uuidlib.uuid4()}", {"state": "running"})     # stale
+    store.put("vms/other-host/x", {"state": "running"})                       # not ours
+    publisher = VmPublisher(store, host.host, host.conn)
+
+    assert publisher.reconcile() == 3
+    records = published(store, host)
+    assert records == {
+        a["uuid"]: {"host": host.host, "name": a["name"], "uuid": a["uuid"],
+                    "state": "running", "vcpus": 2, "memory_mb": 128, "disk_gb": 3},
+        b["uuid"]: {"host": host.host, "name": b["name"], "uuid": b["uuid"],
+                    "state": "running", "vcpus": 1, "memory_mb": 64, "disk_gb": 1}}
+    assert store.get("vms/other-host/x") is not None
+
+    revision = store.revision()
+    assert publisher.reconcile() == 0
+    assert store.revision() == revision          # nothing rewritten
+
+    call(host, "suspend", uuid=a["uuid"])
+    call(host, "destroy", uuid=b["uuid"])
+    assert publisher.reconcile() == 2
+    assert {u: r["state"] for u, r in published(store, host).items()} == {a["uuid"]: "paused"}
+    call(host, "destroy", uuid=a["uuid"])
+
+
+def test_lifecycle_events_reach_etcd_without_waiting_for_the_period(store, host):
+    publisher = VmPublisher(store, host.host, lambda: host.conn, interval=300).start()
+    try:
+        wait_for(lambda: publisher.reconciles >= 1)
+        args = build(host)
+        wait_for(lambda: published(store, host).get(args["uuid"], {}).get("state") == "running")
+        call(host, "suspend", uuid=args["uuid"])
+        wait_for(lambda: published(store, host)[args["uuid"]]["state"] == "paused")
+        call(host, "stop", uuid=args["uuid"])
+        wait_for(lambda: published(store, host)[args["uuid"]]["state"] == "shutoff")
+        call(host, "destroy", uuid=args["uuid"])
+        wait_for(lambda: published(store, host) == {})
+    finally:
+        publisher.stop()
+
+
+def test_the_period_repairs_what_events_cannot_see(store, host):
+    publisher = VmPublisher(store, host.host, host.conn, interval=0.2).start()
+    try:
+        args = build(host)
+        wait_for(lambda: args["uuid"] in published(store, host))
+        store.delete(f"vms/{host.host}/{args['uuid']}")        # lost behind our back
+        wait_for(lambda: args["uuid"] in published(store, host))
+    finally:
+        publisher.stop()
+        call(host, "destroy", uuid=args["uuid"])
