@@ -1,0 +1,104 @@
+"""Bulk benchmark: boot, then destroy, N VMs across P peers on libvirt's test driver.
+
+    python bench/bulk.py [--peers 20] [--sizes 10,100,1000]
+
+One automation boots all N VMs (placement claim + build per VM, in
+parallel), then one automation destroys them all (destroy + release).
+Prints VMs/s for each N, and the cost per VM, to show how it grows with N.
+Target (issue 4): 1,000 VMs booted in 20 s or less, cost linear in N.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
+
+from engine import api, keys  # noqa: E402
+from engine.etcd_server import EtcdServer  # noqa: E402
+from engine.store import Store  # noqa: E402
+
+VM = {"VCPU": 1, "MEMORY_MB": 32, "DISK_GB": 1}
+
+
+def wait(predicate, timeout=120.0, interval=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError
+
+
+def run(store, kind, args):
+    started = time.perf_counter()
+    automation_id = api.start_automation(store, kind, args)
+    status = wait(lambda: (lambda s: s if s and s["state"] in keys.TERMINAL_STATES else None)(
+        store.get(keys.status(automation_id)).value), timeout=1800)
+    elapsed = time.perf_counter() - started
+    if status["state"] != "done":
+        raise SystemExit(f"{kind} ended {status['state']}: {status.get('error')}")
+    return elapsed, status["result"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, default=20)
+    parser.add_argument("--sizes", default="10,100,1000")
+    parser.add_argument("--ttl", type=int, default=5)
+    options = parser.parse_args()
+    sizes = [int(n) for n in options.sizes.split(",")]
+    workdir = tempfile.mkdtemp(prefix="peerctl-bulk-")
+    etcd = EtcdServer(os.path.join(workdir, "etcd")).start()
+    store = Store(etcd.url, "bulk")
+    peers = []
+    try:
+        for i in range(options.peers):
+            log = open(os.path.join(workdir, f"host{i:02d}.log"), "ab")
+            peers.append(subprocess.Popen(
+                [sys.executable, os.path.join(ROOT, "peerctl.py"), "--etcd", etcd.url,
+                 "--cluster", "bulk", "peer", "--host", f"host{i:02d}", "--libvirt",
+                 "test:///default", "--ttl", str(options.ttl), "--workers", "8",
+                 "--state-dir", os.path.join(workdir, f"host{i:02d}")],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        wait(lambda: len(api.live_hosts(store)) == options.peers, timeout=120)
+        wait(lambda: len(store.range("placement/rp/", keys_only=True)[0]) >= options.peers)
+        rows = []
+        for n in sizes:
+            names = [f"n{n}-vm{i:04d}" for i in range(n)]
+            boot_time, result = run(store, "boot", {"vms": [{"name": name, "resources": VM}
+                                                            for name in names]})
+            vms = [{"host": v["host"], "name": v["name"], "uuid": v["uuid"]}
+                   for v in result["vms"]]
+            spread = len({v["host"] for v in vms})
+            destroy_time, _ = run(store, "destroy", {"vms": vms})
+            rows.append((n, boot_time, destroy_time, spread))
+            print(f"N={n}: boot {boot_time:.2f}s, destroy {destroy_time:.2f}s", flush=True)
+        print(f"\npeerctl bulk benchmark: {options.peers} peers on test:///default, "
+              f"one automation per action\n")
+        print(f"{'N':>6} {'boot s':>8} {'boot VMs/s':>11} {'ms/VM':>7} {'hosts':>6} "
+              f"{'destroy s':>10} {'destroy VMs/s':>14}")
+        for n, boot_time, destroy_time, spread in rows:
+            print(f"{n:>6} {boot_time:8.2f} {n / boot_time:11.1f} {1000 * boot_time / n:7.2f} "
+                  f"{spread:>6} {destroy_time:10.2f} {n / destroy_time:14.1f}")
+        print("\ntarget: 1,000 VMs booted in <= 20 s; ms/VM flat as N grows means linear cost")
+    finally:
+        for process in peers:
+            if process.poll() is None:
+                process.terminate()
+        for process in peers:
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        etcd.stop()
+
+
+if __name__ == "__main__":
+    main()
