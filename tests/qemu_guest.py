@@ -57,7 +57,7 @@ echo "{READY_MARKER} $(uname -r)"
 while true; do sleep 3600; done
 """
 
-_POWER_BUTTON = "#!/bin/sh\necho 'power button: powering off'\npoweroff -f\n"
+_POWER_BUTTON = "#!/bin/sh\necho 'power button: powering off' > /dev/console\npoweroff -f\n"
 
 
 def skip_reason() -> str | None:

@@ -1,0 +1,128 @@
+"""The real-QEMU tier: guests on qemu:///system through the request handlers
+and the VM publisher.
+
+``.ci/libvirtd.sh`` installs what is missing (Debian packages only) and
+starts virtlogd and libvirtd; the guest is a Debian cloud kernel with a
+busybox initramfs, booted from a syslinux disk image that goes through the
+image cache like any user image.  Skipped only where no hypervisor can run.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid as uuidlib
+
+import libvirt
+import pytest
+
+from engine.handlers import load_request_handlers
+from engine.hostctx import HostContext
+from engine.vmpublish import VmPublisher
+from tests import qemu_guest
+
+_why = qemu_guest.skip_reason()
+pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
+
+HANDLERS = load_request_handlers()
+from peerctl_requests import images  # noqa: E402
+from peerctl_requests.vm import console_log_path  # noqa: E402
+
+BOOT_TIMEOUT = 90.0
+
+
+def call(host, request, **args):
+    return HANDLERS[request](host, args)
+
+
+@pytest.fixture(scope="module")
+def guest_dir():
+    try:
+        return qemu_guest.ensure_libvirtd()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    path = qemu_guest.world_readable_tmpdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def qemu_host(guest_dir, workdir):
+    host = HostContext(f"qemu-{os.getpid()}", qemu_guest.QEMU_URI, None,
+                       os.path.join(workdir, "state"))
+    host.conn           # the first connection probes QEMU (several seconds)
+    yield host
+    # The pool (and the cached base image in it) belongs to this test host.
+    try:
+        pool = host.conn.storagePoolLookupByName(images.pool_name(host))
+        for vol in pool.listAllVolumes(0):
+            vol.delete(0)
+        pool.destroy()
+        pool.undefine()
+    except libvirt.libvirtError:
+        pass
+
+
+def assert_nothing_left(host, uuid):
+    with pytest.raises(libvirt.libvirtError):
+        host.conn.lookupByUUIDString(uuid)
+    pool = images.ensure_pool(host)
+    pool.refresh(0)
+    assert [v.name() for v in pool.listAllVolumes(0) if v.name().startswith(uuid)] == []
+    assert not [f for f in os.listdir(os.path.join(host.state_dir, "pool"))
+                if f.startswith(uuid)]
+
+
+def test_kvm_guest_runs_and_destroy_leaves_nothing(qemu_host):
+    """The default accelerator (KVM when /dev/kvm exists), a blank disk."""
+    args = {"uuid": str(uuidlib.uuid4()), "name": f"kvm-{os.getpid()}", "vcpus": 1,
+            "memory_mb": 64, "disk_gb": 1, "image": None}
+    try:
+        first = call(qemu_host, "build", **args)
+        assert first["state"] == "running"
+        assert call(qemu_host, "build", **args) == first
+        dom = qemu_host.conn.lookupByUUIDString(args["uuid"])
+        expected = "kvm" if os.path.exists("/dev/kvm") else "qemu"
+        assert f"<domain type='{expected}'" in dom.XMLDesc(0)
+        assert call(qemu_host, "suspend", uuid=args["uuid"])["state"] == "paused"
+        assert call(qemu_host, "resume", uuid=args["uuid"])["state"] == "running"
+    finally:
+        destroyed = call(qemu_host, "destroy", uuid=args["uuid"])
+    assert destroyed["volumes_deleted"] == [args["uuid"] + ".qcow2"]
+    assert call(qemu_host, "destroy", uuid=args["uuid"])["volumes_deleted"] == []
+    assert_nothing_left(qemu_host, args["uuid"])
+
+
+def test_linux_guest_boots_from_a_cached_image_is_listed_stops_by_acpi_and_is_destroyed(
+        qemu_host, guest_dir, workdir, store):
+    image = qemu_guest.build_disk_image(os.path.join(workdir, "guest.img"), guest_dir,
+                                        workdir)
+    args = {"uuid": str(uuidlib.uuid4()), "name": f"linux-{os.getpid()}", "vcpus": 1,
+            "memory_mb": 128, "disk_gb": 1, "image": f"file://{image}",
+            "accel": qemu_guest.LINUX_ACCEL}
+    publisher = VmPublisher(store, qemu_host.host, qemu_host.conn)
+    console = console_log_path(qemu_host, args["uuid"])
+    try:
+        assert call(qemu_host, "build", **args)["state"] == "running"
+        assert qemu_guest.wait_for_console(console, qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
+            "guest did not come up; console:\n" + open(console, errors="replace").read()
+
+        publisher.reconcile()
+        kvs, _ = store.range("vms/")
+        assert [kv.value for kv in kvs] == [{
+            "host": qemu_host.host, "name": args["name"], "uuid": args["uuid"],
+            "state": "running", "vcpus": 1, "memory_mb": 128, "disk_gb": 1}]
+
+        started = time.monotonic()
+        assert call(qemu_host, "stop", uuid=args["uuid"], timeout=30)["state"] == "shutoff"
+        assert time.monotonic() - started < 30, "ACPI shutdown ignored: stop had to destroy"
+        assert "power button" in open(console, errors="replace").read()
+    finally:
+        call(qemu_host, "destroy", uuid=args["uuid"])
+    assert_nothing_left(qemu_host, args["uuid"])
+    publisher.reconcile()
+    assert store.range("vms/")[0] == []
