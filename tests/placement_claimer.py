@@ -2,13 +2,14 @@
 
     python tests/placement_claimer.py BACKEND SPEC MODE [GO_FILE]
 
-BACKEND is ``etcd:<endpoints>:<cluster>`` or a Placement URL.  Waits for
-GO_FILE to exist (so that every process starts together), then:
+BACKEND is ``etcd:<endpoints>:<cluster>`` or a Placement URL.  Creates
+``GO_FILE.ready.<pid>`` once connected and waits for GO_FILE to exist (so that
+every process starts together), then:
 
 - MODE ``until-refused``: new consumer after new consumer, each takes the
   best candidate for SPEC (alternates on capacity_exceeded), until there is
   no candidate left; prints ``{"claimed": [...], "capacity_exceeded": n,
-  "concurrent_update": n, "seconds": s}``;
+  "concurrent_update": n, "seconds": s, "started": t, "ended": t}``;
 - MODE ``forever``: claims SPEC's best candidate and releases every second
   consumer, without end: the crash test SIGKILLs it.
 """
@@ -55,17 +56,20 @@ def main(argv) -> int:
     backend, spec, mode = argv[1], argv[2], argv[3]
     go = argv[4] if len(argv) > 4 else None
     placement = open_backend(backend)
+    if go:      # tell the starter we are up, then wait for everyone's start
+        with open(f"{go}.ready.{os.getpid()}", "w"):
+            pass
     deadline = time.monotonic() + 60
     while go and not os.path.exists(go):
         if time.monotonic() > deadline:
             return 3
         time.sleep(0.005)
     stats = {"claimed": [], "capacity_exceeded": 0, "concurrent_update": 0}
-    start = time.monotonic()
+    start, stats["started"] = time.monotonic(), time.time()
     if mode == "until-refused":
         while (consumer := claim_one(placement, spec, stats)) is not None:
             stats["claimed"].append(consumer)
-        stats["seconds"] = time.monotonic() - start
+        stats["seconds"], stats["ended"] = time.monotonic() - start, time.time()
         print(json.dumps(stats), flush=True)
         return 0
     count = 0

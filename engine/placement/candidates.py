@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections import defaultdict
 
 from engine.placement.model import SHARING_TRAIT, capacity
@@ -188,12 +189,13 @@ def weigh(allocations: dict, capacity_used) -> float:
 
 
 def order(candidates: list[dict], capacity_used=None, limit: int | None = None) -> list[dict]:
-    """Best first; ties by host name.  Weights missing are computed with
-    ``capacity_used``."""
+    """Best first.  Ties are broken at random, like Placement's
+    randomize_allocation_candidates: concurrent claimers then spread over
+    equally loaded hosts instead of all racing for the same one.  Weights
+    missing are computed with ``capacity_used``."""
     for c in candidates:
         if "weight" not in c:
             c["weight"] = round(weigh(c["allocations"], capacity_used), 6)
-    key = lambda c: (-c["weight"], c["host"], sorted(c["allocations"]))  # noqa: E731
-    if limit and limit < len(candidates):
-        return heapq.nsmallest(limit, candidates, key=key)
-    return sorted(candidates, key=key)
+    keyed = [(-c["weight"], random.random(), i) for i, c in enumerate(candidates)]
+    best = heapq.nsmallest(limit, keyed) if limit and limit < len(keyed) else sorted(keyed)
+    return [candidates[i] for _, _, i in best]

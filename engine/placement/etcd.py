@@ -36,7 +36,7 @@ from engine.placement.model import (Conflict, NotFound, PlacementError,
                                     normalize_allocations, normalize_inventories,
                                     consumer_doc, empty_consumer, same_holding)
 from engine.placement.query import parse_query
-from engine.store import Delete, Get, Put, absent, modified_at
+from engine.store import KV, Delete, Get, Put, absent, modified_at
 
 __all__ = ["EtcdPlacement"]
 
@@ -50,6 +50,7 @@ class EtcdPlacement(Placement):
 
     def __init__(self, store):
         self.store = store
+        self._seen: dict = {}     # uuid -> KV of providers as last read (claim fast path)
 
     # -- reading -------------------------------------------------------------------
 
@@ -200,6 +201,7 @@ class EtcdPlacement(Placement):
         query = parse_query(query, required, limit)
         self._check_classes_exist(query.resource_classes)
         kvs, _ = self.store.range(RP)
+        self._seen = {kv.value["uuid"]: kv for kv in kvs}
         providers = {kv.value["uuid"]: kv.value for kv in kvs}
         for group in query.groups:
             if group.in_tree and group.in_tree not in providers:
@@ -293,7 +295,21 @@ class EtcdPlacement(Placement):
         wanted_rps = {rp for doc in want.values() if doc for rp in doc["allocations"]}
         self._check_classes_exist({rc for doc in want.values() if doc
                                    for res in doc["allocations"].values() for rc in res})
-        for attempt in range(self.retries):
+        # Fast path for new consumers: the provider documents the last
+        # candidates query read are used as they are.  The transaction's
+        # compares make a stale one lose, and only a fresh snapshot may
+        # conclude capacity_exceeded, so nothing is decided on stale data.
+        if (all(g is None for g in expect.values()) and all(want.values())
+                and all(rp in self._seen for rp in wanted_rps)):
+            read = {CONSUMER + c: None for c in want}
+            read.update({RP + rp: self._seen[rp] for rp in wanted_rps})
+            try:
+                docs = self._attempt(want, read)
+                if docs is not None:
+                    return docs
+            except Conflict:
+                pass
+        for _ in range(self.retries):
             read = self._snapshot(want, wanted_rps)
             old = {c: read[CONSUMER + c] for c in want}
             old_rps = {rp for kv in old.values() if kv for rp in kv.value["allocations"]}
@@ -312,40 +328,49 @@ class EtcdPlacement(Placement):
                 if generation is not ANY and generation != current:
                     raise Conflict("concurrent_update", f"consumer {c} is at generation "
                                    f"{current}, not {generation}")
-            compares, ops, docs = [], [], {}
-            rps = {}
-            for key, kv in read.items():
-                if key.startswith(RP) and kv is not None:
-                    rps[kv.value["uuid"]] = dict(kv.value, usages=dict(kv.value["usages"]))
-                    compares.append(modified_at(key, kv.mod_revision))
-            for c, kv in old.items():
-                compares.append(modified_at(kv.key, kv.mod_revision) if kv else absent(CONSUMER + c))
-                for rp, res in (kv.value["allocations"] if kv else {}).items():
-                    for rc, n in res.items():
-                        rps[rp]["usages"][rc] = rps[rp]["usages"].get(rc, 0) - n
-            for c, doc in want.items():
-                for rp, res in (doc["allocations"] if doc else {}).items():
-                    for rc, n in res.items():
-                        self._check_fits(rps[rp], rc, n)
-                        rps[rp]["usages"][rc] = rps[rp]["usages"].get(rc, 0) + n
-                if doc:
-                    generation = (old[c].value["generation"] if old[c] else 0) + 1
-                    docs[c] = dict(doc, generation=generation)
-                    ops.append(Put(CONSUMER + c, docs[c]))
-                else:
-                    docs[c] = empty_consumer(c)
-                    if old[c]:
-                        ops.append(Delete(CONSUMER + c))
-            for rp, doc in rps.items():
-                doc["usages"] = {rc: n for rc, n in doc["usages"].items() if n}
-                doc["generation"] += 1
-                ops.append(Put(RP + rp, doc))
-            if self.store.txn(compares, ops).succeeded:
-                log.debug("placement.allocations_written", consumers=sorted(want),
-                          providers=sorted(rps), attempt=attempt)
+            docs = self._attempt(want, read)
+            if docs is not None:
                 return docs
         raise Conflict("concurrent_update",
                        f"providers kept changing: {self.retries} attempts lost the race")
+
+    def _attempt(self, want: dict, read: dict) -> dict | None:
+        """One transaction from what was ``read``; None if it changed meanwhile."""
+        compares, ops, docs, rps = [], [], {}, {}
+        old = {c: read[CONSUMER + c] for c in want}
+        for key, kv in read.items():
+            if key.startswith(RP) and kv is not None:
+                rps[kv.value["uuid"]] = dict(kv.value, usages=dict(kv.value["usages"]))
+                compares.append(modified_at(key, kv.mod_revision))
+        for c, kv in old.items():
+            compares.append(modified_at(kv.key, kv.mod_revision) if kv else absent(CONSUMER + c))
+            for rp, res in (kv.value["allocations"] if kv else {}).items():
+                for rc, n in res.items():
+                    rps[rp]["usages"][rc] = rps[rp]["usages"].get(rc, 0) - n
+        for c, doc in want.items():
+            for rp, res in (doc["allocations"] if doc else {}).items():
+                for rc, n in res.items():
+                    self._check_fits(rps[rp], rc, n)
+                    rps[rp]["usages"][rc] = rps[rp]["usages"].get(rc, 0) + n
+            if doc:
+                generation = (old[c].value["generation"] if old[c] else 0) + 1
+                docs[c] = dict(doc, generation=generation)
+                ops.append(Put(CONSUMER + c, docs[c]))
+            else:
+                docs[c] = empty_consumer(c)
+                if old[c]:
+                    ops.append(Delete(CONSUMER + c))
+        for rp, doc in rps.items():
+            doc["usages"] = {rc: n for rc, n in doc["usages"].items() if n}
+            doc["generation"] += 1
+            ops.append(Put(RP + rp, doc))
+        result = self.store.txn(compares, ops)
+        for rp, doc in rps.items():
+            if result.succeeded:
+                self._seen[rp] = KV(RP + rp, doc, 0, result.revision, 0, 0)
+            else:
+                self._seen.pop(rp, None)
+        return docs if result.succeeded else None
 
     @staticmethod
     def _check_fits(rp: dict, rc: str, amount: int) -> None:
