@@ -507,7 +507,7 @@ class ProgressView:
                 where = f" on {entry['executor']}" if entry.get("executor") else ""
                 self.stream.write(f"{stamp} {label}: {entry.get('request')} "
                                   f"{entry.get('status') or 'pending'}{where}\n")
-        if task.get("state") != self.state:
+        if task.get("state") != self.state and (self.state or task.get("state") != "running"):
             self.stream.write(f"{stamp} automation {self.automation} {task.get('state')}"
                               + (f": {task['error']}" if task.get("error") else "") + "\n")
         self.stream.flush()

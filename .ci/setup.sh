@@ -4,7 +4,7 @@
 # when a package is missing, pip only installs what is not there yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export DEBIAN_FRONTEND=noninteractive
+export DEBIAN_FRONTEND=noninteractive PIP_ROOT_USER_ACTION=ignore
 
 packages="etcd-server etcd-client libvirt-dev pkg-config tmux"
 missing=""

@@ -116,3 +116,18 @@ def test_wait_on_a_terminal_shows_the_view_to_the_end(cluster, peers):
     assert re.search(r"\[#+\] 9/9 steps\s+3 targets\s+done", text), text
     for host in peers:
         assert re.search(rf"{host}\s+ping\s+ok", text)
+
+
+def test_destructive_action_asks_on_a_terminal(cluster, store):
+    for host, name in (("host1", "web1"), ("host2", "web2")):
+        vm_uuid = f"00000000-0000-4000-8000-00000000000{name[-1]}"
+        store.put(f"vms/{host}/{vm_uuid}", {"host": host, "name": name, "uuid": vm_uuid,
+                                            "state": "running", "vcpus": 1,
+                                            "memory_mb": 128, "disk_gb": 1})
+    terminal = Terminal([sys.executable, PEERCTL, "destroy", "web*"], cluster.env)
+    terminal.wait_for_text(r"Destroy these 2 VMs\? \[y/N\]")
+    assert "host1/web1" in terminal.text() and "host2/web2" in terminal.text()
+    terminal.type(b"n\r")
+    assert terminal.finish() == 1
+    assert "nothing done" in terminal.text()
+    assert cluster.cli_json("tasks", "--all") == []
