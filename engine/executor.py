@@ -126,12 +126,14 @@ class Executor:
 
     # -- execution ------------------------------------------------------------
 
-    def submit(self, automation_id: str, index: int, entry: dict) -> None:
+    def submit(self, automation_id: str, index: int, entry: dict, take=None) -> None:
         """Run an entry this peer has claimed (also used by the initiator for
-        requests with no target, which it claims in the append itself)."""
+        requests with no target, which it claims in the append itself).
+        If ``take(index, response)`` returns True, the caller writes the
+        response itself (the initiator folds it into its next transaction)."""
         with self._idle:
             self._running += 1
-        self.pool.submit(self._execute, automation_id, index, entry)
+        self.pool.submit(self._execute, automation_id, index, entry, take)
 
     def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -143,7 +145,7 @@ class Executor:
                 self._idle.wait(left)
         return True
 
-    def _execute(self, automation_id: str, index: int, entry: dict) -> None:
+    def _execute(self, automation_id: str, index: int, entry: dict, take=None) -> None:
         name = entry["request"]
         started = time.time()
         hook_input = {"automation": automation_id, "index": index, "request": name,
@@ -167,7 +169,8 @@ class Executor:
                 self.log.warning("post_hook_failed", request=name, error=str(exc))
             response.update(executor=self.host.host, time=time.time(),
                             duration=time.time() - started)
-            self._respond(automation_id, index, response)
+            if take is None or not take(index, response):
+                self._respond(automation_id, index, response)
         except Exception:
             self.log.exception("response_failed", automation=automation_id, index=index)
         finally:
@@ -175,17 +178,20 @@ class Executor:
                 self._running -= 1
                 self._idle.notify_all()
 
-    def _respond(self, automation_id: str, index: int, response: dict) -> None:
+    def _respond(self, automation_id: str, index: int, response: dict) -> int:
+        """Write the response create-if-absent; its revision if it landed."""
         key = keys.response(automation_id, index)
         for attempt in range(100):      # etcd may be restarting: keep the answer
             try:
-                landed = self.store.txn([absent(key)], [Put(key, response)]).succeeded
-                if not landed:
+                result = self.store.txn([absent(key)], [Put(key, response)])
+                if not result.succeeded:
                     self.log.info("response_superseded", automation=automation_id, index=index)
-                return
+                    return 0
+                return result.revision
             except StoreUnavailable:
                 time.sleep(min(0.1 * (attempt + 1), 1.0))
         self.log.error("response_dropped", automation=automation_id, index=index)
+        return 0
 
     def _hook(self, request: str, phase: str, payload: dict) -> None:
         if not self.hooks_dir:

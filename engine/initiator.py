@@ -11,6 +11,7 @@ is final, and every member sees the same one.  Nothing is ever re-run.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import structlog
 
@@ -20,7 +21,7 @@ from .record import AutomationRecord, response_from
 from .registry import UnknownAutomation, lookup
 from .replay import LoggedStep, NewRequest, NonDeterminism, Replayer
 from .session import Session
-from .store import Delete, Put, Store, absent
+from .store import KV, Delete, Put, Store, StoreUnavailable, absent
 from .watch import PrefixWatch, Reset
 
 __all__ = ["Initiator", "Outcome"]
@@ -28,6 +29,7 @@ __all__ = ["Initiator", "Outcome"]
 log = structlog.get_logger("peerctl.initiator")
 
 APPEND_BATCH = 40           # requests per transaction (etcd allows 128 operations)
+LEFTOVER_PATIENCE = 10.0    # seconds to keep trying to write taken responses on exit
 HOST_CHECK_INTERVAL = 0.5
 
 
@@ -41,6 +43,17 @@ class _Deposed(Exception):
     pass
 
 
+class _Restart(Exception):
+    """A write failed though we still lead: re-read etcd before going on."""
+
+
+@dataclass(frozen=True)
+class _Taken:
+    """A request run on this peer whose response the initiator will write."""
+    index: int
+    response: dict
+
+
 class Initiator:
     def __init__(self, store: Store, session: Session, host: str, automation_id: str,
                  candidacy: Candidacy, run_local, stop):
@@ -49,7 +62,7 @@ class Initiator:
         self.host = host
         self.id = automation_id
         self.candidacy = candidacy
-        self.run_local = run_local      # fn(automation_id, index, entry): executes on this peer
+        self.run_local = run_local      # fn(automation_id, index, entry, take=): runs it here
         self.stop = stop
         self.log = log.bind(automation=automation_id, host=host)
 
@@ -68,11 +81,18 @@ class Initiator:
     # -- main loop ----------------------------------------------------------
 
     def run(self) -> str:
+        self._closed = False
+        self._carry: list[tuple[int, dict]] = []     # responses to write with the next txn
         try:
             return self._run()
         except _Deposed:
             self.log.info("initiator_deposed")
             return Outcome.DEPOSED
+        except _Restart:
+            return Outcome.RESTART
+        finally:
+            self._closed = True
+            self._write_leftover_responses()
 
     def _run(self) -> str:
         kvs, revision = self.store.range(keys.auto(self.id))
@@ -102,6 +122,7 @@ class Initiator:
         self.next_index = max(self.entries, default=-1) + 1
         self.log.info("initiator_leads", replayed=len(self.entries), pending=len(record.pending()))
         watch = PrefixWatch(self.store, keys.auto(self.id), revision).start()
+        self._watch = watch
         try:
             # Requests whose executor died while nobody led.
             for index in record.pending():
@@ -126,6 +147,7 @@ class Initiator:
                     continue
             except NonDeterminism as exc:
                 return self._finish("stuck", None, str(exc), record)
+            self._flush_carry()
             batch = watch.get(timeout=self._next_wakeup())
             if isinstance(batch, Reset):
                 return Outcome.RESTART
@@ -143,7 +165,64 @@ class Initiator:
         until = (min(self.open.values()) - time.time()) if self.open else HOST_CHECK_INTERVAL
         return max(0.01, min(until, HOST_CHECK_INTERVAL))
 
+    def _take(self, index: int, response: dict) -> bool:
+        """Executor thread: may the initiator write this local response itself?
+
+        Only when it is the one open request (a sequential stretch of the
+        worker): then no other response can come before it, so the worker
+        may see it at once and the initiator writes it in the same
+        transaction as the next step's append: one transaction per step
+        instead of two.  Otherwise the executor writes it as usual.
+        """
+        try:
+            sole = not self._closed and list(self.open) == [index]
+        except RuntimeError:        # open changed under us: not a sequential stretch
+            sole = False
+        if sole:
+            self._watch.events.put(_Taken(index, response))
+        return sole
+
+    def _write_leftover_responses(self) -> None:
+        """Responses taken but not written when this initiator stops: they are
+        the executor's answers, so write them create-if-absent, unfenced."""
+        leftovers = list(self._carry)
+        watch = getattr(self, "_watch", None)
+        while watch is not None and not watch.events.empty():
+            item = watch.events.get_nowait()
+            if isinstance(item, _Taken):
+                leftovers.append((item.index, item.response))
+        deadline = time.monotonic() + LEFTOVER_PATIENCE
+        for index, response in leftovers:
+            key = keys.response(self.id, index)
+            while True:
+                try:
+                    self.store.txn([absent(key)], [Put(key, response)])
+                    break
+                except StoreUnavailable:
+                    if time.monotonic() > deadline or not self.session.alive:
+                        self.log.warning("response_dropped", index=index)
+                        break
+                    time.sleep(0.1)
+
     def _apply(self, events, replayer: Replayer, record) -> str | None:
+        if isinstance(events, _Taken):
+            index = events.index
+            if index in self.answered:
+                return None                     # we timed it out first
+            entry = self.entries.get(index, {})
+            if list(self.open) != [index]:      # cannot happen: write it plainly
+                key = keys.response(self.id, index)
+                self._txn([absent(key)], [Put(key, events.response)])
+                return None
+            self.answered.add(index)
+            self.open.pop(index, None)
+            self._carry.append((index, events.response))
+            kv = KV(keys.response(self.id, index), events.response, 0, 0, 1, 0)
+            try:
+                replayer.deliver(index, response_from(kv, entry.get("time", 0.0)))
+            except NonDeterminism as exc:
+                return self._finish("stuck", None, str(exc), record)
+            return None
         for event in events:
             part, _, rest = event.kv.key[len(keys.auto(self.id)):].partition("/")
             if part == "resp" and event.kind == "put":
@@ -200,8 +279,9 @@ class Initiator:
                     ops.append(Put(keys.inbox(request.target, self.id, index), {}))
                 appended.append(entry)
             ops.append(Put(keys.task(self.id), self._summary("running", self.next_index + len(appended))))
+            compares, ops = self._with_carry(compares, ops)
             if not self._txn(compares, ops):
-                raise _Deposed()    # someone else wrote our indices: never continue blind
+                raise _Restart()    # someone else wrote our indices: never continue blind
             for entry in appended:
                 self.entries[entry["index"]] = entry
                 self.open[entry["index"]] = entry["deadline"]
@@ -212,7 +292,22 @@ class Initiator:
                 replayer.bind(LoggedStep(entry["index"], item.worker, item.seq, item.fingerprint))
             for entry in appended:
                 if entry["local"]:
-                    self.run_local(self.id, entry["index"], entry)
+                    self.run_local(self.id, entry["index"], entry, take=self._take)
+
+    def _with_carry(self, compares, ops):
+        """Add the taken responses to a transaction (they land with it)."""
+        carry, self._carry = self._carry, []
+        for index, response in carry:
+            key = keys.response(self.id, index)
+            compares = [*compares, absent(key)]
+            ops = [Put(key, response), *ops]
+        return compares, ops
+
+    def _flush_carry(self) -> None:
+        if self._carry:
+            compares, ops = self._with_carry([], [])
+            if not self._txn(compares, ops):
+                raise _Restart()
 
     def _summary(self, state: str, steps: int) -> dict:
         return {"id": self.id, "kind": self.spec["kind"], "state": state,
@@ -273,10 +368,12 @@ class Initiator:
                                                                     len(record.entries))),
                                         "finished": time.time()})]
         ops += [Delete(keys.member(m, self.id)) for m in members]
+        compares, ops = self._with_carry([], ops)
         if state == "aborted":      # unclaimed work should not start any more
             ops += [Delete(keys.inbox(e["target"], self.id, i))
                     for i, e in getattr(self, "entries", record.entries).items()
                     if i not in getattr(self, "answered", record.responses) and not e.get("local")]
-        self._txn([], ops)
+        if not self._txn(compares, ops):
+            raise _Restart()
         self.log.info("automation_finished", state=state, error=error)
         return Outcome.FINISHED

@@ -40,7 +40,7 @@ RETENTION = 24 * 3600.0
 def _host_record(host: HostContext) -> dict:
     try:
         from .hostinfo import host_facts
-        facts = host_facts(host.conn, host.state_dir)
+        facts = host_facts(host.conn, host.state_dir, host.host)
     except ImportError:
         facts = {"kernel": platform.release()}
     except Exception as exc:    # the hypervisor is down: still be a live peer

@@ -126,10 +126,11 @@ def test_fence_refuses_a_deposed_initiators_append(etcd, cluster_name):
     session = Session(store, 2)
     candidacy = Candidacy(store, session, keys.elect(automation_id), "h1")
     assert candidacy.wait_until_leader(threading.Event())
-    initiator = Initiator(store, session, "h1", automation_id, candidacy, lambda *a: None,
-                          threading.Event())
+    initiator = Initiator(store, session, "h1", automation_id, candidacy,
+                          lambda *a, **k: None, threading.Event())
     initiator.spec = store.get(keys.spec(automation_id)).value
     initiator.entries, initiator.claimed, initiator.next_index = {}, {}, 0
+    initiator.open, initiator._carry = {}, []
     replayer = Replayer(automation_id, lookup("ping", 1), {"hosts": ["h1"], "rounds": 1})
     session.close(revoke=True)          # the lease is gone: deposed
     with pytest.raises(_Deposed):
@@ -230,3 +231,33 @@ def test_abort_stops_a_running_automation(cluster, store, tmp_path):
     task = api.get_task(store, automation_id)
     assert task["state"] == "aborted" and len(task["log"]) < 100
     assert store.range("member/")[0] == []
+
+
+def test_sigkill_during_steps_run_on_the_initiator(cluster, store, tmp_path):
+    """Untargeted steps run on the initiator, whose response rides on the
+    next append.  Killing it mid-way loses at most the step in flight, and
+    runs nothing twice."""
+    hooks = str(tmp_path / "hooks")
+    runs_log = counting_hook(hooks, request="noop", sleep=0.05)
+    env = {"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS}
+    start_peers(cluster, store, ["m1", "m2"], hooks=hooks, env=env)
+    os.environ.update(env)
+    try:
+        automation_id = api.start_automation(store, "local_steps", {"count": 40}, members=2,
+                                             prefer=["m1", "m2"])
+    finally:
+        del os.environ["PEERCTL_AUTOMATIONS_PATH"]
+    task = wait_for(lambda: (lambda t: t if len(t["log"]) >= 10 else None)(
+        api.get_task(store, automation_id)), what="10 steps")
+    first = task["initiator"]
+    cluster.kill(first)
+    task = finished(store, automation_id)
+    assert task["state"] == "done", task["error"]
+    outcomes = task["result"]["outcomes"]
+    assert [o["step"] for o in outcomes] == list(range(40))
+    lost = [o for o in outcomes if o["status"] != "ok"]
+    assert len(lost) <= 1 and all(o["status"] == "lost" for o in lost)
+    runs = assert_each_index_ran_once(runs_log, automation_id)
+    answered_ok = {e["index"] for e in task["log"] if e["status"] == "ok"}
+    assert answered_ok <= {int(i) for _, i in runs}, "an answer without an execution"
+    assert {o["executor"] for o in outcomes if o["status"] == "ok"} == {"m1", "m2"}

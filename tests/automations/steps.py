@@ -19,3 +19,13 @@ def inventory(ctx, hosts):
     replies = yield ctx.all([Request("inventory", target=h, label=h) for h in hosts])
     return {"hosts": {h: r.value if r.ok else {"error": r.error or r.status}
                       for h, r in zip(hosts, replies)}}
+
+
+@automation("local_steps", version=1)
+def local_steps(ctx, count):
+    """``count`` sequential steps run on whichever peer leads (no target)."""
+    outcomes = []
+    for i in range(count):
+        reply = yield Request("noop", {"step": i})
+        outcomes.append({"step": i, "status": reply.status, "executor": reply.executor})
+    return {"outcomes": outcomes}
