@@ -56,7 +56,7 @@ def start_automation(store: Store, kind: str, args: dict, members: int = DEFAULT
     automation_id = new_id()
     now = time.time()
     spec = {"id": automation_id, "kind": kind, "version": version, "args": args,
-            "created": now, "members": chosen}
+            "created": now, "members": chosen, "wanted_members": len(chosen)}
     ops = [Put(keys.spec(automation_id), spec),
            Put(keys.status(automation_id), {"state": "running", "updated": now}),
            Put(keys.task(automation_id), {"id": automation_id, "kind": kind, "state": "running",

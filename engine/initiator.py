@@ -159,7 +159,10 @@ class Initiator:
             self._expire_deadlines(now)
             if now - last_host_check >= HOST_CHECK_INTERVAL:
                 last_host_check = now
-                self._check_targets()
+                alive = {kv.key[len("hosts/"):]
+                         for kv in self.store.range(keys.host(), keys_only=True)[0]}
+                self._check_targets(alive)
+                self._replenish_members(alive)
 
     def _next_wakeup(self) -> float:
         until = (min(self.open.values()) - time.time()) if self.open else HOST_CHECK_INTERVAL
@@ -345,18 +348,33 @@ class Initiator:
                     self.log.info("request_timeout", index=index, target=entry["target"])
                 del self.open[index]    # whichever response landed is on its way
 
-    def _check_targets(self) -> None:
+    def _check_targets(self, alive: set[str]) -> None:
         waiting = [i for i in self.open if i not in self.claimed
                    and not self.entries[i].get("local")]
-        if not waiting:
-            return
-        alive = {kv.key[len("hosts/"):] for kv in self.store.range(keys.host(), keys_only=True)[0]}
         for index in waiting:
             target = self.entries[index]["target"]
             if target not in alive:
                 if self._respond(index, "lost", f"host {target} is not alive",
                                  [absent(keys.claim(self.id, index)), absent(keys.host(target))]):
                     self.log.info("request_lost", index=index, target=target, reason="host dead")
+
+    def _replenish_members(self, alive: set[str]) -> None:
+        """Keep enough live members to carry on if this peer dies: when some
+        have died, live non-members join (dead ones may come back and rejoin)."""
+        members = list(self.spec.get("members", []))
+        wanted = min(self.spec.get("wanted_members", len(members)), len(alive))
+        short = wanted - len([m for m in members if m in alive])
+        recruits = sorted(alive - set(members))[:max(short, 0)]
+        if not recruits:
+            return
+        spec = {**self.spec, "members": members + recruits,
+                "wanted_members": self.spec.get("wanted_members", len(members))}
+        ops = [Put(keys.spec(self.id), spec)]
+        ops += [Put(keys.member(host, self.id), {"since": time.time()}) for host in recruits]
+        if not self._txn([], ops):
+            raise _Restart()
+        self.spec = spec
+        self.log.info("members_recruited", recruits=recruits, members=spec["members"])
 
     # -- the end ---------------------------------------------------------------
 

@@ -261,3 +261,24 @@ def test_sigkill_during_steps_run_on_the_initiator(cluster, store, tmp_path):
     answered_ok = {e["index"] for e in task["log"] if e["status"] == "ok"}
     assert answered_ok <= {int(i) for _, i in runs}, "an answer without an execution"
     assert {o["executor"] for o in outcomes if o["status"] == "ok"} == {"m1", "m2"}
+
+
+def test_members_that_die_are_replaced_so_the_automation_outlives_them(cluster, store, tmp_path):
+    hooks = str(tmp_path / "hooks")
+    counting_hook(hooks, sleep=0.15)
+    start_peers(cluster, store, ["t1"], hooks=hooks)
+    start_peers(cluster, store, ["m1", "m2", "m3", "x1"])
+    automation_id = api.start_automation(store, "ping", {"hosts": ["t1"], "rounds": 40},
+                                         prefer=["m1", "m2", "m3"])
+    leader = wait_for(lambda: api.get_task(store, automation_id)["initiator"], what="a leader")
+    for member in {"m1", "m2", "m3"} - {leader}:
+        cluster.kill(member)
+    spec = wait_for(lambda: (lambda s: s if "x1" in s["members"] else None)(
+        store.get(keys.spec(automation_id)).value), what="x1 recruited")
+    assert set(spec["members"]) >= {"m1", "m2", "m3", "x1"}
+    cluster.kill(leader)
+    task = finished(store, automation_id)
+    assert task["state"] == "done", task["error"]
+    assert task["initiator"] in ("x1", "t1")
+    assert len(task["result"]["replies"]) == 40
+    assert store.range("member/")[0] == [], "members keep duties of a finished automation"
