@@ -1,0 +1,169 @@
+"""The real-QEMU tier end to end: real peers, real etcd, the real command line.
+
+Two peer processes share this machine's libvirtd (``qemu:///system``); the
+``boot`` automation claims placement and builds on the chosen host, the guest
+is a real Linux (the syslinux disk image of :mod:`tests.qemu_guest`, through
+the image cache as ``file://``), and ``destroy`` must leave nothing behind:
+no domain, no volume, no allocation, no ``vms/`` record.
+Skipped only where no hypervisor can run (:func:`qemu_guest.skip_reason`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import libvirt
+import pytest
+
+from engine import api
+from engine.placement import open_placement
+from tests import qemu_guest
+from tests.cluster import wait_for
+
+_why = qemu_guest.skip_reason()
+if _why is not None:
+    pytest.skip(_why, allow_module_level=True)
+
+BOOT_TIMEOUT = 90.0
+MEMORY_MB = 128
+
+
+@pytest.fixture(scope="module")
+def guest_dir():
+    try:
+        return qemu_guest.ensure_libvirtd()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture
+def workdir():
+    path = qemu_guest.world_readable_tmpdir("peerctl-e2e-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def conn(guest_dir):
+    c = libvirt.open(qemu_guest.QEMU_URI)
+    yield c
+    c.close()
+
+
+def _pool(conn, host):
+    return conn.storagePoolLookupByName(f"peerctl-{host}")
+
+
+def _volumes_of(conn, host, uuid):
+    pool = _pool(conn, host)
+    pool.refresh(0)
+    return [v.name() for v in pool.listAllVolumes(0) if v.name().startswith(uuid)]
+
+
+def _cleanup(conn, hosts, uuids):
+    """Whatever a failed run left in the shared libvirtd: domains, pools."""
+    for uuid in uuids:
+        try:
+            dom = conn.lookupByUUIDString(uuid)
+        except libvirt.libvirtError:
+            continue
+        try:
+            if dom.isActive():
+                dom.destroy()
+            dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+        except libvirt.libvirtError:
+            pass
+    for host in hosts:
+        try:
+            pool = _pool(conn, host)
+        except libvirt.libvirtError:
+            continue
+        try:
+            for vol in pool.listAllVolumes(0):
+                vol.delete(0)
+            if pool.isActive():
+                pool.destroy()
+            pool.undefine()
+        except libvirt.libvirtError:
+            pass
+
+
+def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, conn,
+                                                              guest_dir, workdir):
+    tag = os.getpid()
+    hosts = [f"qa{tag}", f"qb{tag}"]
+    image = qemu_guest.build_disk_image(os.path.join(workdir, "guest.img"), guest_dir,
+                                        workdir)
+    state_dirs = {h: os.path.join(workdir, f"state-{h}") for h in hosts}
+    uuids = []
+    try:
+        for host in hosts:
+            cluster.start_peer(host, libvirt=qemu_guest.QEMU_URI,
+                               env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL},
+                               extra_args=["--state-dir", state_dirs[host]])
+        wait_for(lambda: set(hosts) <= set(api.live_hosts(store)), timeout=60,
+                 interval=0.2, what=f"{hosts} alive in hosts/")
+        placement = open_placement("etcd", store)
+        wait_for(lambda: set(hosts) <= {p["name"] for p in placement.providers()},
+                 timeout=30, interval=0.2, what="both hosts registered as providers")
+        providers = {p["name"]: p["uuid"]
+                     for p in cluster.cli_json("placement", "providers")}
+        assert set(hosts) <= set(providers)
+
+        # boot: placement claim + build on the chosen host, one automation.
+        booted = cluster.cli_json(
+            "boot", "guest1", "--resources", f"VCPU:1,MEMORY_MB:{MEMORY_MB},DISK_GB:1",
+            "--image", f"file://{image}", timeout=BOOT_TIMEOUT)
+        assert booted["state"] == "done", booted
+        (vm,) = booted["vms"]
+        uuids.append(vm["uuid"])
+        assert vm["name"] == "guest1" and vm["state"] == "running", vm
+        host = vm["host"]
+        assert host in hosts
+
+        dom = conn.lookupByUUIDString(vm["uuid"])
+        assert dom.name() == "guest1" and dom.isActive()
+        expected = {"tcg": "qemu", "kvm": "kvm"}[qemu_guest.LINUX_ACCEL]
+        assert f"<domain type='{expected}'" in dom.XMLDesc(0)    # the peer's env reached it
+
+        listed = wait_for(lambda: [v for v in cluster.cli_json("vmlist")
+                                   if v["name"] == "guest1" and v["state"] == "running"],
+                          timeout=20, interval=0.5, what="vmlist to show guest1 running")
+        assert listed == [{"host": host, "name": "guest1", "uuid": vm["uuid"],
+                           "state": "running", "vcpus": 1, "memory_mb": MEMORY_MB,
+                           "disk_gb": 1}]
+
+        console = os.path.join(state_dirs[host], "console", f"{vm['uuid']}.log")
+        assert qemu_guest.wait_for_console(console, qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
+            "guest did not come up; console:\n" + (
+                open(console, errors="replace").read() if os.path.exists(console) else "")
+
+        allocations = [a for a in cluster.cli_json("placement", "allocations")
+                       if a["allocations"]]
+        assert [a["consumer"] for a in allocations] == [vm["uuid"]]
+        assert list(allocations[0]["allocations"]) == [providers[host]]
+        assert allocations[0]["allocations"][providers[host]] == {
+            "VCPU": 1, "MEMORY_MB": MEMORY_MB, "DISK_GB": 1}
+        assert _volumes_of(conn, host, vm["uuid"]) == [f"{vm['uuid']}.qcow2"]
+
+        # destroy: power off + undefine + volumes on the host, then release.
+        destroyed = cluster.cli_json("destroy", "guest1", "--yes", timeout=60)
+        assert destroyed["state"] == "done", destroyed
+        assert [(v["name"], v["uuid"], v["host"], v["state"]) for v in destroyed["vms"]] \
+            == [("guest1", vm["uuid"], host, "destroyed")]
+
+        with pytest.raises(libvirt.libvirtError) as gone:
+            conn.lookupByUUIDString(vm["uuid"])
+        assert gone.value.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
+        assert _volumes_of(conn, host, vm["uuid"]) == []
+        assert not [f for f in os.listdir(os.path.join(state_dirs[host], "pool"))
+                    if f.startswith(vm["uuid"])]
+        assert not os.path.exists(console)
+        assert [a for a in cluster.cli_json("placement", "allocations")
+                if a["allocations"]] == []
+        wait_for(lambda: not [v for v in cluster.cli_json("vmlist")
+                              if v["uuid"] == vm["uuid"]],
+                 timeout=20, interval=0.5, what="vmlist without guest1")
+    finally:
+        cluster.close()
+        _cleanup(conn, hosts, uuids)
