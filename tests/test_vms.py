@@ -169,7 +169,10 @@ def test_destroy_by_pattern_leaves_nothing_behind(cluster, store):
         leftovers = [v for v in state["volumes"] if not v.startswith(db1["uuid"])
                      and not v.startswith("image-")]
         assert not leftovers, f"{host} kept volumes {leftovers}"
-    assert set(allocations(store)) == {db1["uuid"]}
+    left = allocations(store)
+    assert set(left) == {db1["uuid"]}, (
+        f"allocations left: {left}\nboot: {boot['result']}\n"
+        f"destroy log: {api.get_task(store, destroyed['automation'])['log']}")
     wait_for(lambda: sorted(v["name"] for v in published(store) if v["name"] != "test")
              == ["db1"], what="vms/ without the web VMs")
 
