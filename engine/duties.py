@@ -149,8 +149,10 @@ class Singleton:
                 self._stop.wait(0.5)
 
 
-def janitor(store: Store, retention: float, interval: float = 10.0):
+def janitor(store: Store, retention: float, interval: float | None = None):
     """Drops finished automations older than ``retention`` seconds."""
+    if interval is None:
+        interval = max(0.5, min(10.0, retention / 4))
     def duty(stop: threading.Event, candidacy: Candidacy):
         while not stop.wait(interval):
             try:

@@ -29,7 +29,7 @@ from .registry import load_automations
 from .session import Session
 from .store import Put, Store, StoreUnavailable
 
-__all__ = ["run_peer"]
+__all__ = ["run_peer", "parse_duration"]
 
 log = structlog.get_logger("peerctl.peer")
 
@@ -141,11 +141,29 @@ class Peer:
         return publisher
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value) -> float:
+    """``3600``, ``"45s"``, ``"30m"``, ``"12h"``, ``"7d"`` -> seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip().lower()
+    try:
+        if text and text[-1] in _UNITS:
+            return float(text[:-1]) * _UNITS[text[-1]]
+        return float(text)
+    except ValueError:
+        raise ValueError(f"bad duration {value!r} (want e.g. 3600, 45s, 30m, 12h, 7d)") from None
+
+
 def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
              hooks_dir: str | None = None, workers: int = 8,
-             state_dir: str | None = None) -> int:
-    """Run a peer in the foreground until SIGTERM or SIGINT."""
-    peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir)
+             state_dir: str | None = None, retention=RETENTION) -> int:
+    """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
+    automations are kept for ``retention`` (seconds or ``7d``-style)."""
+    peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir,
+                parse_duration(retention if retention is not None else RETENTION))
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)

@@ -282,3 +282,22 @@ def test_members_that_die_are_replaced_so_the_automation_outlives_them(cluster, 
     assert task["initiator"] in ("x1", "t1")
     assert len(task["result"]["replies"]) == 40
     assert store.range("member/")[0] == [], "members keep duties of a finished automation"
+
+
+def test_finished_automations_are_compacted_after_the_retention(cluster, store, tmp_path):
+    conf = tmp_path / "peerctl.conf"
+    conf.write_text("[peerctl]\nretention = 2s\n")
+    start_peers(cluster, store, ["h1", "h2"], env={"PEERCTL_CONF": str(conf)})
+    done = api.start_automation(store, "ping", {"hosts": ["h1", "h2"], "rounds": 2})
+    assert finished(store, done)["state"] == "done"
+    assert api.list_tasks(store, include_finished=True)[0]["id"] == done   # kept for a while
+    hooks = str(tmp_path / "hooks")
+    counting_hook(hooks, sleep=30)      # keep a second automation running
+    cluster.start_peer("slow", extra_args=["--hooks", hooks], env={"PEERCTL_CONF": str(conf)})
+    wait_for(lambda: "slow" in api.live_hosts(store), what="slow alive")
+    running = api.start_automation(store, "ping", {"hosts": ["slow"], "rounds": 1})
+    wait_for(lambda: store.range(keys.auto(done))[0] == [], what="the finished one compacted")
+    assert store.get(keys.task(done)) is None
+    with pytest.raises(api.UnknownTask):
+        api.get_task(store, done)
+    assert api.get_task(store, running)["state"] == "running"
