@@ -316,6 +316,10 @@ class Store:
         request = etcdrpc.LeaseTimeToLiveRequest(ID=lease)
         return self._call("leasestub", "LeaseTimeToLive", request).TTL > 0
 
+    def compact(self, revision: int) -> None:
+        """Drop history before ``revision`` (the whole etcd, not just this cluster)."""
+        self._call("kvstub", "Compact", etcdrpc.CompactionRequest(revision=revision, physical=True))
+
     # -- watches -----------------------------------------------------------
 
     def watch(self, prefix: str, start_revision: int,
