@@ -45,6 +45,12 @@ if ! ls "$GUEST_DIR"/vmlinuz-* >/dev/null 2>&1; then
     rm -rf "$GUEST_DIR" && mv "$GUEST_DIR.new" "$GUEST_DIR"
 fi
 
+# Without udev nothing applies Debian's rule for /dev/kvm (group kvm, mode
+# 0660), and QEMU, running as libvirt-qemu, cannot open it.
+if [ -c /dev/kvm ] && getent group kvm >/dev/null; then
+    chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+fi
+
 alive() {   # alive PIDFILE: the PID file names a running process
     [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
 }

@@ -60,12 +60,12 @@ def _volumes_of(conn, host, uuid):
     return [v.name() for v in pool.listAllVolumes(0) if v.name().startswith(uuid)]
 
 
-def _cleanup(conn, hosts, uuids):
-    """Whatever a failed run left in the shared libvirtd: domains, pools."""
-    for uuid in uuids:
-        try:
-            dom = conn.lookupByUUIDString(uuid)
-        except libvirt.libvirtError:
+def _cleanup(conn, hosts, name):
+    """Whatever a failed run left in the shared libvirtd: domains, pools.
+
+    By name, since a boot that timed out never told us its uuid."""
+    for dom in conn.listAllDomains(0):
+        if dom.name() != name:
             continue
         try:
             if dom.isActive():
@@ -92,10 +92,10 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
                                                               guest_dir, workdir):
     tag = os.getpid()
     hosts = [f"qa{tag}", f"qb{tag}"]
+    name = f"guest{tag}"     # unique: the libvirtd is shared with other runs
     image = qemu_guest.build_disk_image(os.path.join(workdir, "guest.img"), guest_dir,
                                         workdir)
     state_dirs = {h: os.path.join(workdir, f"state-{h}") for h in hosts}
-    uuids = []
     try:
         for host in hosts:
             cluster.start_peer(host, libvirt=qemu_guest.QEMU_URI,
@@ -112,24 +112,23 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
 
         # boot: placement claim + build on the chosen host, one automation.
         booted = cluster.cli_json(
-            "boot", "guest1", "--resources", f"VCPU:1,MEMORY_MB:{MEMORY_MB},DISK_GB:1",
+            "boot", name, "--resources", f"VCPU:1,MEMORY_MB:{MEMORY_MB},DISK_GB:1",
             "--image", f"file://{image}", timeout=BOOT_TIMEOUT)
         assert booted["state"] == "done", booted
         (vm,) = booted["vms"]
-        uuids.append(vm["uuid"])
-        assert vm["name"] == "guest1" and vm["state"] == "running", vm
+        assert vm["name"] == name and vm["state"] == "running", vm
         host = vm["host"]
         assert host in hosts
 
         dom = conn.lookupByUUIDString(vm["uuid"])
-        assert dom.name() == "guest1" and dom.isActive()
+        assert dom.name() == name and dom.isActive()
         expected = {"tcg": "qemu", "kvm": "kvm"}[qemu_guest.LINUX_ACCEL]
         assert f"<domain type='{expected}'" in dom.XMLDesc(0)    # the peer's env reached it
 
         listed = wait_for(lambda: [v for v in cluster.cli_json("vmlist")
-                                   if v["name"] == "guest1" and v["state"] == "running"],
-                          timeout=20, interval=0.5, what="vmlist to show guest1 running")
-        assert listed == [{"host": host, "name": "guest1", "uuid": vm["uuid"],
+                                   if v["name"] == name and v["state"] == "running"],
+                          timeout=20, interval=0.5, what=f"vmlist to show {name} running")
+        assert listed == [{"host": host, "name": name, "uuid": vm["uuid"],
                            "state": "running", "vcpus": 1, "memory_mb": MEMORY_MB,
                            "disk_gb": 1}]
 
@@ -147,10 +146,10 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
         assert _volumes_of(conn, host, vm["uuid"]) == [f"{vm['uuid']}.qcow2"]
 
         # destroy: power off + undefine + volumes on the host, then release.
-        destroyed = cluster.cli_json("destroy", "guest1", "--yes", timeout=60)
+        destroyed = cluster.cli_json("destroy", name, "--yes", timeout=60)
         assert destroyed["state"] == "done", destroyed
         assert [(v["name"], v["uuid"], v["host"], v["state"]) for v in destroyed["vms"]] \
-            == [("guest1", vm["uuid"], host, "destroyed")]
+            == [(name, vm["uuid"], host, "destroyed")]
 
         with pytest.raises(libvirt.libvirtError) as gone:
             conn.lookupByUUIDString(vm["uuid"])
@@ -163,7 +162,7 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
                 if a["allocations"]] == []
         wait_for(lambda: not [v for v in cluster.cli_json("vmlist")
                               if v["uuid"] == vm["uuid"]],
-                 timeout=20, interval=0.5, what="vmlist without guest1")
+                 timeout=20, interval=0.5, what=f"vmlist without {name}")
     finally:
         cluster.close()
-        _cleanup(conn, hosts, uuids)
+        _cleanup(conn, hosts, name)
