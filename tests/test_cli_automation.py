@@ -1,15 +1,22 @@
 """Automations through the real command line, on real peers and a real etcd:
-ping, tasks, task, wait, abort, --detach, boot and the wildcard bulk actions."""
+ping, tasks, task, wait, abort, --detach, boot and the wildcard bulk actions
+(destroy, start, stop, reboot, suspend, resume); `wait` exits 1 on failed,
+aborted and stuck automations; `initiator` names the leading peer."""
 from __future__ import annotations
 
 import json
 import re
 import subprocess
 import sys
+import time
+import uuid
 
 import pytest
 
+from engine import keys
+from engine.store import Put
 from tests.cluster import PEERCTL, ROOT, wait_for
+from tests.hooks import counting_hook
 from tests.test_cli_terminal import Terminal, alive, peers  # noqa: F401,F811
 
 TASK_KEYS = {"id", "kind", "state", "initiator", "members", "result", "error", "log"}
@@ -118,10 +125,17 @@ def test_boot_that_cannot_be_placed_fails_with_exit_1(cluster, peers):
     done = cluster.cli("--format", "json", "boot", "huge1",
                        "--resources", "VCPU:100000,MEMORY_MB:128")
     assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
     doc = json.loads(done.stdout)
-    assert doc["state"] in ("done", "failed")
-    assert [vm["state"] for vm in doc["vms"]] in ([], ["error"])
-    assert "Traceback" not in done.stderr and "huge1" in done.stderr or doc.get("error")
+    assert doc["state"] == "failed", doc
+    [vm] = doc["vms"]
+    assert vm["name"] == "huge1" and vm["state"] == "error" and vm["host"] is None
+    assert vm["error"], vm          # says why
+    assert "huge1" in done.stderr.splitlines()[-1]
+    # `wait` on a failed automation: the same final object, exit 1
+    waited = cluster.cli_json("wait", doc["automation"], expect_rc=1)
+    assert waited["state"] == "failed" and waited["result"]["vms"][0]["state"] == "error"
+    assert cluster.cli_json("vmlist") == []
 
 
 def test_boot_name_in_use_exits_1(cluster, peers):
@@ -171,3 +185,107 @@ def test_progress_of_a_ten_vm_boot_and_ctrl_c_detaches(cluster, slow_peers):
     assert states == {name: "running" for name in names}
     listed = cluster.cli_json("vmlist", "vm*")
     assert sorted(vm["name"] for vm in listed) == names
+
+
+def test_detached_boot_then_suspend_resume_reboot_and_detached_destroy(cluster, peers):
+    doc = cluster.cli_json("boot", "app1", "app2", "--resources", SPEC, "--detach")
+    assert list(doc) == ["automation"]
+    booted = cluster.cli_json("wait", doc["automation"])
+    assert TASK_KEYS <= set(booted) and booted["id"] == doc["automation"]
+    assert booted["state"] == "done" and booted["kind"] == "boot"
+    assert sorted((vm["name"], vm["state"]) for vm in booted["result"]["vms"]) == \
+        [("app1", "running"), ("app2", "running")]
+    wait_for(lambda: len(vms_by_name(cluster)) == 2, what="two VMs listed")
+
+    def act(*args, expect):
+        doc = cluster.cli_json(*args)
+        assert set(doc) >= {"automation", "state", "vms"} and doc["state"] == "done", doc
+        assert sorted((vm["name"], vm["state"]) for vm in doc["vms"]) == expect, doc
+        names = dict(expect)
+        wait_for(lambda: {n: vm["state"] for n, vm in vms_by_name(cluster).items()
+                          if n in names} == names, what=f"vmlist shows {expect}")
+
+    act("suspend", "app*", "--yes", expect=[("app1", "paused"), ("app2", "paused")])
+    # resume is not destructive: no --yes needed for two VMs
+    act("resume", "app*", expect=[("app1", "running"), ("app2", "running")])
+    act("reboot", "app1", expect=[("app1", "running")])     # one VM: no --yes needed
+    done = cluster.cli("reboot", "app*", input="")
+    assert done.returncode == 2 and "--yes" in done.stderr.splitlines()[-1]
+
+    done = cluster.cli("destroy", "app*", "--yes", "--detach")
+    assert done.returncode == 0, done.stderr
+    automation = done.stdout.strip()            # the table form: just the id
+    assert re.fullmatch(r"\S+", automation), done.stdout
+    destroyed = cluster.cli_json("wait", automation)
+    assert destroyed["state"] == "done" and destroyed["kind"] == "destroy"
+    assert sorted((vm["name"], vm["state"]) for vm in destroyed["result"]["vms"]) == \
+        [("app1", "destroyed"), ("app2", "destroyed")]
+    wait_for(lambda: vms_by_name(cluster) == {}, what="no VM left")
+
+
+@pytest.fixture
+def slow_ping_peers(cluster, tmp_path):
+    """Three peers whose pings each take a second (a ping.pre hook)."""
+    hooks = str(tmp_path / "hooks")
+    counting_hook(hooks, request="ping", sleep=1.0)
+    names = ["host1", "host2", "host3"]
+    for name in names:
+        cluster.start_peer(name, extra_args=["--hooks", hooks])
+    wait_for(lambda: set(names) <= alive(cluster), timeout=30, what="three peers alive")
+    return names
+
+
+def leader_in_logs(cluster, automation, hosts):
+    """The host whose peer log says it leads ``automation`` (the last one to say so)."""
+    leaders = []
+    for host in hosts:
+        for line in cluster.log(host).splitlines():
+            if "initiator_leads" in line and f"automation={automation}" in line:
+                leaders.append(re.search(r"\bhost=(\S+)", line).group(1))
+    return leaders[-1] if leaders else None
+
+
+def test_abort_a_running_automation_and_wait_exits_1(cluster, slow_ping_peers):
+    rounds = 20
+    doc = cluster.cli_json("ping", "--rounds", str(rounds), "--detach")
+    automation = doc["automation"]
+    running = wait_for(lambda: (lambda t: t if any(e["status"] == "running" for e in t["log"])
+                                else None)(cluster.cli_json("task", automation)),
+                       timeout=30, what="a ping step running")
+    assert running["state"] == "running"
+    # `initiator` names the peer leading the automation, as its own log says
+    leader = wait_for(lambda: leader_in_logs(cluster, automation, slow_ping_peers),
+                      what="the leader's log line")
+    assert running["initiator"] == leader and leader in running["members"]
+    assert automation in [t["id"] for t in cluster.cli_json("tasks")]
+
+    assert cluster.cli_json("abort", automation) == {"id": automation, "state": "aborted"}
+    waited = cluster.cli_json("wait", automation, expect_rc=1)
+    assert waited["id"] == automation and waited["state"] == "aborted"
+    assert waited["error"] and "abort" in waited["error"]
+    assert waited["initiator"] == leader
+    assert len(waited["log"]) < 3 * rounds          # it stopped early
+    assert cluster.cli_json("tasks") == []
+    done = cluster.cli("wait", automation)
+    assert done.returncode == 1 and "aborted" in done.stderr.splitlines()[-1]
+    assert "Traceback" not in done.stderr
+
+
+def test_wait_exits_1_on_a_stuck_automation(cluster, peers, store):
+    """An automation whose recorded version no peer has goes stuck, saying why."""
+    automation, now = "stuck-" + uuid.uuid4().hex[:8], time.time()
+    spec = {"id": automation, "kind": "ping", "version": 99, "created": now,
+            "args": {"hosts": ["host1"], "rounds": 1}, "members": ["host1"],
+            "wanted_members": 1}
+    store.txn([], [Put(keys.spec(automation), spec),
+                   Put(keys.status(automation), {"state": "running", "updated": now}),
+                   Put(keys.task(automation), {"id": automation, "kind": "ping",
+                                               "state": "running", "created": now,
+                                               "members": ["host1"], "steps": 0}),
+                   Put(keys.member("host1", automation), {"since": now})])
+    waited = cluster.cli_json("wait", automation, "--timeout", "60", expect_rc=1)
+    assert waited["state"] == "stuck", waited
+    assert "version 99" in waited["error"]
+    assert waited["initiator"] == "host1"
+    done = cluster.cli("wait", automation)
+    assert done.returncode == 1 and "stuck" in done.stderr.splitlines()[-1]
