@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from . import keys
+from . import failpoints, keys
 from .election import Candidacy
 from .record import AutomationRecord, response_from
 from .registry import UnknownAutomation, lookup
@@ -283,6 +283,8 @@ class Initiator:
                 appended.append(entry)
             ops.append(Put(keys.task(self.id), self._summary("running", self.next_index + len(appended))))
             compares, ops = self._with_carry(compares, ops)
+            for entry in appended:
+                failpoints.crash(f"append {entry['index']}")
             if not self._txn(compares, ops):
                 raise _Restart()    # someone else wrote our indices: never continue blind
             for entry in appended:
@@ -391,6 +393,7 @@ class Initiator:
             ops += [Delete(keys.inbox(e["target"], self.id, i))
                     for i, e in getattr(self, "entries", record.entries).items()
                     if i not in getattr(self, "answered", record.responses) and not e.get("local")]
+        failpoints.crash("finish")
         if not self._txn(compares, ops):
             raise _Restart()
         self.log.info("automation_finished", state=state, error=error)

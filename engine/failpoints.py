@@ -1,0 +1,69 @@
+"""Crash points for tests, after etcd's gofail: die exactly where a test says.
+
+A test that SIGKILLs a peer from outside cannot choose where the peer is in
+its work; a crash point can.  ``PEERCTL_FAILPOINTS`` names a file of point
+names, one a line (``append 3``: just before the transaction that appends
+log index 3; ``finish``: just before the terminal status is written).  The
+first process to reach a listed point removes its line, under an exclusive
+lock so that exactly one process fires it, notes it in ``<file>.fired``, and
+SIGKILLs itself: no ``finally``, no lease revoke, a real crash.
+
+Without the variable :func:`crash` is one comparison: production pays nothing.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import time
+
+__all__ = ["ENV", "arm", "crash", "fired"]
+
+ENV = "PEERCTL_FAILPOINTS"
+_PATH = os.environ.get(ENV) or None     # read once: the cost when disabled is a compare
+
+
+def crash(point: str) -> None:
+    """SIGKILL this process if ``point`` is armed (consuming it)."""
+    if _PATH is None or not _consume(_PATH, point):
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _consume(path: str, point: str) -> bool:
+    try:
+        with open(path, "r+") as armed:
+            fcntl.flock(armed, fcntl.LOCK_EX)
+            points = armed.read().splitlines()
+            if point not in points:
+                return False
+            points.remove(point)
+            armed.seek(0)
+            armed.truncate()
+            armed.write("".join(p + "\n" for p in points))
+            armed.flush()
+            with open(path + ".fired", "a") as log:
+                log.write(f"{point}\t{os.getpid()}\t{time.time():.6f}\n")
+                log.flush()
+                os.fsync(log.fileno())
+            os.fsync(armed.fileno())
+            return True
+    except FileNotFoundError:
+        return False
+
+
+def arm(path: str, points: list[str]) -> None:
+    """Arm ``points`` in the file ``path`` (tests)."""
+    with open(path, "a") as armed:
+        fcntl.flock(armed, fcntl.LOCK_EX)
+        armed.write("".join(p + "\n" for p in points))
+
+
+def fired(path: str) -> list[tuple[str, int, float]]:
+    """``(point, pid, time)`` for every point fired so far, in order (tests)."""
+    try:
+        with open(path + ".fired") as log:
+            rows = [line.rstrip("\n").split("\t") for line in log if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [(point, int(pid), float(at)) for point, pid, at in rows]
