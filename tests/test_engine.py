@@ -221,6 +221,46 @@ def test_request_to_a_dead_host_is_lost_within_its_deadline(cluster, store, tmp_
     assert appended > 0
 
 
+def start_test_automation(store, kind, args, **options):
+    """Start a kind from tests/automations (this process must know it too)."""
+    os.environ["PEERCTL_AUTOMATIONS_PATH"] = TEST_AUTOMATIONS
+    try:
+        return api.start_automation(store, kind, args, **options)
+    finally:
+        del os.environ["PEERCTL_AUTOMATIONS_PATH"]
+
+
+def test_hanging_request_times_out_and_the_late_answer_loses(cluster, store, tmp_path):
+    """t1 is alive and claims each step, but its pre hook outlasts the
+    deadline: the initiator writes `timeout` within deadline + 1 s, the
+    worker goes on, and t1's answer, when it finally comes, is refused."""
+    deadline, hang = 2.0, 4.0
+    hooks = str(tmp_path / "hooks")
+    counting_hook(hooks, sleep=hang)
+    start_peers(cluster, store, ["t1"], hooks=hooks)
+    start_peers(cluster, store, ["m1"], env={"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
+    automation_id = start_test_automation(store, "steps", {"target": "t1", "count": 2,
+                                                           "deadline": deadline},
+                                          members=1, prefer=["m1"])
+    task = finished(store, automation_id, timeout=30)
+    assert task["state"] == "done", task["error"]      # the worker handled the timeouts
+    assert [o["status"] for o in task["result"]["outcomes"]] == ["timeout", "timeout"]
+    assert all(e["executor"] is None for e in task["log"])
+    first = {kv.key: kv for kv in store.range(keys.auto(automation_id, "resp/"))[0]}
+    for entry in task["log"]:
+        answered = first[keys.response(automation_id, entry["index"])].value["time"]
+        late = answered - (entry["time"] + deadline)
+        assert 0 <= late <= 1.0, f"step {entry['index']} timed out {late:+.2f}s after its deadline"
+    # Both steps did run on t1 (claimed before the deadline), and t1 tried
+    # to answer each once its hook returned: create-if-absent refused it.
+    wait_for(lambda: cluster.log("t1").count("response_superseded") >= 2,
+             timeout=hang + 10, what="t1's late answers")
+    now = {kv.key: kv for kv in store.range(keys.auto(automation_id, "resp/"))[0]}
+    assert {k: (kv.mod_revision, kv.value["status"]) for k, kv in now.items()} == \
+        {k: (kv.mod_revision, "timeout") for k, kv in first.items()}
+    assert api.get_task(store, automation_id)["result"]["outcomes"] == task["result"]["outcomes"]
+
+
 def test_etcd_restart_mid_automation(own_etcd, tmp_path):
     from tests.cluster import Cluster
     cluster = Cluster(own_etcd.url, "restart", tmp_path)
