@@ -10,8 +10,15 @@ every process starts together), then:
   best candidate for SPEC (alternates on capacity_exceeded), until there is
   no candidate left; prints ``{"claimed": [...], "capacity_exceeded": n,
   "concurrent_update": n, "seconds": s, "started": t, "ended": t}``;
+  ``races_lost`` counts the backend's transactions lost to another claimer
+  (retried inside ``claim``): the evidence that the processes really raced;
 - MODE ``forever``: claims SPEC's best candidate and releases every second
-  consumer, without end: the crash test SIGKILLs it.
+  consumer, without end;
+- MODE ``churn``: takes SPEC's best candidate once, then claims it for new
+  consumers and releases every second one, without end, so that nearly all
+  its time is spent inside claims and releases.  Before every transaction
+  that writes a consumer it prints ``txn claim|release CONSUMER`` (flushed):
+  the crash test SIGKILLs it right after such a line.
 """
 from __future__ import annotations
 
@@ -52,6 +59,33 @@ def claim_one(placement, spec: str, stats: dict) -> str | None:
                 stats[exc.reason] += 1      # capacity: next alternate; race: next too
 
 
+def churn(placement, spec: str) -> int:
+    """Claim and release on one candidate forever, announcing each write."""
+    from engine.store import Delete, Put
+    store = placement.store
+    real_txn = store.txn
+
+    def announced_txn(compares, success=(), *args, **kwargs):
+        success = list(success)
+        for op in success:
+            if isinstance(op, (Put, Delete)) and op.key.startswith("placement/consumer/"):
+                kind = "claim" if isinstance(op, Put) else "release"
+                sys.stdout.write(f"txn {kind} {op.key.rsplit('/', 1)[1]}\n")
+                sys.stdout.flush()
+                break
+        return real_txn(compares, success, *args, **kwargs)
+    store.txn = announced_txn
+    allocations = placement.candidates(spec, limit=1)[0]["allocations"]
+    count = 0
+    while True:     # the crash test kills us
+        consumer = str(uuid.uuid4())
+        placement.claim(consumer, allocations, project="churn", user="churner",
+                        consumer_generation=None)
+        count += 1
+        if count % 2:
+            placement.release(consumer)
+
+
 def main(argv) -> int:
     backend, spec, mode = argv[1], argv[2], argv[3]
     go = argv[4] if len(argv) > 4 else None
@@ -65,11 +99,14 @@ def main(argv) -> int:
             return 3
         time.sleep(0.005)
     stats = {"claimed": [], "capacity_exceeded": 0, "concurrent_update": 0}
+    if mode == "churn":
+        return churn(placement, spec)
     start, stats["started"] = time.monotonic(), time.time()
     if mode == "until-refused":
         while (consumer := claim_one(placement, spec, stats)) is not None:
             stats["claimed"].append(consumer)
         stats["seconds"], stats["ended"] = time.monotonic() - start, time.time()
+        stats["races_lost"] = placement.races_lost
         print(json.dumps(stats), flush=True)
         return 0
     count = 0

@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -21,17 +22,41 @@ PROCESSES = 8
 
 
 def race(backend: str, spec: str, tmp_path) -> list[dict]:
+    """PROCESSES claimers, released together once every one is connected."""
     go = tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, CLAIMER, backend, spec, "until-refused", str(go)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
              for _ in range(PROCESSES)]
-    go.write_text("go")
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err[-2000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    try:
+        ready = lambda: len(list(tmp_path.glob("go.ready.*")))  # noqa: E731
+        wait_for(lambda: ready() == PROCESSES or any(p.poll() is not None for p in procs),
+                 timeout=60, interval=0.01, what=f"{PROCESSES} claimers connected")
+        assert ready() == PROCESSES, [p.communicate()[1][-2000:] for p in procs
+                                      if p.poll() is not None]
+        go.write_text("go")
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=180)
+            assert p.returncode == 0, err[-2000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def contention(results) -> dict:
+    """What shows that the claimers really raced."""
+    granting = [r for r in results if r["claimed"]]
+    return {"granting_processes": len(granting),
+            # every granting process was still claiming when the last one began
+            "overlapped": bool(granting) and max(r["started"] for r in granting)
+            < min(r["ended"] for r in granting),
+            "races_lost": sum(r["races_lost"] for r in results),
+            "capacity_exceeded": sum(r["capacity_exceeded"] for r in results),
+            "concurrent_update": sum(r["concurrent_update"] for r in results)}
 
 
 def fill(placement, providers: int, vcpus: int) -> list[dict]:
@@ -39,14 +64,20 @@ def fill(placement, providers: int, vcpus: int) -> list[dict]:
             for i in range(providers)]
 
 
-def check_exact(placement, results, rps, capacity):
+def check_exact(placement, results, rps):
+    """Granted claims are distinct, all held, and usages are their sum."""
     claimed = [c for r in results for c in r["claimed"]]
-    assert len(claimed) == len(set(claimed))
+    assert len(claimed) == len(set(claimed)), "a consumer was granted twice"
     held = placement.all_allocations()
     # nothing lost: every claim that said yes holds its allocation, nothing else does
     assert sorted(a["consumer"] for a in held) == sorted(claimed)
-    used = sum(placement.provider(rp["uuid"])["usages"].get("VCPU", 0) for rp in rps)
-    assert used == len(claimed)
+    per_rp = {rp["uuid"]: 0 for rp in rps}
+    for a in held:
+        [(rp, resources)] = a["allocations"].items()
+        assert resources == {"VCPU": 1}, a
+        per_rp[rp] += 1
+    for rp in rps:
+        assert placement.provider(rp["uuid"])["usages"].get("VCPU", 0) == per_rp[rp["uuid"]]
     return len(claimed)
 
 
@@ -56,11 +87,15 @@ def test_eight_processes_claim_exactly_capacity_on_etcd(etcd, cluster_name, tmp_
     rps = fill(placement, 10, 8)
     capacity = 80
     results = race(f"etcd:{etcd.url}:{cluster_name}", "VCPU:1", tmp_path)
-    assert check_exact(placement, results, rps, capacity) == capacity
+    seen = contention(results)
+    print("etcd race:", seen)
+    assert check_exact(placement, results, rps) == capacity
     for rp in rps:
         assert placement.provider(rp["uuid"])["usages"]["VCPU"] == 8
-    print("etcd:", {k: sum(r[k] for r in results) for k in ("capacity_exceeded",
-                                                              "concurrent_update")})
+    # it was a race: several processes won claims at overlapping times, and
+    # some transactions lost a compare to another claimer and were redone
+    assert seen["granting_processes"] > 1 and seen["overlapped"], seen
+    assert seen["races_lost"] > 0, seen
     store.close()
 
 
@@ -70,41 +105,70 @@ def test_eight_processes_against_openstack_placement(placement_server, tmp_path)
         rps = fill(placement, 4, 4)
         capacity = 16
         results = race(placement_server.url, "VCPU:1", tmp_path)
-        granted = check_exact(placement, results, rps, capacity)
-        # recorded behaviour (sqlite, single-threaded server): no overcommit
-        print("openstack placement granted", granted, "of", capacity,
-              {k: sum(r[k] for r in results) for k in ("capacity_exceeded", "concurrent_update")})
+        seen = contention(results)
+        granted = check_exact(placement, results, rps)
+        # Recorded (docs/placement.md): with sqlite behind a single-threaded
+        # server Placement serializes the claims, so it never overcommits;
+        # losers see 409s (capacity_exceeded on stale candidates).
+        print("openstack placement race: granted", granted, "of", capacity, seen)
+        assert seen["granting_processes"] > 1 and seen["overlapped"], seen
+        assert seen["capacity_exceeded"] + seen["concurrent_update"] > 0, seen
         assert granted == capacity
     finally:
         placement_server.wipe()
         placement.close()
 
 
-@pytest.mark.parametrize("round_", range(3))
-def test_sigkill_mid_claim_leaves_whole_allocations(etcd, cluster_name, tmp_path, round_):
+KILL_ROUNDS = 8
+
+
+def test_sigkill_inside_claims_leaves_whole_allocations(etcd, cluster_name):
+    """A claimer that spends nearly all its time claiming and releasing (two
+    providers and the consumer key per transaction) is SIGKILLed right after it
+    announces a transaction, KILL_ROUNDS times: every consumer holds its whole
+    allocation or nothing, and usages are the sum of the allocations."""
     store = Store(etcd.url, cluster_name)
     placement = open_placement("etcd", store)
     agg = new_uuid()
     cn = make_provider(placement, "cn", {"VCPU": 1000000}, aggregates=[agg])
     nfs = make_provider(placement, "nfs", {"DISK_GB": 1000000},
                         traits=["MISC_SHARES_VIA_AGGREGATE"], aggregates=[agg])
-    claimer = subprocess.Popen([sys.executable, CLAIMER, f"etcd:{etcd.url}:{cluster_name}",
-                                "VCPU:1,DISK_GB:2", "forever"], cwd=ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        target = random.randint(5, 40)
-        wait_for(lambda: placement.provider(cn["uuid"])["generation"] >= target + 1
-                 or claimer.poll() is not None, timeout=30, interval=0.002,
-                 what=f"{target} allocation changes")
-        assert claimer.poll() is None, claimer.stderr.read().decode()[-2000:]
-    finally:
-        claimer.send_signal(signal.SIGKILL)
-        claimer.wait()
     whole = {cn["uuid"]: {"VCPU": 1}, nfs["uuid"]: {"DISK_GB": 2}}
+    rng = random.Random()
+    outcomes = []
+    for _ in range(KILL_ROUNDS):
+        claimer = subprocess.Popen([sys.executable, CLAIMER, f"etcd:{etcd.url}:{cluster_name}",
+                                    "VCPU:1,DISK_GB:2", "churn"], cwd=ROOT, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            skip = rng.randint(3, 30)       # let some whole claims and releases land
+            line = ""
+            for _ in range(skip):
+                line = claimer.stdout.readline()
+                assert line.startswith("txn "), claimer.stderr.read()[-2000:] if not line else line
+            # SIGKILL lands while the announced transaction is being built,
+            # sent, applied or answered (a claim's round trip is ~1-3 ms here)
+            time.sleep(rng.uniform(0, 0.001))
+        finally:
+            claimer.send_signal(signal.SIGKILL)
+            claimer.wait()
+            claimer.stdout.close()
+            claimer.stderr.close()
+        _, kind, consumer = line.split()
+        held = placement.allocations(consumer)["allocations"]
+        assert held in ({}, whole), (kind, consumer, held)
+        outcomes.append((kind, bool(held)))
+        check_whole_or_none(placement, cn, nfs, whole)
+    print("killed during:", outcomes)
+    store.close()
+
+
+def check_whole_or_none(placement, cn, nfs, whole):
     held = placement.all_allocations()
-    assert held, "the claimer claimed nothing"
     for consumer in held:
         assert consumer["allocations"] == whole, consumer
-    assert placement.provider(cn["uuid"])["usages"] == {"VCPU": len(held)}
-    assert placement.provider(nfs["uuid"])["usages"] == {"DISK_GB": 2 * len(held)}
-    store.close()
+        assert (consumer["project"], consumer["user"], consumer["consumer_type"]) == \
+            ("churn", "churner", "INSTANCE")
+    assert placement.provider(cn["uuid"])["usages"] == ({"VCPU": len(held)} if held else {})
+    assert placement.provider(nfs["uuid"])["usages"] == ({"DISK_GB": 2 * len(held)}
+                                                         if held else {})

@@ -32,6 +32,9 @@ ANY = _Any()    # "whatever the consumer generation is now"
 class Placement(abc.ABC):
     backend = "?"
     retries = 10        # Placement's allocation_conflict_retry_count
+    # Writes lost to a concurrent writer and retried or reported (a count kept
+    # per instance, for tests and the bench: proof that a race really raced).
+    races_lost = 0
 
     # -- providers -----------------------------------------------------------
 

@@ -370,6 +370,8 @@ class EtcdPlacement(Placement):
                 self._seen[rp] = KV(RP + rp, doc, 0, result.revision, 0, 0)
             else:
                 self._seen.pop(rp, None)
+        if not result.succeeded:
+            self.races_lost += 1
         return docs if result.succeeded else None
 
     @staticmethod

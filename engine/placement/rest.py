@@ -286,6 +286,7 @@ class RestPlacement(Placement):
             except Conflict as exc:
                 if exc.reason != "concurrent_update":
                     raise
+                self.races_lost += 1
                 have = self.allocations(consumer)
                 if same_holding(have, want):
                     return have
