@@ -552,24 +552,38 @@ class ProgressView:
 def follow(ctx: Context, automation: str, timeout: float | None = None,
            quiet: bool = False) -> dict:
     """Follow ``automation`` to a terminal state; Ctrl-C detaches (exit 130)."""
-    api = _engine_api()
-    store = ctx.store()
-    view = None if quiet else ProgressView(sys.stderr, automation, sys.stderr.isatty())
-    last = None
     try:
+        api = _engine_api()
+        store = ctx.store()
+        view = None if quiet else ProgressView(sys.stderr, automation, sys.stderr.isatty())
+        last = None
         for task in api.follow(store, automation, timeout=timeout):
             last = task
             if view:
                 view.update(task)
+        if last is None:
+            last = api.get_task(store, automation)
+            if view:
+                view.update(last)
     except KeyboardInterrupt:
-        say(f"\nDetached from automation {automation}; it goes on without us.\n"
-            f"Re-attach with: {me()} wait {automation}")
-        raise Detached() from None
-    if last is None:
-        last = api.get_task(store, automation)
-        if view:
-            view.update(last)
+        detach(ctx, automation)
+    except Exception as exc:
+        if type(exc).__name__ != "StoreUnavailable":
+            raise
+        raise Unreachable(f"etcd unreachable at {ctx.settings['etcd']} while following "
+                          f"automation {automation}, which goes on; re-attach with: "
+                          f"{me()} wait {automation}") from exc
     return last
+
+
+def detach(ctx: Context, automation: str):
+    """Leave ``automation`` running: say how to re-attach and exit 130.  With
+    ``--format json`` stdout still gets ``{"automation": ID}`` for scripts."""
+    if ctx.json:
+        ctx.emit({"automation": automation})
+    say(f"\nDetached from automation {automation}; it goes on without us.\n"
+        f"Re-attach with: {me()} wait {automation}")
+    raise Detached()
 
 
 class Detached(Exception):
@@ -612,13 +626,27 @@ def vm_outcome(ctx: Context, automation: str, task: dict) -> int:
 
 
 def run_automation(ctx: Context, kind: str, args: dict, outcome) -> int:
-    automation = start(ctx, kind, args)
-    if ctx.args.detach:
-        ctx.emit({"automation": automation}, automation)
-        return EXIT_OK
-    if not ctx.json and not sys.stderr.isatty():
-        say(f"automation {automation} started ({kind}); Ctrl-C detaches")
-    task = follow(ctx, automation)
+    # Ctrl-C while the automation is being created waits until its id is
+    # known, so that the user always learns what to re-attach to.
+    interrupted = []
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    try:
+        automation = start(ctx, kind, args)
+    except BaseException:
+        signal.signal(signal.SIGINT, previous)
+        raise
+    try:
+        signal.signal(signal.SIGINT, previous)
+        if interrupted:
+            raise KeyboardInterrupt
+        if ctx.args.detach:
+            ctx.emit({"automation": automation}, automation)
+            return EXIT_OK
+        if not ctx.json and not sys.stderr.isatty():
+            say(f"automation {automation} started ({kind}); Ctrl-C detaches")
+        task = follow(ctx, automation)
+    except KeyboardInterrupt:
+        detach(ctx, automation)
     return outcome(ctx, automation, task)
 
 
@@ -1394,6 +1422,12 @@ def run(argv=None) -> int:
             ctx.emit(exc.doc)
         say(f"peerctl: {exc}")
         return EXIT_FAILED
+    except Unreachable as exc:
+        if debug:
+            import traceback
+            traceback.print_exc()
+        say(f"peerctl: {exc}")
+        return EXIT_UNREACHABLE
     except Detached:
         return EXIT_DETACHED
     except KeyboardInterrupt:

@@ -14,7 +14,7 @@ from typing import Iterator
 from . import keys
 from .record import AutomationRecord
 from .registry import latest
-from .store import Delete, Put, Store, absent, modified_at
+from .store import Delete, Put, Store, StoreUnavailable, absent, modified_at
 from .watch import PrefixWatch, Reset
 
 __all__ = ["start_automation", "get_task", "list_tasks", "abort", "follow",
@@ -147,21 +147,34 @@ def abort(store: Store, automation_id: str, wait: float = 15.0) -> dict:
 
 
 def follow(store: Store, automation_id: str, timeout: float | None = None,
-           min_interval: float = 0.1) -> Iterator[dict]:
-    """Yield the task view at every change, ending after a terminal state."""
+           min_interval: float = 0.1, idle_read: float = 1.0,
+           unreachable_after: float = 3.0) -> Iterator[dict]:
+    """Yield the task view at every change, ending after a terminal state.
+
+    The watch alone cannot tell a quiet automation from a dead etcd (it
+    reconnects silently), so after ``idle_read`` seconds without an event the
+    task is read again: that read refreshes the view and proves etcd is there.
+    When etcd has not answered for ``unreachable_after`` seconds the last
+    :class:`StoreUnavailable` is raised; the automation itself goes on."""
     record = _record(store, automation_id)
     yield task_view(record)
     if record.state in TERMINAL_STATES:
         return
     watch = PrefixWatch(store, keys.auto(automation_id), record.revision).start()
     deadline = None if timeout is None else time.monotonic() + timeout
+    last_answer = time.monotonic()
     try:
         while deadline is None or time.monotonic() < deadline:
-            batch = watch.get(timeout=0.5)
-            if batch is None:
+            batch = watch.get(timeout=idle_read)
+            if batch is not None:
+                time.sleep(min_interval)        # let a burst of steps land together
+            try:
+                view = get_task(store, automation_id)
+            except StoreUnavailable:
+                if time.monotonic() - last_answer >= unreachable_after:
+                    raise
                 continue
-            time.sleep(min_interval)        # let a burst of steps land together
-            view = get_task(store, automation_id)
+            last_answer = time.monotonic()
             yield view
             if view["state"] in TERMINAL_STATES:
                 return

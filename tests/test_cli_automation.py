@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -245,14 +246,28 @@ def leader_in_logs(cluster, automation, hosts):
     return leaders[-1] if leaders else None
 
 
-def test_abort_a_running_automation_and_wait_exits_1(cluster, slow_ping_peers):
+def test_json_detach_then_abort_a_running_automation_and_wait_exits_1(cluster, slow_ping_peers):
     rounds = 20
-    doc = cluster.cli_json("ping", "--rounds", str(rounds), "--detach")
-    automation = doc["automation"]
-    running = wait_for(lambda: (lambda t: t if any(e["status"] == "running" for e in t["log"])
-                                else None)(cluster.cli_json("task", automation)),
-                       timeout=30, what="a ping step running")
+    # a script following with --format json is interrupted (SIGINT, no
+    # terminal): it detaches and still prints {"automation": ID} on stdout
+    following = subprocess.Popen([sys.executable, PEERCTL, "--format", "json", "ping",
+                                  "--rounds", str(rounds)], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=cluster.env, cwd=ROOT)
+    [automation] = wait_for(lambda: [t["id"] for t in cluster.cli_json("tasks")],
+                            what="the ping started")
+
+    def step_running():
+        task = cluster.cli_json("task", automation)
+        return task if any(e["status"] == "running" for e in task["log"]) else None
+    running = wait_for(step_running, timeout=30, what="a ping step running")
     assert running["state"] == "running"
+    following.send_signal(signal.SIGINT)
+    out, err = following.communicate(timeout=30)
+    assert following.returncode == 130, (out, err)
+    assert json.loads(out) == {"automation": automation}
+    assert err.splitlines()[-1] == f"Re-attach with: python peerctl.py wait {automation}"
+    assert "Traceback" not in err
     # `initiator` names the peer leading the automation, as its own log says
     leader = wait_for(lambda: leader_in_logs(cluster, automation, slow_ping_peers),
                       what="the leader's log line")

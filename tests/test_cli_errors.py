@@ -2,11 +2,17 @@
 stderr naming the bad part, never a traceback unless --debug."""
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import urllib.request
 import uuid
 
 import pytest
 
 from engine.etcd_server import free_port
+from engine.store import Store
+from tests.cluster import PEERCTL, ROOT, Cluster, wait_for
 
 
 def one_line(done):
@@ -133,3 +139,37 @@ def test_dry_run_only_lists(cluster, store):
     assert "stop would act on 2 VMs" in done.stdout
     assert cluster.cli_json("tasks", "--all") == []
     assert len(cluster.cli_json("vmlist")) == 3
+
+
+def watchers(url: str) -> int:
+    """How many watches etcd serves (each follow holds one)."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    return int(float(re.search(r"^etcd_debugging_mvcc_watcher_total (\S+)$", text, re.M)[1]))
+
+
+def test_etcd_dying_while_following_exits_3_naming_the_endpoint(own_etcd, tmp_path):
+    """boot/ping and wait follow an automation over a watch; when etcd dies
+    they must not hang but exit 3 with one line naming the endpoint."""
+    cluster = Cluster(own_etcd.url, "t" + uuid.uuid4().hex[:10], tmp_path)
+    store = Store(own_etcd.url, cluster.name)
+    store.put("hosts/ghost", {"host": "ghost"})     # a member that never answers
+    store.close()
+    automation = cluster.cli_json("ping", "--rounds", "2", "--detach")["automation"]
+
+    def command(*args):
+        return subprocess.Popen([sys.executable, PEERCTL, *args], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=cluster.env, cwd=ROOT)
+    pinging = command("ping")
+    waiting = command("--format", "json", "wait", automation)
+    wait_for(lambda: watchers(own_etcd.url) >= 2, what="both commands following (watching)")
+    own_etcd.kill()
+    for process in (pinging, waiting):
+        out, err = process.communicate(timeout=30)      # a hung follow fails here
+        assert process.returncode == 3, (out, err)
+        assert out == "" and "Traceback" not in err
+        last = err.splitlines()[-1]
+        assert last.startswith(f"peerctl: etcd unreachable at {own_etcd.url} "), err
+        assert re.search(r"re-attach with: python peerctl.py wait \S+$", last), last
+    assert len(err.splitlines()) == 1       # --format json: that one line only
+    assert last.endswith(f"wait {automation}")
