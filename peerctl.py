@@ -832,6 +832,22 @@ def _allocations_text(allocations: dict) -> str:
                     for provider, res in sorted(allocations.items()))
 
 
+def _candidates_query(args):
+    """The full Placement query language for ``placement candidates`` (groups,
+    member_of, in_tree, ...), checked before etcd is touched; None when the
+    placement package is absent (then boot's single-group grammar checks it)."""
+    try:
+        from engine.placement.cli import candidates_query
+        from engine.placement.model import PlacementError
+    except ImportError:
+        parse_resources(args.spec, args.required)
+        return None
+    try:
+        return candidates_query(args.spec, args.required, args.limit)
+    except PlacementError as exc:
+        raise UsageError(f"bad resource spec {args.spec!r}: {exc}") from None
+
+
 def placement_rows(ctx: Context) -> tuple[list[dict], str]:
     args = ctx.args
     if args.what == "providers":
@@ -863,11 +879,11 @@ def placement_rows(ctx: Context) -> tuple[list[dict], str]:
                     for a in service.all_allocations()]
         return rows, table.render(rows, [C("consumer", "Consumer"),
                                          C("allocations", "Allocations", _allocations_text)])
-    parse_resources(args.spec, args.required)       # exit 2 on a bad spec, before etcd
+    query = _candidates_query(args)                 # exit 2 on a bad spec, before etcd
     service, pcli, placement_error = _placement(ctx)
     try:
-        if pcli and hasattr(pcli, "candidates_rows"):
-            rows = pcli.candidates_rows(service, args.spec, args.required, args.limit)
+        if query is not None:
+            rows = pcli.candidates_rows(service, query)
         else:
             rows = [{"allocations": c.get("allocations"), "host": c.get("host")}
                     for c in service.candidates(args.spec, required=args.required,
@@ -1350,11 +1366,15 @@ def build_parser() -> Parser:
     p.add_argument("consumer", nargs="?", metavar="CONSUMER")
     p = what.add_parser("candidates", parents=[common], help="where SPEC would fit, best first",
                         epilog="example:\n  python peerctl.py placement candidates "
-                               "VCPU:2,MEMORY_MB:512 --required HW_CPU_X86_AVX2 --limit 5",
+                               "VCPU:2,MEMORY_MB:512 --required HW_CPU_X86_AVX2 --limit 5\n"
+                               "  python peerctl.py placement candidates "
+                               "'resources=VCPU:1&resources1=VGPU:1&group_policy=none"
+                               "&member_of=in:AGG1,AGG2'",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--required", metavar="TRAITS")
-    p.add_argument("--limit", type=_positive, default=10, metavar="N")
+    p.add_argument("--limit", type=_positive, metavar="N",
+                   help="at most N candidates (default: the query's limit=, else 10)")
 
     sub = command("peer", "run this host's peer in the foreground",
                   "python peerctl.py peer --host host1 --libvirt qemu:///system --ttl 5",

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import uuid as uuidlib
 
-__all__ = ["providers_rows", "allocations_rows", "candidates_rows"]
+from engine.placement.query import Query, parse_query
+
+__all__ = ["providers_rows", "allocations_rows", "candidates_rows", "candidates_query",
+           "DEFAULT_LIMIT"]
+
+DEFAULT_LIMIT = 10      # candidates shown when neither --limit nor limit= says
 
 _INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",
                      "allocation_ratio")
@@ -38,8 +43,20 @@ def allocations_rows(placement, consumer: str | None = None) -> list[dict]:
             for d in docs if d["allocations"]]
 
 
-def candidates_rows(placement, spec: str, required: str | None = None,
+def candidates_query(spec: str, required: str | None = None,
+                     limit: int | None = None) -> Query:
+    """The whole query language (``VCPU:1`` or ``resources=...&resources1=...
+    &member_of=...&in_tree=...``), checked without any store: ``PlacementError``
+    on bad input.  ``--limit`` wins over ``limit=``; neither -> DEFAULT_LIMIT."""
+    query = parse_query(spec, required or None, limit)
+    if query.limit is None:
+        query.limit = DEFAULT_LIMIT
+    return query
+
+
+def candidates_rows(placement, spec, required: str | None = None,
                     limit: int | None = None) -> list[dict]:
-    """``[{allocations, host}]``, best first."""
+    """``[{allocations, host}]``, best first; ``spec`` is text or a parsed Query."""
+    query = spec if isinstance(spec, Query) else candidates_query(spec, required, limit)
     return [{"allocations": c["allocations"], "host": c["host"]}
-            for c in placement.candidates(spec, required=required or None, limit=limit)]
+            for c in placement.candidates(query)]
