@@ -147,11 +147,11 @@ def test_boot_name_in_use_exits_1(cluster, peers):
 
 @pytest.fixture
 def slow_peers(cluster, tmp_path):
-    """Three peers whose builds each take a second longer (a build.pre hook)."""
+    """Three peers whose builds each take two seconds longer (a build.pre hook)."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     hook = hooks / "build.pre"
-    hook.write_text("#!/bin/sh\ncat >/dev/null\nsleep 1\n")
+    hook.write_text("#!/bin/sh\ncat >/dev/null\nsleep 2\n")
     hook.chmod(0o755)
     names = ["host1", "host2", "host3"]
     for name in names:
@@ -164,12 +164,26 @@ def test_progress_of_a_ten_vm_boot_and_ctrl_c_detaches(cluster, slow_peers):
     names = [f"vm{i:02d}" for i in range(10)]
     terminal = Terminal([sys.executable, PEERCTL, "boot", *names, "--resources", SPEC],
                         cluster.env)
-    # the live view: a summary bar and one line per VM with its current step
-    terminal.wait_for_text(r"\[[#-]+\] \d+/\d+ steps")
-    terminal.wait_for_text(r"vm0\d\s+\w+\s+(queued|running|ok)")
-    screen = terminal.text()
-    assert "\x1b[" in screen or screen.count("steps") == 1      # redrawn in place
-    automation = re.search(r"steps\s+\d+ targets?\s+\w+\s+[\d.]+s\s+(\S+)", screen).group(1)
+    # the live view, redrawn in place: one line per VM with its current step
+    # and a summary bar; all ten VMs show in one frame
+    vm_line = re.compile(r"^  (vm\d\d)\s+(claim|build|release|destroy)\s+"
+                         r"(queued|running|ok|error|lost|timeout)\b", re.M)
+
+    def all_ten():
+        terminal.read()
+        frames = terminal.frames()      # checks that each redraw covers the last frame
+        for frame in reversed(frames[1:]):
+            if frame.endswith("\n") and \
+                    sorted({match[0] for match in vm_line.findall(frame)}) == names:
+                return frame
+        return None
+    frame = wait_for(all_ten, timeout=60, interval=0, what="a redrawn frame with all ten VMs")
+    lines = frame.rstrip("\n").split("\n")
+    assert len(lines) == 11, frame                  # ten VM lines, then the bar
+    bar = re.fullmatch(r"\[[#-]+\] \d+/\d+ steps\s+10 targets\s+running\s+[\d.]+s\s+(\S+)",
+                       lines[-1])
+    assert bar, lines[-1]
+    automation = bar.group(1)
     terminal.type(b"\x03")       # Ctrl-C on the terminal: SIGINT to the command
     code = terminal.finish()
     text = terminal.text()

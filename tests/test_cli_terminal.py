@@ -60,6 +60,18 @@ class Terminal:
             return re.search(pattern, self.text())
         return wait_for(seen, timeout=timeout, interval=0, what=f"{pattern!r} on the terminal")
 
+    def frames(self) -> list[str]:
+        """The progress view's frames so far.  Each redraw moves the cursor up
+        over exactly the previous frame and clears to the end of the screen;
+        an AssertionError says where that was not so."""
+        parts = re.split(r"\x1b\[(\d+)F\x1b\[J", self.text().replace("\r\n", "\n"))
+        frames = [parts[0]]
+        for up, frame in zip(parts[1::2], parts[2::2]):
+            assert int(up) == frames[-1].count("\n"), \
+                f"moved up {up} lines over a frame of {frames[-1].count(chr(10))}"
+            frames.append(frame)
+        return frames
+
     def type(self, data: bytes) -> None:
         os.write(self.master, data)
 
@@ -118,16 +130,30 @@ def test_wait_on_a_terminal_shows_the_view_to_the_end(cluster, peers):
         assert re.search(rf"{host}\s+ping\s+ok", text)
 
 
-def test_destructive_action_asks_on_a_terminal(cluster, store):
-    for host, name in (("host1", "web1"), ("host2", "web2")):
-        vm_uuid = f"00000000-0000-4000-8000-00000000000{name[-1]}"
-        store.put(f"vms/{host}/{vm_uuid}", {"host": host, "name": name, "uuid": vm_uuid,
-                                            "state": "running", "vcpus": 1,
-                                            "memory_mb": 128, "disk_gb": 1})
+def test_destructive_action_asks_on_a_terminal(cluster, peers):
+    booted = cluster.cli_json("boot", "web1", "web2", "--resources",
+                              "VCPU:1,MEMORY_MB:128,DISK_GB:1")
+    assert booted["state"] == "done", booted
+    wait_for(lambda: len(cluster.cli_json("vmlist")) == 2, what="two VMs listed")
+    hosts = {vm["name"]: vm["host"] for vm in booted["vms"]}
+
     terminal = Terminal([sys.executable, PEERCTL, "destroy", "web*"], cluster.env)
     terminal.wait_for_text(r"Destroy these 2 VMs\? \[y/N\]")
-    assert "host1/web1" in terminal.text() and "host2/web2" in terminal.text()
+    for name in ("web1", "web2"):
+        assert f"{hosts[name]}/{name}" in terminal.text()
     terminal.type(b"n\r")
     assert terminal.finish() == 1
     assert "nothing done" in terminal.text()
-    assert cluster.cli_json("tasks", "--all") == []
+    assert [t["kind"] for t in cluster.cli_json("tasks", "--all")] == ["boot"]
+    assert len(cluster.cli_json("vmlist")) == 2
+
+    terminal = Terminal([sys.executable, PEERCTL, "destroy", "web*"], cluster.env)
+    terminal.wait_for_text(r"Destroy these 2 VMs\? \[y/N\]")
+    terminal.type(b"y\r")
+    code = terminal.finish(60)
+    text = terminal.text()
+    assert code == 0, text
+    assert re.search(r"automation \S+ done", text), text
+    kinds = [t["kind"] for t in cluster.cli_json("tasks", "--all")]
+    assert sorted(kinds) == ["boot", "destroy"]
+    wait_for(lambda: cluster.cli_json("vmlist") == [], what="both VMs gone")
