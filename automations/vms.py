@@ -9,6 +9,13 @@ honouring traits and ``--on``), build on that host; if the build fails or the
 host is lost, release the claim and take the next alternate, up to
 ``attempts`` hosts.  A VM that cannot be built ends in state ``error`` with
 the reason, and its claim released.
+
+A host whose build failed or was lost may still hold (or, when its libvirtd
+outlived a killed peer, bring back) a copy of the VM.  Since version 2, boot
+``disown``s the VM on that host before taking an alternate: a durable
+``disowned/<host>/<uuid>`` mark that the host's peer acts on whenever it
+runs (see ``engine/reconciler.py``, ``sweep_ghosts``), so one uuid never
+runs on two hosts.
 """
 from engine.registry import automation
 from engine.replay import Failed, Request
@@ -41,7 +48,7 @@ def _outcome(vm, uuid, host, state, error=None):
     return {"name": vm["name"], "uuid": uuid, "host": host, "state": state, "error": error}
 
 
-def boot_one(ctx, vm, attempts):
+def boot_one(ctx, vm, attempts, disown=False):
     uuid = ctx.uuid("vm/" + vm["name"])
     resources = vm["resources"]
     tried, reasons = [], []
@@ -69,6 +76,12 @@ def boot_one(ctx, vm, attempts):
             # The host is alive: clear whatever half-built VM it holds.
             yield Request("destroy", {"uuid": uuid, "name": vm["name"]}, target=host,
                           deadline=ACTION_DEADLINE, label=vm["name"])
+        if disown:
+            # Before the alternate claim: once the VM can exist elsewhere,
+            # this host is already told to drop its copy.
+            yield from _idempotent(Request("disown", {
+                "uuid": uuid, "host": host, "automation": ctx.automation_id,
+                "reason": built.status}, label=vm["name"]))
         released = yield from _idempotent(Request("release", {"consumer": uuid},
                                                   label=vm["name"]))
         if not released.ok:
@@ -78,8 +91,16 @@ def boot_one(ctx, vm, attempts):
     return _outcome(vm, uuid, None, "error", "; ".join(reasons) or "no attempt left")
 
 
-@automation("boot", version=1)
+@automation("boot", version=2)
 def boot(ctx, vms, attempts=3):
+    results = yield ctx.all([ctx.worker(boot_one, vm, attempts, True, label=vm["name"])
+                             for vm in vms])
+    return _finish(results, "built")
+
+
+@automation("boot", version=1)
+def boot_v1(ctx, vms, attempts=3):
+    """Without ``disown``: kept so that boots started before version 2 replay."""
     results = yield ctx.all([ctx.worker(boot_one, vm, attempts, label=vm["name"])
                              for vm in vms])
     return _finish(results, "built")

@@ -22,7 +22,7 @@ import structlog
 from . import keys
 from .duties import Duties, Singleton, janitor
 from .executor import Executor
-from .reconciler import reconciler
+from .reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
 from .handlers import load_request_handlers
 from .hostctx import HostContext
 from .registry import load_automations
@@ -97,21 +97,35 @@ class Peer:
         self.store.txn([], [Put(keys.host(self.name), {**record, "enabled": enabled}, session.lease),
                             Put(f"hostcfg/{self.name}", {**record, "enabled": enabled})])
         self._register_provider()
+        # Before publishing: a copy of a VM the cluster placed elsewhere while
+        # this host was away (its libvirtd kept the domain) never shows up.
+        self._sweep_ghosts()
+        swept = time.monotonic()
         publisher = self._start_publisher()
         self.executor.attach(session)
         duties = Duties(self.store, session, self.name, self.executor.submit).start()
         singletons = [Singleton(self.store, session, self.name, "janitor",
                                 janitor(self.store, self.retention)).start(),
                       Singleton(self.store, session, self.name, "reconciler",
-                                reconciler(self.store)).start()]
+                                reconciler(self.store, host=self.name)).start()]
         try:
             while not self.stopping.is_set() and not session.lost.is_set():
-                if self.stopping.wait(STATS_INTERVAL) or session.lost.is_set():
+                # Short slices: a lost lease must end this session at once, not
+                # up to STATS_INTERVAL later, so that the next one is made (and
+                # the host record re-published) before the old lease expires.
+                next_stats = time.monotonic() + STATS_INTERVAL
+                while not (self.stopping.wait(0.1) or session.lost.is_set()
+                           or time.monotonic() >= next_stats):
+                    pass
+                if self.stopping.is_set() or session.lost.is_set():
                     break
                 record = _host_record(self.host)
                 self.store.put(keys.host(self.name), {**record, "enabled": enabled},
                                session.lease)
                 self.executor.rescan()
+                if time.monotonic() - swept >= GHOST_INTERVAL:
+                    self._sweep_ghosts()
+                    swept = time.monotonic()
         finally:
             duties.stop()
             for singleton in singletons:
@@ -129,6 +143,16 @@ class Peer:
             register_host(placement, self.name, self.host.conn, state_dir=self.host.state_dir)
         finally:
             placement.close()
+
+    def _sweep_ghosts(self):
+        """Destroy this host's copies of VMs placed elsewhere (see
+        ``engine/reconciler.py``).  Never fatal: the next sweep tries again."""
+        try:
+            sweep_ghosts(self.store, self.host)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            self.log.warning("ghost_sweep_failed", error=str(exc))
 
     def _start_publisher(self):
         """Keep ``vms/<host>/`` in line with the hypervisor."""

@@ -1,12 +1,40 @@
-"""The reconciler: one peer at a time squares placement with reality.
+"""Reconciling: placement, ``vms/`` and the hypervisors made to agree.
 
-An allocation whose consumer has neither a VM (in ``vms/``) nor a running
-automation that names it is an orphan: left behind by an automation that
-was aborted between claim and build, or by a host that vanished with its
-VMs.  Orphans are released once they have been seen orphaned on two passes
-in a row (a VM that was just built may not be published yet).  VMs without
-allocations are reported (``reconcile/report``), not touched: they may be
-someone's VM started by hand.
+Two halves.
+
+The cluster half, :func:`reconcile_once`, runs on one peer at a time (the
+``reconciler`` singleton):
+
+- an allocation whose consumer has neither a VM (in ``vms/``) nor a running
+  automation that names it is an orphan: left behind by an automation that
+  was aborted between claim and build, or by a host that vanished with its
+  VMs.  Orphans are released once they have been seen orphaned on two passes
+  in a row (a VM that was just built may not be published yet);
+- a ``vms/<host>/<uuid>`` record of a dead host (no ``hosts/<host>``) whose
+  VM was disowned there or is allocated on another host is a ghost: that host
+  cannot publish any more, and the VM lives elsewhere.  The record is
+  deleted, and never counts as a VM;
+- VMs without allocations are reported (``reconcile/report``), not touched:
+  they may be someone's VM started by hand.
+
+Every write of a pass carries the election's fence: a reconciler deposed
+mid-pass (lease expired while it was paused) has its releases refused by
+etcd and stops with :class:`Deposed`.
+
+The host half, :func:`sweep_ghosts`, runs on every peer, at start and
+periodically, against its own hypervisor: it destroys (undefine, volumes,
+console log) each of its peerctl domains that the cluster placed elsewhere,
+which is how a host whose build was reported ``lost`` (SIGKILLed peer, but
+libvirtd and the domain lived on) drops the copy when it comes back:
+
+- the VM is disowned on this host (``disowned/<host>/<uuid>``, written by
+  ``boot`` before it took an alternate), or
+- its allocation is held on other providers only and no running
+  automation names it (a migration in flight names it).
+
+A peerctl domain without any allocation is left alone (reported by the
+cluster half).  A ``disowned/`` mark is dropped once this host holds no such
+domain and the automation that wrote it has finished.
 """
 from __future__ import annotations
 
@@ -17,13 +45,64 @@ import time
 import structlog
 
 from . import keys
-from .store import Store, StoreUnavailable
+from .store import Delete, Put, Store, StoreUnavailable
 
-__all__ = ["reconciler", "reconcile_once", "DEFAULT_INTERVAL"]
+__all__ = ["reconciler", "reconcile_once", "sweep_ghosts", "Deposed", "DEFAULT_INTERVAL",
+           "GHOST_INTERVAL"]
 
 log = structlog.get_logger("peerctl.reconciler")
 
 DEFAULT_INTERVAL = float(os.environ.get("PEERCTL_RECONCILE_INTERVAL", "30"))
+GHOST_INTERVAL = float(os.environ.get("PEERCTL_GHOST_INTERVAL", "30"))
+_BATCH = 64
+
+DISOWNED = "disowned/"
+
+
+class Deposed(Exception):
+    """The reconciler lost its election: etcd refused its fenced write."""
+
+
+class _FencedStore:
+    """A store whose every transaction also carries ``candidacy``'s fence,
+    so that a placement backend writing through it writes only while the
+    candidacy leads.  A refused transaction whose fence no longer holds
+    raises :class:`Deposed` (instead of being retried as a lost race)."""
+
+    def __init__(self, store: Store, candidacy):
+        self._store = store
+        self._candidacy = candidacy
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def txn(self, compares, success=(), failure=()):
+        result = self._store.txn([*compares, self._candidacy.fence()], success, failure)
+        if not result.succeeded and not _holds(self._store, self._candidacy):
+            raise Deposed(f"election key {self._candidacy.key} is gone")
+        return result
+
+
+def _holds(store: Store, candidacy) -> bool:
+    kv = store.get(candidacy.key)
+    return kv is not None and kv.create_revision == candidacy.revision
+
+
+def _fenced_writer(placement, fence):
+    """The placement to release through: fenced on the etcd backend."""
+    if fence is None:
+        return placement
+    from .placement.etcd import EtcdPlacement
+    if isinstance(placement, EtcdPlacement):
+        return EtcdPlacement(_FencedStore(placement.store, fence))
+    return None     # another backend cannot carry an etcd compare: check first
+
+
+def _running(store: Store, automation_id) -> bool:
+    if not automation_id:
+        return False
+    kv = store.get(keys.task(automation_id))
+    return kv is not None and (kv.value or {}).get("state") == "running"
 
 
 def _referenced_consumers(store: Store) -> set[str]:
@@ -47,31 +126,75 @@ def _referenced_consumers(store: Store) -> set[str]:
     return named
 
 
-def reconcile_once(store: Store, placement, suspects: set[str], fence=None) -> dict:
-    """One pass; ``suspects`` carries orphans seen on the previous pass."""
+def _ghost_records(store: Store, placement, vms, allocations) -> list:
+    """``vms/`` records of dead hosts whose VM belongs elsewhere."""
+    live = {kv.key[len(keys.host()):] for kv in store.range(keys.host(), keys_only=True)[0]}
+    dead = [kv for kv in vms if kv.value and kv.value.get("host") not in live]
+    if not dead:
+        return []
+    disowned = {tuple(kv.key[len(DISOWNED):].split("/", 1))
+                for kv in store.range(DISOWNED, keys_only=True)[0]}
+    names = {rp["uuid"]: rp["name"] for rp in placement.providers()}
+    ghosts = []
+    for kv in dead:
+        host, uuid = kv.value["host"], kv.value["uuid"]
+        held_on = {names.get(rp) for rp in allocations.get(uuid, {}).get("allocations", {})}
+        if (host, uuid) in disowned or (held_on and host not in held_on):
+            ghosts.append(kv)
+    return ghosts
+
+
+def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
+                   host: str | None = None) -> dict:
+    """One pass; ``suspects`` carries orphans seen on the previous pass.
+    ``fence``: the reconciler's :class:`~engine.election.Candidacy`; every
+    write then carries it, and a deposed reconciler raises :class:`Deposed`
+    having released nothing."""
     allocations = {a["consumer"]: a for a in placement.all_allocations() if a["allocations"]}
     vms, _ = store.range("vms/")
-    vm_uuids = {kv.value["uuid"] for kv in vms if kv.value}
+    ghosts = _ghost_records(store, placement, vms, allocations)
+    ghost_keys = {kv.key for kv in ghosts}
+    compares = [fence.fence()] if fence is not None else []
+    for start in range(0, len(ghosts), _BATCH):
+        batch = ghosts[start:start + _BATCH]
+        if not store.txn(compares, [Delete(kv.key) for kv in batch]).succeeded:
+            raise Deposed("ghost records not deleted: the reconciler was deposed")
+        for kv in batch:
+            log.warning("ghost_vm_record_deleted", host=kv.value["host"], uuid=kv.value["uuid"],
+                        vm=kv.value.get("name"))
+    vms = [kv for kv in vms if kv.value and kv.key not in ghost_keys]
+    vm_uuids = {kv.value["uuid"] for kv in vms}
     busy = _referenced_consumers(store)
     orphans = {c for c in allocations if c not in vm_uuids and c not in busy}
     released = sorted(orphans & suspects)
+    writer = _fenced_writer(placement, fence)
     for consumer in released:
-        placement.release(consumer)
+        if writer is None:
+            if not fence.is_leader():
+                raise Deposed("no longer the reconciler")
+            placement.release(consumer)
+        else:
+            writer.release(consumer)
         log.warning("orphan_allocation_released", consumer=consumer,
                     allocations=allocations[consumer]["allocations"])
     unallocated = sorted(f"{kv.value['host']}/{kv.value['name']}" for kv in vms
-                         if kv.value and kv.value["uuid"] not in allocations)
+                         if kv.value["uuid"] not in allocations)
     for vm in unallocated:
         log.info("vm_without_allocation", vm=vm)
     report = {"time": time.time(), "released": released, "unallocated_vms": unallocated,
-              "suspects": sorted(orphans - set(released))}
-    store.put("reconcile/report", report)
+              "suspects": sorted(orphans - set(released)),
+              "ghost_records": sorted(kv.key for kv in ghosts),
+              "host": host}
+    if not store.txn(compares, [Put("reconcile/report", report)]).succeeded:
+        raise Deposed("report not written: the reconciler was deposed")
     suspects.clear()
     suspects.update(orphans - set(released))
     return report
 
 
-def reconciler(store: Store, interval: float = DEFAULT_INTERVAL):
+def reconciler(store: Store, interval: float | None = None, host: str | None = None):
+    interval = DEFAULT_INTERVAL if interval is None else interval
+
     def duty(stop: threading.Event, candidacy):
         from .placement import open_placement
         placement = open_placement(None, store)
@@ -79,8 +202,10 @@ def reconciler(store: Store, interval: float = DEFAULT_INTERVAL):
         try:
             while not stop.wait(interval):
                 try:
-                    if candidacy.is_leader():
-                        reconcile_once(store, placement, suspects)
+                    reconcile_once(store, placement, suspects, fence=candidacy, host=host)
+                except Deposed as exc:
+                    log.warning("reconciler_deposed", host=host, error=str(exc))
+                    return
                 except StoreUnavailable as exc:
                     log.warning("reconcile_unavailable", error=str(exc))
                 except Exception:
@@ -88,3 +213,58 @@ def reconciler(store: Store, interval: float = DEFAULT_INTERVAL):
         finally:
             placement.close()
     return duty
+
+
+def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
+    """Destroy ``host``'s (a :class:`~engine.hostctx.HostContext`) copies of
+    VMs the cluster placed elsewhere; returns their uuids.  See the module
+    docstring for the rules."""
+    import libvirt
+    from .handlers import HANDLERS, RequestError, load_request_handlers
+    load_request_handlers()
+    from peerctl_requests.vm import disowned_key, owned_by
+
+    prefix = disowned_key(host.host)
+    marks = {kv.key[len(prefix):]: kv.value or {} for kv in store.range(prefix)[0]}
+    domains = set()
+    for dom in host.conn.listAllDomains(0):
+        try:
+            if owned_by(dom, host.host):
+                domains.add(dom.UUIDString())
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise
+    ghosts = {uuid: f"disowned by automation {marks[uuid].get('automation')}"
+              for uuid in domains & set(marks)}
+    rest = domains - set(marks)
+    if rest:
+        from .placement import open_placement
+        from .placement.model import NotFound
+        own = placement is None
+        placement = placement or open_placement(None, store)
+        try:
+            mine = placement.provider(host.host)["uuid"]
+            held = {a["consumer"]: a["allocations"] for a in placement.all_allocations()
+                    if a["allocations"] and a["consumer"] in rest}
+        except NotFound:
+            held, mine = {}, None
+        finally:
+            if own:
+                placement.close()
+        elsewhere = {uuid for uuid, allocations in held.items() if mine not in allocations}
+        if elsewhere:
+            busy = _referenced_consumers(store)
+            ghosts.update({uuid: "allocated on another host" for uuid in elsewhere - busy})
+    failed = set()
+    for uuid, why in sorted(ghosts.items()):
+        try:
+            HANDLERS["destroy"](host, {"uuid": uuid})
+            log.warning("ghost_vm_destroyed", host=host.host, uuid=uuid, why=why)
+        except RequestError as exc:
+            failed.add(uuid)
+            log.error("ghost_vm_not_destroyed", host=host.host, uuid=uuid, why=why,
+                      error=str(exc))
+    for uuid, mark in marks.items():
+        if uuid not in failed and not _running(store, mark.get("automation")):
+            store.delete(prefix + uuid)     # done with: no copy here, no boot left
+    return sorted(set(ghosts) - failed)

@@ -30,7 +30,8 @@ from peerctl_requests import images
 from peerctl_requests.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
                                         read_metadata)
 
-__all__ = ["vm_state", "vm_record", "owned_by", "console_log_path", "DEFAULT_STOP_TIMEOUT"]
+__all__ = ["vm_state", "vm_record", "owned_by", "console_log_path", "disowned_key",
+           "DEFAULT_STOP_TIMEOUT"]
 
 log = structlog.get_logger("peerctl.vm")
 
@@ -240,7 +241,7 @@ def stop(host, args: dict) -> dict:
     timeout = float(args.get("timeout", DEFAULT_STOP_TIMEOUT))
     with _vm_lock(host, uuid):
         if vm_state(dom) == "shutoff":
-            return _reply(uuid, dom)
+            return {**_reply(uuid, dom), "forced": False}
         if vm_state(dom) == "paused":
             _libvirt_call(f"cannot resume {_label(args, uuid)}", dom.resume)
         try:
@@ -250,10 +251,11 @@ def stop(host, args: dict) -> dict:
         deadline = time.monotonic() + timeout
         while vm_state(dom) != "shutoff" and time.monotonic() < deadline:
             time.sleep(0.2)
-        if vm_state(dom) != "shutoff":
+        forced = vm_state(dom) != "shutoff"
+        if forced:
             log.info("vm_stop_forced", uuid=uuid, timeout=timeout)
             _destroy_domain(dom)
-        return _reply(uuid, dom)
+        return {**_reply(uuid, dom), "forced": forced}
 
 
 @handler("reboot")
@@ -336,6 +338,30 @@ def destroy(host, args: dict) -> dict:
         except FileNotFoundError:
             pass
         return {"uuid": uuid, "state": "destroyed", "volumes_deleted": deleted}
+
+
+def disowned_key(host_name: str, uuid: str = "") -> str:
+    return f"disowned/{host_name}/{uuid}"
+
+
+@handler("disown")
+def disown(host, args: dict) -> dict:
+    """Record that VM ``uuid`` must not stay on host ``args['host']``.
+
+    Sent by ``boot`` after a build there failed or was lost, before it
+    takes an alternate: that host's peer destroys any copy it holds, now or
+    whenever it comes back (its libvirtd may have outlived it), and the
+    reconciler drops the copy's ``vms/`` record while the host is dead.
+    Runs anywhere (it only writes etcd); a put, so running it twice is once.
+    """
+    uuid = _uuid(args)
+    target = args.get("host")
+    if not isinstance(target, str) or not target:
+        raise RequestError(f"disown needs the host the VM must leave, got {target!r}")
+    host.store.put(disowned_key(target, uuid),
+                   {"uuid": uuid, "host": target, "automation": args.get("automation"),
+                    "reason": args.get("reason"), "time": time.time()})
+    return {"uuid": uuid, "host": target}
 
 
 @handler("vm_info")

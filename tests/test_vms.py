@@ -209,3 +209,120 @@ def test_reconciler_releases_orphans_but_not_claims_in_flight(cluster, store, tm
     assert len(held) == 2, "the in-flight boot's claim must stay while it runs"
     api.abort(store, in_flight)
     wait_for(lambda: set(allocations(store)) == {kept_uuid}, what="aborted boot's claim released")
+
+
+def _node_xml(path, host, domains):
+    """A test-driver host file holding ``domains`` [(uuid, name)], each
+    running, owned by ``host`` in peerctl's metadata: what a host's libvirtd
+    still holds when its peer comes back after a SIGKILL."""
+    from engine.handlers import load_request_handlers
+    load_request_handlers()
+    from peerctl_requests.domain_xml import DomainSpec, domain_xml
+    xml = "".join(domain_xml(DomainSpec(uuid=u, name=n, vcpus=1, memory_mb=64, disk_gb=1,
+                                        domain_type="test", owner=host))
+                  for u, n in domains)
+    path.write_text("<node><cpu><nodes>1</nodes><sockets>1</sockets><cores>8</cores>"
+                    "<threads>1</threads><active>8</active><mhz>2000</mhz>"
+                    "<model>i686</model></cpu><memory>16777216</memory>" + xml + "</node>")
+    return f"test://{path}"
+
+
+def test_lost_build_leaves_no_ghost_record_and_no_ghost_domain_on_return(
+        cluster, store, tmp_path):
+    """t1's peer is SIGKILLed right after it built (and published) db1: the
+    build is `lost`, db1 goes to t2.  While t1 is dead the reconciler drops
+    its ghost `vms/` record; when t1 comes back with a libvirtd that kept
+    the domain (simulated: a test-driver host file preloaded with it), t1
+    destroys that copy, and the copy of t2's `warm`, before publishing,
+    while a peerctl domain nobody placed (`stray`) is kept and reported."""
+    import sys
+    from tests.cluster import ROOT
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    hook = hooks / "build.post"
+    hook.write_text(f"""#!{sys.executable}
+import json, os, signal, sys, time
+sys.path.insert(0, {ROOT!r})
+from engine.store import Store
+event = json.load(sys.stdin)
+store = Store(os.environ["PEERCTL_ETCD"], os.environ["PEERCTL_CLUSTER"])
+key = "vms/" + event["host"] + "/" + event["args"]["uuid"]
+deadline = time.monotonic() + 20
+while store.get(key) is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+os.kill(os.getppid(), signal.SIGKILL)
+""")
+    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
+    os.environ["PEERCTL_RECONCILE_INTERVAL"] = "0.3"
+    try:
+        start(cluster, store, ["t1"], hooks=str(hooks))
+        start(cluster, store, ["t2", "m1"])
+    finally:
+        del os.environ["PEERCTL_RECONCILE_INTERVAL"]
+    # t2 already carries a VM, so placement prefers the emptier t1 first.
+    warm = finished(store, run(store, "boot", booted(["warm"], on="t2"), prefer=["m1"]))
+    assert warm["state"] == "done", warm["error"]
+    (warm_vm,) = warm["result"]["vms"]
+    task = finished(store, run(store, "boot", booted(["db1"]), prefer=["m1"]))
+    assert task["state"] == "done", task["error"]
+    (vm,) = task["result"]["vms"]
+    assert vm["host"] == "t2"
+    statuses = [(e["request"], e["target"], e["status"]) for e in task["log"]]
+    assert ("build", "t1", "lost") in statuses
+    assert [s for r, _, s in statuses if r == "disown"] == ["ok"]
+    assert store.get(f"disowned/t1/{vm['uuid']}") is not None
+    assert cluster.peers["t1"].poll() is not None, "the hook did not kill t1"
+
+    wait_for(lambda: store.get(f"vms/t1/{vm['uuid']}") is None,
+             what="the reconciler to drop dead t1's ghost record")
+    assert sorted((v["host"], v["name"]) for v in published(store) if v["name"] != "test") \
+        == [("t2", "db1"), ("t2", "warm")]
+
+    stray = "5e1f0000-0000-4000-8000-000000000001"
+    uri = _node_xml(tmp_path / "t1-libvirtd.xml", "t1",
+                    [(vm["uuid"], "db1"), (warm_vm["uuid"], "warm"), (stray, "stray")])
+    os.environ["PEERCTL_RECONCILE_INTERVAL"] = "0.3"
+    try:
+        cluster.start_peer("t1", libvirt=uri, env=ENV)
+    finally:
+        del os.environ["PEERCTL_RECONCILE_INTERVAL"]
+    wait_for(lambda: "t1" in api.live_hosts(store), what="t1 back")
+    held = inventory(store, ["t1", "t2"])
+    assert sorted(d["name"] for d in held["t1"]["domains"]) == ["stray"], held["t1"]
+    assert not [v for v in held["t1"]["volumes"] if v.startswith(vm["uuid"])]
+    assert store.get(f"disowned/t1/{vm['uuid']}") is None, "mark kept after the sweep"
+    running = collections.Counter(d["uuid"] for h in held.values() for d in h["domains"])
+    assert running[vm["uuid"]] == running[warm_vm["uuid"]] == 1, running
+    placement = open_placement("etcd", store)
+    t2 = placement.provider("t2")["uuid"]
+    assert {c: list(a["allocations"]) for c, a in allocations(store).items()} == \
+        {vm["uuid"]: [t2], warm_vm["uuid"]: [t2]}, "stray must not be touched"
+    wait_for(lambda: sorted((v["host"], v["name"]) for v in published(store)
+                            if v["name"] != "test")
+             == [("t1", "stray"), ("t2", "db1"), ("t2", "warm")], what="t1 to publish stray")
+    wait_for(lambda: (store.get("reconcile/report").value or {}).get("unallocated_vms")
+             == ["t1/stray"], what="stray reported as a VM without allocation")
+    assert "ghost_vm_destroyed" in cluster.log("t1")
+
+
+def test_every_host_failing_the_build_ends_in_error_with_nothing_left(cluster, store, tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    hook = hooks / "build.pre"
+    hook.write_text("#!/bin/sh\necho 'disk array offline' >&2\nexit 1\n")
+    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
+    start(cluster, store, ["t1", "t2"], hooks=str(hooks))
+    start(cluster, store, ["m1"])
+    task = finished(store, run(store, "boot", booted(["doomed"]), prefer=["m1"]))
+    assert task["state"] == "failed"
+    (vm,) = task["result"]["vms"]
+    assert vm["state"] == "error" and vm["host"] is None
+    assert "t1: disk array offline" in vm["error"] and "t2: disk array offline" in vm["error"]
+    assert "doomed" in task["error"]
+    builds = sorted(e["target"] for e in task["log"] if e["request"] == "build")
+    assert builds == ["t1", "t2"], "each host tried once, then no alternate left"
+    assert allocations(store) == {}, "the claim must be released"
+    held = inventory(store, ["t1", "t2"])
+    assert not [d for h in held.values() for d in h["domains"] if d["uuid"] == vm["uuid"]]
+    assert not [v for h in held.values() for v in h["volumes"] if v.startswith(vm["uuid"])]
+    assert not [v for v in published(store) if v["uuid"] == vm["uuid"]]
