@@ -97,6 +97,27 @@ def test_kvm_guest_runs_and_destroy_leaves_nothing(qemu_host):
     assert_nothing_left(qemu_host, args["uuid"])
 
 
+def test_stop_destroys_a_guest_that_ignores_the_power_button(qemu_host):
+    """A diskless guest has no OS (SeaBIOS finds nothing to boot), so nothing
+    answers the ACPI power button: stop waits its timeout, then destroys."""
+    args = {"uuid": str(uuidlib.uuid4()), "name": f"deaf-{os.getpid()}", "vcpus": 1,
+            "memory_mb": 64, "disk_gb": 0, "image": None}
+    try:
+        assert call(qemu_host, "build", **args)["state"] == "running"
+        started = time.monotonic()
+        stopped = call(qemu_host, "stop", uuid=args["uuid"], timeout=2)
+        waited = time.monotonic() - started
+        assert stopped == {"uuid": args["uuid"], "state": "shutoff", "forced": True}
+        assert waited >= 2.0, f"stopped after {waited:.1f}s: the guest did obey ACPI"
+        dom = qemu_host.conn.lookupByUUIDString(args["uuid"])
+        assert not dom.isActive() and dom.isPersistent(), "stop must not undefine"
+        again = call(qemu_host, "stop", uuid=args["uuid"], timeout=2)
+        assert again == {"uuid": args["uuid"], "state": "shutoff", "forced": False}
+    finally:
+        call(qemu_host, "destroy", uuid=args["uuid"])
+    assert_nothing_left(qemu_host, args["uuid"])
+
+
 def test_linux_guest_boots_from_a_cached_image_is_listed_stops_by_acpi_and_is_destroyed(
         qemu_host, guest_dir, workdir, store):
     image = qemu_guest.build_disk_image(os.path.join(workdir, "guest.img"), guest_dir,
@@ -118,8 +139,10 @@ def test_linux_guest_boots_from_a_cached_image_is_listed_stops_by_acpi_and_is_de
             "state": "running", "vcpus": 1, "memory_mb": 128, "disk_gb": 1}]
 
         started = time.monotonic()
-        assert call(qemu_host, "stop", uuid=args["uuid"], timeout=30)["state"] == "shutoff"
-        assert time.monotonic() - started < 30, "ACPI shutdown ignored: stop had to destroy"
+        stopped = call(qemu_host, "stop", uuid=args["uuid"], timeout=30)
+        assert stopped["state"] == "shutoff"
+        assert stopped["forced"] is False, "ACPI shutdown ignored: stop had to destroy"
+        assert time.monotonic() - started < 30
         assert "power button" in open(console, errors="replace").read()
     finally:
         call(qemu_host, "destroy", uuid=args["uuid"])
