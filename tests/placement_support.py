@@ -13,7 +13,7 @@ import pytest
 
 from engine.placement import open_placement
 
-__all__ = ["placement", "placement_server", "new_uuid", "make_provider"]
+__all__ = ["placement", "placement_server", "new_uuid", "make_provider", "full_state"]
 
 
 def new_uuid() -> str:
@@ -29,6 +29,22 @@ def make_provider(placement, name, inventories=None, traits=(), aggregates=(), p
     if aggregates:
         rp = placement.set_aggregates(rp["uuid"], aggregates)
     return rp
+
+
+def full_state(placement) -> dict:
+    """Everything a write could have changed, to compare before and after.
+
+    etcd: every key of the cluster with its value and mod revision.
+    Placement: providers (inventories, usages, traits, aggregates,
+    generations), the resource class and trait lists, every allocation."""
+    if placement.backend == "etcd":
+        kvs, _ = placement.store.range("")
+        return {kv.key: (kv.value, kv.mod_revision) for kv in kvs}
+    get = lambda path: placement._call("GET", path).json()  # noqa: E731
+    return {"providers": placement.providers(),
+            "resource_classes": sorted(rc["name"] for rc in get("/resource_classes")["resource_classes"]),
+            "traits": sorted(get("/traits")["traits"]),
+            "allocations": placement.all_allocations()}
 
 
 @pytest.fixture(scope="session")

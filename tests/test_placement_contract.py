@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.placement import Conflict, NotFound, PlacementError
-from tests.placement_support import make_provider, new_uuid, placement, placement_server  # noqa: F401
+from tests.placement_support import (full_state, make_provider, new_uuid, placement,  # noqa: F401
+                                     placement_server)
 
 COMPUTE = {"VCPU": 8, "MEMORY_MB": 8192, "DISK_GB": 100}
 P = {"project": "proj", "user": "alice"}
@@ -281,10 +282,15 @@ def test_malformed_queries(placement, query, words):
     assert words in str(err.value)
 
 
-def test_bad_claims_write_nothing(placement):
+def test_bad_input_writes_nothing(placement):
+    """Every refused call leaves the whole store as it was: providers, usages,
+    generations, allocations, and the resource class and trait lists."""
     rp = make_provider(placement, "node1", COMPUTE)
-    before = placement.provider(rp["uuid"])
-    vm = new_uuid()
+    other = make_provider(placement, "node2", COMPUTE)
+    held, mig = new_uuid(), new_uuid()
+    placement.claim(held, {rp["uuid"]: {"VCPU": 1}}, **P)
+    before = full_state(placement)
+    vm, ghost = new_uuid(), new_uuid()
     bad = [
         ({rp["uuid"]: {"VCPU": 0}}, "VCPU"),
         ({rp["uuid"]: {"VCPU": -2}}, "VCPU"),
@@ -298,16 +304,42 @@ def test_bad_claims_write_nothing(placement):
         with pytest.raises(PlacementError) as err:
             placement.claim(vm, allocations, **P)
         assert words in str(err.value), (allocations, str(err.value))
-    with pytest.raises(NotFound):
-        placement.claim(vm, {new_uuid(): {"VCPU": 1}}, **P)
-    with pytest.raises(PlacementError):
-        placement.set_inventory(rp["uuid"], {"VCPU": {"total": 4, "reserved": 5}})
-    with pytest.raises(PlacementError):
-        placement.set_inventory(rp["uuid"], {"VCPU": 0})
-    with pytest.raises(PlacementError):
-        placement.set_traits(rp["uuid"], ["lower_case"])
-    with pytest.raises(NotFound):
-        placement.set_inventory(new_uuid(), {"VCPU": 1})
-    after = placement.provider(rp["uuid"])
-    assert after == before
+    g = placement.provider(rp["uuid"])["generation"]
+    refused = [
+        (NotFound, lambda: placement.claim(vm, {ghost: {"VCPU": 1}}, **P)),
+        (PlacementError, lambda: placement.set_inventory(rp["uuid"], {"VCPU": {"total": 4, "reserved": 5}})),
+        (PlacementError, lambda: placement.set_inventory(rp["uuid"], {"VCPU": 0})),
+        (PlacementError, lambda: placement.set_traits(rp["uuid"], ["lower_case"])),
+        # unknown providers, with new CUSTOM_ names that must not be created
+        (NotFound, lambda: placement.set_inventory(ghost, {"CUSTOM_NEW_RC": 1})),
+        (NotFound, lambda: placement.set_inventory("no-such-node", {"CUSTOM_NEW_RC": 1})),
+        (NotFound, lambda: placement.set_traits(ghost, ["CUSTOM_NEW_TRAIT"])),
+        (NotFound, lambda: placement.set_traits("no-such-node", ["CUSTOM_NEW_TRAIT"])),
+        (NotFound, lambda: placement.set_aggregates(ghost, [new_uuid()])),
+        (NotFound, lambda: placement.drain(ghost)),
+        (NotFound, lambda: placement.drain("no-such-node")),
+        (NotFound, lambda: placement.delete_provider(ghost)),
+        (NotFound, lambda: placement.delete_provider("no-such-node")),
+        (NotFound, lambda: placement.candidates(f"resources=VCPU:1&in_tree={ghost}")),
+        # an inventory or trait write that fails after its new names were needed
+        (Conflict, lambda: placement.set_inventory(rp["uuid"], {**COMPUTE, "CUSTOM_NEW_RC": 1},
+                                                   generation=g - 1)),
+        (PlacementError, lambda: placement.set_inventory(rp["uuid"], {"CUSTOM_NEW_RC": 1})),
+        (Conflict, lambda: placement.set_traits(rp["uuid"], ["CUSTOM_NEW_TRAIT"],
+                                                generation=g + 1)),
+        # migrations: unknown destination, instance without allocations,
+        # unknown migration consumer
+        (NotFound, lambda: placement.move_to_migration(held, mig, {ghost: {"VCPU": 1}})),
+        (NotFound, lambda: placement.move_to_migration(vm, mig, {other["uuid"]: {"VCPU": 1}})),
+        (NotFound, lambda: placement.revert_migration(held, new_uuid())),
+        (PlacementError, lambda: placement.delete_provider(rp["uuid"])),    # has allocations
+    ]
+    for i, (error, call) in enumerate(refused):
+        try:
+            call()
+        except error:
+            pass
+        else:
+            pytest.fail(f"refused case {i} was accepted")
+        assert full_state(placement) == before, f"refused case {i} wrote something"
     assert placement.allocations(vm)["allocations"] == {}

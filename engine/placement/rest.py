@@ -158,10 +158,40 @@ class RestPlacement(Placement):
     def delete_provider(self, ref: str) -> None:
         self._call("DELETE", f"/resource_providers/{self._resolve(ref)}")
 
-    def ensure_resource_class(self, name: str) -> None:
+    def ensure_resource_class(self, name: str) -> bool:
+        """True when this call created the class."""
         check_resource_class_name(name)
         if name not in STANDARD_RESOURCE_CLASSES:
-            self._call("PUT", f"/resource_classes/{name}")
+            return self._call("PUT", f"/resource_classes/{name}").status_code == 201
+        return False
+
+    def _with_new_names(self, kind: str, names, write):
+        """Create the missing CUSTOM_ ``kind`` (resource_classes or traits) that
+        ``write`` needs, run it, and delete again the ones created here when it
+        fails: a refused write leaves no new names behind."""
+        created = []
+        try:
+            for name in names:
+                if name.startswith("CUSTOM_") and self._call(
+                        "PUT", f"/{kind}/{name}").status_code == 201:
+                    created.append(name)
+            return write()
+        except BaseException:
+            for name in created:    # in use by someone meanwhile (409): theirs now
+                try:
+                    self._call("DELETE", f"/{kind}/{name}", allow=(404, 409))
+                except PlacementError:
+                    pass
+            raise
+
+    def _current(self, uuid: str, generation) -> dict:
+        """The provider's document; NotFound, or a Conflict on a stale
+        ``generation``, before anything is written."""
+        doc = self.provider(uuid)
+        if generation is not None and doc["generation"] != generation:
+            raise Conflict("concurrent_update", f"provider {doc['name']} is at generation "
+                           f"{doc['generation']}, not {generation}")
+        return doc
 
     def _update(self, ref: str, generation, put) -> dict:
         uuid = self._resolve(ref)
@@ -184,22 +214,24 @@ class RestPlacement(Placement):
                       generation: int | None = None) -> dict:
         inventories = normalize_inventories(inventories)
         uuid = self._resolve(ref)
-        self.provider(uuid)     # NotFound before creating any class
-        for rc in inventories:
-            self.ensure_resource_class(rc)
-        return self._update(uuid, generation, lambda u, g: self._call(
-            "PUT", f"/resource_providers/{u}/inventories",
-            {"resource_provider_generation": g, "inventories": inventories}))
+        doc = self._current(uuid, generation)   # NotFound before creating any class
+        in_use = [rc for rc, n in doc["usages"].items() if n and rc not in inventories]
+        if in_use:
+            raise PlacementError(f"cannot remove inventory of {in_use} from "
+                                 f"{doc['name']}: in use")
+        return self._with_new_names("resource_classes", sorted(inventories), lambda: self._update(
+            uuid, generation, lambda u, g: self._call(
+                "PUT", f"/resource_providers/{u}/inventories",
+                {"resource_provider_generation": g, "inventories": inventories})))
 
     def set_traits(self, ref: str, traits, *, generation: int | None = None) -> dict:
         traits = sorted({check_trait_name(t) for t in traits})
         uuid = self._resolve(ref)
-        for trait in traits:
-            if trait.startswith("CUSTOM_"):
-                self._call("PUT", f"/traits/{trait}")
-        return self._update(uuid, generation, lambda u, g: self._call(
-            "PUT", f"/resource_providers/{u}/traits",
-            {"resource_provider_generation": g, "traits": traits}))
+        self._current(uuid, generation)     # NotFound before creating any trait
+        return self._with_new_names("traits", traits, lambda: self._update(
+            uuid, generation, lambda u, g: self._call(
+                "PUT", f"/resource_providers/{u}/traits",
+                {"resource_provider_generation": g, "traits": traits})))
 
     def set_aggregates(self, ref: str, aggregates, *,
                        generation: int | None = None) -> dict:
@@ -219,6 +251,10 @@ class RestPlacement(Placement):
     def candidates(self, query, *, required: str | None = None,
                    limit: int | None = None) -> list[dict]:
         query = parse_query(query, required, limit)
+        for group in query.groups:      # Placement answers no candidates; we say why
+            if group.in_tree and self._call("GET", f"/resource_providers/{group.in_tree}",
+                                            allow=(404,)).status_code == 404:
+                raise NotFound(f"in_tree{group.suffix}: no provider with uuid {group.in_tree}")
         reply = self._get("/allocation_candidates", **_multi(query.to_params()))
         summaries = reply["provider_summaries"]
         found = []
