@@ -360,3 +360,61 @@ def test_every_host_failing_the_build_ends_in_error_with_nothing_left(cluster, s
     assert not [d for h in held.values() for d in h["domains"] if d["uuid"] == vm["uuid"]]
     assert not [v for h in held.values() for v in h["volumes"] if v.startswith(vm["uuid"])]
     assert not [v for v in published(store) if v["uuid"] == vm["uuid"]]
+
+
+def test_a_deposed_reconciler_releases_nothing(store):
+    """A reconciler whose lease expired (paused, partitioned) still believes
+    it leads; etcd refuses its fenced release and it stops with Deposed."""
+    import uuid as uuidlib
+    from engine.election import Candidacy
+    from engine.reconciler import Deposed, reconcile_once
+    from engine.session import Session
+    placement = open_placement("etcd", store)
+    rp = placement.ensure_provider("h1")
+    placement.set_inventory(rp["uuid"], {"VCPU": 8, "MEMORY_MB": 4096})
+    orphan = str(uuidlib.uuid4())
+    placement.claim(orphan, {rp["uuid"]: {"VCPU": 1}}, project="p", user="u")
+    old, new = Session(store, 5), Session(store, 5)
+    try:
+        deposed = Candidacy(store, old, "singleton/reconciler/", "old")
+        assert deposed.is_leader()
+        store.revoke(old.lease)             # its lease expires while it is paused
+        leader = Candidacy(store, new, "singleton/reconciler/", "new")
+        assert leader.is_leader()
+        try:
+            reconcile_once(store, placement, {orphan}, fence=deposed, host="old")
+        except Deposed:
+            pass
+        else:
+            raise AssertionError("a deposed reconciler's pass went through")
+        assert orphan in allocations(store), "a deposed reconciler released an allocation"
+        assert store.get("reconcile/report") is None
+        report = reconcile_once(store, placement, {orphan}, fence=leader, host="new")
+        assert report["released"] == [orphan] and report["host"] == "new"
+        assert allocations(store) == {}
+    finally:
+        old.close()
+        new.close()
+
+
+def test_one_reconciler_at_a_time_and_another_takes_over(cluster, store):
+    os.environ["PEERCTL_RECONCILE_INTERVAL"] = "0.2"
+    try:
+        start(cluster, store, ["h1", "h2", "h3"])
+    finally:
+        del os.environ["PEERCTL_RECONCILE_INTERVAL"]
+
+    def reporters(n, exclude=()):
+        """The hosts that wrote the next ``n`` reports (after any by ``exclude``)."""
+        seen = {}
+        def more():
+            kv = store.get("reconcile/report")
+            if kv and kv.value["host"] not in exclude:
+                seen[kv.mod_revision] = kv.value["host"]
+            return len(seen) >= n
+        wait_for(more, what=f"{n} reconcile reports")
+        return set(seen.values())
+    (first,) = reporters(5)
+    cluster.kill(first)
+    (second,) = reporters(5, exclude={first})
+    assert second != first
