@@ -158,6 +158,10 @@ def test_claim_usage_generation_idempotent_release(placement):
     g = placement.provider(rp["uuid"])["generation"]
     doc = placement.claim(vm, allocs, **P)
     assert doc["allocations"] == allocs and doc["project"] == "proj"
+    assert (doc["user"], doc["consumer_type"]) == ("alice", "INSTANCE")
+    read = placement.allocations(vm)
+    assert {k: read[k] for k in ("project", "user", "consumer_type")} == \
+        {"project": "proj", "user": "alice", "consumer_type": "INSTANCE"}
     assert usage(placement, rp) == {"VCPU": 2, "MEMORY_MB": 512}
     assert placement.provider(rp["uuid"])["generation"] == g + 1
     again = placement.claim(vm, allocs, **P)          # a repeated claim: no change
@@ -165,7 +169,13 @@ def test_claim_usage_generation_idempotent_release(placement):
     assert usage(placement, rp) == {"VCPU": 2, "MEMORY_MB": 512}
     assert placement.provider(rp["uuid"])["generation"] == g + 1
     assert placement.allocations(vm)["allocations"] == allocs
-    assert [a["consumer"] for a in placement.all_allocations()] == [vm]
+    [listed] = placement.all_allocations()
+    assert (listed["consumer"], listed["user"], listed["consumer_type"]) == (vm, "alice", "INSTANCE")
+    # project, user and consumer_type are part of what a claim sets
+    other = placement.claim(vm, allocs, project="proj", user="bob", consumer_type="CUSTOM_JOB")
+    assert (other["user"], other["consumer_type"]) == ("bob", "CUSTOM_JOB")
+    assert placement.allocations(vm)["consumer_type"] == "CUSTOM_JOB"
+    assert usage(placement, rp) == {"VCPU": 2, "MEMORY_MB": 512}
     placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, **P)     # replaces
     assert usage(placement, rp) == {"VCPU": 1}
     placement.release(vm)
@@ -215,6 +225,23 @@ def test_allocation_ratio_and_step_size(placement):
     assert len(placement.candidates("MEMORY_MB:512")) == 1
 
 
+def test_min_unit_in_claims_and_candidates(placement):
+    rp = make_provider(placement, "node1", {"VCPU": {"total": 8, "min_unit": 2},
+                                            "MEMORY_MB": {"total": 4096, "min_unit": 512}})
+    assert rp["inventories"]["VCPU"]["min_unit"] == 2
+    assert placement.candidates("VCPU:1") == []
+    assert placement.candidates("VCPU:2,MEMORY_MB:256") == []
+    [cand] = placement.candidates("VCPU:2,MEMORY_MB:512")
+    assert cand["allocations"] == {rp["uuid"]: {"VCPU": 2, "MEMORY_MB": 512}}
+    before = full_state(placement)
+    for small in ({"VCPU": 1}, {"VCPU": 2, "MEMORY_MB": 511}):
+        with pytest.raises(PlacementError):
+            placement.claim(new_uuid(), {rp["uuid"]: small}, **P)
+        assert full_state(placement) == before
+    placement.claim(new_uuid(), cand["allocations"], **P)
+    assert usage(placement, rp) == {"VCPU": 2, "MEMORY_MB": 512}
+
+
 def test_move_to_migration_and_revert(placement):
     src = make_provider(placement, "src", COMPUTE)
     dst = make_provider(placement, "dst", COMPUTE)
@@ -224,11 +251,14 @@ def test_move_to_migration_and_revert(placement):
     doc = placement.move_to_migration(vm, mig, dest)
     assert doc["allocations"] == dest
     assert placement.allocations(mig)["allocations"] == {src["uuid"]: {"VCPU": 2, "MEMORY_MB": 1024}}
-    assert placement.allocations(mig)["project"] == "proj"
+    moved = placement.allocations(mig)
+    assert (moved["project"], moved["user"], moved["consumer_type"]) == ("proj", "alice", "MIGRATION")
+    assert (doc["user"], doc["consumer_type"]) == ("alice", "INSTANCE")
     assert usage(placement, src) == usage(placement, dst) == {"VCPU": 2, "MEMORY_MB": 1024}
     assert placement.move_to_migration(vm, mig, dest)["allocations"] == dest   # repeat: no-op
     back = placement.revert_migration(vm, mig)
     assert back["allocations"] == {src["uuid"]: {"VCPU": 2, "MEMORY_MB": 1024}}
+    assert (back["project"], back["user"], back["consumer_type"]) == ("proj", "alice", "INSTANCE")
     assert placement.allocations(mig)["allocations"] == {}
     assert usage(placement, dst) == {}
     assert usage(placement, src) == {"VCPU": 2, "MEMORY_MB": 1024}
