@@ -418,3 +418,36 @@ def test_one_reconciler_at_a_time_and_another_takes_over(cluster, store):
     cluster.kill(first)
     (second,) = reporters(5, exclude={first})
     assert second != first
+
+
+def test_builds_on_one_host_run_in_parallel(cluster, store, tmp_path):
+    """Four builds for one host: each request (pre hook, handler, post hook)
+    spans the pre hook's start to the post hook's end, and all four spans
+    share a moment, so the peer's pool ran them at once, not in turn."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    spans = tmp_path / "spans.log"
+    for phase, pause in (("pre", 1.0), ("post", 0.0)):
+        hook = hooks / f"build.{phase}"
+        hook.write_text(f"""#!/usr/bin/env python3
+import json, sys, time
+event = json.load(sys.stdin)
+with open({str(spans)!r}, "a") as log:
+    log.write(f"{{event['index']}} {phase} {{time.time()}}\\n")
+time.sleep({pause})
+""")
+        hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
+    start(cluster, store, ["t1"], hooks=str(hooks))
+    start(cluster, store, ["m1"])
+    task = finished(store, run(store, "boot", booted(["p1", "p2", "p3", "p4"]), prefer=["m1"]))
+    assert task["state"] == "done", task["error"]
+    times = collections.defaultdict(dict)
+    for line in spans.read_text().split("\n"):
+        if line:
+            index, phase, at = line.split()
+            times[index][phase] = float(at)
+    assert len(times) == 4 and all(len(t) == 2 for t in times.values()), times
+    last_start = max(t["pre"] for t in times.values())
+    first_end = min(t["post"] for t in times.values())
+    assert last_start < first_end, f"builds ran in turn, not at once: {dict(times)}"
+    assert_one_to_one(store, task["result"]["vms"], ["t1"])
