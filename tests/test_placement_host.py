@@ -4,7 +4,8 @@ from __future__ import annotations
 import libvirt
 import pytest
 
-from engine.placement import Conflict
+from engine.placement import Conflict, open_placement
+from engine.store import Store
 from engine.placement.host import drain, measure, register_host
 from tests.placement_support import new_uuid, placement, placement_server  # noqa: F401
 
@@ -62,3 +63,30 @@ def test_nested_children_under_a_host(placement):
     [cand] = placement.candidates("VCPU:1,PCPU:1")
     assert cand["host"] == "host1"
     assert cand["allocations"] == {host["uuid"]: {"VCPU": 1}, cell["uuid"]: {"PCPU": 1}}
+
+
+def test_etcd_drain_is_one_transaction_and_undrain_restores_reserved(etcd, cluster_name):
+    store = Store(etcd.url, cluster_name)
+    placement = open_placement("etcd", store)
+    rp = register_host(placement, "host1", FACTS, reserved={"VCPU": 1, "MEMORY_MB": 512})
+    placement.claim(new_uuid(), {rp["uuid"]: {"VCPU": 2}}, project="p", user="u")
+    revision, generation = store.revision(), placement.provider("host1")["generation"]
+    drained = drain(placement, "host1")
+    assert store.revision() == revision + 1         # inventory, trait, saved reserved: one txn
+    assert drained["generation"] == generation + 1
+    assert all(inv["reserved"] == inv["total"] for inv in drained["inventories"].values())
+    assert "COMPUTE_STATUS_DISABLED" in drained["traits"]
+    assert drain(placement, "host1")["inventories"]["VCPU"]["reserved"] == 4   # twice: still
+    register_host(placement, "host1", dict(FACTS, vcpus=6))     # restarted while drained
+    revision = store.revision()
+    back = drain(placement, "host1", drained=False)
+    assert store.revision() == revision + 1
+    assert {rc: inv["reserved"] for rc, inv in back["inventories"].items()} == \
+        {"VCPU": 1, "MEMORY_MB": 512, "DISK_GB": 0}
+    assert back["inventories"]["VCPU"]["total"] == 6
+    assert "COMPUTE_STATUS_DISABLED" not in back["traits"]
+    assert back["usages"] == {"VCPU": 2}
+    assert store.get("placement/drained/" + rp["uuid"]) is None
+    # undraining a host that is not drained changes no reserved amount
+    assert drain(placement, "host1", drained=False)["inventories"] == back["inventories"]
+    store.close()

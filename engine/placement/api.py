@@ -119,7 +119,11 @@ class Placement(abc.ABC):
 
     def drain(self, ref: str, drained: bool = True) -> dict:
         """Draining sets reserved to total for every class (no new claims fit)
-        and adds COMPUTE_STATUS_DISABLED; undraining sets reserved back to 0."""
+        and adds COMPUTE_STATUS_DISABLED; undraining sets reserved back to 0.
+
+        This generic version takes two writes (inventory, then traits), as
+        Placement's API offers no single one; the etcd backend overrides it
+        with one transaction that also restores the previous reserved."""
         for _ in range(self.retries):
             rp = self.provider(ref)
             inventories = {rc: {**inv, "reserved": inv["total"] if drained else 0}

@@ -9,6 +9,9 @@ Keys, relative to the cluster prefix (values are msgpack maps):
 - ``placement/name/<name>`` -> uuid: names are unique, created in the same
   transaction as the provider;
 - ``placement/rc/<CUSTOM_X>``: custom resource classes that exist;
+- ``placement/drained/<uuid>`` -> ``{RC: reserved}``: what a drained
+  provider's reserved amounts were, written in the drain's transaction and
+  put back (and deleted) by undraining;
 - ``placement/consumer/<uuid>``: ``{consumer, generation, project, user,
   consumer_type, allocations: {rp_uuid: {RC: n}}}``.
 
@@ -30,7 +33,7 @@ import structlog
 
 from engine.placement.api import ANY, Placement
 from engine.placement.candidates import find_candidates, order
-from engine.placement.model import (Conflict, NotFound, PlacementError,
+from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, PlacementError,
                                     STANDARD_RESOURCE_CLASSES, amount_problem, capacity,
                                     check_resource_class_name, check_trait_name, check_uuid,
                                     normalize_allocations, normalize_inventories,
@@ -43,6 +46,7 @@ __all__ = ["EtcdPlacement"]
 log = structlog.get_logger("placement")
 
 RP, NAME, RC, CONSUMER = "placement/rp/", "placement/name/", "placement/rc/", "placement/consumer/"
+DRAINED = "placement/drained/"
 
 
 class EtcdPlacement(Placement):
@@ -138,7 +142,8 @@ class EtcdPlacement(Placement):
         if any(other.value["parent"] == uuid for other in kvs):
             raise PlacementError(f"provider {kv.value['name']} has child providers")
         done = self.store.txn([modified_at(kv.key, kv.mod_revision)],
-                              [Delete(kv.key), Delete(NAME + kv.value["name"])])
+                              [Delete(kv.key), Delete(NAME + kv.value["name"]),
+                               Delete(DRAINED + uuid)])
         if not done.succeeded:
             raise Conflict("concurrent_update", f"provider {kv.value['name']} changed meanwhile")
 
@@ -193,6 +198,38 @@ class EtcdPlacement(Placement):
         def change(doc):
             doc["aggregates"] = aggregates
         return self._update(ref, generation, change)
+
+    def drain(self, ref: str, drained: bool = True) -> dict:
+        """One transaction: reserved = total for every class plus trait
+        COMPUTE_STATUS_DISABLED, the reserved amounts replaced kept under
+        ``placement/drained/<uuid>``; undraining puts them back (capped at
+        the total, which may have changed meanwhile) and drops the trait."""
+        uuid = self._resolve(ref)
+
+        def change(doc):
+            # Only ever written with the provider document, whose mod revision
+            # the update compares: this read cannot be out of step with ``doc``.
+            saved_kv = self.store.get(DRAINED + uuid)
+            traits = set(doc["traits"])
+            inventories = doc["inventories"]
+            if drained:
+                if saved_kv:
+                    saved = saved_kv.value
+                elif DISABLED_TRAIT in traits:      # drained before reserved was kept
+                    saved = {}
+                else:
+                    saved = {rc: inv["reserved"] for rc, inv in inventories.items()}
+                doc["inventories"] = {rc: {**inv, "reserved": inv["total"]}
+                                      for rc, inv in inventories.items()}
+                doc["traits"] = sorted(traits | {DISABLED_TRAIT})
+                return [Put(DRAINED + uuid, saved)]
+            if saved_kv or DISABLED_TRAIT in traits:    # else not drained: leave reserved
+                saved = saved_kv.value if saved_kv else {}
+                doc["inventories"] = {rc: {**inv, "reserved": min(saved.get(rc, 0), inv["total"])}
+                                      for rc, inv in inventories.items()}
+            doc["traits"] = sorted(traits - {DISABLED_TRAIT})
+            return [Delete(DRAINED + uuid)] if saved_kv else []
+        return self._update(uuid, None, change)
 
     # -- candidates ----------------------------------------------------------------
 
