@@ -88,9 +88,17 @@ def read_conf(path: str) -> dict:
     return {k.replace("-", "_"): v.strip() for k, v in parser.items("peerctl")}
 
 
+WHOLE_NUMBERS = {"ttl": "seconds", "workers": "requests", "hosts": "peers"}
+
+
 def settings_for(args) -> dict:
     settings = dict(DEFAULTS)
-    settings.update(read_conf(getattr(args, "conf", None) or _conf_path()))
+    path = getattr(args, "conf", None) or _conf_path()
+    settings.update(read_conf(path))
+    for key, unit in WHOLE_NUMBERS.items():
+        if not re.fullmatch(r"[0-9]+", settings[key]) or int(settings[key]) < 1:
+            raise UsageError(f"bad {key} {settings[key]!r} in {path} "
+                             f"(want a whole number of {unit}, at least 1)")
     up = running_up(os.path.abspath(settings["state_dir"]))
     if up:     # the embedded default: a running `peerctl.py up` in ./state
         settings["etcd"], settings["cluster"] = up["etcd"]["url"], up.get("cluster", "default")
@@ -1405,6 +1413,7 @@ def build_parser() -> Parser:
                   "Stop the peers and the etcd that `up` started (by recorded PID, "
                   "only if the process still runs the recorded command); data stays.")
     sub.add_argument("--state-dir", metavar="DIR", help="default ./state")
+    parser.command_names = list(commands.choices)
     return parser
 
 
@@ -1426,7 +1435,9 @@ def run(argv=None) -> int:
         args = parser.parse_args(argv)
         debug = bool(getattr(args, "debug", False))
         if not args.command:
-            parser.print_help(sys.stderr)
+            say(f"usage: {me()} [--etcd URLS] [--cluster NAME] [--format table|json] "
+                f"COMMAND ...\ncommands: {' '.join(parser.command_names)}\n"
+                f"peerctl: no command given (see {me()} --help)")
             return EXIT_USAGE
         ctx = Context(args, settings_for(args))
         global _DEBUG

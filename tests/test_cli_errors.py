@@ -173,3 +173,29 @@ def test_etcd_dying_while_following_exits_3_naming_the_endpoint(own_etcd, tmp_pa
         assert re.search(r"re-attach with: python peerctl.py wait \S+$", last), last
     assert len(err.splitlines()) == 1       # --format json: that one line only
     assert last.endswith(f"wait {automation}")
+
+
+@pytest.mark.parametrize("line, named", [
+    ("ttl = 5s", "bad ttl '5s'"), ("ttl = 0", "bad ttl '0'"),
+    ("workers = many", "bad workers 'many'"), ("workers = -2", "bad workers '-2'"),
+    ("hosts = 2.5", "bad hosts '2.5'"),
+])
+def test_bad_number_in_the_config_file_exits_2(cluster, tmp_path, line, named):
+    conf = tmp_path / "peerctl.conf"
+    conf.write_text(f"[peerctl]\n{line}\n")
+    for command in (["peer", "--host", "h1", "--libvirt", "test:///default"], ["vmlist"]):
+        done = cluster.cli(*command, env={"PEERCTL_CONF": str(conf)}, timeout=30)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        text = one_line(done)
+        assert text.startswith(f"peerctl: {named} in {conf} "), text
+        assert done.stdout == ""
+
+
+def test_no_command_gives_usage_and_exits_2(cluster):
+    done = cluster.cli(input="")
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("usage: python peerctl.py [--etcd URLS]")
+    assert "vmlist" in lines[1].split() and "wait" in lines[1].split()
+    assert lines[-1] == "peerctl: no command given (see python peerctl.py --help)"
+    assert len(lines) == 3 and "Traceback" not in done.stderr

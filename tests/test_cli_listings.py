@@ -135,6 +135,23 @@ def test_vmlist_fields_sorting_separator(cluster, small):
     assert "5 VMs (4 running, 1 shutoff) on 2 hosts" in done.stdout
 
 
+@pytest.mark.parametrize("command", ["hostlist", "hoststats"])
+def test_host_listings_no_headers_and_separator(cluster, small, command):
+    done = cluster.cli(command, "-o", "host,vcpus,vms", "--sort", "-vcpus,host",
+                       "--no-headers", "--separator", ";")
+    assert done.returncode == 0, done.stderr
+    # no header, no totals line, no padding: host10 is down (its last record kept)
+    assert done.stdout.splitlines() == ["host1;12;3", "host2;8;2", "host10;8;0"]
+    done = cluster.cli(command, "-o", "host,vms", "--no-headers")
+    lines = done.stdout.splitlines()
+    assert [line.split() for line in lines] == [["host1", "3"], ["host2", "2"], ["host10", "0"]]
+    assert len({len(line) for line in lines}) == 1      # aligned: VMs right-aligned
+    done = cluster.cli(command, "-o", "host,status", "--separator", "|")
+    lines = done.stdout.splitlines()
+    assert lines[:4] == ["Host|Status", "host1|up", "host2|up", "host10|down"]
+    assert "responded" not in done.stdout           # totals only in the aligned table
+
+
 def test_env_format_json(cluster, small):
     done = cluster.cli("hostlist", env={"PEERCTL_FORMAT": "json"})
     assert done.returncode == 0 and done.stdout.lstrip().startswith("[")
