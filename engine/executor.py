@@ -44,6 +44,7 @@ class Executor:
         self._watch: PrefixWatch | None = None
         self._thread: threading.Thread | None = None
         self._detached = threading.Event()
+        self._unknown_claims: dict[str, str] = {}   # inbox key -> nonce, outcome unknown
         self.log = log.bind(host=host.host)
 
     # -- inbox -------------------------------------------------------------
@@ -55,6 +56,9 @@ class Executor:
         prefix = keys.inbox(self.host.host)
         kvs, revision = self.store.range(prefix)
         self._watch = PrefixWatch(self.store, prefix, revision).start()
+        unknown, self._unknown_claims = self._unknown_claims, {}
+        for inbox_key, nonce in unknown.items():
+            self._claim_inbox_key(inbox_key, nonce, attempt=1)
         for kv in kvs:
             self._claim_inbox_key(kv.key)
         self._thread = threading.Thread(target=self._follow_inbox, daemon=True, name="inbox")
@@ -83,22 +87,29 @@ class Executor:
             except StoreUnavailable as exc:
                 self.log.warning("inbox_unavailable", error=str(exc))
 
-    def _claim_inbox_key(self, inbox_key: str) -> None:
+    def _claim_inbox_key(self, inbox_key: str, nonce: str | None = None,
+                         attempt: int = 0) -> None:
         """Claim and run one inbox entry.  If etcd fails mid-call the claim may
         or may not have landed: retry, and recognise our own earlier claim by
-        its lease (an idempotency key in the name, as kazoo's lock does)."""
+        a nonce in its value (an idempotency key, as kazoo's lock has in its
+        node names).  When the session ends first (an etcd outage longer
+        than the TTL ends them all) the claim is kept for the next session,
+        which retries it: if it landed it is ours and never ran, so it runs
+        then, instead of expiring with the old lease into `lost`."""
         _, _, automation_id, index = inbox_key.split("/")
         index = int(index)
         claim_key = keys.claim(automation_id, index)
-        attempt = 0
+        nonce = nonce or os.urandom(8).hex()
         while True:
             session = self.session
             if session is None or not session.alive or self._detached.is_set():
+                if attempt:
+                    self._unknown_claims[inbox_key] = nonce
                 return
             try:
                 result = self.store.txn(
                     [exists(inbox_key), absent(claim_key), absent(keys.response(automation_id, index))],
-                    [Put(claim_key, {"executor": self.host.host}, session.lease),
+                    [Put(claim_key, {"executor": self.host.host, "nonce": nonce}, session.lease),
                      Delete(inbox_key), Get(keys.log_entry(automation_id, index))],
                     [Get(claim_key), Get(keys.response(automation_id, index))])
             except StoreUnavailable:
@@ -110,9 +121,10 @@ class Executor:
                     self.submit(automation_id, index, result.ranges[0][0].value)
                 return
             claim, response = result.ranges
-            if claim and claim[0].lease == session.lease and not response and attempt:
+            if claim and (claim[0].value or {}).get("nonce") == nonce and not response and attempt:
                 entry = self.store.get(keys.log_entry(automation_id, index))
                 if entry is not None:
+                    self.log.info("claim_recovered", automation=automation_id, index=index)
                     self.submit(automation_id, index, entry.value)
             return
 

@@ -120,6 +120,7 @@ class Initiator:
         self.open = {i: self.entries[i]["deadline"] for i in record.pending()}
         self.claimed = {i: kv.value for i, kv in record.claims.items()}
         self.next_index = max(self.entries, default=-1) + 1
+        self._gone_since: dict[str, float] = {}    # target host -> first seen not alive
         self.log.info("initiator_leads", replayed=len(self.entries), pending=len(record.pending()))
         watch = PrefixWatch(self.store, keys.auto(self.id), revision).start()
         self._watch = watch
@@ -351,11 +352,23 @@ class Initiator:
                 del self.open[index]    # whichever response landed is on its way
 
     def _check_targets(self, alive: set[str]) -> None:
+        """An unclaimed request whose host is gone is `lost` once the host
+        has stayed gone for a lease TTL.  A peer that comes back (restarted
+        after a crash, or re-making its session after an etcd outage ended
+        every lease at once) re-publishes its host record and claims its
+        inbox within that time; its request never started, so waiting costs
+        detection time only, while writing `lost` at once would fail work
+        the host is about to do.  The deadline still bounds the wait."""
+        now = time.monotonic()
+        for host in [h for h in self._gone_since if h in alive]:
+            del self._gone_since[host]
         waiting = [i for i in self.open if i not in self.claimed
                    and not self.entries[i].get("local")]
         for index in waiting:
             target = self.entries[index]["target"]
-            if target not in alive:
+            if target in alive:
+                continue
+            if now - self._gone_since.setdefault(target, now) >= self.session.ttl:
                 if self._respond(index, "lost", f"host {target} is not alive",
                                  [absent(keys.claim(self.id, index)), absent(keys.host(target))]):
                     self.log.info("request_lost", index=index, target=target, reason="host dead")
