@@ -25,6 +25,8 @@ __all__ = ["Duties", "Singleton"]
 
 log = structlog.get_logger("peerctl.duties")
 
+STEP_ASIDE_PAUSE = 2.0     # seconds before campaigning again for a kind we lack
+
 
 class Duties:
     def __init__(self, store: Store, session: Session, host: str, run_local):
@@ -105,6 +107,12 @@ class Duties:
                                     candidacy, self.run_local, stop).run()
                 if outcome in (Outcome.FINISHED, Outcome.DEPOSED):
                     break
+                if outcome == Outcome.STEP_ASIDE:
+                    # Go to the back of the line: a member with newer code
+                    # leads; with none, the automation waits (running) for one.
+                    candidacy.resign()
+                    candidacy = None
+                    stop.wait(STEP_ASIDE_PAUSE)
             except StoreUnavailable as exc:
                 log.warning("duty_unavailable", automation=automation_id, error=str(exc))
                 stop.wait(0.3)

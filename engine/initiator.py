@@ -37,6 +37,7 @@ class Outcome:
     FINISHED = "finished"       # terminal state written (or found)
     DEPOSED = "deposed"         # leadership lost: stop, another member leads
     RESTART = "restart"         # local view no longer trusted: replay again
+    STEP_ASIDE = "step_aside"   # this peer lacks the worker's code: let another lead
 
 
 class _Deposed(Exception):
@@ -111,7 +112,12 @@ class Initiator:
                                 logged=record.logged_steps())
             for index, response in record.responses_in_order():
                 replayer.deliver(index, response)
-        except (NonDeterminism, UnknownAutomation) as exc:
+        except UnknownAutomation as exc:
+            # Older code during a rolling upgrade: a member that knows this
+            # kind and version may lead it; this one must not declare it stuck.
+            self.log.warning("initiator_steps_aside", error=str(exc))
+            return Outcome.STEP_ASIDE
+        except NonDeterminism as exc:
             return self._finish("stuck", None, str(exc), record)
 
         self.entries = dict(record.entries)

@@ -313,6 +313,91 @@ def test_etcd_down_longer_than_the_ttl_mid_automation(own_etcd, tmp_path):
         store.close()
 
 
+VERSIONED = """
+from engine.registry import automation
+from engine.replay import Request
+{versions}
+"""
+VERSION = """
+@automation("versioned", version={v})
+def versioned_v{v}(ctx, target, count):
+    for i in range(count):
+        yield Request("ping", {{"version": {v}, "step": i}}, target=target)
+    return {{"version": {v}}}
+"""
+
+
+def versioned_code(directory, versions):
+    """A directory of automation code registering ``versioned`` at ``versions``."""
+    directory.mkdir()
+    (directory / "versioned.py").write_text(
+        VERSIONED.format(versions="".join(VERSION.format(v=v) for v in versions)))
+    return {"PEERCTL_AUTOMATIONS_PATH": str(directory)}
+
+
+def start_versioned(store, code_env, args, **options):
+    os.environ.update(code_env)     # this process records the newest version it knows
+    try:
+        return api.start_automation(store, "versioned", args, **options)
+    finally:
+        del os.environ["PEERCTL_AUTOMATIONS_PATH"]
+
+
+def logged_versions(store, automation_id):
+    return {kv.value["args"]["version"] for kv in store.range(keys.auto(automation_id, "log/"))[0]}
+
+
+def test_an_automation_keeps_its_version_after_a_newer_one_is_registered(cluster, store,
+                                                                        tmp_path):
+    """Started under v1; its member restarts with code holding v1 and v2:
+    the running one replays and goes on with v1, a new one records v2."""
+    old_code = versioned_code(tmp_path / "v1", [1])
+    new_code = versioned_code(tmp_path / "v1v2", [1, 2])
+    hooks = str(tmp_path / "hooks")
+    counting_hook(hooks, sleep=0.2)
+    start_peers(cluster, store, ["t1"], hooks=hooks)
+    start_peers(cluster, store, ["m1"], env=old_code)
+    old = start_versioned(store, old_code, {"target": "t1", "count": 12}, members=1,
+                          prefer=["m1"])
+    wait_for(lambda: len(api.get_task(store, old)["log"]) >= 3, what="3 steps under v1")
+    cluster.kill("m1")
+    cluster.start_peer("m1", env=new_code)          # the upgrade
+    new = start_versioned(store, new_code, {"target": "t1", "count": 3}, members=1,
+                          prefer=["m1"])
+    old_task, new_task = finished(store, old), finished(store, new)
+    assert (old_task["state"], old_task["version"], old_task["result"]) == ("done", 1, {"version": 1})
+    assert (new_task["state"], new_task["version"], new_task["result"]) == ("done", 2, {"version": 2})
+    assert logged_versions(store, old) == {1} and len(old_task["log"]) == 12
+    assert logged_versions(store, new) == {2}
+    assert "initiator_leads" in cluster.log("m1").split("session_started")[-1], \
+        "the upgraded peer did not lead the v1 automation"
+
+
+def test_a_peer_without_the_version_steps_aside_for_one_that_has_it(cluster, store, tmp_path):
+    """Rolling upgrade: the automation is v2; the older member, which only
+    knows v1, wins the election first.  It must step aside, not declare the
+    automation stuck, so that the upgraded member leads it to the end."""
+    old_code = versioned_code(tmp_path / "v1", [1])
+    new_code = versioned_code(tmp_path / "v1v2", [1, 2])
+    start_peers(cluster, store, ["old"], env=old_code)
+    start_peers(cluster, store, ["new"], env=new_code, ttl=10)
+    cluster.kill("new", signal.SIGSTOP)     # so that "old" campaigns first
+    try:
+        automation_id = start_versioned(store, new_code, {"target": "old", "count": 3},
+                                        members=2, prefer=["old", "new"])
+        wait_for(lambda: "initiator_steps_aside" in cluster.log("old"), timeout=8,
+                 what="the older peer to step aside")
+        assert api.get_task(store, automation_id)["state"] == "running"
+    finally:
+        cluster.kill("new", signal.SIGCONT)
+    task = finished(store, automation_id)
+    assert (task["state"], task["version"], task["result"]) == ("done", 2, {"version": 2}), \
+        task["error"]
+    writers = {kv.value["initiator"] for kv in store.range(keys.auto(automation_id, "log/"))[0]}
+    assert writers == {"new"}
+    assert [e["status"] for e in task["log"]] == ["ok"] * 3     # "old" still executes requests
+
+
 def test_abort_stops_a_running_automation(cluster, store, tmp_path):
     hooks = str(tmp_path / "hooks")
     counting_hook(hooks, sleep=0.2)
