@@ -1,7 +1,7 @@
 """Replay in the "history in, requests out" style: no etcd involved."""
 import pytest
 
-from engine.replay import NonDeterminism, Request, Response
+from engine.replay import NonDeterminism, Replayer, Request, Response
 from tests.history import History
 
 
@@ -46,22 +46,6 @@ def test_fan_out_emits_all_requests_before_any_response():
     live = history.run()
     assert history.appended_after[0] == 3
     assert live.result == ["h", "h", "h"]
-
-
-@pytest.mark.parametrize("worker,args", [
-    (two_steps, {"host": "h1"}),
-    (fan_out, {"hosts": ["h1", "h2"]}),
-    (parent, {"names": ["vm1", "vm2", "vm3"]}),
-    (race, {}),
-])
-def test_every_prefix_replays_to_the_same_requests(worker, args):
-    history = History(worker, args)
-    live = history.run()
-    for upto in range(len(history.responses) + 1):
-        replayer = history.replay(upto)
-        assert replayer.take_new() == [], f"prefix {upto} yielded a request the log lacks"
-        if upto == len(history.responses):
-            assert replayer.finished and replayer.result == live.result
 
 
 def test_children_interleave_in_any_delivery_order_and_replay_alike():
@@ -130,3 +114,92 @@ def test_failing_child_fails_the_parent_with_its_error():
     live = History(boss, {}).run()
     assert live.finished and live.result is None
     assert "vm1 exploded" in live.error
+
+
+def emitted_at_every_prefix(history):
+    """For each k, replay the first k responses against the log as it stood
+    before the live initiator appended what the k-th one unlocked; return
+    what each replay emits, next to what the live run appended then."""
+    where = {step.index: (step.worker, step.seq) for step in history.steps.values()}
+    rows = []
+    for k in range(len(history.responses) + 1):
+        logged_before = history.appended_after[k - 1] if k else 0
+        replayer = Replayer(history.automation_id, history.worker, history.args,
+                            logged={key: step for key, step in history.steps.items()
+                                    if step.index < logged_before})
+        for index, response in history.responses[:k]:
+            replayer.deliver(index, response)
+        emitted = [(new.worker, new.seq, new.request) for new in replayer.take_new()]
+        expected = [(*where[i], history.requests[i])
+                    for i in range(logged_before, history.appended_after[k])]
+        rows.append((emitted, expected, replayer))
+    return rows
+
+
+@pytest.mark.parametrize("worker,args", [
+    (two_steps, {"host": "h1"}),
+    (fan_out, {"hosts": ["h1", "h2"]}),
+    (parent, {"names": ["vm1", "vm2", "vm3"]}),
+    (race, {}),
+])
+def test_every_prefix_emits_exactly_the_requests_the_live_run_appended(worker, args):
+    history = History(worker, args)
+    live = history.run()
+    for k, (emitted, expected, replayer) in enumerate(emitted_at_every_prefix(history)):
+        assert emitted == expected, f"after {k} responses"
+    assert replayer.finished and replayer.result == live.result
+
+
+def test_prefixes_of_a_two_step_history_emit_these_requests():
+    history = History(two_steps, {"host": "h1"})
+    history.run()
+    emitted = [e for e, _, _ in emitted_at_every_prefix(history)]
+    assert emitted == [
+        [("0", 0, Request("ping", {"n": 1}, target="h1"))],
+        [("0", 1, Request("ping", {"n": 2, "after": {"echo": {"n": 1}}}, target="h1"))],
+        [],
+    ]
+
+
+def test_prefixes_of_child_workers_emit_these_requests():
+    history = History(parent, {"names": ["vm1", "vm2"]})
+    history.run()
+    rows = emitted_at_every_prefix(history)
+    names = [[(w, s, r.name, r.label) for w, s, r in emitted] for emitted, _, _ in rows]
+    assert names == [
+        [("0.0", 0, "build", "vm1"), ("0.1", 0, "build", "vm2")],   # both children start
+        [("0.0", 1, "start", "vm1")],       # vm1 built
+        [("0.1", 1, "start", "vm2")],       # vm2 built
+        [],                                  # vm1 started
+        [],                                  # vm2 started: the parent returns
+    ]
+    assert rows[-1][2].finished
+
+
+def lottery(ctx, hosts):
+    """Uses ctx.random for a target and for arguments, and in a child."""
+    first = yield Request("ping", target=ctx.random.choice(hosts))
+    draws = [round(ctx.random.random(), 12) for _ in range(3)]
+    second = yield Request("ping", {"draws": draws}, target=ctx.random.choice(hosts))
+    child = yield ctx.all([ctx.worker(lottery_child), ctx.worker(lottery_child)])
+    return {"draws": draws, "children": child}
+
+
+def lottery_child(ctx):
+    yield Request("noop", {"draw": round(ctx.random.random(), 12)})
+    return ctx.random.random()
+
+
+def test_random_is_seeded_per_automation_and_worker_and_replays_alike():
+    hosts = [f"h{i}" for i in range(20)]
+    one = History(lottery, {"hosts": hosts}, automation_id="auto-1")
+    live = one.run()
+    again = History(lottery, {"hosts": hosts}, automation_id="auto-1")
+    assert again.run().result == live.result and again.requests == one.requests
+    for k, (emitted, expected, _) in enumerate(emitted_at_every_prefix(one)):
+        assert emitted == expected, f"after {k} responses"   # replays draw the same
+    assert one.replay().result == live.result
+    other = History(lottery, {"hosts": hosts}, automation_id="auto-2")
+    assert other.run().result["draws"] != live.result["draws"]
+    first_child, second_child = live.result["children"]
+    assert first_child != second_child, "sibling workers share a random stream"
