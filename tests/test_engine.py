@@ -13,7 +13,7 @@ import pytest
 from engine import api, failpoints, keys
 from engine.store import Store
 from tests.cluster import wait_for
-from tests.hooks import counting_hook, executions
+from tests.hooks import counting_hook, executions, recorded, recording_hook
 
 TEST_AUTOMATIONS = os.path.join(os.path.dirname(__file__), "automations")
 # Lease TTL of the peers the step-boundary test crashes: a crashed peer must
@@ -396,6 +396,41 @@ def test_a_peer_without_the_version_steps_aside_for_one_that_has_it(cluster, sto
     writers = {kv.value["initiator"] for kv in store.range(keys.auto(automation_id, "log/"))[0]}
     assert writers == {"new"}
     assert [e["status"] for e in task["log"]] == ["ok"] * 3     # "old" still executes requests
+
+
+def test_hooks_see_the_request_and_a_failing_pre_hook_fails_it(cluster, store, tmp_path):
+    """CONTRACT.md "Hooks": the post hook gets the payload plus the
+    response on stdin; a pre hook exiting non-zero fails the request, with
+    the hook's stderr as the error, and the handler does not run."""
+    hooks = str(tmp_path / "hooks")
+    refusal = "maintenance window: step 1 refused"
+    recording_hook(hooks, "ping", "pre", script=(
+        "if event['args']['step'] == 1:\n"
+        f"    sys.stderr.write({refusal!r} + '\\n')\n"
+        "    sys.exit(3)"))
+    posts = recording_hook(hooks, "ping", "post")
+    start_peers(cluster, store, ["t1"], hooks=hooks)
+    start_peers(cluster, store, ["m1"], env={"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
+    automation_id = start_test_automation(store, "steps", {"target": "t1", "count": 3},
+                                          members=1, prefer=["m1"])
+    task = finished(store, automation_id)
+    assert task["state"] == "done", task["error"]
+    outcomes = task["result"]["outcomes"]
+    assert [(o["status"], o["error"]) for o in outcomes] == \
+        [("ok", None), ("error", refusal), ("ok", None)]
+    seen = wait_for(lambda: (lambda r: r if len(r) == 3 else None)(recorded(posts)),
+                    what="three post hooks")
+    by_index = {event["index"]: event for event in seen}
+    for index in range(3):
+        event = by_index[index]
+        assert {k: event[k] for k in ("automation", "index", "request", "host", "args")} == \
+            {"automation": automation_id, "index": index, "request": "ping", "host": "t1",
+             "args": {"step": index}}
+    assert by_index[0]["response"]["status"] == "ok"
+    assert by_index[0]["response"]["value"]["host"] == "t1"     # the handler's answer
+    assert by_index[1]["response"] == {"status": "error", "error": refusal}
+    responses = {kv.key: kv.value for kv in store.range(keys.auto(automation_id, "resp/"))[0]}
+    assert "value" not in responses[keys.response(automation_id, 1)], "the handler ran"
 
 
 def test_abort_stops_a_running_automation(cluster, store, tmp_path):
