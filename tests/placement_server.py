@@ -44,14 +44,19 @@ enforce_new_defaults = False
 
 _SERVE = """
 import logging, os, sys
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 class Quiet(WSGIRequestHandler):
     def log_message(self, *args):
         pass
+class Backlog(WSGIServer):
+    # wsgiref listens with a backlog of 5: eight racing clients overflow it and
+    # a dropped SYN waits out TCP's retransmission (1 s, 3 s, ... ConnectTimeout)
+    request_queue_size = 128
 from placement import wsgi
 app = wsgi.init_application()
 logging.getLogger().setLevel(logging.WARNING)
-server = make_server("127.0.0.1", int(sys.argv[1]), app, handler_class=Quiet)
+server = make_server("127.0.0.1", int(sys.argv[1]), app, server_class=Backlog,
+                     handler_class=Quiet)
 server.serve_forever()
 """
 
