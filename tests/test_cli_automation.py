@@ -301,20 +301,29 @@ def test_json_detach_then_abort_a_running_automation_and_wait_exits_1(cluster, s
 
 
 def test_wait_exits_1_on_a_stuck_automation(cluster, peers, store):
-    """An automation whose recorded version no peer has goes stuck, saying why."""
+    """An automation whose log no longer matches its worker's code goes stuck,
+    saying which step; `wait` exits 1 with that reason."""
     automation, now = "stuck-" + uuid.uuid4().hex[:8], time.time()
-    spec = {"id": automation, "kind": "ping", "version": 99, "created": now,
+    spec = {"id": automation, "kind": "ping", "version": 1, "created": now,
             "args": {"hosts": ["host1"], "rounds": 1}, "members": ["host1"],
             "wanted_members": 1}
+    # Step 0 as an older build of the worker logged it: same request, other fingerprint.
+    entry = {"index": 0, "worker": "0", "seq": 0, "worker_name": "ping", "request": "ping",
+             "target": "host1", "args": {"round": 0}, "fingerprint": "from-older-code",
+             "time": now, "deadline": now + 60, "label": None, "local": False,
+             "initiator": "host1"}
     store.txn([], [Put(keys.spec(automation), spec),
+                   Put(keys.log_entry(automation, 0), entry),
+                   Put(keys.response(automation, 0), {"status": "ok", "value": {}}),
                    Put(keys.status(automation), {"state": "running", "updated": now}),
                    Put(keys.task(automation), {"id": automation, "kind": "ping",
                                                "state": "running", "created": now,
-                                               "members": ["host1"], "steps": 0}),
+                                               "members": ["host1"], "steps": 1}),
                    Put(keys.member("host1", automation), {"since": now})])
     waited = cluster.cli_json("wait", automation, "--timeout", "60", expect_rc=1)
     assert waited["state"] == "stuck", waited
-    assert "version 99" in waited["error"]
+    assert "step 0" in waited["error"] and "ping@host1" in waited["error"], waited["error"]
     assert waited["initiator"] == "host1"
+    assert len(waited["log"]) == 1          # nothing more was appended
     done = cluster.cli("wait", automation)
     assert done.returncode == 1 and "stuck" in done.stderr.splitlines()[-1]
