@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import abc
 
-from engine.placement.model import DISABLED_TRAIT, Conflict
+from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, PlacementError,
+                                    check_uuid, consumer_doc, normalize_allocations)
 
 __all__ = ["Placement", "ANY"]
 
@@ -101,16 +102,65 @@ class Placement(abc.ABC):
         """Drop the consumer's allocations (nothing to do when it has none)."""
 
     @abc.abstractmethod
+    def _write_consumers(self, want: dict, expect: dict) -> dict:
+        """Give every consumer in ``want`` its document (``consumer_doc``;
+        empty allocations drop the consumer) in one atomic write.  ``expect``:
+        consumer -> its generation now, None for 'must not exist'.  Returns
+        the new documents by consumer."""
+
     def move_to_migration(self, instance: str, migration: str,
                           destination: dict) -> dict:
         """Atomically: the instance's allocations move to consumer ``migration``
         and the instance is claimed on ``destination``.  Returns the
-        instance's new allocations document."""
+        instance's new allocations document.  Repeating a move that is done
+        changes nothing."""
+        instance = check_uuid(instance, "instance consumer")
+        migration = check_uuid(migration, "migration consumer")
+        if instance == migration:
+            raise PlacementError("migration consumer must differ from the instance")
+        destination = normalize_allocations(destination)
+        if not destination:
+            raise PlacementError("move_to_migration needs destination allocations")
+        for _ in range(self.retries):
+            inst, mig = self.allocations(instance), self.allocations(migration)
+            if mig["allocations"]:
+                if inst["allocations"] == destination:
+                    return inst                         # done already (a retry)
+                raise PlacementError(f"migration {migration} already holds allocations")
+            if not inst["allocations"]:
+                raise NotFound(f"instance {instance} holds no allocations to move")
+            want = {
+                migration: consumer_doc(migration, inst["allocations"], inst["project"],
+                                        inst["user"], "MIGRATION"),
+                instance: consumer_doc(instance, destination, inst["project"],
+                                       inst["user"], inst["consumer_type"])}
+            try:
+                return self._write_consumers(want, {migration: None,
+                                                    instance: inst["generation"]})[instance]
+            except Conflict as exc:
+                if exc.reason != "concurrent_update":
+                    raise
+        raise Conflict("concurrent_update", f"instance {instance} kept changing")
 
-    @abc.abstractmethod
     def revert_migration(self, instance: str, migration: str) -> dict:
         """Atomically: the instance gets back what ``migration`` holds, which
         is dropped; the destination allocations are freed."""
+        instance = check_uuid(instance, "instance consumer")
+        migration = check_uuid(migration, "migration consumer")
+        for _ in range(self.retries):
+            inst, mig = self.allocations(instance), self.allocations(migration)
+            if not mig["allocations"]:
+                raise NotFound(f"migration {migration} holds no allocations to revert")
+            want = {instance: consumer_doc(instance, mig["allocations"], mig["project"],
+                                           mig["user"], inst["consumer_type"] or "INSTANCE"),
+                    migration: dict(mig, allocations={})}
+            try:
+                return self._write_consumers(want, {instance: inst["generation"],
+                                                    migration: mig["generation"]})[instance]
+            except Conflict as exc:
+                if exc.reason != "concurrent_update":
+                    raise
+        raise Conflict("concurrent_update", f"instance {instance} kept changing")
 
     def close(self) -> None:
         pass

@@ -269,52 +269,9 @@ class EtcdPlacement(Placement):
         consumer = check_uuid(consumer, "consumer")
         self._write({consumer: None}, {consumer: ANY})
 
-    def move_to_migration(self, instance: str, migration: str, destination: dict) -> dict:
-        instance = check_uuid(instance, "instance consumer")
-        migration = check_uuid(migration, "migration consumer")
-        if instance == migration:
-            raise PlacementError("migration consumer must differ from the instance")
-        destination = normalize_allocations(destination)
-        if not destination:
-            raise PlacementError("move_to_migration needs destination allocations")
-        for _ in range(self.retries):
-            inst, mig = self.allocations(instance), self.allocations(migration)
-            if mig["allocations"]:
-                if inst["allocations"] == destination:
-                    return inst                         # done already (a retry)
-                raise PlacementError(f"migration {migration} already holds allocations")
-            if not inst["allocations"]:
-                raise NotFound(f"instance {instance} holds no allocations to move")
-            want = {
-                migration: consumer_doc(migration, inst["allocations"], inst["project"],
-                                         inst["user"], "MIGRATION"),
-                instance: consumer_doc(instance, destination, inst["project"],
-                                        inst["user"], inst["consumer_type"])}
-            try:
-                return self._write(want, {migration: None,
-                                          instance: inst["generation"]})[instance]
-            except Conflict as exc:
-                if exc.reason != "concurrent_update":
-                    raise
-        raise Conflict("concurrent_update", f"instance {instance} kept changing")
-
-    def revert_migration(self, instance: str, migration: str) -> dict:
-        instance = check_uuid(instance, "instance consumer")
-        migration = check_uuid(migration, "migration consumer")
-        for _ in range(self.retries):
-            inst, mig = self.allocations(instance), self.allocations(migration)
-            if not mig["allocations"]:
-                raise NotFound(f"migration {migration} holds no allocations to revert")
-            want = {instance: consumer_doc(instance, mig["allocations"], mig["project"],
-                                            mig["user"], inst["consumer_type"] or "INSTANCE"),
-                    migration: None}
-            try:
-                return self._write(want, {instance: inst["generation"],
-                                          migration: mig["generation"]})[instance]
-            except Conflict as exc:
-                if exc.reason != "concurrent_update":
-                    raise
-        raise Conflict("concurrent_update", f"instance {instance} kept changing")
+    def _write_consumers(self, want: dict, expect: dict) -> dict:
+        return self._write({c: doc if doc["allocations"] else None for c, doc in want.items()},
+                           expect)
 
     def _snapshot(self, consumers, providers):
         """Consumers and providers read at one revision."""

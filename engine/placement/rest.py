@@ -340,55 +340,10 @@ class RestPlacement(Placement):
         consumer = check_uuid(consumer, "consumer")
         self._call("DELETE", f"/allocations/{consumer}", allow=(404,))
 
-    def move_to_migration(self, instance: str, migration: str, destination: dict) -> dict:
-        instance = check_uuid(instance, "instance consumer")
-        migration = check_uuid(migration, "migration consumer")
-        if instance == migration:
-            raise PlacementError("migration consumer must differ from the instance")
-        destination = normalize_allocations(destination)
-        if not destination:
-            raise PlacementError("move_to_migration needs destination allocations")
-        for _ in range(self.retries):
-            inst, mig = self.allocations(instance), self.allocations(migration)
-            if mig["allocations"]:
-                if inst["allocations"] == destination:
-                    return inst
-                raise PlacementError(f"migration {migration} already holds allocations")
-            if not inst["allocations"]:
-                raise NotFound(f"instance {instance} holds no allocations to move")
-            body = {
-                migration: self._body(consumer_doc(migration, inst["allocations"], inst["project"],
-                                                    inst["user"], "MIGRATION"), None),
-                instance: self._body(consumer_doc(instance, destination, inst["project"],
-                                                   inst["user"], inst["consumer_type"]),
-                                     inst["generation"])}
-            try:
-                self._call("POST", "/allocations", body)
-                return self.allocations(instance)
-            except Conflict as exc:
-                if exc.reason != "concurrent_update":
-                    raise
-        raise Conflict("concurrent_update", f"instance {instance} kept changing")
-
-    def revert_migration(self, instance: str, migration: str) -> dict:
-        instance = check_uuid(instance, "instance consumer")
-        migration = check_uuid(migration, "migration consumer")
-        for _ in range(self.retries):
-            inst, mig = self.allocations(instance), self.allocations(migration)
-            if not mig["allocations"]:
-                raise NotFound(f"migration {migration} holds no allocations to revert")
-            body = {
-                instance: self._body(consumer_doc(instance, mig["allocations"], mig["project"],
-                                                   mig["user"], inst["consumer_type"] or "INSTANCE"),
-                                     inst["generation"]),
-                migration: self._body(dict(mig, allocations={}), mig["generation"])}
-            try:
-                self._call("POST", "/allocations", body)
-                return self.allocations(instance)
-            except Conflict as exc:
-                if exc.reason != "concurrent_update":
-                    raise
-        raise Conflict("concurrent_update", f"instance {instance} kept changing")
+    def _write_consumers(self, want: dict, expect: dict) -> dict:
+        self._call("POST", "/allocations",
+                   {c: self._body(doc, expect[c]) for c, doc in want.items()})
+        return {c: self.allocations(c) for c in want}
 
 
 def _multi(params: list[tuple[str, str]]) -> dict:
