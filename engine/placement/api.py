@@ -15,6 +15,7 @@ so a claim whose reply was lost can simply be repeated.
 from __future__ import annotations
 
 import abc
+import uuid as uuidlib
 
 from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, PlacementError,
                                     check_uuid, consumer_doc, normalize_allocations)
@@ -164,6 +165,22 @@ class Placement(abc.ABC):
 
     def close(self) -> None:
         pass
+
+    @abc.abstractmethod
+    def _uuid_named(self, name: str) -> str | None:
+        """The uuid of the provider called ``name``, None if there is none."""
+
+    def _resolve(self, ref: str) -> str:
+        """uuid of a provider given its uuid or name."""
+        if not isinstance(ref, str) or not ref:
+            raise PlacementError(f"bad provider reference {ref!r}")
+        try:
+            return str(uuidlib.UUID(ref))
+        except ValueError:
+            uuid = self._uuid_named(ref)
+            if uuid is None:
+                raise NotFound(f"no provider named {ref!r}") from None
+            return uuid
 
     # -- built on the above ------------------------------------------------------
 

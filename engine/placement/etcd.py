@@ -58,17 +58,9 @@ class EtcdPlacement(Placement):
 
     # -- reading -------------------------------------------------------------------
 
-    def _resolve(self, ref: str) -> str:
-        """uuid of a provider given its uuid or name."""
-        if not isinstance(ref, str) or not ref:
-            raise PlacementError(f"bad provider reference {ref!r}")
-        try:
-            return str(uuidlib.UUID(ref))
-        except ValueError:
-            kv = self.store.get(NAME + ref)
-            if kv is None:
-                raise NotFound(f"no provider named {ref!r}") from None
-            return kv.value
+    def _uuid_named(self, name: str) -> str | None:
+        kv = self.store.get(NAME + name)
+        return kv.value if kv else None
 
     def _read(self, uuid: str):
         kv = self.store.get(RP + uuid)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import uuid as uuidlib
 
 import requests
 import structlog
@@ -90,16 +89,9 @@ class RestPlacement(Placement):
 
     # -- providers -----------------------------------------------------------------
 
-    def _resolve(self, ref: str) -> str:
-        if not isinstance(ref, str) or not ref:
-            raise PlacementError(f"bad provider reference {ref!r}")
-        try:
-            return str(uuidlib.UUID(ref))
-        except ValueError:
-            found = self._get("/resource_providers", name=ref)["resource_providers"]
-            if not found:
-                raise NotFound(f"no provider named {ref!r}") from None
-            return found[0]["uuid"]
+    def _uuid_named(self, name: str) -> str | None:
+        found = self._get("/resource_providers", name=name)["resource_providers"]
+        return found[0]["uuid"] if found else None
 
     def _document(self, rp: dict) -> dict:
         u = rp["uuid"]
