@@ -152,6 +152,25 @@ def _action(request, verb):
 
 start = _action("start", "started")
 stop = _action("stop", "stopped")
-reboot = _action("reboot", "rebooted")
+reboot_v1 = _action("reboot", "rebooted")     # kept so that reboots started before v2 replay
+
+
+def _reboot_one(ctx, vm):
+    """The automation's id is the reboot's token: the host records it on the
+    running domain, so re-sending a reboot whose outcome was lost reboots once."""
+    done = yield from _idempotent(Request(
+        "reboot", {"uuid": vm["uuid"], "name": vm["name"], "token": ctx.automation_id},
+        target=vm["host"], deadline=ACTION_DEADLINE, label=vm["name"]))
+    if not done.ok:
+        return _outcome(vm, vm["uuid"], vm["host"], "error", done.error or done.status)
+    return _outcome(vm, vm["uuid"], vm["host"], (done.value or {}).get("state", "running"))
+
+
+@automation("reboot", version=2)
+def reboot(ctx, vms):
+    results = yield ctx.all([ctx.worker(_reboot_one, vm, label=vm["name"]) for vm in vms])
+    return _finish(results, "rebooted")
+
+
 suspend = _action("suspend", "suspended")
 resume = _action("resume", "resumed")

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
-from . import keys
+from . import failpoints, keys
 from .handlers import HANDLERS, RequestError
 from .hostctx import HostContext
 from .session import Session
@@ -181,6 +181,7 @@ class Executor:
                 self.log.warning("post_hook_failed", request=name, error=str(exc))
             response.update(executor=self.host.host, time=time.time(),
                             duration=time.time() - started)
+            failpoints.crash(f"respond {name}")     # done, but nobody will know
             if take is None or not take(index, response):
                 self._respond(automation_id, index, response)
         except Exception:

@@ -19,9 +19,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 __all__ = ["NAMESPACE", "DomainSpec", "domain_xml", "pool_xml", "volume_xml",
-           "read_metadata", "disk_paths", "domain_type", "ACCELERATORS"]
+           "read_metadata", "REBOOT_NAMESPACE", "reboot_token_xml", "read_reboot_token", "disk_paths", "domain_type", "ACCELERATORS"]
 
 NAMESPACE = "https://peerctl.dev/xmlns/vm/1"
+# The last reboot done, on the running domain only (live metadata).
+REBOOT_NAMESPACE = "https://peerctl.dev/xmlns/reboot/1"
 _PREFIX = "peerctl"
 ET.register_namespace(_PREFIX, NAMESPACE)
 
@@ -171,3 +173,19 @@ def volume_xml(name: str, capacity: int, fmt: str, *, backing_path: str | None =
         _sub(backing, "path", backing_path)
         _sub(backing, "format", type=backing_format or "raw")
     return ET.tostring(volume, encoding="unicode")
+
+
+def reboot_token_xml(token: str) -> str:
+    """``<reboot token="..."/>``: the live metadata a reboot leaves behind."""
+    return ET.tostring(ET.Element("reboot", token=token), encoding="unicode")
+
+
+def read_reboot_token(dom) -> str | None:
+    """The token of the last reboot of this run of the domain, if any."""
+    import libvirt
+    try:
+        raw = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, REBOOT_NAMESPACE,
+                           libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    except libvirt.libvirtError:
+        return None
+    return ET.fromstring(raw).get("token")

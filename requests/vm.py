@@ -4,8 +4,10 @@ and vm_info, through libvirt-python only.
 Every handler is idempotent by VM uuid: run again with the same args it
 finds what the first run did and carries on from there (a build that died
 after defining its domain starts it; a destroy of a VM already gone still
-sweeps the pool for its volumes).  ``reboot`` is the exception that cannot
-tell: twice is two reboots, with the same outcome.
+sweeps the pool for its volumes).  ``reboot`` is the one that cannot
+tell by itself: a ``reboot`` that carries a ``token`` records it on the
+running domain (live metadata), and the same token again finds the reboot
+done.  Without a token, twice is two reboots.
 
 Arguments (all handlers): ``uuid`` (required), ``name`` (for messages).
 ``build`` adds ``name``, ``vcpus``, ``memory_mb``, ``disk_gb``, ``image``
@@ -27,8 +29,9 @@ import structlog
 
 from engine.handlers import RequestError, handler
 from peerctl_requests import images
-from peerctl_requests.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
-                                        read_metadata)
+from peerctl_requests.domain_xml import (ACCELERATORS, REBOOT_NAMESPACE, DomainSpec,
+                                        domain_type, domain_xml, read_metadata,
+                                        read_reboot_token, reboot_token_xml)
 
 __all__ = ["vm_state", "vm_record", "owned_by", "console_log_path", "disowned_key",
            "DEFAULT_STOP_TIMEOUT"]
@@ -261,8 +264,13 @@ def stop(host, args: dict) -> dict:
 @handler("reboot")
 def reboot(host, args: dict) -> dict:
     uuid, dom = _require(host, args)
+    token = args.get("token")
+    if token is not None and (not isinstance(token, str) or not token):
+        raise RequestError(f"bad reboot token {token!r}")
     with _vm_lock(host, uuid):
         state = vm_state(dom)
+        if token and state == "running" and read_reboot_token(dom) == token:
+            return {**_reply(uuid, dom), "rebooted": False}     # done by an earlier run
         if state == "running":
             _libvirt_call(f"cannot reboot {_label(args, uuid)}", dom.reboot, 0)
         elif state == "paused":
@@ -270,7 +278,14 @@ def reboot(host, args: dict) -> dict:
             _libvirt_call(f"cannot resume {_label(args, uuid)}", dom.resume)
         else:
             _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
-        return _reply(uuid, dom)
+        if token:
+            # After the reboot, not before: a crash in between reboots twice
+            # on a retry, which is better than not at all.
+            _libvirt_call(f"cannot record the reboot of {_label(args, uuid)}",
+                          dom.setMetadata, libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+                          reboot_token_xml(token), "peerctl", REBOOT_NAMESPACE,
+                          libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        return {**_reply(uuid, dom), "rebooted": True}
 
 
 @handler("suspend")

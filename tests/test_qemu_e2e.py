@@ -15,7 +15,7 @@ import shutil
 import libvirt
 import pytest
 
-from engine import api
+from engine import api, failpoints, keys
 from engine.placement import open_placement
 from tests import qemu_guest
 from tests.cluster import wait_for
@@ -96,11 +96,17 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
     image = qemu_guest.build_disk_image(os.path.join(workdir, "guest.img"), guest_dir,
                                         workdir)
     state_dirs = {h: os.path.join(workdir, f"state-{h}") for h in hosts}
+    armed = os.path.join(workdir, "failpoints")
+    open(armed, "w").close()
+
+    def start(host):
+        cluster.start_peer(host, libvirt=qemu_guest.QEMU_URI,
+                           env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL,
+                                failpoints.ENV: armed},
+                           extra_args=["--state-dir", state_dirs[host]])
     try:
         for host in hosts:
-            cluster.start_peer(host, libvirt=qemu_guest.QEMU_URI,
-                               env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL},
-                               extra_args=["--state-dir", state_dirs[host]])
+            start(host)
         wait_for(lambda: set(hosts) <= set(api.live_hosts(store)), timeout=60,
                  interval=0.2, what=f"{hosts} alive in hosts/")
         placement = open_placement("etcd", store)
@@ -144,6 +150,26 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
         assert allocations[0]["allocations"][providers[host]] == {
             "VCPU": 1, "MEMORY_MB": MEMORY_MB, "DISK_GB": 1}
         assert _volumes_of(conn, host, vm["uuid"]) == [f"{vm['uuid']}.qcow2"]
+
+        # reboot, and the host's peer is SIGKILLed after rebooting, before its
+        # response: the step is reported lost, the worker re-sends it, and the
+        # restarted peer finds the reboot done (its token on the domain).
+        failpoints.arm(armed, ["respond reboot"])
+        automation = cluster.cli_json("reboot", name, "--detach")["automation"]
+        wait_for(lambda: failpoints.fired(armed), timeout=60, interval=0.2,
+                 what="the host's peer to die after the reboot")
+        cluster.peers[host].wait(30)
+        start(host)
+        rebooted = cluster.cli_json("wait", automation, timeout=120)
+        assert rebooted["state"] == "done", rebooted
+        assert [(v["name"], v["state"]) for v in rebooted["result"]["vms"]] \
+            == [(name, "running")]
+        steps = [e for e in rebooted["log"] if e["request"] == "reboot"]
+        assert [e["status"] for e in steps] == ["lost", "ok"], steps
+        answer = store.get(keys.response(automation, steps[1]["index"])).value
+        assert answer["value"] == {"uuid": vm["uuid"], "state": "running",
+                                   "rebooted": False}, answer
+        assert dom.isActive() and conn.lookupByUUIDString(vm["uuid"]).ID() == dom.ID()
 
         # destroy: power off + undefine + volumes on the host, then release.
         destroyed = cluster.cli_json("destroy", name, "--yes", timeout=60)

@@ -109,9 +109,31 @@ def test_lifecycle_handler_run_twice_ends_in_the_same_state(host, request_name, 
         call(host, "stop", uuid=args["uuid"])
     first = call(host, request_name, uuid=args["uuid"], name=args["name"])
     second = call(host, request_name, uuid=args["uuid"], name=args["name"])
-    extra = {"forced": False} if request_name == "stop" else {}     # ACPI sufficed
+    extra = {"stop": {"forced": False},                 # ACPI sufficed
+             "reboot": {"rebooted": True}}.get(request_name, {})   # no token: twice
     assert first == second == {"uuid": args["uuid"], "state": state, **extra}
     assert call(host, "vm_info", uuid=args["uuid"])["state"] == state
+    call(host, "destroy", uuid=args["uuid"])
+
+
+def test_reboot_with_the_same_token_runs_once_per_token(host):
+    """A re-sent reboot (same token) finds it done; a new token reboots again,
+    and so does the same token after the VM was stopped and started."""
+    args = vm_args()
+    call(host, "build", **args)
+    vm = {"uuid": args["uuid"], "name": args["name"]}
+    running = {"uuid": args["uuid"], "state": "running"}
+    assert call(host, "reboot", **vm, token="t1") == {**running, "rebooted": True}
+    assert call(host, "reboot", **vm, token="t1") == {**running, "rebooted": False}
+    assert call(host, "reboot", **vm, token="t2") == {**running, "rebooted": True}
+    assert call(host, "reboot", **vm, token="t2") == {**running, "rebooted": False}
+    call(host, "stop", **vm)        # live metadata ends with the run
+    assert call(host, "reboot", **vm, token="t2") == {**running, "rebooted": True}
+    call(host, "suspend", **vm)     # paused: reset and resume, then it is recorded
+    assert call(host, "reboot", **vm, token="t3") == {**running, "rebooted": True}
+    assert call(host, "reboot", **vm, token="t3") == {**running, "rebooted": False}
+    with pytest.raises(RequestError, match="bad reboot token"):
+        call(host, "reboot", **vm, token=7)
     call(host, "destroy", uuid=args["uuid"])
 
 
