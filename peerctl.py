@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
@@ -875,6 +876,11 @@ def placement_rows(ctx: Context) -> tuple[list[dict], str]:
             C("usages", "Used", lambda u: " ".join(f"{rc}:{n}" for rc, n in sorted(u.items()))),
             C("traits", "Traits")])
     if args.what == "allocations":
+        if args.consumer is not None:
+            try:
+                uuid.UUID(args.consumer)
+            except ValueError:
+                raise UsageError(f"bad consumer {args.consumer!r}: not a UUID") from None
         service, pcli, _ = _placement(ctx)
         if pcli and hasattr(pcli, "allocations_rows"):
             rows = pcli.allocations_rows(service, args.consumer)

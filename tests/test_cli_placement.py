@@ -123,6 +123,16 @@ def test_candidates_bad_input(cluster, world, args, words):
     assert world["store"].revision() == revision       # nothing written
 
 
+def test_allocations_of_a_consumer_that_is_not_a_uuid_exits_2(cluster, world):
+    revision = world["store"].revision()
+    done = cluster.cli("--format", "json", "placement", "allocations", "not-a-uuid")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == ["peerctl: bad consumer 'not-a-uuid': not a UUID"]
+    assert world["store"].revision() == revision
+    unknown = "00000000-0000-4000-8000-000000000000"       # a uuid holding nothing
+    assert cluster.cli_json("placement", "allocations", unknown) == []
+
+
 def test_placement_without_etcd_exits_3(cluster):
     done = cluster.cli("--etcd", "http://127.0.0.1:1", "--format", "json",
                        "placement", "providers")

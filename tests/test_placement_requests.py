@@ -5,7 +5,7 @@ import pytest
 
 from engine.handlers import RequestError, load_request_handlers
 from engine.hostctx import HostContext
-from engine.placement import open_placement
+from engine.placement import PlacementError, open_placement
 from engine.placement.cli import allocations_rows, candidates_rows, providers_rows
 from tests.placement_support import make_provider, new_uuid
 
@@ -56,7 +56,8 @@ def test_cli_rows_follow_the_contract(store):
     assert allocations_rows(placement, vm) == [{"consumer": vm, "allocations": {a["uuid"]: {"VCPU": 1}}}]
     assert allocations_rows(placement) == allocations_rows(placement, vm)
     assert allocations_rows(placement, new_uuid()) == []
-    assert allocations_rows(placement, "not-a-uuid") == []
+    with pytest.raises(PlacementError, match="bad consumer 'not-a-uuid': not a UUID"):
+        allocations_rows(placement, "not-a-uuid")
     assert candidates_rows(placement, "VCPU:1", None, 5) == [
         {"allocations": {a["uuid"]: {"VCPU": 1}}, "host": "host1"}]
     assert candidates_rows(placement, "resources=VCPU:1&required=!CUSTOM_X", None, None)

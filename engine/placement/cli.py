@@ -5,8 +5,7 @@ line renders what they return.  Bad specs raise ``PlacementError``.
 """
 from __future__ import annotations
 
-import uuid as uuidlib
-
+from engine.placement.model import check_uuid
 from engine.placement.query import Query, parse_query
 
 __all__ = ["providers_rows", "allocations_rows", "candidates_rows", "candidates_query",
@@ -30,13 +29,10 @@ def providers_rows(placement, glob: str | None = None) -> list[dict]:
 
 
 def allocations_rows(placement, consumer: str | None = None) -> list[dict]:
-    """``[{consumer, allocations}]``: one consumer, or all; [] when it holds nothing."""
+    """``[{consumer, allocations}]``: one consumer, or all; [] when it holds
+    nothing.  A consumer that is not a uuid raises ``PlacementError``."""
     if consumer:
-        try:
-            uuidlib.UUID(consumer)
-        except ValueError:
-            return []       # not a consumer uuid: matches nothing
-        docs = [placement.allocations(consumer)]
+        docs = [placement.allocations(check_uuid(consumer, "consumer"))]
     else:
         docs = placement.all_allocations()
     return [{"consumer": d["consumer"], "allocations": d["allocations"]}
