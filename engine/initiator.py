@@ -116,10 +116,12 @@ class Initiator:
             # Older code during a rolling upgrade: a member that knows this
             # kind and version may lead it; this one must not declare it stuck.
             self.log.warning("initiator_steps_aside", error=str(exc))
+            self._note_waiting(record, f"waiting for a peer that can run it: {exc}")
             return Outcome.STEP_ASIDE
         except NonDeterminism as exc:
             return self._finish("stuck", None, str(exc), record)
 
+        self._note_waiting(record, None)
         self.entries = dict(record.entries)
         self.answered = set(record.responses)     # responses seen and delivered
         # Unanswered requests whose fate is still ours to watch: index -> deadline.
@@ -320,6 +322,14 @@ class Initiator:
             compares, ops = self._with_carry([], [])
             if not self._txn(compares, ops):
                 raise _Restart()
+
+    def _note_waiting(self, record, why: str | None) -> None:
+        """Say in the running status why nobody leads (``task ID`` shows it as
+        ``error``), or clear that once a peer that can lead does."""
+        if (record.status or {}).get("error") == why:
+            return
+        self._txn([], [Put(keys.status(self.id), {"state": "running", "error": why,
+                                                  "updated": time.time()})])
 
     def _summary(self, state: str, steps: int) -> dict:
         return {"id": self.id, "kind": self.spec["kind"], "state": state,

@@ -385,14 +385,18 @@ def test_a_peer_without_the_version_steps_aside_for_one_that_has_it(cluster, sto
     try:
         automation_id = start_versioned(store, new_code, {"target": "old", "count": 3},
                                         members=2, prefer=["old", "new"])
-        wait_for(lambda: "initiator_steps_aside" in cluster.log("old"), timeout=8,
-                 what="the older peer to step aside")
-        assert api.get_task(store, automation_id)["state"] == "running"
+        waiting = wait_for(lambda: (lambda t: t if t["error"] else None)(
+            api.get_task(store, automation_id)), timeout=8,
+            what="the older peer to step aside, saying why")
+        assert waiting["state"] == "running"
+        assert waiting["error"].startswith("waiting for a peer that can run it:"), waiting
+        assert "version 2" in waiting["error"]
+        assert "initiator_steps_aside" in cluster.log("old")
     finally:
         cluster.kill("new", signal.SIGCONT)
     task = finished(store, automation_id)
-    assert (task["state"], task["version"], task["result"]) == ("done", 2, {"version": 2}), \
-        task["error"]
+    assert (task["state"], task["version"], task["result"], task["error"]) == \
+        ("done", 2, {"version": 2}, None), task["error"]
     writers = {kv.value["initiator"] for kv in store.range(keys.auto(automation_id, "log/"))[0]}
     assert writers == {"new"}
     assert [e["status"] for e in task["log"]] == ["ok"] * 3     # "old" still executes requests
