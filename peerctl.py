@@ -417,11 +417,22 @@ def vm_totals(vms: list[dict]) -> str:
             f"{table.human_mb(total('memory_mb'))} memory and {table.human_gb(total('disk_gb'))} disk")
 
 
+def check_fields(args, columns, default) -> list:
+    """The ``-o`` columns, with ``-o`` and ``--sort`` checked against the
+    listing's fields: a usage error (exit 2) before etcd is read."""
+    try:
+        chosen = table.select(columns, args.output, default)
+        table.sort_rows([], args.sort, [c.field for c in columns])
+    except table.FieldError as exc:
+        raise UsageError(str(exc)) from None
+    return chosen
+
+
 def show_listing(ctx: Context, rows: list[dict], columns, default, json_fields,
                  default_sort: str, totals=None) -> None:
     args = ctx.args
+    chosen = check_fields(args, columns, default)
     try:
-        chosen = table.select(columns, args.output, default)
         rows = table.sort_rows(rows, args.sort or default_sort, [c.field for c in columns])
     except table.FieldError as exc:
         raise UsageError(str(exc)) from None
@@ -438,6 +449,7 @@ def show_listing(ctx: Context, rows: list[dict], columns, default, json_fields,
 def cmd_vmlist(ctx: Context) -> int:
     for text in ctx.args.patterns:
         vm_pattern(text)        # a bad pattern is a usage error before any read
+    check_fields(ctx.args, VM_COLUMNS, VMLIST_DEFAULT)      # so is a bad -o / --sort
     vms = read_vms(ctx.store())
     if ctx.args.patterns:
         vms, unmatched = match_vms(vms, ctx.args.patterns)
@@ -448,8 +460,9 @@ def cmd_vmlist(ctx: Context) -> int:
     return EXIT_OK
 
 
-def _hosts_matching(ctx: Context) -> list[dict]:
+def _hosts_matching(ctx: Context, default: list[str]) -> list[dict]:
     glob = host_pattern(ctx.args.hostglob)
+    check_fields(ctx.args, HOST_COLUMNS, default)       # a bad -o / --sort: before etcd
     hosts = [_host_derived(h) for h in read_hosts(ctx.store())
              if fnmatch.fnmatchcase(h["host"], glob)]
     if not hosts and ctx.args.hostglob is not None:
@@ -459,13 +472,13 @@ def _hosts_matching(ctx: Context) -> list[dict]:
 
 
 def cmd_hostlist(ctx: Context) -> int:
-    hosts = _hosts_matching(ctx)
+    hosts = _hosts_matching(ctx, HOSTLIST_DEFAULT)
     show_listing(ctx, hosts, HOST_COLUMNS, HOSTLIST_DEFAULT, HOSTLIST_JSON, "host", host_totals)
     return EXIT_OK
 
 
 def cmd_hoststats(ctx: Context) -> int:
-    hosts = _hosts_matching(ctx)
+    hosts = _hosts_matching(ctx, HOSTSTATS_DEFAULT)
     show_listing(ctx, hosts, HOST_COLUMNS, HOSTSTATS_DEFAULT, HOSTSTATS_JSON, "host",
                  host_totals)
     return EXIT_OK
@@ -753,14 +766,17 @@ def _when(value) -> str:
     return "-" if value is None else str(value)
 
 
+TASK_COLUMNS = [C("id", "ID"), C("kind", "Kind"), C("state", "State"),
+                C("initiator", "Initiator"), C("created", "Created", _when),
+                C("steps", "Steps", right=True)]
+TASK_FIELDS = [c.field for c in TASK_COLUMNS]
+
+
 def cmd_tasks(ctx: Context) -> int:
+    check_fields(ctx.args, TASK_COLUMNS, TASK_FIELDS)       # a bad -o / --sort: before etcd
     api = _engine_api()
     tasks = api.list_tasks(ctx.store(), include_finished=ctx.args.all)
-    columns = [C("id", "ID"), C("kind", "Kind"), C("state", "State"),
-               C("initiator", "Initiator"), C("created", "Created", _when),
-               C("steps", "Steps", right=True)]
-    show_listing(ctx, list(tasks), columns, [c.field for c in columns],
-                 ["id", "kind", "state", "initiator", "created", "steps"], "created")
+    show_listing(ctx, list(tasks), TASK_COLUMNS, TASK_FIELDS, TASK_FIELDS, "created")
     return EXIT_OK
 
 
@@ -1344,8 +1360,7 @@ def build_parser() -> Parser:
     sub = command("tasks", "list running automations (--all: finished ones too)",
                   "python peerctl.py tasks --all", cmd_tasks)
     sub.add_argument("--all", action="store_true", help="include finished automations")
-    listing_options(sub, [C(f, f) for f in ("id", "kind", "state", "initiator",
-                                            "created", "steps")], "created")
+    listing_options(sub, TASK_COLUMNS, "created")
 
     sub = command("task", "show one automation with its log",
                   "python peerctl.py task 0193f2c4a1b2", cmd_task)

@@ -88,6 +88,17 @@ def test_usage_errors_come_before_etcd(cluster, closed_url):
     assert done.returncode == 2, done.stderr
     done = cluster.cli("--etcd", "ftp://nowhere", "vmlist")
     assert done.returncode == 2 and "ftp://nowhere" in one_line(done)
+    # a bad -o / --sort field is checked before etcd is read (and before matching)
+    for command, named in [(["vmlist", "-o", "bogus"], "'bogus'"),
+                           (["vmlist", "nomatch", "-o", "bogus"], "'bogus'"),
+                           (["vmlist", "--sort", "-bogus"], "'bogus'"),
+                           (["hostlist", "--sort", "bogus"], "'bogus'"),
+                           (["hoststats", "-o", "+bogus"], "'bogus'"),
+                           (["tasks", "-o", "bogus"], "'bogus'"),
+                           (["tasks", "--sort", "bogus"], "'bogus'")]:
+        done = cluster.cli("--etcd", closed_url, *command)
+        assert done.returncode == 2, (command, done.stderr)
+        assert named in one_line(done) and done.stdout == ""
 
 
 def test_unknown_task_exits_1(cluster):
