@@ -94,37 +94,54 @@ class Duties:
             stop.set()
 
     def _serve(self, automation_id: str, stop: threading.Event):
-        """Campaign; lead when elected; repeat until the automation ends."""
+        """Campaign; lead when elected; repeat until the automation ends.
+
+        Whatever happens, the candidacy is resigned on the way out, so that a
+        live lease never keeps an election key nobody serves.  An unexpected
+        exception (an engine bug) is logged, the candidacy resigned, and the
+        peer campaigns again after a pause, at the back of the line."""
         candidacy = None
-        while not stop.is_set() and not self._stopped.is_set() and self.session.alive:
-            try:
-                if candidacy is None:
-                    candidacy = Candidacy(self.store, self.session, keys.elect(automation_id),
-                                          self.host)
-                if not candidacy.wait_until_leader(stop):
-                    break
-                outcome = Initiator(self.store, self.session, self.host, automation_id,
-                                    candidacy, self.run_local, stop).run()
-                if outcome in (Outcome.FINISHED, Outcome.DEPOSED):
-                    break
-                if outcome == Outcome.STEP_ASIDE:
-                    # Go to the back of the line: a member with newer code
-                    # leads; with none, the automation waits (running) for one.
-                    candidacy.resign()
+        try:
+            while not stop.is_set() and not self._stopped.is_set() and self.session.alive:
+                try:
+                    if candidacy is None:
+                        candidacy = Candidacy(self.store, self.session,
+                                              keys.elect(automation_id), self.host)
+                    if not candidacy.wait_until_leader(stop):
+                        break
+                    outcome = Initiator(self.store, self.session, self.host, automation_id,
+                                        candidacy, self.run_local, stop).run()
+                    if outcome in (Outcome.FINISHED, Outcome.DEPOSED):
+                        break
+                    if outcome == Outcome.STEP_ASIDE:
+                        # Go to the back of the line: a member with newer code
+                        # leads; with none, the automation waits (running) for one.
+                        self._resign(candidacy)
+                        candidacy = None
+                        stop.wait(STEP_ASIDE_PAUSE)
+                except StoreUnavailable as exc:
+                    log.warning("duty_unavailable", automation=automation_id, error=str(exc))
+                    stop.wait(0.3)
+                except Exception:
+                    log.exception("duty_crashed", automation=automation_id, host=self.host)
+                    self._resign(candidacy)
                     candidacy = None
                     stop.wait(STEP_ASIDE_PAUSE)
-            except StoreUnavailable as exc:
-                log.warning("duty_unavailable", automation=automation_id, error=str(exc))
-                stop.wait(0.3)
-        if candidacy is not None:
-            try:
-                candidacy.resign()
-            except StoreUnavailable:
-                pass    # the lease will take the key with it
-        with self._lock:
-            if self._threads.get(automation_id) is threading.current_thread():
-                self._threads.pop(automation_id, None)
-                self._stops.pop(automation_id, None)
+        finally:
+            self._resign(candidacy)
+            with self._lock:
+                if self._threads.get(automation_id) is threading.current_thread():
+                    self._threads.pop(automation_id, None)
+                    self._stops.pop(automation_id, None)
+
+    @staticmethod
+    def _resign(candidacy) -> None:
+        if candidacy is None:
+            return
+        try:
+            candidacy.resign()
+        except Exception as exc:    # the lease will take the key with it
+            log.warning("resign_failed", key=candidacy.key, error=str(exc))
 
 
 class Singleton:

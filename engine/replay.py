@@ -20,6 +20,7 @@ No etcd is needed here; tests feed histories by hand.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import random
 import uuid as uuidlib
 from dataclasses import dataclass, field
@@ -86,6 +87,11 @@ class WorkerFailed(Exception):
     """A child worker raised; carries its error text."""
 
 
+class _WorkerBug(Exception):
+    """What a worker yielded, or how it was called, cannot be run: a bug in
+    the worker's code.  The whole automation fails (every replay alike)."""
+
+
 class Failed(Exception):
     """Raised by a worker to fail with a message and still leave a result."""
 
@@ -98,6 +104,21 @@ def fingerprint(worker_name: str, request: Request) -> str:
     blob = msgpack.packb([worker_name, request.name, request.target,
                           _canonical(request.args)], use_bin_type=True)
     return hashlib.sha1(blob).hexdigest()[:16]
+
+
+def _short(value, limit: int = 80) -> str:
+    """What a worker yielded, the same on every replay (no memory addresses)."""
+    if isinstance(value, Request):
+        return f"request {value.name}{'@' + value.target if value.target else ''}"
+    text = repr(value)
+    if " at 0x" in text:
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _describe(name: str, path: str, exc: Exception) -> str:
+    """A worker's unexpected exception, naming the worker."""
+    return f"worker {name} ({path}) raised {type(exc).__name__}: {exc}"
 
 
 def _canonical(value):
@@ -218,7 +239,12 @@ class Replayer:
         self._waiting_requests: dict[int, _RequestNode] = {}
         self._unbound: dict[tuple[str, int], _RequestNode] = {}
         self._runnable: list[tuple[_Frame, Any, str | None]] = []
-        self.root = self._spawn("0", worker, (), dict(args), None, None)
+        self.broken = False             # a worker bug ended it: nothing runs any more
+        self.root: _Frame | None = None
+        try:
+            self.root = self._spawn("0", worker, (), dict(args), None, None)
+        except _WorkerBug as exc:
+            self._broken(str(exc))
         self._run()
 
     # -- feeding ------------------------------------------------------------
@@ -243,27 +269,44 @@ class Replayer:
             self._run()
 
     def take_new(self) -> list[NewRequest]:
+        if self.broken:
+            self.new.clear()
         new, self.new = self.new, []
         return new
 
     # -- internals ----------------------------------------------------------
 
+    def _broken(self, error: str) -> None:
+        """A worker bug: the automation fails now, whatever else was running."""
+        self.finished, self.result, self.error = True, None, error
+        self.broken = True
+        self._runnable.clear()
+        self.new.clear()
+
     def _spawn(self, path, func, args, kwargs, label, node) -> _Frame:
         ctx = Context(self.automation_id, path, self.version, self.created, label, self)
-        generator = func(ctx, *args, **kwargs)
-        frame = _Frame(path, getattr(func, "__name__", str(func)), generator, ctx, node)
-        if not hasattr(generator, "send"):         # a plain function: done at once
-            frame.finished = True
-            if node is not None:
-                self._resolve(node, generator, None)
-            elif path == "0":
-                self.finished, self.result = True, generator
+        name = getattr(func, "__name__", repr(func))
+        if not callable(func):
+            raise _WorkerBug(f"worker {name} ({path}) cannot run: {func!r} is not callable")
+        plain = not inspect.isgeneratorfunction(func)
+        try:
+            generator = func(ctx, *args, **kwargs)
+        except Exception as exc:
+            if not plain:       # calling a generator function only binds the arguments
+                raise _WorkerBug(f"worker {name} ({path}) cannot start: "
+                                 f"{type(exc).__name__}: {exc}") from None
+            generator, error = None, _describe(name, path, exc)
+        else:
+            error = None
+        frame = _Frame(path, name, generator, ctx, node)
+        if error is not None or not hasattr(generator, "send"):   # a plain function: done at once
+            self._frame_done(frame, None if error else generator, error)
             return frame
         self._runnable.append((frame, None, None))
         return frame
 
     def _run(self):
-        while self._runnable:
+        while self._runnable and not self.broken:
             frame, value, error = self._runnable.pop(0)
             self._step(frame, value, error)
 
@@ -285,9 +328,19 @@ class Replayer:
             self._frame_done(frame, exc.result, str(exc))
             return
         except Exception as exc:    # the worker failed: its parent hears of it
-            self._frame_done(frame, None, f"{type(exc).__name__}: {exc}")
+            self._frame_done(frame, None, _describe(frame.name, frame.path, exc))
             return
-        node = self._node_for(frame, yielded)
+        try:
+            node = self._node_for(frame, yielded)
+        except NonDeterminism:
+            raise
+        except _WorkerBug as exc:
+            self._broken(str(exc))
+            return
+        except Exception as exc:    # e.g. arguments msgpack cannot carry
+            self._broken(f"worker {frame.name} ({frame.path}) yielded {_short(yielded)}: "
+                         f"{type(exc).__name__}: {exc}")
+            return
         if node.resolved:
             self._runnable.append((frame, node.value, node.error))
         else:
@@ -336,8 +389,8 @@ class Replayer:
                 child.group = group
             self._check_group(group)
             return group
-        raise TypeError(f"worker {frame.name} yielded {yielded!r}; "
-                        "yield a Request, ctx.worker(...), ctx.all(...) or ctx.first(...)")
+        raise _WorkerBug(f"worker {frame.name} ({frame.path}) yielded {_short(yielded)}: "
+                         "yield a Request, ctx.worker(...), ctx.all(...) or ctx.first(...)")
 
     def _attach(self, node: _RequestNode, index: int):
         response = self._responses.get(index)

@@ -206,6 +206,60 @@ def test_changed_worker_goes_stuck_and_writes_nothing_more(cluster, store, tmp_p
     assert all(kv.value["args"]["step"] < 2 for kv in entries)
 
 
+def test_a_worker_yielding_a_non_request_ends_failed_naming_the_worker(cluster, store):
+    """A worker bug (it yields 5) must end the automation `failed` with an
+    error naming the worker and what it yielded, not leave it `running`
+    forever behind a dead duty thread that still holds the election key."""
+    env = {"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS}
+    start_peers(cluster, store, ["t1"])
+    start_peers(cluster, store, ["m1", "m2"], env=env)
+    automation_id = start_test_automation(store, "bad_yield", {"target": "t1"}, members=2,
+                                          prefer=["m1", "m2"])
+    task = finished(store, automation_id, timeout=20)
+    assert task["state"] == "failed", task
+    assert task["error"].startswith("worker bad_yield (0) yielded 5: yield a Request"), \
+        task["error"]
+    assert [(e["request"], e["status"]) for e in task["log"]] == [("ping", "ok")]
+    assert store.range(keys.elect(automation_id))[0] == [], "a candidacy outlived it"
+    for member in ("m1", "m2"):
+        assert "duty_crashed" not in cluster.log(member)
+
+
+def test_a_duty_that_crashes_resigns_and_says_so(store, monkeypatch, capsys):
+    """An unexpected exception in the initiator (an engine bug) must not kill
+    the duty thread silently with its candidacy still held by a live lease:
+    it is logged and the candidacy resigned, so another member can lead."""
+    import threading
+    from engine import duties as duties_module
+    from engine.session import Session
+
+    crashes = threading.Event()
+
+    class CrashingInitiator:
+        def __init__(self, *args):
+            pass
+
+        def run(self):
+            crashes.set()
+            raise RuntimeError("engine bug")
+
+    monkeypatch.setattr(duties_module, "Initiator", CrashingInitiator)
+    monkeypatch.setattr(duties_module, "STEP_ASIDE_PAUSE", 60.0)   # stays resigned meanwhile
+    session = Session(store, 5)
+    store.put(keys.member("h1", "a1"), {})
+    duties = duties_module.Duties(store, session, "h1", lambda *a, **k: None).start()
+    try:
+        assert crashes.wait(10), "never elected"
+        wait_for(lambda: store.range(keys.elect("a1"))[0] == [], timeout=5,
+                 what="the crashed duty to resign its candidacy")
+        assert session.alive
+    finally:
+        duties.stop()
+        session.close()
+    captured = capsys.readouterr()
+    assert "duty_crashed" in captured.out + captured.err
+
+
 def test_request_to_a_dead_host_is_lost_within_its_deadline(cluster, store, tmp_path):
     hooks = str(tmp_path / "hooks")
     counting_hook(hooks, sleep=60)      # t1 claims the request and hangs in the hook

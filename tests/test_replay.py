@@ -1,4 +1,6 @@
 """Replay in the "history in, requests out" style: no etcd involved."""
+import re
+
 import pytest
 
 from engine.replay import NonDeterminism, Replayer, Request, Response
@@ -203,3 +205,42 @@ def test_random_is_seeded_per_automation_and_worker_and_replays_alike():
     assert other.run().result["draws"] != live.result["draws"]
     first_child, second_child = live.result["children"]
     assert first_child != second_child, "sibling workers share a random stream"
+
+
+def test_a_worker_bug_fails_the_automation_naming_the_worker_on_every_replay():
+    """A bad yield, a child called with wrong arguments, or arguments that
+    cannot be logged are bugs in the worker: the replay ends `failed` with
+    an error naming the worker and the exception (not an exception out of
+    the engine), it asks for nothing more, and every replay says the same."""
+    def yields_five(ctx, host):
+        yield Request("ping", target=host)
+        yield 5
+
+    def helper(ctx, name):
+        yield Request("build", {"name": name})
+
+    def wrong_args(ctx, host):
+        yield Request("ping", target=host)
+        yield ctx.all([ctx.worker(helper, "vm1"), ctx.worker(helper, nmae="vm2")])
+
+    def unloggable(ctx, host):
+        yield Request("ping", target=host)
+        yield Request("ping", {"when": object()}, target=host)
+
+    def bad_root(ctx, host):
+        yield Request("ping", target=host)
+
+    cases = [(yields_five, {"host": "h1"}, r"worker yields_five \(0\) yielded 5\b"),
+             (wrong_args, {"host": "h1"},
+              r"worker helper \(0\.1\) cannot start: TypeError: .*nmae"),
+             (unloggable, {"host": "h1"}, r"worker unloggable \(0\) yielded request ping@h1: TypeError"),
+             (bad_root, {"hots": "h1"}, r"worker bad_root \(0\) cannot start: TypeError")]
+    for worker, args, error in cases:
+        history = History(worker, args)
+        live = history.run()        # raises nothing
+        assert live.finished and live.result is None, worker.__name__
+        assert re.search(error, live.error), live.error
+        assert live.take_new() == []
+        again = history.replay()
+        assert (again.finished, again.error) == (True, live.error)
+        assert len(history.requests) == (0 if worker is bad_root else 1)
