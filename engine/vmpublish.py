@@ -6,6 +6,12 @@ Promises:
   this host's peerctl domains (owner in their metadata), each as
   ``{host, name, uuid, state, vcpus, memory_mb, disk_gb}``, and a key is
   written only when its value changed;
+- every write is fenced by what was read: etcd is read first, libvirt
+  second, and each put or delete carries a compare on the key's mod
+  revision (or its absence) as read.  A writer whose etcd view is older than
+  another's write is refused and reads again, so an older view of libvirt
+  never overwrites a newer one.  :func:`publish_domain` (the ``build``
+  handler, before it replies) and the reconcile pass both write this way;
 - once started, a libvirt lifecycle event (start, stop, suspend, undefine...)
   reaches etcd within a reconcile's time, and a periodic reconcile repairs
   whatever an event could not (etcd away, libvirtd restarted, events lost);
@@ -16,23 +22,28 @@ Promises:
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import libvirt
 import structlog
 
 from engine.handlers import load_request_handlers
-from engine.store import Delete, Put, StoreUnavailable
+from engine.store import Delete, Put, StoreUnavailable, absent, modified_at
 
 load_request_handlers()     # makes peerctl_requests importable
 from peerctl_requests.vm import owned_by, vm_record  # noqa: E402
 
-__all__ = ["VmPublisher", "ensure_event_loop", "DEFAULT_INTERVAL"]
+__all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "DEFAULT_INTERVAL"]
 
 log = structlog.get_logger("peerctl.vmpublish")
 
-DEFAULT_INTERVAL = 10.0
+DEFAULT_INTERVAL = float(os.environ.get("PEERCTL_PUBLISH_INTERVAL", "10"))
+# "0": no lifecycle events, the period only (tests use it to show that a
+# finished boot does not depend on the publisher; see publish_domain).
+EVENTS = os.environ.get("PEERCTL_PUBLISH_EVENTS", "1") != "0"
 _BATCH = 64                 # etcd allows 128 operations per transaction
+_TRIES = 20                 # fenced writes refused in a row before giving up
 
 _loop_guard = threading.Lock()
 _loop_thread: threading.Thread | None = None
@@ -55,12 +66,36 @@ def ensure_event_loop() -> None:
         _loop_thread.start()
 
 
+def _guard(key: str, kv) -> "object":
+    """The compare that holds while ``key`` is as it was read."""
+    return modified_at(key, kv.mod_revision) if kv is not None else absent(key)
+
+
+def publish_domain(store, host: str, dom) -> bool:
+    """Write ``vms/<host>/<uuid>`` for ``dom`` as libvirt has it now (the
+    record the publisher writes); True if it changed.  Idempotent: a key
+    already right is not rewritten.  Fenced like :meth:`VmPublisher.reconcile`:
+    the key is read before libvirt and the put holds only if the key is
+    still as read, so it never replaces a record written from a later view."""
+    key = f"vms/{host}/{dom.UUIDString()}"
+    for _ in range(_TRIES):
+        kv = store.get(key)
+        record = vm_record(host, dom)
+        if kv is not None and kv.value == record:
+            return False
+        if store.txn([_guard(key, kv)], [Put(key, record)]).succeeded:
+            return True
+    raise StoreUnavailable(f"{key}: refused {_TRIES} times in a row (concurrent writers)")
+
+
 class VmPublisher:
     """Publishes one host's VMs; ``conn`` is the host's libvirt connection
     (or a zero-argument callable returning it, to follow reconnections)."""
 
-    def __init__(self, store, host: str, conn, interval: float = DEFAULT_INTERVAL):
+    def __init__(self, store, host: str, conn, interval: float = DEFAULT_INTERVAL,
+                 events: bool = EVENTS):
         self.store = store
+        self.events = events
         self.host = host
         self._conn_source = conn if callable(conn) else (lambda: conn)
         self.uri = self._conn_source().getURI()
@@ -101,18 +136,40 @@ class VmPublisher:
     def reconcile(self) -> int:
         """Make ``vms/<host>/`` match libvirt; returns how many keys changed."""
         with self._lock:
-            wanted = self.records()
-            kvs, _revision = self.store.range(self.prefix)
-            present = {kv.key[len(self.prefix):]: kv.value for kv in kvs}
-            ops = [Put(self.prefix + uuid, record) for uuid, record in sorted(wanted.items())
-                   if present.get(uuid) != record]
-            ops += [Delete(self.prefix + uuid) for uuid in sorted(present) if uuid not in wanted]
-            for start in range(0, len(ops), _BATCH):
-                self.store.txn([], ops[start:start + _BATCH])
+            changed = 0
+            for _ in range(_TRIES):
+                done, wanted = self._pass()
+                changed += done
+                if wanted is not None:
+                    break
+            else:
+                raise StoreUnavailable(f"{self.prefix}: reconcile refused {_TRIES} times")
             self.reconciles += 1
-            if ops:
-                log.info("vms_published", host=self.host, changed=len(ops), vms=len(wanted))
-            return len(ops)
+            if changed:
+                log.info("vms_published", host=self.host, changed=changed, vms=len(wanted))
+            return changed
+
+    def _pass(self) -> tuple[int, dict | None]:
+        """One fenced pass: etcd first, then libvirt (so libvirt's view is
+        the newer), each key's write guarded by its mod revision as read.
+        Returns (keys written, wanted), wanted None when a batch was refused
+        because someone else (``publish_domain``) wrote in between."""
+        kvs, _revision = self.store.range(self.prefix)
+        present = {kv.key[len(self.prefix):]: kv for kv in kvs}
+        wanted = self.records()
+        changes = [(uuid, Put(self.prefix + uuid, record))
+                   for uuid, record in sorted(wanted.items())
+                   if uuid not in present or present[uuid].value != record]
+        changes += [(uuid, Delete(self.prefix + uuid)) for uuid in sorted(present)
+                    if uuid not in wanted]
+        written = 0
+        for start in range(0, len(changes), _BATCH):
+            batch = changes[start:start + _BATCH]
+            compares = [_guard(self.prefix + uuid, present.get(uuid)) for uuid, _op in batch]
+            if not self.store.txn(compares, [op for _uuid, op in batch]).succeeded:
+                return written, None
+            written += len(batch)
+        return written, wanted
 
     # -- running -----------------------------------------------------------
 
@@ -121,6 +178,8 @@ class VmPublisher:
 
     def _listen(self) -> None:
         """(Re)open the event connection if it is missing or dead."""
+        if not self.events:
+            return
         if self._events_conn is not None:
             try:
                 if self._events_conn.isAlive():

@@ -13,7 +13,9 @@ Arguments (all handlers): ``uuid`` (required), ``name`` (for messages).
 ``build`` adds ``name``, ``vcpus``, ``memory_mb``, ``disk_gb``, ``image``
 (http(s)/file URL or None) and optionally ``kernel``, ``initrd``,
 ``cmdline`` (direct kernel boot from files on the host) and ``accel``
-(``kvm`` or ``tcg``; default KVM when /dev/kvm exists).  ``stop`` takes an
+(``kvm`` or ``tcg``; default KVM when /dev/kvm exists).  Before it
+replies, ``build`` writes the VM's ``vms/<host>/<uuid>`` record
+(:func:`engine.vmpublish.publish_domain`), so a finished boot is listed.  ``stop`` takes an
 optional ``timeout`` in seconds for the ACPI shutdown before it destroys.
 """
 from __future__ import annotations
@@ -178,6 +180,11 @@ def build(host, args: dict) -> dict:
         if vm_state(dom) in ("shutoff", "building"):
             _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
             log.info("vm_started", vm=name, uuid=uuid)
+        if host.store is not None:
+            # Before replying: when boot reports done, vms/ already shows
+            # the VM (a pattern or vmlist right after sees it).
+            from engine.vmpublish import publish_domain
+            publish_domain(host.store, host.host, dom)
         return {"uuid": uuid, "name": dom.name(), "host": host.host, "state": vm_state(dom)}
 
 

@@ -99,3 +99,36 @@ def test_the_period_repairs_what_events_cannot_see(store, host):
     finally:
         publisher.stop()
         call(host, "destroy", uuid=args["uuid"])
+
+
+def test_build_publishes_before_replying_and_an_older_view_never_overwrites_it(
+        store, tmp_path):
+    """The build handler writes the VM's record itself (once: a second build
+    rewrites nothing), and a reconcile that listed libvirt before a newer
+    write is refused by its fence and reads again instead of writing its
+    stale view over it."""
+    from engine.vmpublish import publish_domain
+    host = HostContext("p" + uuidlib.uuid4().hex[:8], "test:///default", store,
+                       str(tmp_path / "state"))
+    args = build(host)
+    key = f"vms/{host.host}/{args['uuid']}"
+    assert store.get(key).value["state"] == "running"
+    revision = store.revision()
+    call(host, "build", **args)
+    assert store.revision() == revision                 # idempotent: nothing rewritten
+
+    store.delete(key)
+    publisher = VmPublisher(store, host.host, host.conn)
+    listed = publisher.records
+
+    def stale_listing():
+        seen = listed()                                  # running, key absent
+        if seen[args["uuid"]]["state"] == "running":
+            dom = host.conn.lookupByUUIDString(args["uuid"])
+            call(host, "suspend", uuid=args["uuid"])
+            publish_domain(store, host.host, dom)        # paused, written after our read
+        return seen
+    publisher.records = stale_listing
+    publisher.reconcile()
+    assert store.get(key).value["state"] == "paused"
+    call(host, "destroy", uuid=args["uuid"])

@@ -211,6 +211,29 @@ def test_destroy_by_pattern_leaves_nothing_behind(cluster, store):
              == ["db1"], what="vms/ without the web VMs")
 
 
+def test_a_finished_boot_is_published_in_the_same_instant(cluster, store):
+    """The build handler publishes its VM before replying: once boot reports
+    done, one read of vms/ (no polling) shows every VM running.  The targets'
+    publishers get no libvirt events and an hour-long period, so only the
+    build itself can have written the records."""
+    quiet = {"PEERCTL_PUBLISH_EVENTS": "0", "PEERCTL_PUBLISH_INTERVAL": "3600"}
+    for name in ["t1", "t2"]:
+        cluster.start_peer(name, env={**ENV, **quiet})
+    start(cluster, store, ["m1"])
+    placement = open_placement("etcd", store)
+    wait_for(lambda: {"t1", "t2"} <= {p["name"] for p in placement.providers()},
+             what="t1 and t2 registered")
+    boot = finished(store, run(store, "boot", booted([f"now{i}" for i in range(4)]),
+                               prefer=["m1"]))
+    kvs, _ = store.range("vms/")                   # one read, right away
+    assert boot["state"] == "done", boot["error"]
+    records = {kv.key: kv.value for kv in kvs}
+    for vm in boot["result"]["vms"]:
+        assert records.get(f"vms/{vm['host']}/{vm['uuid']}") == {
+            "host": vm["host"], "name": vm["name"], "uuid": vm["uuid"], "state": "running",
+            "vcpus": 1, "memory_mb": 64, "disk_gb": 1}, (vm, records)
+
+
 def test_reconciler_releases_orphans_but_not_claims_in_flight(cluster, store, tmp_path):
     import uuid as uuidlib
     hooks = tmp_path / "hooks"
