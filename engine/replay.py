@@ -230,7 +230,13 @@ class Replayer:
         self.version = version
         self.created = created
         self.clock = 0.0
-        self.logged = dict(logged or {})
+        self.logged: dict[tuple[str, int], LoggedStep] = {}
+        # For spotting a worker that now yields fewer steps than the log holds:
+        # path -> the steps logged for it; path -> its children with logged steps.
+        self._logged_by_path: dict[str, list[LoggedStep]] = {}
+        self._logged_children: dict[str, dict[int, LoggedStep]] = {}
+        for step in (logged or {}).values():
+            self._note_logged(step)
         self.new: list[NewRequest] = []         # yielded, not in the log yet
         self.finished = False
         self.result: Any = None
@@ -251,7 +257,7 @@ class Replayer:
 
     def bind(self, step: LoggedStep) -> None:
         """The log now holds ``step`` (appended by us after a NewRequest)."""
-        self.logged[(step.worker, step.seq)] = step
+        self._note_logged(step)
         node = self._unbound.pop((step.worker, step.seq), None)
         if node is not None:
             self._attach(node, step.index)
@@ -346,8 +352,41 @@ class Replayer:
         else:
             frame.waiting = node
 
+    def _note_logged(self, step: LoggedStep) -> None:
+        self.logged[(step.worker, step.seq)] = step
+        self._logged_by_path.setdefault(step.worker, []).append(step)
+        path = step.worker
+        while "." in path:
+            parent, _, position = path.rpartition(".")
+            known = self._logged_children.setdefault(parent, {})
+            first = known.get(int(position))
+            if first is None or step.index < first.index:
+                known[int(position)] = step
+            path = parent
+
+    def _check_nothing_left(self, frame: _Frame) -> None:
+        """A worker that ends while the log holds steps it (or a child it no
+        longer starts) yielded before: the code changed under the log."""
+        left = [(step, None) for step in self._logged_by_path.get(frame.path, ())
+                if step.seq >= frame.seq]
+        left += [(step, f"{frame.path}.{position}")
+                 for position, step in self._logged_children.get(frame.path, {}).items()
+                 if position >= frame.children]
+        if not left:
+            return
+        step, child = min(left, key=lambda item: item[0].index)
+        held = step.description or step.fingerprint
+        if child is None:
+            raise NonDeterminism(
+                f"step {step.index} (worker {frame.path} {frame.name}, call {step.seq}): "
+                f"the log holds {held} but the code now ends the worker before yielding it")
+        raise NonDeterminism(
+            f"step {step.index} (worker {step.worker}, call {step.seq}): the log holds {held} "
+            f"but worker {frame.path} {frame.name} now ends without starting worker {child}")
+
     def _frame_done(self, frame, result, error):
         frame.finished = True
+        self._check_nothing_left(frame)
         if frame.node is not None:
             self._resolve(frame.node, result, error)
         elif frame.path == "0":

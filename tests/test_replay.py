@@ -244,3 +244,58 @@ def test_a_worker_bug_fails_the_automation_naming_the_worker_on_every_replay():
         again = history.replay()
         assert (again.finished, again.error) == (True, live.error)
         assert len(history.requests) == (0 if worker is bad_root else 1)
+
+
+def test_a_worker_now_yielding_fewer_steps_is_non_determinism_naming_the_first_one():
+    """The log holds three steps; the code now returns after one.  Finishing
+    `done` would drop logged work on the floor: it is non-determinism, and
+    the first step never re-yielded is named."""
+    def three(ctx, host):
+        for n in range(3):
+            yield Request("ping", {"n": n}, target=host)
+        return "three"
+
+    history = History(three, {"host": "h1"})
+    assert history.run().result == "three"
+
+    def one(ctx, host):
+        yield Request("ping", {"n": 0}, target=host)
+        return "one"
+    one.__name__ = "three"
+
+    with pytest.raises(NonDeterminism, match=r"^step 1 \(worker 0 three, call 1\): the log "
+                                             r"holds ping@h1 but the code now ends the worker"):
+        history.replay(worker=one)
+    # Before the first response the shortened worker has not ended yet: nothing to say.
+    assert not history.replay(upto=0, worker=one).finished
+
+
+def test_a_parent_now_starting_fewer_children_is_non_determinism():
+    history = History(parent, {"names": ["vm1", "vm2", "vm3"]})
+    history.run()
+
+    def fewer(ctx, names):
+        return (yield ctx.all([ctx.worker(child, n, label=n) for n in names[:2]]))
+    fewer.__name__ = "parent"
+
+    with pytest.raises(NonDeterminism, match=r"step 2 \(worker 0\.2, call 0\): the log holds "
+                                             r"build@h1 but worker 0 parent now ends without "
+                                             r"starting worker 0\.2"):
+        history.replay(worker=fewer)
+
+
+def test_a_child_now_yielding_fewer_steps_is_non_determinism():
+    history = History(parent, {"names": ["vm1"]})
+    history.run()
+
+    def short_child(ctx, name):
+        yield Request("build", {"uuid": ctx.uuid(name)}, target="h1", label=name)
+        return {}
+    short_child.__name__ = "child"
+
+    def edited(ctx, names):
+        return (yield ctx.all([ctx.worker(short_child, n, label=n) for n in names]))
+    edited.__name__ = "parent"
+
+    with pytest.raises(NonDeterminism, match=r"step 1 \(worker 0\.0 child, call 1\)"):
+        history.replay(worker=edited)
