@@ -1020,12 +1020,13 @@ def cmd_up(ctx: Context) -> int:
     from engine.etcd_server import EtcdServer, free_port
     args, settings = ctx.args, ctx.settings
     state_dir = os.path.abspath(args.state_dir or settings["state_dir"])
-    os.makedirs(state_dir, exist_ok=True)
     try:
         with open(_up_file(state_dir)) as f:
             up = json.load(f)
     except (OSError, ValueError):
         up = {}
+    _check_up_flags(ctx, state_dir, up)
+    os.makedirs(state_dir, exist_ok=True)
     cluster = up.get("cluster") or settings["cluster"]
     libvirt = args.libvirt or settings["libvirt"]
     count = args.hosts if args.hosts is not None else int(settings["hosts"])
@@ -1106,6 +1107,35 @@ def cmd_up(ctx: Context) -> int:
               + ("" if default_dir else f" --state-dir {_short(state_dir)}")]
     ctx.emit(doc, "\n".join(lines))
     return EXIT_OK
+
+
+def _check_up_flags(ctx: Context, state_dir: str, up: dict) -> None:
+    """A cluster name or libvirt URI asked for explicitly must be what the state
+    directory was set up with: `up` never silently keeps the recorded one, and
+    switching a set-up directory over is not clean (etcd data, peer state and
+    VMs belong to the old one), so it is a usage error naming both ways out."""
+    args = ctx.args
+    where = _short(state_dir)
+    redo = (f"run '{me()} down' and remove {where} first"
+            + ("" if state_dir == os.path.abspath(DEFAULTS["state_dir"])
+               else " (or use another --state-dir)"))
+    if args.cluster is not None:
+        asked = f"--cluster {args.cluster}"
+    elif os.environ.get("PEERCTL_CLUSTER"):
+        asked = f"PEERCTL_CLUSTER={os.environ['PEERCTL_CLUSTER']}"
+    else:
+        asked = None
+    recorded = up.get("cluster")
+    if asked and recorded and ctx.settings["cluster"] != recorded:
+        raise UsageError(f"{where} was set up for cluster {recorded!r}, not "
+                         f"{ctx.settings['cluster']!r} ({asked}): to use that, {redo}; "
+                         f"or ask for --cluster {recorded}")
+    if args.libvirt is not None:
+        for peer in up.get("peers") or []:
+            if peer.get("libvirt") and peer["libvirt"] != args.libvirt:
+                raise UsageError(f"{peer['host']} in {where} was set up with --libvirt "
+                                 f"{peer['libvirt']}, not {args.libvirt}: to use that, "
+                                 f"{redo}; or ask for --libvirt {peer['libvirt']}")
 
 
 def _short(path: str) -> str:

@@ -59,6 +59,19 @@ def test_up_again_and_down(local, tmp_path, cluster_name):
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("already running") == 3
     assert f"export PEERCTL_ETCD={up['etcd']['url']}" in again.stdout
+    # a cluster or libvirt other than the recorded one is refused, never ignored
+    before = (tmp_path / "state" / "up.json").read_text()
+    for flags, recorded in [(["--cluster", "other"], f"cluster '{cluster_name}'"),
+                            (["--libvirt", "test:///other"], "--libvirt test:///default")]:
+        refused = local("up", "--hosts", "2", *flags)
+        assert refused.returncode == 2, (flags, refused.stdout, refused.stderr)
+        line = refused.stderr.strip()
+        assert len(line.splitlines()) == 1 and refused.stdout == "", refused.stderr
+        assert recorded in line and "down" in line and "remove state" in line, line
+    assert (tmp_path / "state" / "up.json").read_text() == before
+    assert all(running(pid) for pid in pids)
+    same = local("--cluster", cluster_name, "up", "--hosts", "2", "--libvirt", "test:///default")
+    assert same.returncode == 0 and same.stdout.count("already running") == 3, same.stderr
     # more hosts: only the new one starts
     more = json.loads(local("--format", "json", "up", "--hosts", "3").stdout)
     assert [(p["host"], p["started"]) for p in more["peers"]] == \
