@@ -62,7 +62,9 @@ class AutomationRecord:
     def logged_steps(self) -> dict[tuple[str, int], LoggedStep]:
         return {(e["worker"], e["seq"]): LoggedStep(
                     i, e["worker"], e["seq"], e["fingerprint"],
-                    f"{e['request']}@{e['target']}" if e.get("target") else e["request"])
+                    f"{e['request']}@{e['target']}" if e.get("target") else e["request"],
+                    worker_name=e.get("worker_name"), request=e.get("request"),
+                    target=None if e.get("local") else e.get("target"), args=e.get("args"))
                 for i, e in self.entries.items()}
 
     def responses_in_order(self) -> list[tuple[int, Response]]:

@@ -67,6 +67,11 @@ class LoggedStep:
     seq: int
     fingerprint: str
     description: str = ""
+    # What was logged, when known, so that a mismatch can say what differs.
+    worker_name: str | None = None
+    request: str | None = None
+    target: str | None = None
+    args: Any = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,26 @@ def _short(value, limit: int = 80) -> str:
 def _describe(name: str, path: str, exc: Exception) -> str:
     """A worker's unexpected exception, naming the worker."""
     return f"worker {name} ({path}) raised {type(exc).__name__}: {exc}"
+
+
+def _mismatch(step: LoggedStep, frame, seq: int, yielded: Request) -> str:
+    """Why a re-yielded step differs from the logged one, naming the step."""
+    where = f"step {step.index} (worker {frame.path} {frame.name}, call {seq})"
+    now = f"{yielded.name}{'@' + yielded.target if yielded.target else ''}"
+    same_request = step.request == yielded.name and step.target == yielded.target
+    if same_request and _canonical(step.args) != _canonical(yielded.args):
+        return (f"{where}: the arguments of {now} differ: the log holds "
+                f"{_shorten(step.args)} but the code now yields {_shorten(yielded.args)}")
+    if same_request and step.worker_name not in (None, frame.name):
+        return (f"{where}: the log holds {now} from worker {step.worker_name} "
+                f"but the code now yields it from worker {frame.name}")
+    return (f"{where}: the log holds {step.description or step.fingerprint} "
+            f"but the code now yields {now}")
+
+
+def _shorten(value, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _canonical(value):
@@ -405,11 +430,7 @@ class Replayer:
                 self.new.append(NewRequest(frame.path, key[1], frame.name, yielded, fp))
             else:
                 if step.fingerprint != fp:
-                    raise NonDeterminism(
-                        f"step {step.index} (worker {frame.path} {frame.name}, "
-                        f"call {key[1]}): the log holds {step.description or step.fingerprint} "
-                        f"but the code now yields {yielded.name}"
-                        f"{'@' + yielded.target if yielded.target else ''}")
+                    raise NonDeterminism(_mismatch(step, frame, key[1], yielded))
                 self._attach(node, step.index)
             return node
         if isinstance(yielded, _Child):

@@ -299,3 +299,30 @@ def test_a_child_now_yielding_fewer_steps_is_non_determinism():
 
     with pytest.raises(NonDeterminism, match=r"step 1 \(worker 0\.0 child, call 1\)"):
         history.replay(worker=edited)
+
+
+def test_changed_arguments_alone_say_the_arguments_differ_showing_both():
+    """Same request, same target, other arguments: the reason must not read
+    "the log holds ping@h1 but the code now yields ping@h1"."""
+    import dataclasses
+    history = History(two_steps, {"host": "h1"})
+    history.run()
+    logged = {key: dataclasses.replace(step, worker_name="two_steps",
+                                       request=history.requests[step.index].name,
+                                       target=history.requests[step.index].target,
+                                       args=history.requests[step.index].args)
+              for key, step in history.steps.items()}
+
+    def edited(ctx, host):
+        first = yield Request("ping", {"n": 1}, target=host)
+        second = yield Request("ping", {"n": 2, "after": "x" * 500}, target=host)
+    edited.__name__ = "two_steps"
+
+    replayer = Replayer(history.automation_id, edited, history.args, logged=logged)
+    with pytest.raises(NonDeterminism) as stuck:
+        replayer.deliver(*history.responses[0])
+    reason = str(stuck.value)
+    assert reason.startswith("step 1 (worker 0 two_steps, call 1): the arguments of ping@h1 "
+                             "differ: the log holds {'n': 2, 'after': {'echo': {'n': 1}}} "
+                             "but the code now yields {'n': 2, 'after': 'xxx"), reason
+    assert reason.endswith("...") and len(reason) < 400, reason
