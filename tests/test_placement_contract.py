@@ -290,6 +290,47 @@ def test_drain_sets_reserved_to_total(placement):
     assert len(placement.candidates("VCPU:1")) == 1
 
 
+def test_drain_covers_the_whole_tree(placement):
+    """A host's children (a NUMA cell, a device below it) are drained and
+    undrained with it: no candidate from the tree, no claim on a child."""
+    host = make_provider(placement, "nhost", {"DISK_GB": 100})
+    cell = make_provider(placement, "nhost_numa0", {"VCPU": 4, "MEMORY_MB": 4096},
+                         parent=host["uuid"])
+    gpu = make_provider(placement, "nhost_numa0_gpu", {"VGPU": 2}, parent=cell["uuid"])
+    make_provider(placement, "other", {"DISK_GB": 100})     # not in the tree
+    queries = ["VCPU:1", "VGPU:1", "VCPU:1,DISK_GB:1", "resources=VCPU:1&resources1=VGPU:1"]
+    for q in queries:
+        assert {c["host"] for c in placement.candidates(q)} == {"nhost"}, q
+    drained = placement.drain("nhost")
+    assert drained["uuid"] == host["uuid"]
+    for rp in (host, cell, gpu):
+        doc = placement.provider(rp["uuid"])
+        assert all(inv["reserved"] == inv["total"] for inv in doc["inventories"].values())
+        assert "COMPUTE_STATUS_DISABLED" in doc["traits"], doc["name"]
+    for q in queries:
+        assert placement.candidates(q) == [], q
+    assert [c["host"] for c in placement.candidates("DISK_GB:1")] == ["other"]
+    for rp, rc in ((cell, "VCPU"), (gpu, "VGPU")):
+        with pytest.raises(Conflict) as err:
+            placement.claim(new_uuid(), {rp["uuid"]: {rc: 1}}, **P)
+        assert err.value.reason == "capacity_exceeded"
+    placement.drain("nhost", drained=False)
+    for rp in (host, cell, gpu):
+        doc = placement.provider(rp["uuid"])
+        assert all(inv["reserved"] == 0 for inv in doc["inventories"].values())
+        assert "COMPUTE_STATUS_DISABLED" not in doc["traits"]
+    for q in queries:
+        assert {c["host"] for c in placement.candidates(q)} == {"nhost"}, q
+    placement.claim(new_uuid(), {cell["uuid"]: {"VCPU": 1}, gpu["uuid"]: {"VGPU": 1}}, **P)
+    assert usage(placement, gpu) == {"VGPU": 1}
+    # draining a child drains what is below it, not its parent
+    placement.drain("nhost_numa0")
+    assert "COMPUTE_STATUS_DISABLED" in placement.provider(gpu["uuid"])["traits"]
+    assert "COMPUTE_STATUS_DISABLED" not in placement.provider(host["uuid"])["traits"]
+    assert [c["host"] for c in placement.candidates("DISK_GB:1")] != []
+    assert placement.candidates("VGPU:1") == []
+
+
 # -- bad input: a clear error, nothing written --------------------------------------
 
 @pytest.mark.parametrize("query, words", [

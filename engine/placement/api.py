@@ -20,7 +20,7 @@ import uuid as uuidlib
 from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, PlacementError,
                                     check_uuid, consumer_doc, normalize_allocations)
 
-__all__ = ["Placement", "ANY"]
+__all__ = ["Placement", "ANY", "subtree"]
 
 
 class _Any:
@@ -184,15 +184,32 @@ class Placement(abc.ABC):
 
     # -- built on the above ------------------------------------------------------
 
+    def _subtree(self, uuid: str) -> list[str]:
+        """``uuid`` and every provider below it, parents before children."""
+        return subtree(uuid, {p["uuid"]: p for p in self.providers()})
+
     def drain(self, ref: str, drained: bool = True) -> dict:
         """Draining sets reserved to total for every class (no new claims fit)
-        and adds COMPUTE_STATUS_DISABLED; undraining sets reserved back to 0.
+        and adds COMPUTE_STATUS_DISABLED, on ``ref`` and on every provider
+        below it (a host's NUMA cells, devices); undraining sets reserved
+        back to 0.  Returns ``ref``'s provider document.
 
-        This generic version takes two writes (inventory, then traits), as
-        Placement's API offers no single one; the etcd backend overrides it
-        with one transaction that also restores the previous reserved."""
+        This generic version writes each provider in turn, two writes each
+        (inventory, then traits), as Placement's API offers no single one:
+        draining goes top down and undraining bottom up, so that an
+        interrupted call leaves the top provider marked drained and can be
+        repeated.  The etcd backend overrides it with one transaction that
+        also restores the previous reserved."""
+        uuid = self._resolve(ref)
+        self.provider(uuid)                     # NotFound before anything else
+        tree = self._subtree(uuid)
+        docs = {u: self._drain_one(u, drained)
+                for u in (tree if drained else reversed(tree))}
+        return docs[uuid]
+
+    def _drain_one(self, uuid: str, drained: bool) -> dict:
         for _ in range(self.retries):
-            rp = self.provider(ref)
+            rp = self.provider(uuid)
             inventories = {rc: {**inv, "reserved": inv["total"] if drained else 0}
                            for rc, inv in rp["inventories"].items()}
             try:
@@ -204,4 +221,19 @@ class Placement(abc.ABC):
                 return rp
             except Conflict:
                 continue
-        raise Conflict("concurrent_update", f"provider {ref} kept changing while draining")
+        raise Conflict("concurrent_update", f"provider {uuid} kept changing while draining")
+
+
+def subtree(uuid: str, providers: dict) -> list[str]:
+    """``uuid`` and its descendants in ``providers`` (uuid -> document with
+    ``parent``), parents before children."""
+    children: dict = {}
+    for u, p in providers.items():
+        if p.get("parent"):
+            children.setdefault(p["parent"], []).append(u)
+    result, todo = [], [uuid]
+    while todo:
+        u = todo.pop(0)
+        result.append(u)
+        todo.extend(sorted(children.get(u, ())))
+    return result

@@ -31,7 +31,7 @@ import uuid as uuidlib
 
 import structlog
 
-from engine.placement.api import ANY, Placement
+from engine.placement.api import ANY, Placement, subtree
 from engine.placement.candidates import find_candidates, order
 from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, PlacementError,
                                     STANDARD_RESOURCE_CLASSES, amount_problem, capacity,
@@ -192,36 +192,34 @@ class EtcdPlacement(Placement):
         return self._update(ref, generation, change)
 
     def drain(self, ref: str, drained: bool = True) -> dict:
-        """One transaction: reserved = total for every class plus trait
-        COMPUTE_STATUS_DISABLED, the reserved amounts replaced kept under
-        ``placement/drained/<uuid>``; undraining puts them back (capped at
-        the total, which may have changed meanwhile) and drops the trait."""
+        """One transaction over ``ref`` and every provider below it (a host's
+        NUMA cells, devices): reserved = total for every class plus trait
+        COMPUTE_STATUS_DISABLED on each, the reserved amounts replaced kept
+        under ``placement/drained/<uuid>``; undraining puts them back (capped
+        at the total, which may have changed meanwhile) and drops the trait.
+        The transaction compares every provider of the subtree, and creating
+        a child re-puts its parent, so a child added meanwhile is not missed."""
         uuid = self._resolve(ref)
-
-        def change(doc):
-            # Only ever written with the provider document, whose mod revision
-            # the update compares: this read cannot be out of step with ``doc``.
-            saved_kv = self.store.get(DRAINED + uuid)
-            traits = set(doc["traits"])
-            inventories = doc["inventories"]
-            if drained:
-                if saved_kv:
-                    saved = saved_kv.value
-                elif DISABLED_TRAIT in traits:      # drained before reserved was kept
-                    saved = {}
-                else:
-                    saved = {rc: inv["reserved"] for rc, inv in inventories.items()}
-                doc["inventories"] = {rc: {**inv, "reserved": inv["total"]}
-                                      for rc, inv in inventories.items()}
-                doc["traits"] = sorted(traits | {DISABLED_TRAIT})
-                return [Put(DRAINED + uuid, saved)]
-            if saved_kv or DISABLED_TRAIT in traits:    # else not drained: leave reserved
-                saved = saved_kv.value if saved_kv else {}
-                doc["inventories"] = {rc: {**inv, "reserved": min(saved.get(rc, 0), inv["total"])}
-                                      for rc, inv in inventories.items()}
-            doc["traits"] = sorted(traits - {DISABLED_TRAIT})
-            return [Delete(DRAINED + uuid)] if saved_kv else []
-        return self._update(uuid, None, change)
+        for _ in range(self.retries):
+            kvs, revision = self.store.range(RP)
+            by_uuid = {kv.value["uuid"]: kv for kv in kvs}
+            if uuid not in by_uuid:
+                raise NotFound(f"no provider with uuid {uuid}")
+            tree = subtree(uuid, {u: kv.value for u, kv in by_uuid.items()})
+            saved_kvs, _ = self.store.range(DRAINED, revision=revision)
+            saved_by_uuid = {kv.key[len(DRAINED):]: kv for kv in saved_kvs}
+            compares, ops, docs = [], [], {}
+            for u in tree:
+                kv = by_uuid[u]
+                doc = dict(kv.value)
+                ops.extend(_drain_doc(doc, saved_by_uuid.get(u), drained))
+                doc["generation"] += 1
+                docs[u] = doc
+                compares.append(modified_at(kv.key, kv.mod_revision))
+                ops.append(Put(kv.key, doc))
+            if self.store.txn(compares, ops).succeeded:
+                return docs[uuid]
+        raise Conflict("concurrent_update", f"provider {ref} kept changing while draining")
 
     # -- candidates ----------------------------------------------------------------
 
@@ -375,6 +373,32 @@ class EtcdPlacement(Placement):
             raise Conflict("capacity_exceeded",
                            f"provider {rp['name']} cannot fit {amount} {rc}: "
                            f"{used} used of {capacity(inv)}")
+
+
+def _drain_doc(doc: dict, saved_kv, drained: bool) -> list:
+    """Drain (or undrain) one provider document in place; the etcd ops that
+    keep (or drop) its saved reserved amounts.  ``saved_kv``: its
+    ``placement/drained/<uuid>`` key as read with ``doc``."""
+    key = DRAINED + doc["uuid"]
+    traits = set(doc["traits"])
+    inventories = doc["inventories"]
+    if drained:
+        if saved_kv:
+            saved = saved_kv.value
+        elif DISABLED_TRAIT in traits:      # drained before reserved was kept
+            saved = {}
+        else:
+            saved = {rc: inv["reserved"] for rc, inv in inventories.items()}
+        doc["inventories"] = {rc: {**inv, "reserved": inv["total"]}
+                              for rc, inv in inventories.items()}
+        doc["traits"] = sorted(traits | {DISABLED_TRAIT})
+        return [Put(key, saved)]
+    if saved_kv or DISABLED_TRAIT in traits:    # else not drained: leave reserved
+        saved = saved_kv.value if saved_kv else {}
+        doc["inventories"] = {rc: {**inv, "reserved": min(saved.get(rc, 0), inv["total"])}
+                              for rc, inv in inventories.items()}
+    doc["traits"] = sorted(traits - {DISABLED_TRAIT})
+    return [Delete(key)] if saved_kv else []
 
 
 def _same(kv, doc) -> bool:

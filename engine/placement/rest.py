@@ -25,7 +25,7 @@ import re
 import requests
 import structlog
 
-from engine.placement.api import ANY, Placement
+from engine.placement.api import ANY, Placement, subtree
 from engine.placement.candidates import order
 from engine.placement.model import (Conflict, NotFound, PlacementError, SHARING_TRAIT,
                                     STANDARD_RESOURCE_CLASSES, check_trait_name, check_uuid,
@@ -146,6 +146,11 @@ class RestPlacement(Placement):
                      parent=body.get("parent_provider_uuid"))
             return self._document(reply.json())
         raise Conflict("concurrent_update", f"provider {name!r} kept changing")
+
+    def _subtree(self, uuid: str) -> list[str]:
+        tree = self._get("/resource_providers", in_tree=uuid)["resource_providers"]
+        return subtree(uuid, {rp["uuid"]: {"parent": rp.get("parent_provider_uuid")}
+                              for rp in tree})
 
     def delete_provider(self, ref: str) -> None:
         self._call("DELETE", f"/resource_providers/{self._resolve(ref)}")
