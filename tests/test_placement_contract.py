@@ -331,6 +331,29 @@ def test_drain_covers_the_whole_tree(placement):
     assert placement.candidates("VGPU:1") == []
 
 
+def test_undrain_reserved_per_backend(placement):
+    """The one documented difference in draining (docs/placement.md): etcd
+    puts back the reserved amounts from before the drain, on every provider
+    of the tree; OpenStack Placement has nowhere to keep them and undraining
+    sets reserved to 0.  On both, undraining a provider that is not drained
+    leaves its reserved alone."""
+    host = make_provider(placement, "rhost", {"VCPU": {"total": 8, "reserved": 2},
+                                              "MEMORY_MB": 4096})
+    cell = make_provider(placement, "rhost_numa0", {"PCPU": {"total": 4, "reserved": 1}},
+                         parent=host["uuid"])
+    idle = placement.drain("rhost", drained=False)          # not drained: nothing changes
+    assert idle["inventories"]["VCPU"]["reserved"] == 2
+    assert placement.provider(cell["uuid"])["inventories"]["PCPU"]["reserved"] == 1
+    placement.drain("rhost")
+    back = placement.drain("rhost", drained=False)
+    child = placement.provider(cell["uuid"])
+    reserved = ({"VCPU": 2, "MEMORY_MB": 0, "PCPU": 1} if placement.backend == "etcd"
+                else {"VCPU": 0, "MEMORY_MB": 0, "PCPU": 0})
+    assert {**{rc: inv["reserved"] for rc, inv in back["inventories"].items()},
+            "PCPU": child["inventories"]["PCPU"]["reserved"]} == reserved
+    assert "COMPUTE_STATUS_DISABLED" not in back["traits"] + child["traits"]
+
+
 # -- bad input: a clear error, nothing written --------------------------------------
 
 @pytest.mark.parametrize("query, words", [

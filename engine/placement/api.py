@@ -191,11 +191,14 @@ class Placement(abc.ABC):
     def drain(self, ref: str, drained: bool = True) -> dict:
         """Draining sets reserved to total for every class (no new claims fit)
         and adds COMPUTE_STATUS_DISABLED, on ``ref`` and on every provider
-        below it (a host's NUMA cells, devices); undraining sets reserved
-        back to 0.  Returns ``ref``'s provider document.
+        below it (a host's NUMA cells, devices); undraining a drained
+        provider sets its reserved back to 0 (the amounts from before the
+        drain are not kept anywhere: Placement has no field to keep them in)
+        and leaves a provider that is not drained as it is.  Returns
+        ``ref``'s provider document.
 
         This generic version writes each provider in turn, two writes each
-        (inventory, then traits), as Placement's API offers no single one:
+        (traits and inventory), as Placement's API offers no single one:
         draining goes top down and undraining bottom up, so that an
         interrupted call leaves the top provider marked drained and can be
         repeated.  The etcd backend overrides it with one transaction that
@@ -208,16 +211,25 @@ class Placement(abc.ABC):
         return docs[uuid]
 
     def _drain_one(self, uuid: str, drained: bool) -> dict:
+        """The trait is the mark: set before the inventory when draining,
+        dropped after it when undraining, so an interrupted call leaves it
+        and the next undrain resets reserved.  A provider without the mark
+        is not drained and undraining leaves its reserved alone."""
         for _ in range(self.retries):
             rp = self.provider(uuid)
-            inventories = {rc: {**inv, "reserved": inv["total"] if drained else 0}
-                           for rc, inv in rp["inventories"].items()}
+            marked = DISABLED_TRAIT in rp["traits"]
             try:
-                rp = self.set_inventory(rp["uuid"], inventories, generation=rp["generation"])
-                traits = set(rp["traits"])
-                traits = traits | {DISABLED_TRAIT} if drained else traits - {DISABLED_TRAIT}
-                if traits != set(rp["traits"]):
-                    rp = self.set_traits(rp["uuid"], sorted(traits), generation=rp["generation"])
+                if drained and not marked:
+                    rp = self.set_traits(uuid, sorted({*rp["traits"], DISABLED_TRAIT}),
+                                         generation=rp["generation"])
+                if drained or marked:
+                    inventories = {rc: {**inv, "reserved": inv["total"] if drained else 0}
+                                   for rc, inv in rp["inventories"].items()}
+                    if inventories != rp["inventories"]:
+                        rp = self.set_inventory(uuid, inventories, generation=rp["generation"])
+                if not drained and marked:
+                    rp = self.set_traits(uuid, sorted(set(rp["traits"]) - {DISABLED_TRAIT}),
+                                         generation=rp["generation"])
                 return rp
             except Conflict:
                 continue
