@@ -110,23 +110,42 @@ class Executor:
                 result = self.store.txn(
                     [exists(inbox_key), absent(claim_key), absent(keys.response(automation_id, index))],
                     [Put(claim_key, {"executor": self.host.host, "nonce": nonce}, session.lease),
-                     Delete(inbox_key), Get(keys.log_entry(automation_id, index))],
+                     Delete(inbox_key), Get(keys.log_entry(automation_id, index)),
+                     Get(keys.status(automation_id))],
                     [Get(claim_key), Get(keys.response(automation_id, index))])
             except StoreUnavailable:
                 attempt += 1
                 time.sleep(min(0.1 * attempt, 1.0))
                 continue
             if result.succeeded:
-                if result.ranges and result.ranges[0]:
-                    self.submit(automation_id, index, result.ranges[0][0].value)
+                entry, status = (list(result.ranges) + [[], []])[:2]
+                state = ((status[0].value or {}) if status else {}).get("state")
+                if state in keys.TERMINAL_STATES:
+                    # Left over from an automation that has ended: never run it.
+                    self.log.info("request_refused", automation=automation_id, index=index,
+                                  state=state)
+                    self._drop_claim(claim_key)
+                elif entry:
+                    self.submit(automation_id, index, entry[0].value)
                 return
             claim, response = result.ranges
             if claim and (claim[0].value or {}).get("nonce") == nonce and not response and attempt:
                 entry = self.store.get(keys.log_entry(automation_id, index))
-                if entry is not None:
+                status = self.store.get(keys.status(automation_id))
+                if status is not None and (status.value or {}).get("state") in keys.TERMINAL_STATES:
+                    self.log.info("request_refused", automation=automation_id, index=index,
+                                  state=status.value["state"])
+                    self._drop_claim(claim_key)
+                elif entry is not None:
                     self.log.info("claim_recovered", automation=automation_id, index=index)
                     self.submit(automation_id, index, entry.value)
             return
+
+    def _drop_claim(self, claim_key: str) -> None:
+        try:
+            self.store.txn([], [Delete(claim_key)])
+        except StoreUnavailable:
+            pass        # bound to our lease: it goes with it
 
     def rescan(self) -> int:
         """Claim whatever still sits in the inbox (a safety net run now and then)."""

@@ -31,6 +31,7 @@ log = structlog.get_logger("peerctl.initiator")
 APPEND_BATCH = 40           # requests per transaction (etcd allows 128 operations)
 LEFTOVER_PATIENCE = 10.0    # seconds to keep trying to write taken responses on exit
 HOST_CHECK_INTERVAL = 0.5
+FINISH_TXN_OPS = 100        # operations in the finishing transaction (etcd allows 128)
 
 
 class Outcome:
@@ -418,12 +419,28 @@ class Initiator:
                                         "finished": time.time()})]
         ops += [Delete(keys.member(m, self.id)) for m in members]
         compares, ops = self._with_carry([], ops)
-        if state == "aborted":      # unclaimed work should not start any more
-            ops += [Delete(keys.inbox(e["target"], self.id, i))
-                    for i, e in getattr(self, "entries", record.entries).items()
-                    if i not in getattr(self, "answered", record.responses) and not e.get("local")]
+        # Whatever the end (aborted, stuck, failed, or done with the losers of
+        # a ctx.first unanswered), unclaimed work must not start any more:
+        # its inbox keys go with the terminal status (the first ones; a long
+        # tail right after, as etcd caps a transaction's operations).
+        unclaimed = self._unclaimed_inbox_keys(record)
+        room = max(0, FINISH_TXN_OPS - len(ops))
+        ops += [Delete(key) for key in unclaimed[:room]]
         failpoints.crash("finish")
         if not self._txn(compares, ops):
             raise _Restart()
         self.log.info("automation_finished", state=state, error=error)
+        rest = unclaimed[room:]
+        for start in range(0, len(rest), FINISH_TXN_OPS):
+            try:
+                self.store.txn([], [Delete(key) for key in rest[start:start + FINISH_TXN_OPS]])
+            except StoreUnavailable:
+                break   # executors refuse entries of a finished automation anyway
         return Outcome.FINISHED
+
+    def _unclaimed_inbox_keys(self, record) -> list[str]:
+        entries = getattr(self, "entries", record.entries)
+        answered = getattr(self, "answered", record.responses)
+        claimed = getattr(self, "claimed", record.claims)
+        return [keys.inbox(e["target"], self.id, i) for i, e in sorted(entries.items())
+                if i not in answered and i not in claimed and not e.get("local")]

@@ -262,6 +262,65 @@ def test_a_duty_that_crashes_resigns_and_says_so(store, monkeypatch, capsys):
     assert "duty_crashed" in captured.out + captured.err
 
 
+def test_unanswered_requests_never_run_once_the_automation_has_ended(cluster, store, tmp_path):
+    """ctx.first of a local step and a ping to a SIGSTOPped host: the local
+    one wins and the automation is `done` with the ping unanswered.  Its
+    inbox entry goes with the terminal status, so when the host resumes it
+    never runs it (a pre hook counts), though it runs later work."""
+    hooks = str(tmp_path / "hooks")
+    runs_log = counting_hook(hooks)
+    env = {"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS}
+    start_peers(cluster, store, ["t1"], hooks=hooks, ttl=10)
+    start_peers(cluster, store, ["m1"], env=env)
+    cluster.kill("t1", signal.SIGSTOP)
+    try:
+        automation_id = start_test_automation(store, "first_local", {"target": "t1"},
+                                              members=1, prefer=["m1"])
+        task = finished(store, automation_id, timeout=20)
+        assert (task["state"], task["result"]) == ("done", {"winner": 0}), task
+        assert [e["status"] for e in task["log"]][1] not in ("ok", "error", "lost", "timeout")
+        assert store.range("inbox/")[0] == [], "an unclaimed request outlived its automation"
+    finally:
+        cluster.kill("t1", signal.SIGCONT)
+    later = start_test_automation(store, "steps", {"target": "t1", "count": 1},
+                                  members=1, prefer=["m1"])
+    assert finished(store, later)["state"] == "done"
+    assert [a for a, _, _ in executions(runs_log)] == [later]
+    assert store.range("inbox/")[0] == []
+
+
+def test_the_executor_refuses_an_entry_of_a_finished_automation(store, tmp_path):
+    """An inbox entry left behind by a finished automation (older code, or
+    a crash between the two) is claimed but never run."""
+    from engine.executor import Executor
+    from engine.hostctx import HostContext
+    from engine.session import Session
+
+    hooks = str(tmp_path / "hooks")
+    runs_log = counting_hook(hooks)
+    entry = {"index": 0, "worker": "0", "seq": 0, "request": "ping", "target": "t1",
+             "args": {}, "local": False}
+    store.put(keys.log_entry("a1", 0), entry)
+    store.put(keys.status("a1"), {"state": "stuck"})
+    store.put(keys.inbox("t1", "a1", 0), {})
+    store.put(keys.log_entry("a2", 0), {**entry})
+    store.put(keys.inbox("t1", "a2", 0), {})
+    session = Session(store, 5)
+    executor = Executor(store, HostContext("t1", "test:///default", store, str(tmp_path)),
+                        hooks)
+    executor.attach(session)
+    try:
+        wait_for(lambda: store.get(keys.response("a2", 0)), what="the live entry to run")
+        assert executor.wait_idle(10)
+        assert store.range("inbox/")[0] == []
+        assert store.get(keys.claim("a1", 0)) is None
+        assert store.get(keys.response("a1", 0)) is None
+        assert [a for a, _, _ in executions(runs_log)] == ["a2"]
+    finally:
+        executor.detach()
+        session.close()
+
+
 def test_request_to_a_dead_host_is_lost_within_its_deadline(cluster, store, tmp_path):
     hooks = str(tmp_path / "hooks")
     counting_hook(hooks, sleep=60)      # t1 claims the request and hangs in the hook

@@ -29,3 +29,12 @@ def local_steps(ctx, count):
         reply = yield Request("noop", {"step": i})
         outcomes.append({"step": i, "status": reply.status, "executor": reply.executor})
     return {"outcomes": outcomes}
+
+
+@automation("first_local", version=1)
+def first_local(ctx, target):
+    """The first of a local step and a ping to ``target``: when ``target``
+    is stopped the local one wins and the ping is left unanswered."""
+    position, outcome = yield ctx.first([Request("noop", {"race": 0}),
+                                         Request("ping", {"race": 1}, target=target)])
+    return {"winner": position}
