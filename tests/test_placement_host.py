@@ -7,6 +7,7 @@ import pytest
 from engine.placement import Conflict, open_placement
 from engine.store import Store
 from engine.placement.host import drain, measure, register_host
+from tests.cluster import wait_for
 from tests.placement_support import new_uuid, placement, placement_server  # noqa: F401
 
 FACTS = {"vcpus": 4, "memory_mb": 2048, "disk_gb": 20}
@@ -90,3 +91,89 @@ def test_etcd_drain_is_one_transaction_and_undrain_restores_reserved(etcd, clust
     # undraining a host that is not drained changes no reserved amount
     assert drain(placement, "host1", drained=False)["inventories"] == back["inventories"]
     store.close()
+
+
+def _operator_fields(rp):
+    return {rc: {k: inv[k] for k in ("reserved", "allocation_ratio", "min_unit", "step_size")}
+            for rc, inv in rp["inventories"].items()}
+
+
+def test_reregistration_keeps_operator_settings(placement):
+    """Only total and max_unit are the peer's; what an operator set survives
+    a re-registration with the same or new measurements."""
+    rp = register_host(placement, "host1", FACTS)
+    inventories = dict(rp["inventories"])
+    inventories["VCPU"] = dict(inventories["VCPU"], reserved=1, allocation_ratio=8.0,
+                               min_unit=2, step_size=2)
+    inventories["MEMORY_MB"] = dict(inventories["MEMORY_MB"], reserved=512,
+                                    allocation_ratio=1.5)
+    set_by_operator = placement.set_inventory(rp["uuid"], inventories)
+    wanted = _operator_fields(set_by_operator)
+    again = register_host(placement, "host1", FACTS)            # restart, same host
+    assert again["generation"] == set_by_operator["generation"]  # nothing written
+    assert _operator_fields(again) == wanted
+    bigger = register_host(placement, "host1", dict(FACTS, vcpus=8, memory_mb=4096))
+    assert _operator_fields(bigger) == wanted
+    assert {rc: (inv["total"], inv["max_unit"]) for rc, inv in bigger["inventories"].items()} \
+        == {"VCPU": (8, 8), "MEMORY_MB": (4096, 4096), "DISK_GB": (20, 20)}
+    # measured below what is reserved: capped, still a valid inventory
+    small = register_host(placement, "host1", dict(FACTS, memory_mb=256))
+    assert small["inventories"]["MEMORY_MB"]["reserved"] == 256
+    assert small["inventories"]["VCPU"]["allocation_ratio"] == 8.0
+    # given explicitly, reserved and ratios win
+    told = register_host(placement, "host1", FACTS, reserved={"VCPU": 3}, ratios={"VCPU": 2.0})
+    assert (told["inventories"]["VCPU"]["reserved"],
+            told["inventories"]["VCPU"]["allocation_ratio"]) == (3, 2.0)
+    assert told["inventories"]["VCPU"]["step_size"] == 2
+    assert [p["name"] for p in placement.providers()] == ["host1"]
+
+
+def test_reregistration_keeps_a_drained_host_drained(placement):
+    rp = register_host(placement, "host1", FACTS)
+    placement.set_inventory(rp["uuid"], {rc: dict(inv, reserved=1, allocation_ratio=2.0)
+                                         for rc, inv in rp["inventories"].items()})
+    drain(placement, "host1")
+    again = register_host(placement, "host1", dict(FACTS, vcpus=6))
+    assert {rc: inv["reserved"] for rc, inv in again["inventories"].items()} == \
+        {"VCPU": 6, "MEMORY_MB": 2048, "DISK_GB": 20}
+    assert "COMPUTE_STATUS_DISABLED" in again["traits"]
+    assert placement.candidates("VCPU:1") == []
+    back = drain(placement, "host1", drained=False)
+    assert {inv["allocation_ratio"] for inv in back["inventories"].values()} == {2.0}
+    # etcd restores the reserved from before the drain, Placement cannot
+    assert {inv["reserved"] for inv in back["inventories"].values()} == \
+        ({1} if placement.backend == "etcd" else {0})
+
+
+def test_peer_restart_keeps_operator_settings(cluster, placement):
+    """A real peer (test:///default: 16 CPUs, 3072 MiB) registers its host; an
+    operator sets reserved and allocation ratio; the peer is SIGKILLed and
+    restarted.  The operator also raised the recorded VCPU total, which the
+    restarted peer must measure and write back: that write is what the test
+    waits for.  Same uuid, one provider, the operator's values kept."""
+    env = {} if placement.backend == "etcd" else {"PEERCTL_PLACEMENT": placement.url}
+
+    def providers():
+        return cluster.cli_json("placement", "providers", env=env)
+
+    def registered():
+        rows = providers()
+        return rows if rows and rows[0]["inventories"].get("VCPU", {}).get("total") == 16 \
+            else None
+    cluster.start_peer("host1", env=env)
+    [first] = wait_for(registered, timeout=60, what="host1 registered")
+    assert first["name"] == "host1"
+    inventories = {rc: dict(inv) for rc, inv in first["inventories"].items()}
+    inventories["VCPU"].update(total=64, max_unit=64, reserved=2, allocation_ratio=8.0)
+    inventories["MEMORY_MB"].update(reserved=512, allocation_ratio=1.5)
+    placement.set_inventory(first["uuid"], inventories)
+    cluster.kill("host1")
+    cluster.start_peer("host1", env=env)
+    [again] = wait_for(registered, timeout=60, what="host1 registered again")
+    assert (again["uuid"], again["name"]) == (first["uuid"], "host1")
+    assert again["inventories"]["VCPU"] == dict(first["inventories"]["VCPU"], reserved=2,
+                                                allocation_ratio=8.0)
+    assert again["inventories"]["MEMORY_MB"] == dict(first["inventories"]["MEMORY_MB"],
+                                                     reserved=512, allocation_ratio=1.5)
+    assert [p["name"] for p in providers()] == ["host1"]
+    assert cluster.peers["host1"].poll() is None, cluster.log("host1")

@@ -12,7 +12,9 @@ Promises:
 - one provider per host, ever: an existing provider of that name is reused,
   and a new one gets ``uuid5(cluster, host)``, so a restarted peer finds its
   provider again and never leaves an orphan;
-- registering again with the same measurements writes nothing;
+- registering again with the same measurements writes nothing, and with new
+  ones changes only what is measured (total, max_unit): reserved,
+  allocation_ratio, min_unit and step_size an operator set are kept;
 - a drained host (``drain(placement, host)``: reserved = total, trait
   COMPUTE_STATUS_DISABLED) stays drained across restarts until undrained.
 
@@ -56,7 +58,15 @@ def measure(source=None, state_dir: str = "/") -> dict:
 
 def register_host(placement: Placement, host: str, source=None, *, state_dir: str = "/",
                   reserved: dict | None = None, ratios: dict | None = None) -> dict:
-    """Create or refresh ``host``'s provider; returns the provider document."""
+    """Create or refresh ``host``'s provider; returns the provider document.
+
+    Only what is measured is the peer's: ``total`` and ``max_unit`` (=
+    total).  A class registered before keeps the ``reserved``,
+    ``allocation_ratio``, ``min_unit`` and ``step_size`` it has (an
+    operator's settings survive a restart), unless ``reserved``/``ratios``
+    name it here; a new class gets those or the defaults.  Reserved is capped
+    at the new total (min_unit at max_unit), and a drained host keeps
+    reserved = total."""
     totals = measure(source, state_dir)
     try:
         rp = placement.provider(host)
@@ -64,15 +74,19 @@ def register_host(placement: Placement, host: str, source=None, *, state_dir: st
         cluster = getattr(getattr(placement, "store", None), "cluster", None) or placement.backend
         rp = placement.ensure_provider(host, uuid=host_provider_uuid(cluster, host))
     drained = DISABLED_TRAIT in rp["traits"]
-    ratios = {**DEFAULT_RATIOS, **(ratios or {})}
+    reserved, ratios = reserved or {}, ratios or {}
     inventories = {}
     for rc, total in totals.items():
         if total < 1:
             continue
-        kept = reserved.get(rc, 0) if reserved else 0
+        old = rp["inventories"].get(rc) or {
+            "reserved": 0, "min_unit": 1, "step_size": 1,
+            "allocation_ratio": float(DEFAULT_RATIOS[rc])}
+        kept = reserved.get(rc, old["reserved"])
         inventories[rc] = {"total": total, "reserved": total if drained else min(kept, total),
-                           "min_unit": 1, "max_unit": total, "step_size": 1,
-                           "allocation_ratio": float(ratios[rc])}
+                           "min_unit": min(old["min_unit"], total), "max_unit": total,
+                           "step_size": old["step_size"],
+                           "allocation_ratio": float(ratios.get(rc, old["allocation_ratio"]))}
     # classes measured before but not now stay while in use
     for rc, inv in rp["inventories"].items():
         if rc not in inventories and rp["usages"].get(rc):
