@@ -1156,13 +1156,16 @@ def _save_up(state_dir: str, up: dict) -> None:
 
 def _wait_hosts(url: str, cluster: str, peers: dict, hosts: list[str],
                 timeout: float = 60.0) -> None:
-    from engine.store import Store, StoreUnavailable
+    """Until every host in ``hosts`` is registered and can take a VM: its
+    ``hosts/`` record and its placement provider with an inventory (a peer
+    writes the first before the second, so `up && boot` must wait for both)."""
+    from engine.store import Get, Store, StoreUnavailable
     store = Store(url, cluster, timeout=2.0)
     deadline = time.monotonic() + timeout
     try:
         while True:
             try:
-                seen = {kv.key.split("/", 1)[1] for kv in store.range("hosts/", keys_only=True)[0]}
+                seen = _ready_hosts(store, hosts, Get)
             except StoreUnavailable:
                 seen = set()
             missing = [h for h in hosts if h not in seen]
@@ -1179,6 +1182,18 @@ def _wait_hosts(url: str, cluster: str, peers: dict, hosts: list[str],
             time.sleep(0.1)
     finally:
         store.close()
+
+
+def _ready_hosts(store, hosts: list[str], Get) -> set[str]:
+    """The hosts with a live record and a placement provider holding inventory
+    (keys of engine/placement/etcd.py, read only), from one consistent read."""
+    live, names, providers = store.txn([], [Get("hosts/", True), Get("placement/name/", True),
+                                            Get("placement/rp/", True)]).ranges
+    alive = {kv.key.split("/", 1)[1] for kv in live}
+    uuid_of = {kv.key[len("placement/name/"):]: kv.value for kv in names}
+    stocked = {kv.value.get("uuid") for kv in providers
+               if isinstance(kv.value, dict) and kv.value.get("inventories")}
+    return {h for h in hosts if h in alive and uuid_of.get(h) in stocked}
 
 
 def _stop_process(record: dict, grace: float = 15.0) -> str:

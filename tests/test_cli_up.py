@@ -27,16 +27,50 @@ def local(tmp_path, cluster_name):
     env.update(PEERCTL_CLUSTER=cluster_name, PEERCTL_CONF=str(tmp_path / "none.conf"),
                PYTHONUNBUFFERED="1")
 
-    def cli(*args, timeout=120):
+    def cli(*args, timeout=120, extra_env=None):
         return subprocess.run([sys.executable, PEERCTL, *args], capture_output=True,
-                              text=True, env=env, cwd=str(tmp_path), timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+                              text=True, env={**env, **(extra_env or {})}, cwd=str(tmp_path),
+                              timeout=timeout, stdin=subprocess.DEVNULL)
     yield cli
     cli("down")                 # whatever a failed test left running
 
 
+# Loaded by the peers `up` starts (through PYTHONPATH): each registers its
+# placement provider SLOW_REGISTRATION seconds after writing its hosts/ record,
+# as a real host measuring its disks may.  This widens the window `up` must
+# wait through; the test never sleeps to synchronise.
+SLOW_REGISTRATION = 1.5
+SITECUSTOMIZE = f"""
+import importlib.abc, importlib.util, sys, time
+
+class SlowRegistration(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "engine.placement.host" or "peer" not in sys.argv:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            register = module.register_host
+
+            def register_host(*args, **kwargs):
+                time.sleep({SLOW_REGISTRATION})
+                return register(*args, **kwargs)
+            module.register_host = register_host
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, SlowRegistration())
+"""
+
+
 def test_up_again_and_down(local, tmp_path, cluster_name):
-    done = local("--format", "json", "up", "--hosts", "2")
+    slow = tmp_path / "slow-registration"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    done = local("--format", "json", "up", "--hosts", "2", extra_env={"PYTHONPATH": str(slow)})
     assert done.returncode == 0, done.stderr
     up = json.loads(done.stdout)
     assert up["state_dir"] == str(tmp_path / "state") and up["cluster"] == cluster_name
@@ -46,6 +80,20 @@ def test_up_again_and_down(local, tmp_path, cluster_name):
     assert all(running(pid) for pid in pids)
     assert os.path.exists(tmp_path / "state" / "up.json")
     assert os.path.exists(tmp_path / "state" / "etcd-data")
+
+    # up returned only once every peer can take a VM: its placement provider,
+    # which a peer registers after its hosts/ record, is there with inventory
+    providers = local("--format", "json", "placement", "providers")
+    assert providers.returncode == 0, providers.stderr
+    assert [(p["name"], bool(p["inventories"])) for p in json.loads(providers.stdout)] == \
+        [("host1", True), ("host2", True)]
+    # the README's quick start: `up && boot ... && vmlist`, with nothing in between
+    boot = local("--format", "json", "boot", "vm1", "--resources", "VCPU:1,MEMORY_MB:256,DISK_GB:1")
+    assert boot.returncode == 0, (boot.stdout, boot.stderr)
+    assert [vm["name"] for vm in json.loads(boot.stdout)["vms"]] == ["vm1"]
+    listed = local("--format", "json", "vmlist")
+    assert listed.returncode == 0, listed.stderr
+    assert [(vm["name"], vm["state"]) for vm in json.loads(listed.stdout)] == [("vm1", "running")]
 
     # in this directory the CLI finds the local cluster by itself
     hosts = json.loads(local("--format", "json", "hostlist").stdout)
