@@ -404,6 +404,18 @@ def test_bad_input_writes_nothing(placement):
         (PlacementError, lambda: placement.set_inventory(rp["uuid"], {"VCPU": {"total": 4, "reserved": 5}})),
         (PlacementError, lambda: placement.set_inventory(rp["uuid"], {"VCPU": 0})),
         (PlacementError, lambda: placement.set_traits(rp["uuid"], ["lower_case"])),
+        # what Placement refuses with 400: an unknown standard (non-CUSTOM_)
+        # trait, in a write or a query, and a consumer_type not ^[A-Z0-9_]+$
+        (PlacementError, lambda: placement.set_traits(rp["uuid"], ["HW_TYPO_TRAIT"])),
+        (PlacementError, lambda: placement.set_traits(rp["uuid"], ["CUSTOM_NEW_TRAIT",
+                                                                   "HW_TYPO_TRAIT"])),
+        (PlacementError, lambda: placement.candidates("VCPU:1", required="HW_TYPO_TRAIT")),
+        (PlacementError, lambda: placement.candidates("resources=VCPU:1&required=!HW_TYPO_TRAIT")),
+        (PlacementError, lambda: placement.candidates("resources=VCPU:1&root_required=HW_TYPO_TRAIT")),
+        (PlacementError, lambda: placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, **P,
+                                                 consumer_type="bad type")),
+        (PlacementError, lambda: placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, **P,
+                                                 consumer_type="lower")),
         # unknown providers, with new CUSTOM_ names that must not be created
         (NotFound, lambda: placement.set_inventory(ghost, {"CUSTOM_NEW_RC": 1})),
         (NotFound, lambda: placement.set_inventory("no-such-node", {"CUSTOM_NEW_RC": 1})),

@@ -16,6 +16,7 @@ names of resource classes and traits, inventory defaults, input validation
 """
 from __future__ import annotations
 
+import functools
 import re
 import uuid as uuidlib
 
@@ -24,7 +25,7 @@ __all__ = [
     "SHARING_TRAIT", "DISABLED_TRAIT", "INVENTORY_DEFAULTS", "capacity",
     "check_resource_class_name", "check_trait_name", "check_uuid",
     "normalize_inventories", "normalize_allocations", "amount_problem",
-    "consumer_doc", "empty_consumer", "same_holding",
+    "consumer_doc", "empty_consumer", "same_holding", "standard_traits",
 ]
 
 
@@ -78,9 +79,24 @@ def check_resource_class_name(name) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=1)
+def standard_traits() -> frozenset | None:
+    """The standard trait names of the ``os-traits`` package (what Placement
+    itself knows; requirements.txt installs it), None without the package."""
+    try:
+        import os_traits
+    except ImportError:
+        return None
+    return frozenset(os_traits.get_traits())
+
+
 def check_trait_name(name) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise PlacementError(f"bad trait {name!r}: want upper-case letters, digits and _")
+    standard = standard_traits()
+    if standard is not None and not name.startswith("CUSTOM_") and name not in standard:
+        raise PlacementError(f"unknown trait {name!r}: not a standard trait, and custom "
+                             "traits start with CUSTOM_")
     return name
 
 
@@ -177,6 +193,9 @@ def consumer_doc(consumer, allocations, project, user, consumer_type) -> dict:
                         ("consumer_type", consumer_type)):
         if not isinstance(value, str) or not value:
             raise PlacementError(f"{what} must be a non-empty string, not {value!r}")
+    if not _NAME.match(consumer_type):
+        raise PlacementError(f"bad consumer_type {consumer_type!r}: want upper-case "
+                             "letters, digits and _ (at most 255)")
     return {"consumer": consumer, "generation": None, "project": project, "user": user,
             "consumer_type": consumer_type, "allocations": allocations}
 
