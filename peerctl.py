@@ -89,6 +89,7 @@ def read_conf(path: str) -> dict:
     return {k.replace("-", "_"): v.strip() for k, v in parser.items("peerctl")}
 
 
+_CLUSTER = re.compile(r"[A-Za-z0-9._-]+")
 WHOLE_NUMBERS = {"ttl": "seconds", "workers": "requests", "hosts": "peers"}
 
 
@@ -100,16 +101,26 @@ def settings_for(args) -> dict:
         if not re.fullmatch(r"[0-9]+", settings[key]) or int(settings[key]) < 1:
             raise UsageError(f"bad {key} {settings[key]!r} in {path} "
                              f"(want a whole number of {unit}, at least 1)")
+    source = {"etcd": f"in {path}", "cluster": f"in {path}"}
     up = running_up(os.path.abspath(settings["state_dir"]))
     if up:     # the embedded default: a running `peerctl.py up` in ./state
         settings["etcd"], settings["cluster"] = up["etcd"]["url"], up.get("cluster", "default")
+        source.update(etcd=f"in {_up_file(settings['state_dir'])}",
+                      cluster=f"in {_up_file(settings['state_dir'])}")
     for key in ("etcd", "cluster", "format"):
-        if os.environ.get("PEERCTL_" + key.upper()):
+        if os.environ.get("PEERCTL_" + key.upper()):     # set but empty: unset
             settings[key] = os.environ["PEERCTL_" + key.upper()]
-        if getattr(args, key, None):
+            source[key] = f"from $PEERCTL_{key.upper()}"
+        if getattr(args, key, None) is not None:        # given, even if empty
             settings[key] = getattr(args, key)
+            source[key] = f"from --{key}"
     if settings["format"] not in ("table", "json"):
         raise UsageError(f"bad format {settings['format']!r} (want table or json)")
+    if not _CLUSTER.fullmatch(settings["cluster"]):
+        raise UsageError(f"bad cluster name {settings['cluster']!r} {source['cluster']} "
+                         "(want letters, digits, '-', '_' or '.')")
+    if not any(url.strip() for url in settings["etcd"].split(",")):
+        raise UsageError(f"no etcd endpoint given ({settings['etcd']!r} {source['etcd']})")
     return settings
 
 

@@ -74,6 +74,13 @@ def test_debug_shows_the_traceback(cluster, closed_url):
     (["--format", "yaml", "vmlist"], "yaml"),
     (["nosuchcommand"], "nosuchcommand"),
     (["wait", "x1", "--timeout", "soon"], "soon"),
+    # an empty or odd global is an error, never a silent fall back to the default
+    (["--etcd", "", "vmlist"], "no etcd endpoint given ('' from --etcd)"),
+    (["--etcd", " , ", "hostlist"], "no etcd endpoint given"),
+    (["--cluster", "", "vmlist"], "bad cluster name '' from --cluster"),
+    (["--cluster", "a/b", "vmlist"], "bad cluster name 'a/b'"),
+    (["vmlist", "--cluster", "a b"], "bad cluster name 'a b'"),
+    (["--cluster", "a/b", "up", "--state-dir", "/nonexistent/never-made"], "'a/b'"),
 ])
 def test_usage_errors_exit_2_naming_the_bad_part(cluster, command, named):
     done = cluster.cli(*command, input="")
