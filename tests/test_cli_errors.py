@@ -80,7 +80,7 @@ def test_debug_shows_the_traceback(cluster, closed_url):
     (["--cluster", "", "vmlist"], "bad cluster name '' from --cluster"),
     (["--cluster", "a/b", "vmlist"], "bad cluster name 'a/b'"),
     (["vmlist", "--cluster", "a b"], "bad cluster name 'a b'"),
-    (["--cluster", "a/b", "up", "--state-dir", "/nonexistent/never-made"], "'a/b'"),
+    (["--cluster", "a/b", "up", "--state-dir", "/proc/peerctl-never-made"], "'a/b'"),
 ])
 def test_usage_errors_exit_2_naming_the_bad_part(cluster, command, named):
     done = cluster.cli(*command, input="")
