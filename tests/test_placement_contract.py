@@ -381,6 +381,7 @@ def test_bad_input_writes_nothing(placement):
     generations, allocations, and the resource class and trait lists."""
     rp = make_provider(placement, "node1", COMPUTE)
     other = make_provider(placement, "node2", COMPUTE)
+    make_provider(placement, "node2_numa0", {"VCPU": 2}, parent=other["uuid"])
     held, mig = new_uuid(), new_uuid()
     placement.claim(held, {rp["uuid"]: {"VCPU": 1}}, **P)
     before = full_state(placement)
@@ -439,13 +440,63 @@ def test_bad_input_writes_nothing(placement):
         (NotFound, lambda: placement.move_to_migration(vm, mig, {other["uuid"]: {"VCPU": 1}})),
         (NotFound, lambda: placement.revert_migration(held, new_uuid())),
         (PlacementError, lambda: placement.delete_provider(rp["uuid"])),    # has allocations
+        (PlacementError, lambda: placement.delete_provider(other["uuid"])),  # has a child
     ]
     for i, (error, call) in enumerate(refused):
         try:
             call()
+        except Conflict as exc:
+            if error is not Conflict:
+                pytest.fail(f"refused case {i}: Conflict({exc.reason!r}), not {error.__name__}")
         except error:
             pass
         else:
             pytest.fail(f"refused case {i} was accepted")
         assert full_state(placement) == before, f"refused case {i} wrote something"
     assert placement.allocations(vm)["allocations"] == {}
+
+
+def test_delete_provider_children_first(placement):
+    parent = make_provider(placement, "p1", COMPUTE)
+    child = make_provider(placement, "p1_numa0", {"VCPU": 2}, parent=parent["uuid"])
+    with pytest.raises(PlacementError) as err:
+        placement.delete_provider("p1")
+    assert not isinstance(err.value, NotFound)
+    placement.delete_provider(child["uuid"])
+    placement.delete_provider("p1")
+    assert placement.providers() == []
+
+
+def test_unreachable_placement_is_unavailable():
+    """No server, or a proxy answering 503: ``Unavailable`` (a
+    ``PlacementError``, so old callers still catch it), naming the URL."""
+    import http.server
+    import threading
+
+    from engine.etcd_server import free_port
+    from engine.placement import Unavailable, open_placement
+
+    url = f"http://127.0.0.1:{free_port()}"
+    nobody = open_placement(url)
+    for call in (lambda: nobody.providers(), lambda: nobody.candidates("VCPU:1"),
+                 lambda: nobody.claim(new_uuid(), {new_uuid(): {"VCPU": 1}}, **P)):
+        with pytest.raises(Unavailable) as err:
+            call()
+        assert isinstance(err.value, PlacementError) and err.value.url == url
+        assert url in str(err.value)
+
+    class Busy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(503)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(Unavailable):
+            open_placement(f"http://127.0.0.1:{server.server_port}").providers()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -19,10 +19,11 @@ from __future__ import annotations
 import os
 
 from engine.placement.api import ANY, Placement
-from engine.placement.model import Conflict, NotFound, PlacementError
+from engine.placement.model import Conflict, NotFound, PlacementError, Unavailable
 from engine.placement.query import Query, RequestGroup, parse_query
 
 __all__ = ["open_placement", "Placement", "PlacementError", "Conflict", "NotFound",
+           "Unavailable",
            "ANY", "Query", "RequestGroup", "parse_query"]
 
 

@@ -21,7 +21,7 @@ import re
 import uuid as uuidlib
 
 __all__ = [
-    "PlacementError", "NotFound", "Conflict", "STANDARD_RESOURCE_CLASSES",
+    "PlacementError", "NotFound", "Conflict", "Unavailable", "STANDARD_RESOURCE_CLASSES",
     "SHARING_TRAIT", "DISABLED_TRAIT", "INVENTORY_DEFAULTS", "capacity",
     "check_resource_class_name", "check_trait_name", "check_uuid",
     "normalize_inventories", "normalize_allocations", "amount_problem",
@@ -35,6 +35,17 @@ class PlacementError(Exception):
 
 class NotFound(PlacementError):
     """A provider or consumer named in the request does not exist."""
+
+
+class Unavailable(PlacementError):
+    """The placement service cannot be reached (connection refused or
+    reset, timeout, 502/503/504).  Nothing is known to be written; ``url``
+    says where it was looked for.  Not bad input: callers that treat
+    ``PlacementError`` as bad input catch this first."""
+
+    def __init__(self, message: str, url: str | None = None):
+        super().__init__(message)
+        self.url = url
 
 
 class Conflict(Exception):

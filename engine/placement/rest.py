@@ -8,7 +8,10 @@ bad input never reaches the server; what only the server knows maps back:
 - 400 -> :class:`PlacementError` (``NotFound`` for a provider that does not exist);
 - 409 ``placement.concurrent_update`` -> ``Conflict("concurrent_update")``,
   retried internally when the caller did not pin a generation;
-- 409 "violate inventory constraints" -> :class:`PlacementError`;
+- 409 "violate inventory constraints", or deleting a provider in use or
+  with children -> :class:`PlacementError`;
+- no answer (connection refused, timeout) or 502/503/504 ->
+  :class:`Unavailable` (a ``PlacementError``);
 - other 409 on allocations -> ``Conflict("capacity_exceeded")``.
 
 Candidates come from ``GET /allocation_candidates`` and are ordered with the
@@ -28,6 +31,7 @@ import structlog
 from engine.placement.api import ANY, Placement, subtree
 from engine.placement.candidates import order
 from engine.placement.model import (Conflict, NotFound, PlacementError, SHARING_TRAIT,
+                                    Unavailable,
                                     STANDARD_RESOURCE_CLASSES, check_trait_name, check_uuid,
                                     normalize_allocations, normalize_inventories,
                                     consumer_doc, empty_consumer, same_holding,
@@ -61,10 +65,13 @@ class RestPlacement(Placement):
             reply = self.session.request(method, self.url + path, json=body, params=params,
                                          timeout=self.timeout)
         except requests.RequestException as exc:
-            raise PlacementError(f"placement at {self.url} unreachable "
-                                 f"({type(exc).__name__})") from None
+            raise Unavailable(f"placement at {self.url} unreachable "
+                              f"({type(exc).__name__})", self.url) from None
         if reply.status_code < 300 or reply.status_code in allow:
             return reply
+        if reply.status_code in (502, 503, 504):
+            raise Unavailable(f"placement at {self.url} unavailable "
+                              f"({reply.status_code} {reply.reason})", self.url)
         try:
             error = reply.json()["errors"][0]
             detail, code = error.get("detail", ""), error.get("code", "")
@@ -79,7 +86,8 @@ class RestPlacement(Placement):
             if "violate inventory constraints" in detail:
                 raise PlacementError(detail)
             if code in ("placement.inventory.inuse", "placement.duplicate_name",
-                        "placement.resource_provider.inuse"):
+                        "placement.resource_provider.inuse",
+                        "placement.resource_provider.cannot_delete_parent"):
                 raise PlacementError(detail)
             raise Conflict("capacity_exceeded", detail)
         raise PlacementError(f"placement said {reply.status_code}: {detail}")
