@@ -133,26 +133,37 @@ def destroy(ctx, vms):
     return _finish(results, "destroyed")
 
 
-def _act_one(ctx, vm, request):
-    done = yield Request(request, {"uuid": vm["uuid"], "name": vm["name"]},
-                         target=vm["host"], deadline=ACTION_DEADLINE, label=vm["name"])
+def _act_one(ctx, vm, request, resend=True):
+    """Since version 2 a step whose outcome was lost (its host's peer died
+    after or while running it) is sent again: start, stop, suspend and
+    resume are idempotent by uuid, so the second run finds the first one's
+    result.  Version 1 (``resend=False``) reports the loss as an error."""
+    step = Request(request, {"uuid": vm["uuid"], "name": vm["name"]},
+                   target=vm["host"], deadline=ACTION_DEADLINE, label=vm["name"])
+    done = (yield from _idempotent(step)) if resend else (yield step)
     if not done.ok:
         return _outcome(vm, vm["uuid"], vm["host"], "error", done.error or done.status)
     return _outcome(vm, vm["uuid"], vm["host"], (done.value or {}).get("state", "running"))
 
 
-def _action(request, verb):
+def _action(request, verb, version=2):
+    resend = version >= 2
+
     def act(ctx, vms):
-        results = yield ctx.all([ctx.worker(_act_one, vm, request, label=vm["name"])
+        results = yield ctx.all([ctx.worker(_act_one, vm, request, resend, label=vm["name"])
                                  for vm in vms])
         return _finish(results, verb)
-    act.__name__ = request
-    return automation(request, version=1)(act)
+    act.__name__ = request if resend else f"{request}_v{version}"
+    return automation(request, version=version)(act)
 
 
 start = _action("start", "started")
 stop = _action("stop", "stopped")
-reboot_v1 = _action("reboot", "rebooted")     # kept so that reboots started before v2 replay
+# Version 1 of each: no re-send of a lost step; kept so that automations
+# started before version 2 replay as they began.
+start_v1 = _action("start", "started", 1)
+stop_v1 = _action("stop", "stopped", 1)
+reboot_v1 = _action("reboot", "rebooted", 1)
 
 
 def _reboot_one(ctx, vm):
@@ -174,3 +185,5 @@ def reboot(ctx, vms):
 
 suspend = _action("suspend", "suspended")
 resume = _action("resume", "resumed")
+suspend_v1 = _action("suspend", "suspended", 1)
+resume_v1 = _action("resume", "resumed", 1)

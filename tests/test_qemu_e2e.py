@@ -171,6 +171,33 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
                                    "rebooted": False}, answer
         assert dom.isActive() and conn.lookupByUUIDString(vm["uuid"]).ID() == dom.ID()
 
+        # stop, and the host's peer dies after the guest shut down, before its
+        # response: the stop automation (version 2) re-sends the lost step and
+        # the restarted peer finds the VM already shut off.  First the guest
+        # must be up again after its reboot: an ACPI request during early
+        # boot is ignored and stop would wait out its timeout, then force.
+        def console_text():
+            with open(console, errors="replace") as f:
+                return f.read()
+        wait_for(lambda: console_text().count(qemu_guest.READY_MARKER) >= 2,
+                 timeout=BOOT_TIMEOUT, interval=0.2, what="the guest up after its reboot")
+        failpoints.arm(armed, ["respond stop"])
+        automation = cluster.cli_json("stop", name, "--detach")["automation"]
+        wait_for(lambda: failpoints.fired(armed)[-1][0] == "respond stop", timeout=90,
+                 interval=0.2, what="the host's peer to die after the stop")
+        cluster.peers[host].wait(30)
+        start(host)
+        stopped = cluster.cli_json("wait", automation, timeout=120)
+        assert stopped["state"] == "done", stopped
+        assert [(v["name"], v["state"]) for v in stopped["result"]["vms"]] \
+            == [(name, "shutoff")]
+        steps = [e for e in stopped["log"] if e["request"] == "stop"]
+        assert [e["status"] for e in steps] == ["lost", "ok"], steps
+        answer = store.get(keys.response(automation, steps[1]["index"])).value
+        assert answer["value"] == {"uuid": vm["uuid"], "state": "shutoff",
+                                   "forced": False}, answer
+        assert not dom.isActive()
+
         # destroy: power off + undefine + volumes on the host, then release.
         destroyed = cluster.cli_json("destroy", name, "--yes", timeout=60)
         assert destroyed["state"] == "done", destroyed
