@@ -20,6 +20,7 @@ optional ``timeout`` in seconds for the ACPI shutdown before it destroys.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -94,6 +95,17 @@ def _positive_int(args: dict, key: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise RequestError(f"{key} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def _seconds(args: dict, key: str, default: float) -> float:
+    """A finite number of seconds >= 0 (``default`` when absent)."""
+    value = args.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise RequestError(f"{key} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def _host_file(args: dict, key: str) -> str | None:
@@ -248,7 +260,7 @@ def start(host, args: dict) -> dict:
 def stop(host, args: dict) -> dict:
     """ACPI shutdown; the guest gets ``timeout`` seconds, then is destroyed."""
     uuid, dom = _require(host, args)
-    timeout = float(args.get("timeout", DEFAULT_STOP_TIMEOUT))
+    timeout = _seconds(args, "timeout", DEFAULT_STOP_TIMEOUT)
     with _vm_lock(host, uuid):
         if vm_state(dom) == "shutoff":
             return {**_reply(uuid, dom), "forced": False}

@@ -151,6 +151,18 @@ def test_stop_of_a_paused_vm_and_start_of_a_paused_vm(host):
     call(host, "destroy", uuid=args["uuid"])
 
 
+@pytest.mark.parametrize("timeout", ["soon", -1, True, float("nan"), float("inf"), [5]])
+def test_a_bad_stop_timeout_is_a_request_error_and_leaves_the_vm_running(host, timeout):
+    args = vm_args()
+    call(host, "build", **args)
+    with pytest.raises(RequestError, match="timeout must be a number of seconds >= 0"):
+        call(host, "stop", uuid=args["uuid"], timeout=timeout)
+    assert call(host, "vm_info", uuid=args["uuid"])["state"] == "running"
+    assert call(host, "stop", uuid=args["uuid"], timeout=5) == {
+        "uuid": args["uuid"], "state": "shutoff", "forced": False}
+    call(host, "destroy", uuid=args["uuid"])
+
+
 def test_requests_for_an_unknown_vm_fail_clearly_except_destroy(host):
     unknown = str(uuidlib.uuid4())
     for request_name in ("start", "stop", "reboot", "suspend", "resume"):
@@ -363,3 +375,4 @@ def test_an_http_error_is_a_request_error(host, http_server):
 def test_an_unreachable_http_server_is_a_request_error(host):
     with pytest.raises(RequestError, match="download failed"):
         call(host, "build", **vm_args(image="http://127.0.0.1:9/none.img"))
+
