@@ -119,9 +119,27 @@ def settings_for(args) -> dict:
     if not _CLUSTER.fullmatch(settings["cluster"]):
         raise UsageError(f"bad cluster name {settings['cluster']!r} {source['cluster']} "
                          "(want letters, digits, '-', '_' or '.')")
-    if not any(url.strip() for url in settings["etcd"].split(",")):
-        raise UsageError(f"no etcd endpoint given ({settings['etcd']!r} {source['etcd']})")
+    check_endpoints(settings["etcd"], source["etcd"])
     return settings
+
+
+def check_endpoints(text: str, where: str) -> None:
+    """Every comma-separated etcd endpoint is http://HOST[:PORT]: a usage error
+    naming the endpoint otherwise, before anything connects."""
+    import urllib.parse
+    urls = [url.strip() for url in text.split(",") if url.strip()]
+    if not urls:
+        raise UsageError(f"no etcd endpoint given ({text!r} {where})")
+    for url in urls:
+        try:
+            parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
+            host, port = parsed.hostname, parsed.port
+        except ValueError as exc:       # 'Invalid IPv6 URL', 'Port out of range 0-65535'
+            raise UsageError(f"bad etcd endpoint {url!r}: {exc}") from None
+        if parsed.scheme not in ("http", "") or not host:
+            raise UsageError(f"bad etcd endpoint {url!r}: want http://HOST:PORT")
+        if port == 0:
+            raise UsageError(f"bad etcd endpoint {url!r}: port 0")
 
 
 class Context:
@@ -138,9 +156,11 @@ class Context:
             from engine.store import Store, parse_endpoints
             try:
                 parse_endpoints(self.settings["etcd"])
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-            self._store = Store(self.settings["etcd"], self.settings["cluster"], timeout=5.0)
+                self._store = Store(self.settings["etcd"], self.settings["cluster"],
+                                    timeout=5.0)
+            except ValueError as exc:   # check_endpoints should have caught it first
+                raise UsageError(f"bad etcd endpoint {self.settings['etcd']!r}: "
+                                 f"{exc}") from None
         return self._store
 
     def emit(self, doc, text: str | None = None) -> None:

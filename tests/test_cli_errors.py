@@ -80,6 +80,11 @@ def test_debug_shows_the_traceback(cluster, closed_url):
     (["--cluster", "", "vmlist"], "bad cluster name '' from --cluster"),
     (["--cluster", "a/b", "vmlist"], "bad cluster name 'a/b'"),
     (["vmlist", "--cluster", "a b"], "bad cluster name 'a b'"),
+    (["--etcd", "http://[::1", "vmlist"], "bad etcd endpoint 'http://[::1': Invalid IPv6"),
+    (["--etcd", "http://127.0.0.1:99999", "hostlist"],
+     "bad etcd endpoint 'http://127.0.0.1:99999': Port out of range"),
+    (["--etcd", "http://127.0.0.1:0", "tasks"], "bad etcd endpoint 'http://127.0.0.1:0'"),
+    (["--etcd", "http://h:abc", "ping"], "bad etcd endpoint 'http://h:abc'"),
     (["--cluster", "a/b", "up", "--state-dir", "/proc/peerctl-never-made"], "'a/b'"),
 ])
 def test_usage_errors_exit_2_naming_the_bad_part(cluster, command, named):
@@ -95,6 +100,8 @@ def test_usage_errors_come_before_etcd(cluster, closed_url):
     assert done.returncode == 2, done.stderr
     done = cluster.cli("--etcd", "ftp://nowhere", "vmlist")
     assert done.returncode == 2 and "ftp://nowhere" in one_line(done)
+    done = cluster.cli("vmlist", env={"PEERCTL_ETCD": f"{closed_url},http://[::1"})
+    assert done.returncode == 2 and "bad etcd endpoint 'http://[::1'" in one_line(done)
     # a bad -o / --sort field is checked before etcd is read (and before matching)
     for command, named in [(["vmlist", "-o", "bogus"], "'bogus'"),
                            (["vmlist", "nomatch", "-o", "bogus"], "'bogus'"),
