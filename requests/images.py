@@ -190,8 +190,33 @@ def _hash_file(path: str) -> str:
     return digest.hexdigest()
 
 
+def _expected_sha256(url: str) -> tuple[str, str | None]:
+    """(the URL without its fragment, the sha256 its ``#sha256=HEX``
+    fragment names, or None)."""
+    bare, fragment = urllib.parse.urldefrag(url)
+    if not fragment:
+        return bare, None
+    key, _, value = fragment.partition("=")
+    value = value.strip().lower()
+    if key.strip().lower() != "sha256" or len(value) != 64 \
+            or any(c not in "0123456789abcdef" for c in value):
+        raise RequestError(f"image {url!r}: the URL fragment must be #sha256=<64 hex "
+                           f"digits>, got #{fragment}")
+    return bare, value
+
+
+def _content_length(response) -> int | None:
+    value = response.headers.get("Content-Length")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
 def _download(url: str, directory: str) -> tuple[str, str]:
-    """Stream ``url`` into a temporary file; returns (path, sha256)."""
+    """Stream ``url`` into a temporary file; returns (path, sha256).  A body
+    shorter or longer than the response's Content-Length is refused (a
+    server that closed early must not leave a torn image behind)."""
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".download.")
     digest = hashlib.sha256()
@@ -201,9 +226,17 @@ def _download(url: str, directory: str) -> tuple[str, str]:
             if response.status_code != 200:
                 raise RequestError(f"image {url!r}: HTTP {response.status_code} "
                                    f"{response.reason}")
+            received = 0
             for chunk in response.iter_content(_CHUNK):
                 digest.update(chunk)
                 out.write(chunk)
+                received += len(chunk)
+            expected = _content_length(response)
+            if response.headers.get("Content-Encoding", "identity") != "identity":
+                received = response.raw.tell()      # bytes on the wire, before decoding
+            if expected is not None and received != expected:
+                raise RequestError(f"image {url!r}: truncated download, {received} bytes "
+                                   f"received of Content-Length {expected}")
     except http.RequestException as exc:
         os.unlink(tmp)
         raise RequestError(f"image {url!r}: download failed: {exc}") from None
@@ -247,19 +280,28 @@ def _upload(conn, vol, path: str) -> bool:
 
 
 def ensure_base(host, pool, url: str) -> tuple[libvirt.virStorageVol, str]:
-    """The cached base volume holding ``url``'s content, and its format."""
+    """The cached base volume holding ``url``'s content, and its format.
+
+    ``url`` may end in ``#sha256=HEX``: the content must hash to HEX or the
+    image is refused and nothing is cached; an image of that hash already
+    in the cache is used without fetching anything."""
     scheme = urllib.parse.urlparse(url).scheme
     if scheme not in ("http", "https", "file"):
         raise RequestError(f"image {url!r}: unsupported scheme (want http, https or file)")
+    bare, wanted = _expected_sha256(url)
     index = _Index(host.state_dir)
     with _lock("url:" + url):
+        if wanted is not None:
+            found = _cached(pool, index, wanted)
+            if found:
+                return found
         known = index.load()["urls"].get(url)
-        local = _local_path(url) if scheme == "file" else None
+        local = _local_path(bare) if scheme == "file" else None
         if local is not None:
             stat = os.stat(local)
             if known and (known.get("size"), known.get("mtime")) != (stat.st_size, stat.st_mtime):
                 known = None        # the file changed since we hashed it
-        if known:
+        if known and wanted is None:
             found = _cached(pool, index, known["sha256"])
             if found:
                 return found
@@ -267,9 +309,12 @@ def ensure_base(host, pool, url: str) -> tuple[libvirt.virStorageVol, str]:
         if local is not None:
             source, sha, temporary = local, _hash_file(local), False
         else:
-            source, sha = _download(url, os.path.join(host.state_dir, "downloads"))
+            source, sha = _download(bare, os.path.join(host.state_dir, "downloads"))
             temporary = True
         try:
+            if wanted is not None and sha != wanted:
+                raise RequestError(f"image {bare!r}: sha256 {sha} does not match the "
+                                   f"expected {wanted}; nothing cached")
             result = _store(host, pool, index, source, sha)
         finally:
             if temporary:
