@@ -149,6 +149,52 @@ def test_sharing_provider_via_aggregate(placement):
     assert placement.candidates("VCPU:1,DISK_GB:951") == []
 
 
+def test_root_required_and_numbered_group_filters(placement):
+    """root_required (and !), required1=!X, member_of1, in_tree= a child."""
+    agg = new_uuid()
+    nested = make_provider(placement, "nested", {"DISK_GB": 100}, traits=["CUSTOM_ROOT"])
+    cell = make_provider(placement, "nested_numa0", {"VCPU": 4}, traits=["CUSTOM_SLOW"],
+                         parent=nested["uuid"])
+    make_provider(placement, "fast", COMPUTE, aggregates=[agg])
+    make_provider(placement, "slow", COMPUTE, traits=["CUSTOM_SLOW"], aggregates=[agg])
+    hosts = lambda q: sorted(c["host"] for c in placement.candidates(q))  # noqa: E731
+    # root_required looks at the root only: the VCPU comes from the cell
+    assert hosts("resources=VCPU:1&root_required=CUSTOM_ROOT") == ["nested"]
+    assert hosts("resources=VCPU:1&root_required=!CUSTOM_ROOT") == ["fast", "slow"]
+    # a numbered group's forbidden trait applies to its one provider
+    q = "resources1=VCPU:1&required1=!CUSTOM_SLOW"
+    assert hosts(q) == ["fast"]
+    assert hosts("resources1=VCPU:1&required1=CUSTOM_SLOW") == ["nested", "slow"]
+    assert hosts(f"resources1=VCPU:1&member_of1={agg}") == ["fast", "slow"]
+    assert hosts(f"resources1=VCPU:1&member_of1={agg}&required1=!CUSTOM_SLOW") == ["fast"]
+    # in_tree names any provider of the tree, here the child
+    [cand] = placement.candidates(f"resources=VCPU:1,DISK_GB:1&in_tree={cell['uuid']}")
+    assert cand["allocations"] == {cell["uuid"]: {"VCPU": 1}, nested["uuid"]: {"DISK_GB": 1}}
+    assert hosts(f"resources=VCPU:1&in_tree={cell['uuid']}") == ["nested"]
+
+
+def test_sharing_provider_numbered_group_and_forbidden_trait(placement):
+    agg = new_uuid()
+    compute = make_provider(placement, "cn1", {"VCPU": 8, "MEMORY_MB": 8192}, aggregates=[agg])
+    slow = make_provider(placement, "nfs", {"DISK_GB": 1000},
+                         traits=["MISC_SHARES_VIA_AGGREGATE", "CUSTOM_SLOWDISK"],
+                         aggregates=[agg])
+    # a numbered group may be satisfied by a sharing provider alone
+    cands = placement.candidates("resources=VCPU:1&resources1=DISK_GB:10&group_policy=none")
+    assert [c["allocations"] for c in cands] == [
+        {compute["uuid"]: {"VCPU": 1}, slow["uuid"]: {"DISK_GB": 10}}]
+    assert cands[0]["host"] == "cn1"
+    # a forbidden trait rules out the sharing provider that has it
+    assert placement.candidates("resources=VCPU:1,DISK_GB:10&required=!CUSTOM_SLOWDISK") == []
+    assert placement.candidates("resources=VCPU:1&resources1=DISK_GB:10&group_policy=none"
+                                "&required1=!CUSTOM_SLOWDISK") == []
+    fast = make_provider(placement, "ssd", {"DISK_GB": 100},
+                         traits=["MISC_SHARES_VIA_AGGREGATE"], aggregates=[agg])
+    cands = placement.candidates("resources=VCPU:1,DISK_GB:10&required=!CUSTOM_SLOWDISK")
+    assert [c["allocations"] for c in cands] == [
+        {compute["uuid"]: {"VCPU": 1}, fast["uuid"]: {"DISK_GB": 10}}]
+
+
 # -- claims -----------------------------------------------------------------------
 
 def test_claim_usage_generation_idempotent_release(placement):
@@ -208,6 +254,34 @@ def test_claim_conflicts_say_why(placement):
     assert placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, **P,
                            consumer_generation=None)["allocations"] == {rp["uuid"]: {"VCPU": 1}}
     assert usage(placement, rp) == {"VCPU": 3}
+
+
+def test_claim_with_consumer_generation(placement):
+    rp = make_provider(placement, "node1", COMPUTE)
+    vm = new_uuid()
+    first = placement.claim(vm, {rp["uuid"]: {"VCPU": 1}}, **P, consumer_generation=None)
+    second = placement.claim(vm, {rp["uuid"]: {"VCPU": 2}}, **P,
+                             consumer_generation=first["generation"])
+    assert second["generation"] != first["generation"]
+    assert usage(placement, rp) == {"VCPU": 2}
+    before = full_state(placement)
+    with pytest.raises(Conflict) as err:        # the generation it had before
+        placement.claim(vm, {rp["uuid"]: {"VCPU": 3}}, **P,
+                        consumer_generation=first["generation"])
+    assert err.value.reason == "concurrent_update"
+    assert full_state(placement) == before
+    assert placement.allocations(vm)["allocations"] == {rp["uuid"]: {"VCPU": 2}}
+
+
+def test_claim_above_max_unit_is_refused(placement):
+    rp = make_provider(placement, "node1", {"VCPU": {"total": 8, "max_unit": 4}})
+    assert placement.candidates("VCPU:5") == []
+    before = full_state(placement)
+    with pytest.raises(PlacementError):
+        placement.claim(new_uuid(), {rp["uuid"]: {"VCPU": 5}}, **P)
+    assert full_state(placement) == before
+    placement.claim(new_uuid(), {rp["uuid"]: {"VCPU": 4}}, **P)
+    assert usage(placement, rp) == {"VCPU": 4}
 
 
 def test_allocation_ratio_and_step_size(placement):
