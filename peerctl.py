@@ -25,6 +25,7 @@ import argparse
 import configparser
 import fnmatch
 import json
+import math
 import os
 import re
 import shutil
@@ -1296,8 +1297,19 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds: "
+                                         f"{text!r}")
+    return value
+
+
+MAX_ROUNDS = 10000
+
+
+def _rounds(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_ROUNDS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_ROUNDS}: {text!r}")
     return value
 
 
@@ -1429,7 +1441,8 @@ def build_parser() -> Parser:
     sub = command("ping", "round trips through the automation machinery to live hosts",
                   "python peerctl.py ping 'host*' --rounds 3", cmd_ping)
     sub.add_argument("hostglob", nargs="?", metavar="HOSTGLOB")
-    sub.add_argument("--rounds", type=_positive, default=1, metavar="N")
+    sub.add_argument("--rounds", type=_rounds, default=1, metavar="N",
+                     help=f"round trips per host, 1 to {MAX_ROUNDS} (default 1)")
     sub.add_argument("--detach", action="store_true",
                      help="print the automation id and return at once")
 

@@ -74,6 +74,9 @@ def test_debug_shows_the_traceback(cluster, closed_url):
     (["--format", "yaml", "vmlist"], "yaml"),
     (["nosuchcommand"], "nosuchcommand"),
     (["wait", "x1", "--timeout", "soon"], "soon"),
+    (["wait", "x1", "--timeout", "nan"], "finite number of seconds: 'nan'"),
+    (["wait", "x1", "--timeout", "inf"], "finite number of seconds: 'inf'"),
+    (["ping", "--rounds", "10001"], "--rounds: at most 10000: '10001'"),
     # an empty or odd global is an error, never a silent fall back to the default
     (["--etcd", "", "vmlist"], "no etcd endpoint given ('' from --etcd)"),
     (["--etcd", " , ", "hostlist"], "no etcd endpoint given"),
