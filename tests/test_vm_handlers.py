@@ -463,3 +463,92 @@ def test_a_matching_checksum_builds_and_names_the_cached_image(host, http_server
     assert server.hits == ["/guest.img"]
     for args in (first, second):
         call(host, "destroy", uuid=args["uuid"])
+
+
+def _self_signed_ca_and_server_cert(directory):
+    """A CA and a server certificate it signed for 127.0.0.1 (PEM files)."""
+    import datetime
+    import ipaddress
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(hours=1))
+
+    def cert(subject, issuer, key, signer, ca, extensions):
+        builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(valid[0]).not_valid_after(valid[1])
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        for extension in extensions:
+            builder = builder.add_extension(extension, critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), \
+        ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "peerctl test CA")])
+    ca_cert = cert(ca_name, ca_name, ca_key, ca_key, True, [
+        x509.KeyUsage(digital_signature=True, content_commitment=False,
+                      key_encipherment=False, data_encipherment=False, key_agreement=False,
+                      key_cert_sign=True, crl_sign=True, encipher_only=False,
+                      decipher_only=False),
+        x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())])
+    server_cert = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]),
+                       ca_name, server_key, ca_key, False, [
+        x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+        x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
+        x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())])
+    pem = serialization.Encoding.PEM
+    paths = {"ca": directory / "ca.pem", "cert": directory / "server.pem",
+             "key": directory / "server.key"}
+    paths["ca"].write_bytes(ca_cert.public_bytes(pem))
+    paths["cert"].write_bytes(server_cert.public_bytes(pem))
+    paths["key"].write_bytes(server_key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return paths
+
+
+@pytest.fixture
+def https_server(tmp_path):
+    """An HTTPS server on 127.0.0.1 with a certificate from a CA of its own;
+    yields (server, root, base URL, CA bundle path)."""
+    import ssl
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        pytest.fail("the https test needs the 'cryptography' package to make its certificate")
+    paths = _self_signed_ca_and_server_cert(tmp_path)
+    root = tmp_path / "www-tls"
+    root.mkdir()
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_CountingHandler, directory=str(root)))
+    server.hits = []
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(paths["cert"], paths["key"])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, root, f"https://127.0.0.1:{server.server_address[1]}", str(paths["ca"])
+    server.shutdown()
+    server.server_close()
+
+
+def test_https_images_are_verified_against_the_ca_bundle_and_cached(host, https_server,
+                                                                      monkeypatch):
+    server, root, base_url, ca_bundle = https_server
+    sha = write_image(root / "guest.img", b"\x03" * 500_000)
+    args = vm_args(image=f"{base_url}/guest.img#sha256={sha}")
+
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)     # the default CAs only
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    with pytest.raises(RequestError, match="download failed.*CERTIFICATE_VERIFY_FAILED"):
+        call(host, "build", **args)
+    assert server.hits == [] and pool_volumes(host) == {}
+
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", ca_bundle)
+    assert call(host, "build", **args)["state"] == "running"
+    assert server.hits == ["/guest.img"]
+    assert [n for n in pool_volumes(host) if n.startswith("image-")] == [f"image-{sha}"]
+    call(host, "destroy", uuid=args["uuid"])
