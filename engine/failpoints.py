@@ -10,6 +10,12 @@ first process to reach a listed point removes its line, under an exclusive
 lock so that exactly one process fires it, notes it in ``<file>.fired``, and
 SIGKILLs itself: no ``finally``, no lease revoke, a real crash.
 
+A line ``pause POINT`` (e.g. ``pause append 3``) SIGSTOPs the process there
+instead: every thread freezes, its lease expires, and after a SIGCONT from
+the test it goes on exactly from that point (a paused or partitioned peer
+that wakes up believing it still leads).  When both forms are armed for one
+point, the line written first fires first.
+
 Without the variable :func:`crash` is one comparison: production pays nothing.
 """
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import threading
 import time
 
 __all__ = ["ENV", "arm", "crash", "fired"]
@@ -26,19 +33,32 @@ _PATH = os.environ.get(ENV) or None     # read once: the cost when disabled is a
 
 
 def crash(point: str) -> None:
-    """SIGKILL this process if ``point`` is armed (consuming it)."""
-    if _PATH is None or not _consume(_PATH, point):
+    """SIGKILL (or, for ``pause POINT``, SIGSTOP) this process if ``point``
+    is armed, consuming it."""
+    if _PATH is None:
         return
-    os.kill(os.getpid(), signal.SIGKILL)
+    fired = _consume(_PATH, point)
+    if fired is None:
+        return
+    if fired.startswith("pause "):
+        # To this very thread: it stops on its way out of the call, before
+        # running one more line (a process-wide kill may be taken by another
+        # thread while this one goes on for a moment, e.g. into the append).
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+    else:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _consume(path: str, point: str) -> bool:
+def _consume(path: str, point: str) -> str | None:
+    """The armed line that fires at ``point`` (removed from the file), if any."""
     try:
         with open(path, "r+") as armed:
             fcntl.flock(armed, fcntl.LOCK_EX)
             points = armed.read().splitlines()
-            if point not in points:
-                return False
+            matching = [p for p in points if p in (point, f"pause {point}")]
+            if not matching:
+                return None
+            point = matching[0]
             points.remove(point)
             armed.seek(0)
             armed.truncate()
@@ -49,9 +69,9 @@ def _consume(path: str, point: str) -> bool:
                 log.flush()
                 os.fsync(log.fileno())
             os.fsync(armed.fileno())
-            return True
+            return point
     except FileNotFoundError:
-        return False
+        return None
 
 
 def arm(path: str, points: list[str]) -> None:

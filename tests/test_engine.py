@@ -11,7 +11,7 @@ import time
 import pytest
 
 from engine import api, failpoints, keys
-from engine.store import Store
+from engine.store import KV, Store
 from tests.cluster import wait_for
 from tests.hooks import counting_hook, executions, recorded, recording_hook
 
@@ -145,6 +145,52 @@ def test_paused_initiator_is_fenced_after_its_lease_expires(cluster, store, tmp_
     assert [kv.value["index"] for kv in entries] == list(range(30))
     assert len(assert_each_index_ran_once(runs_log, automation_id)) == 30
     assert "session_started" in cluster.log(old)    # it came back as a fresh session
+
+
+def test_initiator_paused_right_before_an_append_is_refused_by_the_fence(cluster, store,
+                                                                        tmp_path):
+    """The initiator SIGSTOPs itself (failpoint `pause append 3`) with the
+    transaction appending index 3 built and about to be sent.  Its lease
+    expires; the other member leads and is SIGKILLed just before appending
+    index 3 itself, so index 3 is still free when the paused one is
+    resumed at once: only the election fence can refuse its append."""
+    hooks = str(tmp_path / "hooks")
+    runs_log = counting_hook(hooks)
+    armed = str(tmp_path / "failpoints")
+    env = {failpoints.ENV: armed}
+    start_peers(cluster, store, ["t1"], hooks=hooks)
+    start_peers(cluster, store, ["m1", "m2"], env=env)
+    failpoints.arm(armed, ["pause append 3"])
+    automation_id = api.start_automation(store, "ping", {"hosts": ["t1"], "rounds": 6},
+                                         prefer=["m1", "m2"], members=2)
+    paused = wait_for(lambda: [f for f in failpoints.fired(armed) if f[0] == "pause append 3"],
+                      what="the initiator to pause before appending index 3")[0]
+    old = next(h for h in ("m1", "m2") if cluster.peers[h].pid == paused[1])
+    other = ({"m1", "m2"} - {old}).pop()
+    try:
+        failpoints.arm(armed, ["append 3"])     # the next leader dies right there
+        wait_for(lambda: cluster.peers[other].poll() is not None, timeout=20,
+                 what=f"{other} to lead and crash before appending index 3")
+        assert [f[0] for f in failpoints.fired(armed)] == ["pause append 3", "append 3"]
+        assert store.get(keys.log_entry(automation_id, 3)) is None
+    finally:
+        cluster.kill(old, signal.SIGCONT)       # its append goes out at once
+    appended = wait_for(lambda: "initiator_deposed" in cluster.log(old)
+                        or store.get(keys.log_entry(automation_id, 3)), timeout=10,
+                        what=f"{old} to send its append")
+    assert not (isinstance(appended, KV) and appended.value["time"] < paused[2]), \
+        f"the deposed {old} appended index 3 after its lease expired"
+    assert "initiator_deposed" in cluster.log(old)
+    cluster.start_peer(other, env=env)
+    task = finished(store, automation_id)
+    assert task["state"] == "done", task["error"]
+    entries, _ = store.range(keys.auto(automation_id, "log/"))
+    assert [kv.value["index"] for kv in entries] == list(range(6))
+    stale = [kv.value["index"] for kv in entries
+             if kv.value["index"] >= 3 and kv.value["time"] < paused[2]]
+    assert not stale, f"the deposed initiator appended index {stale} built before its pause"
+    assert sorted(int(i) for _, i in assert_each_index_ran_once(runs_log, automation_id)) == \
+        list(range(6))
 
 
 def test_fence_refuses_a_deposed_initiators_append(etcd, cluster_name):
