@@ -361,9 +361,26 @@ def _store(host, pool, index: _Index, source: str, sha: str):
 
 # -- the VMs' disks ----------------------------------------------------------
 
+def image_size(host, base_vol) -> int:
+    """The virtual size in bytes of a cached base image: what its header
+    says (recorded when it was stored), or what libvirt reports if larger."""
+    sha = base_vol.name()[len(image_volume_name("")):]
+    recorded = _Index(host.state_dir).load()["complete"].get(sha) or {}
+    return max(int(recorded.get("virtual_size") or 0), base_vol.info()[1])
+
+
 def ensure_overlay(host, pool, name: str, base_vol, base_format: str,
                    disk_gb: int) -> libvirt.virStorageVol:
-    """Volume ``name``: a qcow2 overlay on ``base_vol`` of at least ``disk_gb``."""
+    """Volume ``name``: a qcow2 overlay on ``base_vol`` of exactly ``disk_gb``.
+    An image whose virtual size exceeds ``disk_gb`` is refused (a disk is
+    never shrunk, and keeping the image's size would use more disk than the
+    VM was allocated); ``disk_gb`` 0 takes the image's size."""
+    if disk_gb:
+        size = image_size(host, base_vol)
+        if size > disk_gb * GiB:
+            raise RequestError(
+                f"image is {size / GiB:.2f} GiB (virtual size), larger than the VM's "
+                f"disk of {disk_gb} GiB (DISK_GB); ask for DISK_GB >= {-(-size // GiB)}")
     vol = _lookup(pool, name)
     if vol is None:
         vol = pool.createXML(volume_xml(name, base_vol.info()[1], "qcow2",
@@ -381,8 +398,8 @@ def ensure_blank(pool, name: str, disk_gb: int) -> libvirt.virStorageVol:
 
 
 def ensure_capacity(pool, vol, capacity: int) -> libvirt.virStorageVol:
-    """Grow ``vol`` to ``capacity`` bytes (never shrinks: an image larger
-    than the requested disk keeps its size)."""
+    """Grow ``vol`` to ``capacity`` bytes (never shrinks: callers refuse an
+    image larger than the requested disk, see :func:`ensure_overlay`)."""
     if vol.info()[1] >= capacity:
         return vol
     try:

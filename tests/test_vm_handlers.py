@@ -286,6 +286,35 @@ def test_file_images_are_cached_once_per_content_and_shared(host, tmp_path):
     assert sorted(pool_volumes(host)) == [f"image-{sha}"]     # the cache stays
 
 
+def qcow2_header(virtual_size: int) -> bytes:
+    """The start of a qcow2 file: magic, version 3, no backing file, 64 KiB
+    clusters, ``virtual_size``: enough for the image probe."""
+    import struct
+    return (b"QFI\xfb" + struct.pack(">IQIIQ", 3, 0, 0, 16, virtual_size)).ljust(4096, b"\0")
+
+
+@pytest.mark.parametrize("disk_gb, refused", [(2, True), (3, False), (0, False)])
+def test_an_image_larger_than_the_disk_is_refused(host, tmp_path, disk_gb, refused):
+    """A 3 GiB image on a 2 GiB disk would use more than the allocation: the
+    build fails and leaves no domain and no VM volume (the base stays
+    cached).  Equal fits; DISK_GB 0 takes the image's size, as before."""
+    path = tmp_path / "big.qcow2"
+    path.write_bytes(qcow2_header(3 * images.GiB))
+    args = vm_args(image=f"file://{path}", disk_gb=disk_gb)
+    if refused:
+        with pytest.raises(RequestError, match=r"image is 3\.00 GiB \(virtual size\), "
+                                               r"larger than the VM's disk of 2 GiB"):
+            call(host, "build", **args)
+        assert domain(host, args["uuid"]) is None
+        assert vm_volumes(host, args["uuid"]) == []
+    else:
+        assert call(host, "build", **args)["state"] == "running"
+        if disk_gb:
+            disk = pool_volumes(host)[args["uuid"] + ".qcow2"]
+            assert disk.info()[1] == disk_gb * images.GiB
+        call(host, "destroy", uuid=args["uuid"])
+
+
 def test_a_changed_file_is_hashed_again(host, tmp_path):
     image = tmp_path / "img.raw"
     old = write_image(image, b"old" * 100)
