@@ -90,18 +90,31 @@ def read_conf(path: str) -> dict:
     return {k.replace("-", "_"): v.strip() for k, v in parser.items("peerctl")}
 
 
+_DURATION = re.compile(r"[0-9]+(\.[0-9]+)?[smhd]?")     # what engine.peer.parse_duration reads
 _CLUSTER = re.compile(r"[A-Za-z0-9._-]+")
 WHOLE_NUMBERS = {"ttl": "seconds", "workers": "requests", "hosts": "peers"}
 
 
 def settings_for(args) -> dict:
     settings = dict(DEFAULTS)
-    path = getattr(args, "conf", None) or _conf_path()
+    path = getattr(args, "conf", None)
+    if path is not None:        # named on the command line: it must be there
+        try:
+            with open(path):
+                pass
+        except OSError as exc:
+            raise UsageError(f"cannot read config file {path!r} from --conf: "
+                             f"{exc.strerror}") from None
+    else:
+        path = _conf_path()
     settings.update(read_conf(path))
     for key, unit in WHOLE_NUMBERS.items():
         if not re.fullmatch(r"[0-9]+", settings[key]) or int(settings[key]) < 1:
             raise UsageError(f"bad {key} {settings[key]!r} in {path} "
                              f"(want a whole number of {unit}, at least 1)")
+    if not _DURATION.fullmatch(settings["retention"].strip().lower()):
+        raise UsageError(f"bad retention {settings['retention']!r} in {path} "
+                         "(want seconds, or a number with s, m, h or d: 3600, 30m, 7d)")
     source = {"etcd": f"in {path}", "cluster": f"in {path}"}
     up = running_up(os.path.abspath(settings["state_dir"]))
     if up:     # the embedded default: a running `peerctl.py up` in ./state

@@ -76,6 +76,8 @@ def test_debug_shows_the_traceback(cluster, closed_url):
     (["wait", "x1", "--timeout", "soon"], "soon"),
     (["wait", "x1", "--timeout", "nan"], "finite number of seconds: 'nan'"),
     (["wait", "x1", "--timeout", "inf"], "finite number of seconds: 'inf'"),
+    (["--conf", "/nonexistent/peerctl.conf", "vmlist"],
+     "cannot read config file '/nonexistent/peerctl.conf' from --conf"),
     (["ping", "--rounds", "10001"], "--rounds: at most 10000: '10001'"),
     # an empty or odd global is an error, never a silent fall back to the default
     (["--etcd", "", "vmlist"], "no etcd endpoint given ('' from --etcd)"),
@@ -207,6 +209,7 @@ def test_etcd_dying_while_following_exits_3_naming_the_endpoint(own_etcd, tmp_pa
     ("ttl = 5s", "bad ttl '5s'"), ("ttl = 0", "bad ttl '0'"),
     ("workers = many", "bad workers 'many'"), ("workers = -2", "bad workers '-2'"),
     ("hosts = 2.5", "bad hosts '2.5'"),
+    ("retention = bogus", "bad retention 'bogus'"), ("retention = -1d", "bad retention '-1d'"),
 ])
 def test_bad_number_in_the_config_file_exits_2(cluster, tmp_path, line, named):
     conf = tmp_path / "peerctl.conf"
