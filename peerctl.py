@@ -661,13 +661,14 @@ class Detached(Exception):
 
 def start(ctx: Context, kind: str, args: dict) -> str:
     api = _engine_api()
+    # the command's JSON shape, empty: {automation, state, vms} or {..., replies}
+    failed = {"automation": None, "state": "failed", "replies" if kind == "ping" else "vms": []}
     try:
         return api.start_automation(ctx.store(), kind, args)
     except api.NoPeers as exc:
-        raise Failed(str(exc), doc={"automation": None, "state": "failed"}) from None
+        raise Failed(str(exc), doc=failed) from None
     except LookupError as exc:      # the engine does not know this kind of automation
-        raise Failed(exc.args[0] if exc.args else str(exc),
-                     doc={"automation": None, "state": "failed"}) from None
+        raise Failed(exc.args[0] if exc.args else str(exc), doc=failed) from None
 
 
 def vm_outcome(ctx: Context, automation: str, task: dict) -> int:

@@ -136,6 +136,19 @@ def test_action_on_nothing_exits_1(cluster, store):
     assert cluster.cli_json("ping", expect_rc=1)["replies"] == []
 
 
+def test_no_peer_up_still_gives_the_command_shape(cluster, store):
+    """No live peer: the automation cannot start (exit 1), and the JSON is the
+    command's contract shape with its list empty."""
+    doc = cluster.cli_json("boot", "vm1", "--resources", "VCPU:1,MEMORY_MB:256",
+                           expect_rc=1)
+    assert doc == {"automation": None, "state": "failed", "vms": []}
+    _vm(store, "host1", "orphan1")      # listed, but nobody is up to act on it
+    doc = cluster.cli_json("stop", "orphan1", expect_rc=1)
+    assert doc == {"automation": None, "state": "failed", "vms": []}
+    done = cluster.cli("start", "orphan1")
+    assert done.returncode == 1 and "no live peers" in one_line(done)
+
+
 def _vm(store, host, name):
     vm_uuid = str(uuid.uuid4())
     store.put(f"vms/{host}/{vm_uuid}", {"host": host, "name": name, "uuid": vm_uuid,
