@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import platform
 import signal
+import sys
 import threading
 import time
 
@@ -35,6 +36,37 @@ log = structlog.get_logger("peerctl.peer")
 
 STATS_INTERVAL = 5.0
 RETENTION = 24 * 3600.0
+
+
+class BadLibvirtUri(Exception):
+    """libvirt rejects the URI itself: no retry or wait will make it work."""
+
+
+def check_libvirt_uri(uri: str) -> None:
+    """Raise :class:`BadLibvirtUri` if libvirt rejects ``uri`` outright (no
+    driver for its scheme, unparsable, a test driver file it cannot read).
+    A hypervisor that is merely unreachable now (daemon down, host away,
+    connection refused) is not an error: the peer still runs, a live peer
+    that says so in its host record, and uses libvirt once it answers."""
+    try:
+        import libvirt
+    except ImportError:
+        return
+    unreachable = {getattr(libvirt, name, None) for name in (
+        "VIR_ERR_SYSTEM_ERROR", "VIR_ERR_RPC", "VIR_ERR_OPERATION_TIMEOUT",
+        "VIR_ERR_AUTH_FAILED", "VIR_ERR_AUTH_CANCELLED", "VIR_ERR_AUTH_UNAVAILABLE")} - {None}
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)    # no stray stderr lines
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() in unreachable or \
+                exc.get_error_domain() == getattr(libvirt, "VIR_FROM_RPC", -1):
+            log.warning("libvirt_unreachable", uri=uri, error=str(exc))
+            return
+        raise BadLibvirtUri(f"libvirt rejects --libvirt {uri!r}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
+            from None
+    conn.close()
 
 
 def _host_record(host: HostContext) -> dict:
@@ -67,6 +99,11 @@ class Peer:
         self.log = log.bind(host=host)
 
     def run(self) -> int:
+        try:
+            check_libvirt_uri(self.host.libvirt_uri)     # before any lease exists
+        except BadLibvirtUri as exc:
+            sys.stderr.write(f"peerctl: {exc}\n")
+            return 2
         load_request_handlers()
         load_automations()
         while not self.stopping.is_set():
@@ -76,16 +113,24 @@ class Peer:
                 self.log.warning("etcd_unreachable", error=str(exc))
                 self.stopping.wait(0.5)
                 continue
+            crashed = False
             try:
                 self._serve(session)
             except StoreUnavailable as exc:
                 self.log.warning("session_interrupted", error=str(exc))
                 session.lost.set()
+            except BaseException:
+                # A bug (or an interrupt): the process is about to exit, so
+                # give the lease back now rather than leave the host record,
+                # candidacies and claims to a TTL of a peer that is gone.
+                crashed = True
+                self.log.exception("peer_crashed")
+                raise
             finally:
                 graceful = self.stopping.is_set()
                 if graceful:
                     self.executor.wait_idle(30)
-                session.close(revoke=graceful)
+                session.close(revoke=graceful or crashed)
         self.log.info("peer_stopped")
         return 0
 
@@ -96,7 +141,7 @@ class Peer:
         enabled = (cfg.value or {}).get("enabled", True) if cfg else True
         self.store.txn([], [Put(keys.host(self.name), {**record, "enabled": enabled}, session.lease),
                             Put(f"hostcfg/{self.name}", {**record, "enabled": enabled})])
-        self._register_provider()
+        registered = self._register_provider()
         # Before publishing: a copy of a VM the cluster placed elsewhere while
         # this host was away (its libvirtd kept the domain) never shows up.
         self._sweep_ghosts()
@@ -123,6 +168,10 @@ class Peer:
                 self.store.put(keys.host(self.name), {**record, "enabled": enabled},
                                session.lease)
                 self.executor.rescan()
+                if not registered:
+                    registered = self._register_provider()
+                if publisher is None:
+                    publisher = self._start_publisher()
                 if time.monotonic() - swept >= GHOST_INTERVAL:
                     self._sweep_ghosts()
                     swept = time.monotonic()
@@ -134,13 +183,21 @@ class Peer:
             if publisher is not None:
                 publisher.stop()
 
-    def _register_provider(self):
-        """The host as a placement provider: same provider across restarts."""
+    def _register_provider(self) -> bool:
+        """The host as a placement provider: same provider across restarts.
+        The hypervisor being unreachable is not fatal (a live peer still,
+        as for its host facts): False, and the stats tick tries again."""
         from .placement import open_placement
         from .placement.host import register_host
         placement = open_placement(None, self.store)
         try:
             register_host(placement, self.name, self.host.conn, state_dir=self.host.state_dir)
+            return True
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            self.log.warning("provider_registration_failed", error=str(exc))
+            return False
         finally:
             placement.close()
 
@@ -160,7 +217,12 @@ class Peer:
             from .vmpublish import VmPublisher
         except ImportError:
             return None
-        publisher = VmPublisher(self.store, self.name, self.host.conn)
+        try:
+            conn = self.host.conn
+        except Exception as exc:    # the hypervisor is down: the stats tick tries again
+            self.log.warning("vm_publisher_waits", error=str(exc))
+            return None
+        publisher = VmPublisher(self.store, self.name, conn)
         publisher.start()
         return publisher
 
