@@ -26,6 +26,7 @@ if _why is not None:
 
 BOOT_TIMEOUT = 90.0
 MEMORY_MB = 128
+DISK_GB = 1
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +119,7 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
 
         # boot: placement claim + build on the chosen host, one automation.
         booted = cluster.cli_json(
-            "boot", name, "--resources", f"VCPU:1,MEMORY_MB:{MEMORY_MB},DISK_GB:1",
+            "boot", name, "--resources", f"VCPU:1,MEMORY_MB:{MEMORY_MB},DISK_GB:{DISK_GB}",
             "--image", f"file://{image}", timeout=BOOT_TIMEOUT)
         assert booted["state"] == "done", booted
         (vm,) = booted["vms"]
@@ -136,7 +137,7 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
                           timeout=20, interval=0.5, what=f"vmlist to show {name} running")
         assert listed == [{"host": host, "name": name, "uuid": vm["uuid"],
                            "state": "running", "vcpus": 1, "memory_mb": MEMORY_MB,
-                           "disk_gb": 1}]
+                           "disk_gb": DISK_GB}]
 
         console = os.path.join(state_dirs[host], "console", f"{vm['uuid']}.log")
         assert qemu_guest.wait_for_console(console, qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
@@ -148,8 +149,14 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
         assert [a["consumer"] for a in allocations] == [vm["uuid"]]
         assert list(allocations[0]["allocations"]) == [providers[host]]
         assert allocations[0]["allocations"][providers[host]] == {
-            "VCPU": 1, "MEMORY_MB": MEMORY_MB, "DISK_GB": 1}
+            "VCPU": 1, "MEMORY_MB": MEMORY_MB, "DISK_GB": DISK_GB}
         assert _volumes_of(conn, host, vm["uuid"]) == [f"{vm['uuid']}.qcow2"]
+        # The overlay was really resized (vol.resize on qemu:///system; the
+        # test driver's fallback re-creates the volume instead): its capacity,
+        # read back by libvirt from the qcow2 header, is DISK_GB exactly.
+        overlay = _pool(conn, host).storageVolLookupByName(f"{vm['uuid']}.qcow2")
+        assert overlay.info()[1] == DISK_GB * (1 << 30), overlay.info()
+        assert overlay.info()[1] > os.path.getsize(image)      # grown past the image
 
         # reboot, and the host's peer is SIGKILLed after rebooting, before its
         # response: the step is reported lost, the worker re-sends it, and the
