@@ -872,6 +872,11 @@ def cmd_abort(ctx: Context) -> int:
         doc = api.abort(ctx.store(), ctx.args.id)
     except api.UnknownTask:
         raise Failed(f"no automation {ctx.args.id!r}") from None
+    if doc.get("state") not in api.TERMINAL_STATES:
+        # asked, but its leader has not stopped it within abort's wait
+        raise Failed(f"automation {doc.get('id')} is still {doc.get('state')}: the abort "
+                     f"is requested and its leader has not acted on it yet; follow it "
+                     f"with: {me()} wait {doc.get('id')}", doc=doc)
     ctx.emit(doc, f"automation {doc.get('id')} {doc.get('state')}")
     return EXIT_OK
 

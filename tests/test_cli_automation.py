@@ -327,3 +327,25 @@ def test_wait_exits_1_on_a_stuck_automation(cluster, peers, store):
     assert len(waited["log"]) == 1          # nothing more was appended
     done = cluster.cli("wait", automation)
     assert done.returncode == 1 and "stuck" in done.stderr.splitlines()[-1]
+
+
+def test_abort_exits_1_while_the_automation_still_runs(cluster, store):
+    """`abort` asks the leader and waits; a leader that does not act on it in
+    that time (here a ghost candidate that never answers) leaves the
+    automation running: exit 1 saying so, the JSON still {id, state}."""
+    automation, now = "ghost-" + uuid.uuid4().hex[:8], time.time()
+    spec = {"id": automation, "kind": "ping", "version": 1, "created": now,
+            "args": {"hosts": ["ghost"], "rounds": 1}, "members": ["ghost"],
+            "wanted_members": 1}
+    store.txn([], [Put(keys.spec(automation), spec),
+                   Put(keys.status(automation), {"state": "running", "updated": now}),
+                   Put(keys.task(automation), {"id": automation, "kind": "ping",
+                                               "state": "running", "created": now,
+                                               "members": ["ghost"], "steps": 0}),
+                   Put(keys.elect(automation) + "1", "ghost")])
+    done = cluster.cli("--format", "json", "abort", automation)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert json.loads(done.stdout) == {"id": automation, "state": "running"}
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"peerctl: automation {automation} is still running"), line
+    assert line.endswith(f"wait {automation}")
