@@ -115,20 +115,48 @@ def _finish(results, verb):
     return {"vms": results}
 
 
-def destroy_one(ctx, vm):
-    done = yield Request("destroy", {"uuid": vm["uuid"], "name": vm["name"]},
-                         target=vm["host"], deadline=ACTION_DEADLINE, label=vm["name"])
+def destroy_one(ctx, vm, disown=False):
+    """Destroy on the VM's host, then release its allocation.
+
+    Since version 2 (``disown``) a destroy whose host is gone (the step
+    stays ``lost`` when re-sent) still ends the VM for the cluster: it
+    ``disown``s it on that host, exactly as boot does for a lost build (the
+    host destroys its copy when it comes back, before it takes new work; the
+    reconciler drops its ``vms/`` record meanwhile), then releases the
+    allocation.  The VM's state in the result is ``disowned``.  Version 1
+    reports such a VM as an error and keeps its allocation."""
+    step = Request("destroy", {"uuid": vm["uuid"], "name": vm["name"]},
+                   target=vm["host"], deadline=ACTION_DEADLINE, label=vm["name"])
+    done = (yield from _idempotent(step)) if disown else (yield step)
+    state = "destroyed"
     if not done.ok:
-        return _outcome(vm, vm["uuid"], vm["host"], "error", done.error or done.status)
+        if not (disown and done.status == "lost"):
+            return _outcome(vm, vm["uuid"], vm["host"], "error", done.error or done.status)
+        marked = yield from _idempotent(Request("disown", {
+            "uuid": vm["uuid"], "host": vm["host"], "automation": ctx.automation_id,
+            "reason": f"destroy: {done.error or done.status}"}, label=vm["name"]))
+        if not marked.ok:
+            return _outcome(vm, vm["uuid"], vm["host"], "error",
+                            f"{done.error or done.status}; disown: {marked.error}")
+        state = "disowned"
     released = yield from _idempotent(Request("release", {"consumer": vm["uuid"]},
                                               label=vm["name"]))
     if not released.ok:
         return _outcome(vm, vm["uuid"], vm["host"], "error", f"release: {released.error}")
-    return _outcome(vm, vm["uuid"], vm["host"], "destroyed")
+    return _outcome(vm, vm["uuid"], vm["host"], state)
+
+
+@automation("destroy", version=2)
+def destroy(ctx, vms):
+    results = yield ctx.all([ctx.worker(destroy_one, vm, True, label=vm["name"])
+                             for vm in vms])
+    return _finish(results, "destroyed")
 
 
 @automation("destroy", version=1)
-def destroy(ctx, vms):
+def destroy_v1(ctx, vms):
+    """Without re-send or disown: kept so that destroys started before
+    version 2 replay."""
     results = yield ctx.all([ctx.worker(destroy_one, vm, label=vm["name"]) for vm in vms])
     return _finish(results, "destroyed")
 

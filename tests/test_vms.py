@@ -362,6 +362,40 @@ os.kill(os.getppid(), signal.SIGKILL)
     assert "ghost_vm_destroyed" in cluster.log("t1")
 
 
+def test_destroy_of_a_vm_on_a_dead_host_disowns_it_and_releases_its_allocation(
+        cluster, store):
+    """t1 is SIGKILLed with web1 on it: destroy cannot reach it (its steps
+    are lost), so it disowns web1 there and releases the allocation; the
+    reconciler drops the dead host's record, and t1, back, clears the mark."""
+    os.environ["PEERCTL_RECONCILE_INTERVAL"] = "0.3"
+    try:
+        start(cluster, store, ["t1", "m1"])
+    finally:
+        del os.environ["PEERCTL_RECONCILE_INTERVAL"]
+    boot = finished(store, run(store, "boot", booted(["web1"], on="t1"), prefer=["m1"]))
+    assert boot["state"] == "done", boot["error"]
+    (vm,) = boot["result"]["vms"]
+    assert set(allocations(store)) == {vm["uuid"]}
+    cluster.kill("t1")
+    wait_for(lambda: "t1" not in api.live_hosts(store), what="t1 dead")
+
+    task = finished(store, run(store, "destroy", {"vms": [
+        {"host": "t1", "name": "web1", "uuid": vm["uuid"]}]}, prefer=["m1"]))
+    assert task["state"] == "done", task["error"]
+    assert [(v["uuid"], v["state"]) for v in task["result"]["vms"]] \
+        == [(vm["uuid"], "disowned")]
+    assert {e["status"] for e in task["log"] if e["request"] == "destroy"} == {"lost"}
+    assert allocations(store) == {}, "the dead host's VM keeps no allocation"
+    mark = store.get(f"disowned/t1/{vm['uuid']}").value
+    assert mark["automation"] == task["id"]
+    wait_for(lambda: store.get(f"vms/t1/{vm['uuid']}") is None,
+             what="the reconciler to drop dead t1's record")
+
+    cluster.start_peer("t1", env=ENV)
+    wait_for(lambda: store.get(f"disowned/t1/{vm['uuid']}") is None,
+             what="t1, back without the VM, to drop the mark")
+
+
 def test_every_host_failing_the_build_ends_in_error_with_nothing_left(cluster, store, tmp_path):
     hooks = tmp_path / "hooks"
     hooks.mkdir()
