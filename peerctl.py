@@ -7,7 +7,7 @@ It runs a peer (``peer``), starts and follows replicated automations (``boot``,
 ``hostlist``, ``hoststats``, ``tasks``, ``placement``) and brings up an
 embedded local cluster (``up`` / ``down``).
 
-What it promises (see shared/CONTRACT.md):
+What it promises (see ../shared/CONTRACT.md, beside this repository):
 - exit 0 on success, 1 when the operation ran and failed or a pattern matched
   nothing, 2 on a usage error (one line naming the bad part), 3 when etcd is
   unreachable (one line naming the endpoint); 130 after Ctrl-C detached from
@@ -271,6 +271,7 @@ def parse_resources(spec: str, required: str | None = None) -> tuple[dict, list]
 
     Uses placement's own parser when it is there, so that the command line and
     the placement service agree on one grammar."""
+    parse_traits(required)      # a bad --required is blamed on the traits, not the spec
     try:
         from engine.placement.model import PlacementError
         from engine.placement.query import parse_query
@@ -278,9 +279,14 @@ def parse_resources(spec: str, required: str | None = None) -> tuple[dict, list]
         resources, traits = _parse_resources(spec)
         return resources, traits + parse_traits(required)
     try:
-        query = parse_query(spec, required=required or None)
+        query = parse_query(spec)
     except PlacementError as exc:
         raise UsageError(f"bad resource spec {spec!r}: {exc}") from None
+    if required:
+        try:
+            query = parse_query(spec, required=required)
+        except PlacementError as exc:
+            raise UsageError(f"bad --required {required!r}: {exc}") from None
     group = query.groups[0]
     traits = [next(iter(any_of)) for any_of in group.required if len(any_of) == 1]
     if len(query.groups) > 1 or len(traits) != len(group.required) or group.member_of \
@@ -724,8 +730,9 @@ def cmd_boot(ctx: Context) -> int:
         if not _NAME.match(name):
             raise UsageError(f"bad VM name {name!r} (letters, digits, '.', '_', '-'; "
                              "no wildcards)")
-    if len(set(args.names)) != len(args.names):
-        raise UsageError("a VM name is given twice")
+    twice = sorted({name for name in args.names if args.names.count(name) > 1})
+    if twice:
+        raise UsageError("VM name given more than once: " + ", ".join(twice))
     resources, required = parse_resources(args.resources, args.required)
     on = host_pattern(args.on) if args.on is not None else None
     taken = {vm["name"]: vm["host"] for vm in read_vms(ctx.store())}
@@ -912,6 +919,7 @@ def _candidates_query(args):
     """The full Placement query language for ``placement candidates`` (groups,
     member_of, in_tree, ...), checked before etcd is touched; None when the
     placement package is absent (then boot's single-group grammar checks it)."""
+    parse_traits(args.required)     # a bad --required is blamed on the traits
     try:
         from engine.placement.cli import candidates_query
         from engine.placement.model import PlacementError
@@ -1364,9 +1372,16 @@ def build_parser() -> Parser:
     group.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show tracebacks and debug logs")
 
-    parser = Parser(prog="peerctl.py", description="peerctl: a masterless cluster "
+    called = me()       # "python peerctl.py", or "peerctl" as the console script
+
+    def ex(text: str) -> str:
+        """An example as the user would type it, however peerctl was called."""
+        return text.replace("python peerctl.py", called)
+
+    parser = Parser(prog="peerctl.py" if called.endswith(".py") else "peerctl",
+                    description="peerctl: a masterless cluster "
                     "manager for KVM hosts. State lives in etcd; every host runs a peer.",
-                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                    epilog=ex(EPILOG), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--etcd", metavar="URLS",
                         help="comma-separated etcd endpoints [$PEERCTL_ETCD, "
                              "default http://127.0.0.1:2379]")
@@ -1384,7 +1399,7 @@ def build_parser() -> Parser:
         sub = commands.add_parser(
             name, help=summary, parents=[common],
             description=(description or summary[0].upper() + summary[1:] + "."),
-            epilog="example:\n  " + example.replace("\n", "\n  "),
+            epilog="example:\n  " + ex(example).replace("\n", "\n  "),
             formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.set_defaults(func=func)
         return sub
@@ -1494,19 +1509,19 @@ def build_parser() -> Parser:
     what = sub.add_subparsers(dest="what", metavar="WHAT", required=True,
                               parser_class=Parser)
     p = what.add_parser("providers", parents=[common], help="resource providers",
-                        epilog="example:\n  python peerctl.py placement providers 'host1*'",
+                        epilog=ex("example:\n  python peerctl.py placement providers 'host1*'"),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("hostglob", nargs="?", metavar="HOSTGLOB")
     p = what.add_parser("allocations", parents=[common], help="allocations by consumer",
-                        epilog="example:\n  python peerctl.py placement allocations",
+                        epilog=ex("example:\n  python peerctl.py placement allocations"),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("consumer", nargs="?", metavar="CONSUMER")
     p = what.add_parser("candidates", parents=[common], help="where SPEC would fit, best first",
-                        epilog="example:\n  python peerctl.py placement candidates "
-                               "VCPU:2,MEMORY_MB:512 --required HW_CPU_X86_AVX2 --limit 5\n"
-                               "  python peerctl.py placement candidates "
-                               "'resources=VCPU:1&resources1=VGPU:1&group_policy=none"
-                               "&member_of=in:AGG1,AGG2'",
+                        epilog=ex("example:\n  python peerctl.py placement candidates "
+                                  "VCPU:2,MEMORY_MB:512 --required HW_CPU_X86_AVX2 --limit 5\n"
+                                  "  python peerctl.py placement candidates "
+                                  "'resources=VCPU:1&resources1=VGPU:1&group_policy=none"
+                                  "&member_of=in:AGG1,AGG2'"),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--required", metavar="TRAITS")

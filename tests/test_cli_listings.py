@@ -3,6 +3,7 @@ VM records written straight into a fresh cluster of a real etcd."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -221,3 +222,33 @@ def test_help_explains_every_command_with_an_example(cluster):
         assert sub.returncode == 0, (command, sub.stderr)
         assert "example:" in sub.stdout and f"peerctl.py {command}" in sub.stdout, command
     assert os.path.exists(os.path.join(ROOT, "conf", "peerctl.conf"))
+
+
+def test_help_as_the_console_script_says_peerctl(cluster, tmp_path):
+    """Installed, peerctl runs as the `peerctl` console script (setup.cfg's
+    entry point peerctl:main): its usage and examples must say `peerctl`."""
+    script = tmp_path / "peerctl"
+    script.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\n"
+                      "from peerctl import main\nsys.exit(main())\n")
+    for args, usage in [(["--help"], "usage: peerctl [-h]"),
+                        (["boot", "--help"], "usage: peerctl boot "),
+                        (["placement", "candidates", "--help"],
+                         "usage: peerctl placement candidates ")]:
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                              text=True, env=cluster.env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(usage), done.stdout
+        assert "peerctl.py" not in done.stdout, args
+        assert "\n  peerctl " in done.stdout, args      # the examples
+    done = subprocess.run([sys.executable, str(script), "ping", "--rounds", "0"],
+                          capture_output=True, text=True, env=cluster.env, timeout=60)
+    assert done.returncode == 2 and "(see peerctl ping --help)" in done.stderr
+
+
+def test_docs_point_at_the_contract_beside_the_repository():
+    """The contract is ../shared/CONTRACT.md relative to this repository."""
+    for name in ("README.md", "peerctl.py"):
+        with open(os.path.join(ROOT, name)) as f:
+            text = f.read()
+        assert "../shared/CONTRACT.md" in text, name
+        assert not re.search(r"(?<!\.\./)shared/CONTRACT\.md", text), name
