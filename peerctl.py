@@ -70,7 +70,7 @@ class Failed(Exception):
 
 
 class Unreachable(Exception):
-    """Exit 3: etcd could not be reached."""
+    """Exit 3: etcd (or a configured OpenStack Placement) could not be reached."""
 
 
 # -- settings: flag > environment > running `up` > config file > default -------
@@ -903,7 +903,14 @@ def _placement(ctx: Context):
     try:
         return open_placement(None, ctx.store()), placement_cli, PlacementError
     except PlacementError as exc:
+        _reraise_unavailable(exc)
         raise Failed(f"placement: {exc}") from None
+
+
+def _reraise_unavailable(exc: Exception) -> None:
+    """An OpenStack Placement that does not answer is not bad input: exit 3."""
+    if type(exc).__name__ == "Unavailable":
+        raise Unreachable(f"placement unreachable at {getattr(exc, 'url', '?')}") from None
 
 
 _PROVIDER_FIELDS = ("uuid", "name", "parent", "generation", "inventories", "usages",
@@ -978,6 +985,7 @@ def placement_rows(ctx: Context) -> tuple[list[dict], str]:
                     for c in service.candidates(args.spec, required=args.required,
                                                 limit=args.limit)]
     except placement_error as exc:
+        _reraise_unavailable(exc)
         raise UsageError(f"bad resource spec {args.spec!r}: {exc}") from None
     return rows, table.render(rows, [C("host", "Host"),
                                      C("allocations", "Allocations", _allocations_text)])
@@ -1450,7 +1458,8 @@ def build_parser() -> Parser:
                      help="VCPU:1,MEMORY_MB:256,DISK_GB:1 or resources=...&required=...")
     sub.add_argument("--required", metavar="TRAITS",
                      help="traits the host must (TRAIT) or must not (!TRAIT) have")
-    sub.add_argument("--image", metavar="URL", help="disk image to boot from")
+    sub.add_argument("--image", metavar="URL", help="disk image to boot from: http(s):// or file:// URL, cached per host; "
+                     "end it with #sha256=HEX to have the download checked")
     sub.add_argument("--on", metavar="HOSTGLOB", help="only place on hosts matching this")
     sub.add_argument("--detach", action="store_true",
                      help="print the automation id and return at once")
@@ -1615,6 +1624,9 @@ def run(argv=None) -> int:
         if type(exc).__name__ == "StoreUnavailable":
             etcd = locals().get("ctx").settings["etcd"] if "ctx" in locals() else "?"
             say(f"peerctl: etcd unreachable at {etcd}")
+            return EXIT_UNREACHABLE
+        if type(exc).__name__ == "Unavailable":
+            say(f"peerctl: placement unreachable at {getattr(exc, 'url', '?')}")
             return EXIT_UNREACHABLE
         say(f"peerctl: {type(exc).__name__}: {exc}".splitlines()[0]
             + ("" if debug else " (--debug shows the traceback)"))

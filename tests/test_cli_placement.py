@@ -133,6 +133,19 @@ def test_allocations_of_a_consumer_that_is_not_a_uuid_exits_2(cluster, world):
     assert cluster.cli_json("placement", "allocations", unknown) == []
 
 
+@pytest.mark.parametrize("args", [["placement", "providers"],
+                                  ["placement", "allocations"],
+                                  ["placement", "candidates", "VCPU:1"]])
+def test_an_unreachable_openstack_placement_exits_3(cluster, world, args):
+    """With $PEERCTL_PLACEMENT naming a Placement that does not answer, every
+    placement command says so in one line and exits 3 (not 2: the input is fine)."""
+    url = "http://127.0.0.1:1"
+    done = cluster.cli("--format", "json", *args, env={"PEERCTL_PLACEMENT": url})
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines() == [f"peerctl: placement unreachable at {url}"]
+
+
 def test_placement_without_etcd_exits_3(cluster):
     done = cluster.cli("--etcd", "http://127.0.0.1:1", "--format", "json",
                        "placement", "providers")
