@@ -1458,8 +1458,9 @@ def build_parser() -> Parser:
                      help="VCPU:1,MEMORY_MB:256,DISK_GB:1 or resources=...&required=...")
     sub.add_argument("--required", metavar="TRAITS",
                      help="traits the host must (TRAIT) or must not (!TRAIT) have")
-    sub.add_argument("--image", metavar="URL", help="disk image to boot from: http(s):// or file:// URL, cached per host; "
-                     "end it with #sha256=HEX to have the download checked")
+    sub.add_argument("--image", metavar="URL",
+                     help="disk image to boot from: http(s):// or file:// URL, cached per "
+                          "host; end it with #sha256=HEX to have the download checked")
     sub.add_argument("--on", metavar="HOSTGLOB", help="only place on hosts matching this")
     sub.add_argument("--detach", action="store_true",
                      help="print the automation id and return at once")
