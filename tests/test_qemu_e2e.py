@@ -158,28 +158,34 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
         assert overlay.info()[1] == DISK_GB * (1 << 30), overlay.info()
         assert overlay.info()[1] > os.path.getsize(image)      # grown past the image
 
-        # reboot, and the host's peer is SIGKILLed after rebooting, before its
-        # response: the step is reported lost, the worker re-sends it, and the
-        # restarted peer finds the reboot done (its token on the domain).
-        failpoints.arm(armed, ["respond reboot"])
-        automation = cluster.cli_json("reboot", name, "--detach")["automation"]
-        wait_for(lambda: failpoints.fired(armed), timeout=60, interval=0.2,
-                 what="the host's peer to die after the reboot")
-        cluster.peers[host].wait(30)
-        start(host)
-        rebooted = cluster.cli_json("wait", automation, timeout=120)
-        assert rebooted["state"] == "done", rebooted
+        def through_a_crash(request):
+            """Run ``request`` on the guest with the host's peer SIGKILLed after
+            the step ran, before its response: the step is reported lost, the
+            worker re-sends it and the restarted peer answers.  Returns the
+            finished task and the re-sent step's reply."""
+            failpoints.arm(armed, [f"respond {request}"])
+            automation = cluster.cli_json(request, name, "--detach")["automation"]
+            wait_for(lambda: [p for p, _, _ in failpoints.fired(armed)
+                              if p == f"respond {request}"],
+                     timeout=90, interval=0.2, what=f"the host's peer to die after {request}")
+            cluster.peers[host].wait(30)
+            start(host)
+            task = cluster.cli_json("wait", automation, timeout=120)
+            assert task["state"] == "done", task
+            steps = [e for e in task["log"] if e["request"] == request]
+            assert [e["status"] for e in steps] == ["lost", "ok"], steps
+            return task, store.get(keys.response(automation, steps[1]["index"])).value
+
+        # reboot through a crash: the restarted peer finds the reboot done
+        # (its token on the domain) and does not reboot again.
+        rebooted, answer = through_a_crash("reboot")
         assert [(v["name"], v["state"]) for v in rebooted["result"]["vms"]] \
             == [(name, "running")]
-        steps = [e for e in rebooted["log"] if e["request"] == "reboot"]
-        assert [e["status"] for e in steps] == ["lost", "ok"], steps
-        answer = store.get(keys.response(automation, steps[1]["index"])).value
         assert answer["value"] == {"uuid": vm["uuid"], "state": "running",
                                    "rebooted": False}, answer
         assert dom.isActive() and conn.lookupByUUIDString(vm["uuid"]).ID() == dom.ID()
 
-        # stop, and the host's peer dies after the guest shut down, before its
-        # response: the stop automation (version 2) re-sends the lost step and
+        # stop through a crash (stop is version 2: it re-sends a lost step);
         # the restarted peer finds the VM already shut off.  First the guest
         # must be up again after its reboot: an ACPI request during early
         # boot is ignored and stop would wait out its timeout, then force.
@@ -188,19 +194,9 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
                 return f.read()
         wait_for(lambda: console_text().count(qemu_guest.READY_MARKER) >= 2,
                  timeout=BOOT_TIMEOUT, interval=0.2, what="the guest up after its reboot")
-        failpoints.arm(armed, ["respond stop"])
-        automation = cluster.cli_json("stop", name, "--detach")["automation"]
-        wait_for(lambda: failpoints.fired(armed)[-1][0] == "respond stop", timeout=90,
-                 interval=0.2, what="the host's peer to die after the stop")
-        cluster.peers[host].wait(30)
-        start(host)
-        stopped = cluster.cli_json("wait", automation, timeout=120)
-        assert stopped["state"] == "done", stopped
+        stopped, answer = through_a_crash("stop")
         assert [(v["name"], v["state"]) for v in stopped["result"]["vms"]] \
             == [(name, "shutoff")]
-        steps = [e for e in stopped["log"] if e["request"] == "stop"]
-        assert [e["status"] for e in steps] == ["lost", "ok"], steps
-        answer = store.get(keys.response(automation, steps[1]["index"])).value
         assert answer["value"] == {"uuid": vm["uuid"], "state": "shutoff",
                                    "forced": False}, answer
         assert not dom.isActive()
