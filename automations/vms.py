@@ -161,25 +161,32 @@ def destroy_v1(ctx, vms):
     return _finish(results, "destroyed")
 
 
-def _act_one(ctx, vm, request, resend=True):
+def _act_one(ctx, vm, request, resend=True, token=False):
     """Since version 2 a step whose outcome was lost (its host's peer died
     after or while running it) is sent again: start, stop, suspend and
     resume are idempotent by uuid, so the second run finds the first one's
-    result.  Version 1 (``resend=False``) reports the loss as an error."""
-    step = Request(request, {"uuid": vm["uuid"], "name": vm["name"]},
-                   target=vm["host"], deadline=ACTION_DEADLINE, label=vm["name"])
+    result.  Version 1 (``resend=False``) reports the loss as an error.
+
+    ``reboot`` cannot tell a second reboot from a retry by the VM's state:
+    with ``token`` the automation's id goes along, the host records it on the
+    running domain, and a re-sent reboot finds it done."""
+    args = {"uuid": vm["uuid"], "name": vm["name"]}
+    if token:
+        args["token"] = ctx.automation_id
+    step = Request(request, args, target=vm["host"], deadline=ACTION_DEADLINE,
+                   label=vm["name"])
     done = (yield from _idempotent(step)) if resend else (yield step)
     if not done.ok:
         return _outcome(vm, vm["uuid"], vm["host"], "error", done.error or done.status)
     return _outcome(vm, vm["uuid"], vm["host"], (done.value or {}).get("state", "running"))
 
 
-def _action(request, verb, version=2):
+def _action(request, verb, version=2, token=False):
     resend = version >= 2
 
     def act(ctx, vms):
-        results = yield ctx.all([ctx.worker(_act_one, vm, request, resend, label=vm["name"])
-                                 for vm in vms])
+        results = yield ctx.all([ctx.worker(_act_one, vm, request, resend, token,
+                                            label=vm["name"]) for vm in vms])
         return _finish(results, verb)
     act.__name__ = request if resend else f"{request}_v{version}"
     return automation(request, version=version)(act)
@@ -187,31 +194,13 @@ def _action(request, verb, version=2):
 
 start = _action("start", "started")
 stop = _action("stop", "stopped")
-# Version 1 of each: no re-send of a lost step; kept so that automations
-# started before version 2 replay as they began.
+reboot = _action("reboot", "rebooted", token=True)
+suspend = _action("suspend", "suspended")
+resume = _action("resume", "resumed")
+# Version 1 of each: no re-send of a lost step (and no reboot token); kept
+# so that automations started before version 2 replay as they began.
 start_v1 = _action("start", "started", 1)
 stop_v1 = _action("stop", "stopped", 1)
 reboot_v1 = _action("reboot", "rebooted", 1)
-
-
-def _reboot_one(ctx, vm):
-    """The automation's id is the reboot's token: the host records it on the
-    running domain, so re-sending a reboot whose outcome was lost reboots once."""
-    done = yield from _idempotent(Request(
-        "reboot", {"uuid": vm["uuid"], "name": vm["name"], "token": ctx.automation_id},
-        target=vm["host"], deadline=ACTION_DEADLINE, label=vm["name"]))
-    if not done.ok:
-        return _outcome(vm, vm["uuid"], vm["host"], "error", done.error or done.status)
-    return _outcome(vm, vm["uuid"], vm["host"], (done.value or {}).get("state", "running"))
-
-
-@automation("reboot", version=2)
-def reboot(ctx, vms):
-    results = yield ctx.all([ctx.worker(_reboot_one, vm, label=vm["name"]) for vm in vms])
-    return _finish(results, "rebooted")
-
-
-suspend = _action("suspend", "suspended")
-resume = _action("resume", "resumed")
 suspend_v1 = _action("suspend", "suspended", 1)
 resume_v1 = _action("resume", "resumed", 1)
