@@ -119,27 +119,34 @@ class Executor:
                 continue
             if result.succeeded:
                 entry, status = (list(result.ranges) + [[], []])[:2]
-                state = ((status[0].value or {}) if status else {}).get("state")
-                if state in keys.TERMINAL_STATES:
-                    # Left over from an automation that has ended: never run it.
-                    self.log.info("request_refused", automation=automation_id, index=index,
-                                  state=state)
-                    self._drop_claim(claim_key)
-                elif entry:
-                    self.submit(automation_id, index, entry[0].value)
+                self._run_claimed(automation_id, index, claim_key, entry, status)
                 return
             claim, response = result.ranges
             if claim and (claim[0].value or {}).get("nonce") == nonce and not response and attempt:
-                entry = self.store.get(keys.log_entry(automation_id, index))
-                status = self.store.get(keys.status(automation_id))
-                if status is not None and (status.value or {}).get("state") in keys.TERMINAL_STATES:
-                    self.log.info("request_refused", automation=automation_id, index=index,
-                                  state=status.value["state"])
-                    self._drop_claim(claim_key)
-                elif entry is not None:
+                # Our claim landed though its call failed: read what it would have.
+                entry, status = self.store.txn([], [Get(keys.log_entry(automation_id, index)),
+                                                    Get(keys.status(automation_id))]).ranges
+                if self._run_claimed(automation_id, index, claim_key, entry, status):
                     self.log.info("claim_recovered", automation=automation_id, index=index)
-                    self.submit(automation_id, index, entry.value)
             return
+
+    def _run_claimed(self, automation_id: str, index: int, claim_key: str,
+                     entry: list, status: list) -> bool:
+        """Run a request this peer has just claimed, unless its automation has
+        ended (``entry``, ``status``: the log entry and the automation's status
+        as read with the claim, each a list of zero or one KV).  True if it
+        was submitted."""
+        state = ((status[0].value or {}) if status else {}).get("state")
+        if state in keys.TERMINAL_STATES:
+            # Left over from an automation that has ended: never run it.
+            self.log.info("request_refused", automation=automation_id, index=index,
+                          state=state)
+            self._drop_claim(claim_key)
+            return False
+        if not entry:
+            return False
+        self.submit(automation_id, index, entry[0].value)
+        return True
 
     def _drop_claim(self, claim_key: str) -> None:
         try:
