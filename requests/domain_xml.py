@@ -19,7 +19,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 __all__ = ["NAMESPACE", "DomainSpec", "domain_xml", "pool_xml", "volume_xml",
-           "read_metadata", "REBOOT_NAMESPACE", "reboot_token_xml", "read_reboot_token", "disk_paths", "domain_type", "ACCELERATORS"]
+           "read_metadata", "read_reboot_token", "record_reboot_token", "disk_paths",
+           "domain_type", "ACCELERATORS"]
 
 NAMESPACE = "https://peerctl.dev/xmlns/vm/1"
 # The last reboot done, on the running domain only (live metadata).
@@ -175,9 +176,13 @@ def volume_xml(name: str, capacity: int, fmt: str, *, backing_path: str | None =
     return ET.tostring(volume, encoding="unicode")
 
 
-def reboot_token_xml(token: str) -> str:
-    """``<reboot token="..."/>``: the live metadata a reboot leaves behind."""
-    return ET.tostring(ET.Element("reboot", token=token), encoding="unicode")
+def record_reboot_token(dom, token: str) -> None:
+    """Leave ``<reboot token="..."/>`` on the running domain (live metadata:
+    it ends with this run of the domain)."""
+    import libvirt
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+                    ET.tostring(ET.Element("reboot", token=token), encoding="unicode"),
+                    _PREFIX, REBOOT_NAMESPACE, libvirt.VIR_DOMAIN_AFFECT_LIVE)
 
 
 def read_reboot_token(dom) -> str | None:

@@ -15,8 +15,9 @@ Arguments (all handlers): ``uuid`` (required), ``name`` (for messages).
 ``cmdline`` (direct kernel boot from files on the host) and ``accel``
 (``kvm`` or ``tcg``; default KVM when /dev/kvm exists).  Before it
 replies, ``build`` writes the VM's ``vms/<host>/<uuid>`` record
-(:func:`engine.vmpublish.publish_domain`), so a finished boot is listed.  ``stop`` takes an
-optional ``timeout`` in seconds for the ACPI shutdown before it destroys.
+(:func:`engine.vmpublish.publish_domain`), so a finished boot is listed.
+``stop`` takes an optional ``timeout`` in seconds for the ACPI shutdown
+before it destroys.
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ import structlog
 
 from engine.handlers import RequestError, handler
 from peerctl_requests import images
-from peerctl_requests.domain_xml import (ACCELERATORS, REBOOT_NAMESPACE, DomainSpec,
-                                        domain_type, domain_xml, read_metadata,
-                                        read_reboot_token, reboot_token_xml)
+from peerctl_requests.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
+                                        read_metadata, read_reboot_token,
+                                        record_reboot_token)
 
 __all__ = ["vm_state", "vm_record", "owned_by", "console_log_path", "disowned_key",
            "DEFAULT_STOP_TIMEOUT"]
@@ -301,9 +302,7 @@ def reboot(host, args: dict) -> dict:
             # After the reboot, not before: a crash in between reboots twice
             # on a retry, which is better than not at all.
             _libvirt_call(f"cannot record the reboot of {_label(args, uuid)}",
-                          dom.setMetadata, libvirt.VIR_DOMAIN_METADATA_ELEMENT,
-                          reboot_token_xml(token), "peerctl", REBOOT_NAMESPACE,
-                          libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                          record_reboot_token, dom, token)
         return {**_reply(uuid, dom), "rebooted": True}
 
 
