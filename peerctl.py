@@ -1226,13 +1226,13 @@ def _wait_hosts(url: str, cluster: str, peers: dict, hosts: list[str],
     """Until every host in ``hosts`` is registered and can take a VM: its
     ``hosts/`` record and its placement provider with an inventory (a peer
     writes the first before the second, so `up && boot` must wait for both)."""
-    from engine.store import Get, Store, StoreUnavailable
+    from engine.store import Store, StoreUnavailable
     store = Store(url, cluster, timeout=2.0)
     deadline = time.monotonic() + timeout
     try:
         while True:
             try:
-                seen = _ready_hosts(store, hosts, Get)
+                seen = _ready_hosts(store, hosts)
             except StoreUnavailable:
                 seen = set()
             missing = [h for h in hosts if h not in seen]
@@ -1251,9 +1251,10 @@ def _wait_hosts(url: str, cluster: str, peers: dict, hosts: list[str],
         store.close()
 
 
-def _ready_hosts(store, hosts: list[str], Get) -> set[str]:
+def _ready_hosts(store, hosts: list[str]) -> set[str]:
     """The hosts with a live record and a placement provider holding inventory
     (keys of engine/placement/etcd.py, read only), from one consistent read."""
+    from engine.store import Get
     live, names, providers = store.txn([], [Get("hosts/", True), Get("placement/name/", True),
                                             Get("placement/rp/", True)]).ranges
     alive = {kv.key.split("/", 1)[1] for kv in live}
