@@ -19,15 +19,20 @@ ENV = {"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS}
 SMALL = {"VCPU": 1, "MEMORY_MB": 64, "DISK_GB": 1}
 
 
-def start(cluster, store, names, hooks=None):
+def start(cluster, store, names, hooks=None, env=None):
     for name in names:
         extra = ["--hooks", hooks[name] if isinstance(hooks, dict) else hooks] \
             if hooks and (not isinstance(hooks, dict) or name in hooks) else []
-        cluster.start_peer(name, extra_args=extra, env=ENV)
+        cluster.start_peer(name, extra_args=extra, env={**ENV, **(env or {})})
     wait_for(lambda: set(names) <= set(api.live_hosts(store)), what=f"{names} alive")
     placement = open_placement("etcd", store)
     wait_for(lambda: {n for n in names} <= {p["name"] for p in placement.providers()},
              what="providers registered")
+
+
+def reconcile_every(seconds: float) -> dict:
+    """Peers' environment for a reconciler pass every ``seconds``."""
+    return {"PEERCTL_RECONCILE_INTERVAL": str(seconds)}
 
 
 def run(store, kind, args, **kwargs):
@@ -241,11 +246,7 @@ def test_reconciler_releases_orphans_but_not_claims_in_flight(cluster, store, tm
     hook = hooks / "build.pre"
     hook.write_text(f"#!/bin/sh\nif [ -e {tmp_path}/hang ]; then sleep 60; fi\n")
     hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
-    os.environ["PEERCTL_RECONCILE_INTERVAL"] = "0.3"
-    try:
-        start(cluster, store, ["t1", "m1"], hooks={"t1": str(hooks)})
-    finally:
-        del os.environ["PEERCTL_RECONCILE_INTERVAL"]
+    start(cluster, store, ["t1", "m1"], hooks={"t1": str(hooks)}, env=reconcile_every(0.3))
     kept = finished(store, run(store, "boot", booted(["kept"]), prefer=["m1"]))
     assert kept["state"] == "done", kept["error"]
     placement = open_placement("etcd", store)
@@ -310,12 +311,8 @@ while store.get(key) is None and time.monotonic() < deadline:
 os.kill(os.getppid(), signal.SIGKILL)
 """)
     hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
-    os.environ["PEERCTL_RECONCILE_INTERVAL"] = "0.3"
-    try:
-        start(cluster, store, ["t1"], hooks=str(hooks))
-        start(cluster, store, ["t2", "m1"])
-    finally:
-        del os.environ["PEERCTL_RECONCILE_INTERVAL"]
+    start(cluster, store, ["t1"], hooks=str(hooks), env=reconcile_every(0.3))
+    start(cluster, store, ["t2", "m1"], env=reconcile_every(0.3))
     # t2 already carries a VM, so placement prefers the emptier t1 first.
     warm = finished(store, run(store, "boot", booted(["warm"], on="t2"), prefer=["m1"]))
     assert warm["state"] == "done", warm["error"]
@@ -338,11 +335,7 @@ os.kill(os.getppid(), signal.SIGKILL)
     stray = "5e1f0000-0000-4000-8000-000000000001"
     uri = _node_xml(tmp_path / "t1-libvirtd.xml", "t1",
                     [(vm["uuid"], "db1"), (warm_vm["uuid"], "warm"), (stray, "stray")])
-    os.environ["PEERCTL_RECONCILE_INTERVAL"] = "0.3"
-    try:
-        cluster.start_peer("t1", libvirt=uri, env=ENV)
-    finally:
-        del os.environ["PEERCTL_RECONCILE_INTERVAL"]
+    cluster.start_peer("t1", libvirt=uri, env={**ENV, **reconcile_every(0.3)})
     wait_for(lambda: "t1" in api.live_hosts(store), what="t1 back")
     held = inventory(store, ["t1", "t2"])
     assert sorted(d["name"] for d in held["t1"]["domains"]) == ["stray"], held["t1"]
@@ -367,11 +360,7 @@ def test_destroy_of_a_vm_on_a_dead_host_disowns_it_and_releases_its_allocation(
     """t1 is SIGKILLed with web1 on it: destroy cannot reach it (its steps
     are lost), so it disowns web1 there and releases the allocation; the
     reconciler drops the dead host's record, and t1, back, clears the mark."""
-    os.environ["PEERCTL_RECONCILE_INTERVAL"] = "0.3"
-    try:
-        start(cluster, store, ["t1", "m1"])
-    finally:
-        del os.environ["PEERCTL_RECONCILE_INTERVAL"]
+    start(cluster, store, ["t1", "m1"], env=reconcile_every(0.3))
     boot = finished(store, run(store, "boot", booted(["web1"], on="t1"), prefer=["m1"]))
     assert boot["state"] == "done", boot["error"]
     (vm,) = boot["result"]["vms"]
@@ -455,11 +444,7 @@ def test_a_deposed_reconciler_releases_nothing(store):
 
 
 def test_one_reconciler_at_a_time_and_another_takes_over(cluster, store):
-    os.environ["PEERCTL_RECONCILE_INTERVAL"] = "0.2"
-    try:
-        start(cluster, store, ["h1", "h2", "h3"])
-    finally:
-        del os.environ["PEERCTL_RECONCILE_INTERVAL"]
+    start(cluster, store, ["h1", "h2", "h3"], env=reconcile_every(0.2))
 
     def reporters(n, exclude=()):
         """The hosts that wrote the next ``n`` reports (after any by ``exclude``)."""
