@@ -40,6 +40,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine import table  # noqa: E402  (pure Python, no engine dependencies)
+from engine.errors import (Failed, PeerctlError, StoreUnavailable,  # noqa: E402
+                           Unavailable, UsageError)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED = 0, 1, 2, 3, 130
 
@@ -55,23 +57,8 @@ FINISHED_STEP = ("ok", "error", "timeout", "lost", "failed", "done", "skipped")
 
 # -- errors the user can act on -------------------------------------------------
 
-class UsageError(Exception):
-    """Exit 2: a bad flag, resource spec or pattern."""
-
-
-class Failed(Exception):
-    """Exit 1: the operation ran and failed, or a pattern matched nothing.
-
-    ``doc`` is the JSON document printed on stdout with ``--format json``."""
-
-    def __init__(self, message: str, doc=None):
-        super().__init__(message)
-        self.doc = doc
-
-
-class Unreachable(Exception):
-    """Exit 3: etcd (or a configured OpenStack Placement) could not be reached."""
-
+# UsageError (exit 2), Failed (1), Unavailable (3), PermissionDenied (4): one
+# root, engine.errors, cheap to import; every concept one class.
 
 # -- settings: flag > environment > running `up` > config file > default -------
 
@@ -167,7 +154,7 @@ class Context:
 
     def store(self):
         if self._store is None:
-            from engine.store import Store, parse_endpoints
+            from engine.core.store import Store, parse_endpoints
             try:
                 parse_endpoints(self.settings["etcd"])
                 self._store = Store(self.settings["etcd"], self.settings["cluster"],
@@ -201,7 +188,7 @@ def me() -> str:
 def _engine_api():
     configure_logging("DEBUG" if _DEBUG else "WARNING")
     try:
-        from engine import api
+        from engine.core import api
     except ImportError as exc:
         raise Failed(f"the automation engine is not available ({exc})") from None
     return api
@@ -333,7 +320,7 @@ def parse_traits(text: str | None) -> list[str]:
 
 def read_hosts(store) -> list[dict]:
     """Every host ever seen (hostcfg/), live record when alive (hosts/)."""
-    from engine.store import Get
+    from engine.core.store import Get
     cfg, live = store.txn([], [Get("hostcfg/", True), Get("hosts/", True)]).ranges
     records: dict[str, dict] = {}
     for kv in cfg:
@@ -640,10 +627,8 @@ def follow(ctx: Context, automation: str, timeout: float | None = None,
                 view.update(last)
     except KeyboardInterrupt:
         detach(ctx, automation)
-    except Exception as exc:
-        if type(exc).__name__ != "StoreUnavailable":
-            raise
-        raise Unreachable(f"etcd unreachable at {ctx.settings['etcd']} while following "
+    except StoreUnavailable as exc:
+        raise Unavailable(f"etcd unreachable at {ctx.settings['etcd']} while following "
                           f"automation {automation}, which goes on; re-attach with: "
                           f"{me()} wait {automation}") from exc
     return last
@@ -672,9 +657,9 @@ def start(ctx: Context, kind: str, args: dict) -> str:
     try:
         return api.start_automation(ctx.store(), kind, args)
     except api.NoPeers as exc:
-        raise Failed(str(exc), doc=failed) from None
+        raise Failed(str(exc), result=failed) from None
     except LookupError as exc:      # the engine does not know this kind of automation
-        raise Failed(exc.args[0] if exc.args else str(exc), doc=failed) from None
+        raise Failed(exc.args[0] if exc.args else str(exc), result=failed) from None
 
 
 def vm_outcome(ctx: Context, automation: str, task: dict) -> int:
@@ -739,7 +724,7 @@ def cmd_boot(ctx: Context) -> int:
     clash = [f"{name} (on {taken[name]})" for name in args.names if name in taken]
     if clash:
         raise Failed("VM name already in use: " + ", ".join(clash),
-                     doc={"automation": None, "state": "failed", "vms": []})
+                     result={"automation": None, "state": "failed", "vms": []})
     vms = [{"name": name, "resources": resources, "required": required,
             "image": args.image, "on": on} for name in args.names]
     return run_automation(ctx, "boot", {"vms": vms}, vm_outcome)
@@ -756,7 +741,7 @@ def confirm(ctx: Context, kind: str, vms: list[dict]) -> None:
     sys.stderr.flush()
     answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
-        raise Failed("nothing done", doc={"automation": None, "state": "cancelled", "vms": []})
+        raise Failed("nothing done", result={"automation": None, "state": "cancelled", "vms": []})
 
 
 def cmd_vm_action(ctx: Context) -> int:
@@ -766,7 +751,7 @@ def cmd_vm_action(ctx: Context) -> int:
     vms, unmatched = match_vms(read_vms(ctx.store()), args.patterns)
     if unmatched:
         raise Failed("no VM matches " + ", ".join(repr(p) for p in unmatched),
-                     doc={"automation": None, "state": "failed", "vms": []})
+                     result={"automation": None, "state": "failed", "vms": []})
     vms.sort(key=lambda vm: (table.natural_key(vm["host"]), table.natural_key(vm["name"])))
     targets = [{"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"]} for vm in vms]
     if args.dry_run:
@@ -808,7 +793,7 @@ def cmd_ping(ctx: Context) -> int:
              if h["alive"] and fnmatch.fnmatchcase(h["host"], glob)]
     if not hosts:
         raise Failed(f"no live host matches {glob!r}",
-                     doc={"automation": None, "state": "failed", "replies": []})
+                     result={"automation": None, "state": "failed", "replies": []})
     return run_automation(ctx, "ping", {"hosts": hosts, "rounds": ctx.args.rounds},
                           ping_outcome)
 
@@ -883,7 +868,7 @@ def cmd_abort(ctx: Context) -> int:
         # asked, but its leader has not stopped it within abort's wait
         raise Failed(f"automation {doc.get('id')} is still {doc.get('state')}: the abort "
                      f"is requested and its leader has not acted on it yet; follow it "
-                     f"with: {me()} wait {doc.get('id')}", doc=doc)
+                     f"with: {me()} wait {doc.get('id')}", result=doc)
     ctx.emit(doc, f"automation {doc.get('id')} {doc.get('state')}")
     return EXIT_OK
 
@@ -903,14 +888,7 @@ def _placement(ctx: Context):
     try:
         return open_placement(None, ctx.store()), placement_cli, PlacementError
     except PlacementError as exc:
-        _reraise_unavailable(exc)
         raise Failed(f"placement: {exc}") from None
-
-
-def _reraise_unavailable(exc: Exception) -> None:
-    """An OpenStack Placement that does not answer is not bad input: exit 3."""
-    if type(exc).__name__ == "Unavailable":
-        raise Unreachable(f"placement unreachable at {getattr(exc, 'url', '?')}") from None
 
 
 _PROVIDER_FIELDS = ("uuid", "name", "parent", "generation", "inventories", "usages",
@@ -985,7 +963,6 @@ def placement_rows(ctx: Context) -> tuple[list[dict], str]:
                     for c in service.candidates(args.spec, required=args.required,
                                                 limit=args.limit)]
     except placement_error as exc:
-        _reraise_unavailable(exc)
         raise UsageError(f"bad resource spec {args.spec!r}: {exc}") from None
     return rows, table.render(rows, [C("host", "Host"),
                                      C("allocations", "Allocations", _allocations_text)])
@@ -1084,7 +1061,7 @@ def _tail(path: str, lines: int = 5) -> str:
 
 
 def cmd_up(ctx: Context) -> int:
-    from engine.etcd_server import EtcdServer, free_port
+    from engine.core.etcd_server import EtcdServer, free_port
     args, settings = ctx.args, ctx.settings
     state_dir = os.path.abspath(args.state_dir or settings["state_dir"])
     try:
@@ -1226,7 +1203,7 @@ def _wait_hosts(url: str, cluster: str, peers: dict, hosts: list[str],
     """Until every host in ``hosts`` is registered and can take a VM: its
     ``hosts/`` record and its placement provider with an inventory (a peer
     writes the first before the second, so `up && boot` must wait for both)."""
-    from engine.store import Store, StoreUnavailable
+    from engine.core.store import Store, StoreUnavailable
     store = Store(url, cluster, timeout=2.0)
     deadline = time.monotonic() + timeout
     try:
@@ -1254,7 +1231,7 @@ def _wait_hosts(url: str, cluster: str, peers: dict, hosts: list[str],
 def _ready_hosts(store, hosts: list[str]) -> set[str]:
     """The hosts with a live record and a placement provider holding inventory
     (keys of engine/placement/etcd.py, read only), from one consistent read."""
-    from engine.store import Get
+    from engine.core.store import Get
     live, names, providers = store.txn([], [Get("hosts/", True), Get("placement/name/", True),
                                             Get("placement/rp/", True)]).ranges
     alive = {kv.key.split("/", 1)[1] for kv in live}
@@ -1600,20 +1577,30 @@ def run(argv=None) -> int:
         if args.command != "peer":
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # `vmlist | head` is fine
         return args.func(ctx)
-    except UsageError as exc:
-        say(f"peerctl: {exc}")
-        return EXIT_USAGE
     except Failed as exc:
-        if exc.doc is not None and "ctx" in locals() and ctx.json:
-            ctx.emit(exc.doc)
+        if exc.result is not None and "ctx" in locals() and ctx.json:
+            ctx.emit(exc.result)
         say(f"peerctl: {exc}")
-        return EXIT_FAILED
-    except Unreachable as exc:
+        return exc.exit_code
+    except Unavailable as exc:
         if debug:
             import traceback
             traceback.print_exc()
+        if isinstance(exc, StoreUnavailable):
+            exc = f"etcd unreachable at {ctx.settings['etcd'] if 'ctx' in locals() else '?'}"
+        elif exc.where is not None:
+            exc = f"{exc.service} unreachable at {exc.where}"
         say(f"peerctl: {exc}")
         return EXIT_UNREACHABLE
+    except UsageError as exc:
+        say(f"peerctl: {exc}")
+        return EXIT_USAGE
+    except PeerctlError as exc:
+        if debug:
+            import traceback
+            traceback.print_exc()
+        say(f"peerctl: {exc}".splitlines()[0])
+        return exc.exit_code
     except Detached:
         return EXIT_DETACHED
     except KeyboardInterrupt:
@@ -1623,13 +1610,6 @@ def run(argv=None) -> int:
         if debug:
             import traceback
             traceback.print_exc()
-        if type(exc).__name__ == "StoreUnavailable":
-            etcd = locals().get("ctx").settings["etcd"] if "ctx" in locals() else "?"
-            say(f"peerctl: etcd unreachable at {etcd}")
-            return EXIT_UNREACHABLE
-        if type(exc).__name__ == "Unavailable":
-            say(f"peerctl: placement unreachable at {getattr(exc, 'url', '?')}")
-            return EXIT_UNREACHABLE
         say(f"peerctl: {type(exc).__name__}: {exc}".splitlines()[0]
             + ("" if debug else " (--debug shows the traceback)"))
         return EXIT_FAILED

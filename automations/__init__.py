@@ -1,1 +1,1 @@
-"""Automations: generator workers that yield requests (see engine/replay.py)."""
+"""Automations: generator workers that yield requests (see engine/core/replay.py)."""

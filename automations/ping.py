@@ -3,8 +3,9 @@
 It doubles as the cluster health check: a host that died shows up as a
 ``lost`` or ``timeout`` reply instead of a latency.
 """
-from engine.registry import automation
-from engine.replay import Failed, Request
+from engine.core.registry import automation
+from engine.core.replay import Request
+from engine.errors import Failed
 
 
 @automation("ping", version=1)

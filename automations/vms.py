@@ -14,11 +14,12 @@ A host whose build failed or was lost may still hold (or, when its libvirtd
 outlived a killed peer, bring back) a copy of the VM.  Since version 2, boot
 ``disown``s the VM on that host before taking an alternate: a durable
 ``disowned/<host>/<uuid>`` mark that the host's peer acts on whenever it
-runs (see ``engine/reconciler.py``, ``sweep_ghosts``), so one uuid never
+runs (see ``engine/hypervisor/reconciler.py``, ``sweep_ghosts``), so one uuid never
 runs on two hosts.
 """
-from engine.registry import automation
-from engine.replay import Failed, Request
+from engine.core.registry import automation
+from engine.core.replay import Request
+from engine.errors import Failed
 
 BUILD_DEADLINE = 300.0
 ACTION_DEADLINE = 120.0

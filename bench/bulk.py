@@ -20,9 +20,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
-from engine import api, keys  # noqa: E402
-from engine.etcd_server import EtcdServer  # noqa: E402
-from engine.store import Store  # noqa: E402
+from engine.core import api, keys  # noqa: E402
+from engine.core.etcd_server import EtcdServer  # noqa: E402
+from engine.core.store import Store  # noqa: E402
 
 VM = {"VCPU": 1, "MEMORY_MB": 32, "DISK_GB": 1}
 TARGET_N, TARGET_S = 1000, 20.0

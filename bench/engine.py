@@ -28,9 +28,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:] = [ROOT] + [p for p in sys.path
                         if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
-from engine import api, keys  # noqa: E402
-from engine.etcd_server import EtcdServer  # noqa: E402
-from engine.store import Put, Store, absent  # noqa: E402
+from engine.core import api, keys  # noqa: E402
+from engine.core.etcd_server import EtcdServer  # noqa: E402
+from engine.core.store import Put, Store, absent  # noqa: E402
 
 AUTOMATIONS = os.path.join(ROOT, "bench", "automations")
 SEQUENTIAL_TARGET = 0.40    # issue 2: sequential steps/s >= 40% of raw etcd txn/s

@@ -17,7 +17,7 @@ In one run, for each backend:
 The table ends with the issue's targets marked PASS or MISS: etcd claims/s at
 least 10x Placement's, and zero overcommit (per backend).
 
-Starts its own etcd (engine.etcd_server) and its own Placement (sqlite,
+Starts its own etcd (engine.core.etcd_server) and its own Placement (sqlite,
 single-threaded wsgiref; see tests/placement_server.py).  Not a test: the
 figures depend on the machine and on what else runs on it.
 """
@@ -40,10 +40,10 @@ sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.p
 
 import requests  # noqa: E402
 
-from engine.etcd_server import EtcdServer  # noqa: E402
+from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.placement import open_placement  # noqa: E402
 from engine.placement.model import normalize_inventories  # noqa: E402
-from engine.store import Put, Store  # noqa: E402
+from engine.core.store import Put, Store  # noqa: E402
 from tests.placement_server import HEADERS, PlacementServer, placement_installed  # noqa: E402
 
 CLAIMER = os.path.join(ROOT, "tests", "placement_claimer.py")

@@ -8,7 +8,7 @@ peers publish them, then times, best of --runs:
 - ``vmlist`` (the table with its totals line) and ``--format json vmlist``,
   each as a fresh process: interpreter start, imports, one range read, output;
 - the reference: a fresh process that reads the same ``vms/`` keys through the
-  same client (``engine.store.Store.range``) and prints nothing;
+  same client (``engine.core.store.Store.range``) and prints nothing;
 - the bare range read inside this process (no start-up at all);
 - ``python -c pass``: the interpreter's own start-up, the floor of any command.
 
@@ -32,14 +32,14 @@ import uuid
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
-from engine.etcd_server import EtcdServer  # noqa: E402
-from engine.store import Put, Store  # noqa: E402
+from engine.core.etcd_server import EtcdServer  # noqa: E402
+from engine.core.store import Put, Store  # noqa: E402
 
 PEERCTL = os.path.join(ROOT, "peerctl.py")
 RANGE_READ = """
 import sys
 sys.path.insert(0, {root!r})
-from engine.store import Store
+from engine.core.store import Store
 store = Store({url!r}, {cluster!r})
 kvs, _ = store.range("vms/")
 assert len(kvs) == {count}

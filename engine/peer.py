@@ -20,15 +20,17 @@ import time
 
 import structlog
 
-from . import keys
-from .duties import Duties, Singleton, janitor
-from .executor import Executor
-from .reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
-from .handlers import load_request_handlers
-from .hostctx import HostContext
-from .registry import load_automations
-from .session import Session
-from .store import Put, Store, StoreUnavailable
+from .errors import UsageError
+
+from .core import keys
+from .core.duties import Duties, Singleton, janitor
+from .core.executor import Executor
+from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
+from .core.handlers import load_request_handlers
+from .hypervisor.hostctx import HostContext, check_libvirt_uri
+from .core.registry import load_automations
+from .core.session import Session
+from .core.store import Put, Store, StoreUnavailable
 
 __all__ = ["run_peer", "parse_duration"]
 
@@ -38,40 +40,9 @@ STATS_INTERVAL = 5.0
 RETENTION = 24 * 3600.0
 
 
-class BadLibvirtUri(Exception):
-    """libvirt rejects the URI itself: no retry or wait will make it work."""
-
-
-def check_libvirt_uri(uri: str) -> None:
-    """Raise :class:`BadLibvirtUri` if libvirt rejects ``uri`` outright (no
-    driver for its scheme, unparsable, a test driver file it cannot read).
-    A hypervisor that is merely unreachable now (daemon down, host away,
-    connection refused) is not an error: the peer still runs, a live peer
-    that says so in its host record, and uses libvirt once it answers."""
-    try:
-        import libvirt
-    except ImportError:
-        return
-    unreachable = {getattr(libvirt, name, None) for name in (
-        "VIR_ERR_SYSTEM_ERROR", "VIR_ERR_RPC", "VIR_ERR_OPERATION_TIMEOUT",
-        "VIR_ERR_AUTH_FAILED", "VIR_ERR_AUTH_CANCELLED", "VIR_ERR_AUTH_UNAVAILABLE")} - {None}
-    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)    # no stray stderr lines
-    try:
-        conn = libvirt.open(uri)
-    except libvirt.libvirtError as exc:
-        if exc.get_error_code() in unreachable or \
-                exc.get_error_domain() == getattr(libvirt, "VIR_FROM_RPC", -1):
-            log.warning("libvirt_unreachable", uri=uri, error=str(exc))
-            return
-        raise BadLibvirtUri(f"libvirt rejects --libvirt {uri!r}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
-            from None
-    conn.close()
-
-
 def _host_record(host: HostContext) -> dict:
     try:
-        from .hostinfo import host_facts
+        from .hypervisor.hostinfo import host_facts
         facts = host_facts(host.conn, host.state_dir, host.host)
     except ImportError:
         facts = {"kernel": platform.release()}
@@ -101,7 +72,7 @@ class Peer:
     def run(self) -> int:
         try:
             check_libvirt_uri(self.host.libvirt_uri)     # before any lease exists
-        except BadLibvirtUri as exc:
+        except UsageError as exc:
             sys.stderr.write(f"peerctl: {exc}\n")
             return 2
         load_request_handlers()
@@ -137,10 +108,10 @@ class Peer:
     def _serve(self, session: Session):
         self.log.info("session_started", lease=f"{session.lease:x}", ttl=self.ttl)
         record = _host_record(self.host)
-        cfg = self.store.get(f"hostcfg/{self.name}")
+        cfg = self.store.get(keys.host_config(self.name))
         enabled = (cfg.value or {}).get("enabled", True) if cfg else True
         self.store.txn([], [Put(keys.host(self.name), {**record, "enabled": enabled}, session.lease),
-                            Put(f"hostcfg/{self.name}", {**record, "enabled": enabled})])
+                            Put(keys.host_config(self.name), {**record, "enabled": enabled})])
         registered = self._register_provider()
         # Before publishing: a copy of a VM the cluster placed elsewhere while
         # this host was away (its libvirtd kept the domain) never shows up.
@@ -203,7 +174,7 @@ class Peer:
 
     def _sweep_ghosts(self):
         """Destroy this host's copies of VMs placed elsewhere (see
-        ``engine/reconciler.py``).  Never fatal: the next sweep tries again."""
+        ``engine/hypervisor/reconciler.py``).  Never fatal: the next sweep tries again."""
         try:
             sweep_ghosts(self.store, self.host)
         except StoreUnavailable:
@@ -214,7 +185,7 @@ class Peer:
     def _start_publisher(self):
         """Keep ``vms/<host>/`` in line with the hypervisor."""
         try:
-            from .vmpublish import VmPublisher
+            from .hypervisor.vmpublish import VmPublisher
         except ImportError:
             return None
         try:

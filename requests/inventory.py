@@ -3,9 +3,9 @@
 Returns ``{"host", "domains": [{uuid, name, state}], "volumes": [name]}``:
 every libvirt domain and every volume of peerctl's storage pool.  Read-only.
 """
-from engine.handlers import handler
-from peerctl_requests import images
-from peerctl_requests.vm import vm_state
+from engine.core.handlers import handler
+from engine.hypervisor import images
+from engine.hypervisor.records import vm_state
 
 
 @handler("inventory")

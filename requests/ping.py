@@ -1,7 +1,7 @@
 """``ping``: answers with the host's name and clock, to measure round trips."""
 import time
 
-from engine.handlers import handler
+from engine.core.handlers import handler
 
 
 @handler("ping")

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import fnmatch
 
-from engine.handlers import RequestError, handler
-from engine.placement import Conflict, PlacementError, open_placement, parse_query
+from engine.core.handlers import handler
+from engine.errors import Conflict, PlacementError, PlacementUnavailable, RequestError
+from engine.placement import open_placement, parse_query
 
 
 def _spec(args: dict) -> str:
@@ -85,7 +86,7 @@ def claim(host, args: dict) -> dict:
                     if exc.reason != "capacity_exceeded":
                         break       # re-read the candidates
         raise RequestError(f"claim for {consumer} kept losing races")
-    except (PlacementError, Conflict) as exc:
+    except (PlacementError, PlacementUnavailable, Conflict) as exc:
         raise RequestError(str(exc)) from None
     finally:
         placement.close()
@@ -97,7 +98,7 @@ def release(host, args: dict) -> dict:
     try:
         placement.release(args.get("consumer"))
         return {"consumer": args.get("consumer"), "released": True}
-    except PlacementError as exc:
+    except (PlacementError, PlacementUnavailable) as exc:
         raise RequestError(str(exc)) from None
     finally:
         placement.close()
@@ -111,7 +112,7 @@ def candidates(host, args: dict) -> dict:
                                      limit=args.get("limit"))
         return {"candidates": [{"allocations": c["allocations"], "host": c["host"]}
                                for c in found]}
-    except PlacementError as exc:
+    except (PlacementError, PlacementUnavailable) as exc:
         raise RequestError(str(exc)) from None
     finally:
         placement.close()

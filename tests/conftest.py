@@ -11,8 +11,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engine.etcd_server import EtcdServer, etcd_binary  # noqa: E402
-from engine.store import Store  # noqa: E402
+from engine.core.etcd_server import EtcdServer, etcd_binary  # noqa: E402
+from engine.core.store import Store  # noqa: E402
 from tests.cluster import Cluster  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """A tiny in-memory executor for replay tests: history in, requests out."""
 from __future__ import annotations
 
-from engine.replay import LoggedStep, Replayer, Response
+from engine.core.replay import LoggedStep, Replayer, Response
 
 
 class History:

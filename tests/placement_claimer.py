@@ -36,7 +36,7 @@ from engine.placement import Conflict, open_placement  # noqa: E402
 
 def open_backend(spec: str):
     if spec.startswith("etcd:"):
-        from engine.store import Store
+        from engine.core.store import Store
         _, rest = spec.split(":", 1)
         endpoints, cluster = rest.rsplit(":", 1)
         return open_placement("etcd", Store(endpoints, cluster))
@@ -61,7 +61,7 @@ def claim_one(placement, spec: str, stats: dict) -> str | None:
 
 def churn(placement, spec: str) -> int:
     """Claim and release on one candidate forever, announcing each write."""
-    from engine.store import Delete, Put
+    from engine.core.store import Delete, Put
     store = placement.store
     real_txn = store.txn
 

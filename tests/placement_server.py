@@ -24,7 +24,7 @@ import requests
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engine.etcd_server import free_port  # noqa: E402
+from engine.core.etcd_server import free_port  # noqa: E402
 
 __all__ = ["PlacementServer", "placement_installed"]
 

@@ -60,7 +60,7 @@ def placement_server(tmp_path_factory):
 @pytest.fixture(params=["etcd", "openstack"])
 def placement(request, etcd, cluster_name):
     if request.param == "etcd":
-        from engine.store import Store
+        from engine.core.store import Store
         store = Store(etcd.url, cluster_name)
         backend = open_placement("etcd", store)
         yield backend

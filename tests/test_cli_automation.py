@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from engine import keys
-from engine.store import Put
+from engine.core import keys
+from engine.core.store import Put
 from tests.cluster import PEERCTL, ROOT, wait_for
 from tests.hooks import counting_hook
 from tests.test_cli_terminal import Terminal, alive, peers  # noqa: F401,F811

@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from engine.etcd_server import free_port
-from engine.store import Store
+from engine.core.etcd_server import free_port
+from engine.core.store import Store
 from tests.cluster import PEERCTL, ROOT, Cluster, wait_for
 
 

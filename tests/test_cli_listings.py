@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from engine.store import Put
+from engine.core.store import Put
 from tests.cluster import PEERCTL, ROOT
 
 HOSTLIST_KEYS = {"host", "alive", "enabled", "vcpus", "memory_mb", "free_memory_mb",

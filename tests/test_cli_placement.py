@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engine.placement import open_placement
-from engine.store import Store
+from engine.core.store import Store
 from tests.placement_support import make_provider, new_uuid
 
 MAX = 2147483647

@@ -2,8 +2,8 @@
 each candidate waits on its predecessor only (no thundering herd)."""
 import threading
 
-from engine.election import Candidacy
-from engine.session import Session
+from engine.core.election import Candidacy
+from engine.core.session import Session
 from tests.cluster import wait_for
 
 

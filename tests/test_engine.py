@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from engine import api, failpoints, keys
-from engine.store import KV, Store
+from engine.core import api, failpoints, keys
+from engine.core.store import KV, Store
 from tests.cluster import wait_for
 from tests.hooks import counting_hook, executions, recorded, recording_hook
 
@@ -196,11 +196,12 @@ def test_initiator_paused_right_before_an_append_is_refused_by_the_fence(cluster
 def test_fence_refuses_a_deposed_initiators_append(etcd, cluster_name):
     """In-process: revoke the leader's lease, then let it try to append."""
     import threading
-    from engine.election import Candidacy
-    from engine.initiator import Initiator, _Deposed
-    from engine.replay import NewRequest, Replayer, Request
-    from engine.session import Session
-    from engine.registry import lookup
+    from engine.core.election import Candidacy
+    from engine.core.initiator import Initiator
+    from engine.errors import Deposed
+    from engine.core.replay import NewRequest, Replayer, Request
+    from engine.core.session import Session
+    from engine.core.registry import lookup
 
     store = Store(etcd.url, cluster_name)
     store.put("hosts/h1", {})
@@ -215,7 +216,7 @@ def test_fence_refuses_a_deposed_initiators_append(etcd, cluster_name):
     initiator.open, initiator._carry = {}, []
     replayer = Replayer(automation_id, lookup("ping", 1), {"hosts": ["h1"], "rounds": 1})
     session.close(revoke=True)          # the lease is gone: deposed
-    with pytest.raises(_Deposed):
+    with pytest.raises(Deposed):
         initiator._append(replayer, [NewRequest("0", 0, "ping", Request("ping", target="h1"), "f")])
     assert store.range(f"auto/{automation_id}/log/")[0] == []
     assert store.range("inbox/h1/")[0] == []
@@ -278,8 +279,8 @@ def test_a_duty_that_crashes_resigns_and_says_so(store, monkeypatch, capsys):
     the duty thread silently with its candidacy still held by a live lease:
     it is logged and the candidacy resigned, so another member can lead."""
     import threading
-    from engine import duties as duties_module
-    from engine.session import Session
+    from engine.core import duties as duties_module
+    from engine.core.session import Session
 
     crashes = threading.Event()
 
@@ -338,9 +339,9 @@ def test_unanswered_requests_never_run_once_the_automation_has_ended(cluster, st
 def test_the_executor_refuses_an_entry_of_a_finished_automation(store, tmp_path):
     """An inbox entry left behind by a finished automation (older code, or
     a crash between the two) is claimed but never run."""
-    from engine.executor import Executor
-    from engine.hostctx import HostContext
-    from engine.session import Session
+    from engine.core.executor import Executor
+    from engine.hypervisor.hostctx import HostContext
+    from engine.core.session import Session
 
     hooks = str(tmp_path / "hooks")
     runs_log = counting_hook(hooks)
@@ -475,8 +476,8 @@ def test_etcd_down_longer_than_the_ttl_mid_automation(own_etcd, tmp_path):
 
 
 VERSIONED = """
-from engine.registry import automation
-from engine.replay import Request
+from engine.core.registry import automation
+from engine.core.replay import Request
 {versions}
 """
 VERSION = """

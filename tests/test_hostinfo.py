@@ -6,9 +6,9 @@ import uuid as uuidlib
 
 import libvirt
 
-from engine.handlers import load_request_handlers
-from engine.hostctx import HostContext
-from engine.hostinfo import host_facts, hypervisor_version
+from engine.core.handlers import load_request_handlers
+from engine.hypervisor.hostctx import HostContext
+from engine.hypervisor.hostinfo import host_facts, hypervisor_version
 
 HANDLERS = load_request_handlers()
 

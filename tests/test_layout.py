@@ -21,7 +21,7 @@ def test_import_requests_from_the_project_root_is_the_http_library():
 
 
 def test_handlers_load_without_shadowing_requests():
-    out = python("from engine.handlers import load_request_handlers\n"
+    out = python("from engine.core.handlers import load_request_handlers\n"
                  "names = sorted(load_request_handlers())\n"
                  "import requests\n"
                  "print(requests.__file__); print(' '.join(names))")
@@ -34,7 +34,7 @@ def test_handlers_load_without_shadowing_requests():
 
 def test_peer_process_imports_see_the_http_library():
     out = python("import sys; sys.argv = ['peerctl.py']\n"
-                 "import peerctl, engine.peer, engine.vmpublish, engine.placement.rest\n"
+                 "import peerctl, engine.peer, engine.hypervisor.vmpublish, engine.placement.rest\n"
                  "import requests; print(requests.__file__)")
     assert not out.startswith(os.path.join(ROOT, "requests")), out
 

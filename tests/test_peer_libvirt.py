@@ -4,7 +4,7 @@ whose hypervisor is merely unreachable still makes a live peer."""
 import signal
 import socket
 
-from engine import api, keys
+from engine.core import api, keys
 from tests.cluster import wait_for
 
 

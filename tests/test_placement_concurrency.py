@@ -12,7 +12,7 @@ import time
 import pytest
 
 from engine.placement import open_placement
-from engine.store import Store
+from engine.core.store import Store
 from tests.cluster import wait_for
 from tests.placement_support import make_provider, new_uuid, placement_server  # noqa: F401
 

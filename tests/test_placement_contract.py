@@ -542,21 +542,22 @@ def test_delete_provider_children_first(placement):
 
 
 def test_unreachable_placement_is_unavailable():
-    """No server, or a proxy answering 503: ``Unavailable`` (a
-    ``PlacementError``, so old callers still catch it), naming the URL."""
+    """No server, or a proxy answering 503: ``PlacementUnavailable``, an
+    ``Unavailable`` (exit 3) and not a ``PlacementError`` (bad input), naming
+    the URL."""
     import http.server
     import threading
 
-    from engine.etcd_server import free_port
-    from engine.placement import Unavailable, open_placement
+    from engine.core.etcd_server import free_port
+    from engine.placement import PlacementUnavailable, open_placement
 
     url = f"http://127.0.0.1:{free_port()}"
     nobody = open_placement(url)
     for call in (lambda: nobody.providers(), lambda: nobody.candidates("VCPU:1"),
                  lambda: nobody.claim(new_uuid(), {new_uuid(): {"VCPU": 1}}, **P)):
-        with pytest.raises(Unavailable) as err:
+        with pytest.raises(PlacementUnavailable) as err:
             call()
-        assert isinstance(err.value, PlacementError) and err.value.url == url
+        assert not isinstance(err.value, PlacementError) and err.value.url == url
         assert url in str(err.value)
 
     class Busy(http.server.BaseHTTPRequestHandler):
@@ -569,7 +570,7 @@ def test_unreachable_placement_is_unavailable():
     server = http.server.HTTPServer(("127.0.0.1", 0), Busy)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with pytest.raises(Unavailable):
+        with pytest.raises(PlacementUnavailable):
             open_placement(f"http://127.0.0.1:{server.server_port}").providers()
     finally:
         server.shutdown()

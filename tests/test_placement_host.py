@@ -5,7 +5,7 @@ import libvirt
 import pytest
 
 from engine.placement import Conflict, open_placement
-from engine.store import Store
+from engine.core.store import Store
 from engine.placement.host import drain, measure, register_host
 from tests.cluster import wait_for
 from tests.placement_support import new_uuid, placement, placement_server  # noqa: F401

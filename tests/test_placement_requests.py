@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.handlers import RequestError, load_request_handlers
-from engine.hostctx import HostContext
+from engine.core.handlers import load_request_handlers
+from engine.errors import RequestError
+from engine.hypervisor.hostctx import HostContext
 from engine.placement import PlacementError, open_placement
 from engine.placement.cli import allocations_rows, candidates_rows, providers_rows
 from tests.placement_support import make_provider, new_uuid

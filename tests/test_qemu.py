@@ -16,17 +16,17 @@ import uuid as uuidlib
 import libvirt
 import pytest
 
-from engine.handlers import load_request_handlers
-from engine.hostctx import HostContext
-from engine.vmpublish import VmPublisher
+from engine.core.handlers import load_request_handlers
+from engine.hypervisor.hostctx import HostContext
+from engine.hypervisor.vmpublish import VmPublisher
 from tests import qemu_guest
 
 _why = qemu_guest.skip_reason()
 pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
 
 HANDLERS = load_request_handlers()
-from peerctl_requests import images  # noqa: E402
-from peerctl_requests.vm import console_log_path  # noqa: E402
+from engine.hypervisor import images  # noqa: E402
+from engine.hypervisor.vm import console_log_path  # noqa: E402
 
 BOOT_TIMEOUT = 90.0
 

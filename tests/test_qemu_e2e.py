@@ -15,7 +15,7 @@ import shutil
 import libvirt
 import pytest
 
-from engine import api, failpoints, keys
+from engine.core import api, failpoints, keys
 from engine.placement import open_placement
 from tests import qemu_guest
 from tests.cluster import wait_for

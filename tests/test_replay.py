@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from engine.replay import NonDeterminism, Replayer, Request, Response
+from engine.core.replay import NonDeterminism, Replayer, Request, Response
 from tests.history import History
 
 

@@ -17,12 +17,13 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from engine.handlers import RequestError, load_request_handlers
-from engine.hostctx import HostContext
+from engine.core.handlers import load_request_handlers
+from engine.errors import RequestError
+from engine.hypervisor.hostctx import HostContext
 
 HANDLERS = load_request_handlers()
-from peerctl_requests import images  # noqa: E402
-from peerctl_requests.domain_xml import DomainSpec, domain_xml, read_metadata  # noqa: E402
+from engine.hypervisor import images  # noqa: E402
+from engine.hypervisor.domain_xml import DomainSpec, domain_xml, read_metadata  # noqa: E402
 
 
 def call(host, request, **args):
@@ -232,7 +233,7 @@ def test_bad_build_arguments_are_refused_and_leave_nothing(host, override, messa
 
 
 def test_a_define_failure_takes_the_new_volumes_back(host, monkeypatch):
-    import peerctl_requests.vm as vm
+    import engine.hypervisor.vm as vm
     monkeypatch.setattr(vm, "domain_xml", lambda spec: "<domain type='test'/>")
     args = vm_args()
     with pytest.raises(RequestError, match="cannot define VM"):
@@ -328,7 +329,7 @@ def test_a_changed_file_is_hashed_again(host, tmp_path):
 def test_a_base_volume_whose_upload_never_finished_is_made_again(host, tmp_path):
     sha = write_image(tmp_path / "img.raw")
     pool = images.ensure_pool(host)
-    from peerctl_requests.domain_xml import volume_xml
+    from engine.hypervisor.domain_xml import volume_xml
     pool.createXML(volume_xml(f"image-{sha}", 10, "raw"), 0)     # torn, not in the index
     call(host, "build", **vm_args(image=f"file://{tmp_path / 'img.raw'}"))
     assert pool_volumes(host)[f"image-{sha}"].info()[1] == os.path.getsize(tmp_path / "img.raw")

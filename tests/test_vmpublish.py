@@ -7,9 +7,9 @@ import uuid as uuidlib
 
 import pytest
 
-from engine.handlers import load_request_handlers
-from engine.hostctx import HostContext
-from engine.vmpublish import VmPublisher
+from engine.core.handlers import load_request_handlers
+from engine.hypervisor.hostctx import HostContext
+from engine.hypervisor.vmpublish import VmPublisher
 
 HANDLERS = load_request_handlers()
 
@@ -107,7 +107,7 @@ def test_build_publishes_before_replying_and_an_older_view_never_overwrites_it(
     rewrites nothing), and a reconcile that listed libvirt before a newer
     write is refused by its fence and reads again instead of writing its
     stale view over it."""
-    from engine.vmpublish import publish_domain
+    from engine.hypervisor.vmpublish import publish_domain
     host = HostContext("p" + uuidlib.uuid4().hex[:8], "test:///default", store,
                        str(tmp_path / "state"))
     args = build(host)

@@ -9,7 +9,7 @@ import collections
 import os
 import stat
 
-from engine import api, keys
+from engine.core import api, keys
 from engine.placement import open_placement
 from tests.cluster import wait_for
 from tests.hooks import counting_hook, executions
@@ -273,9 +273,9 @@ def _node_xml(path, host, domains):
     """A test-driver host file holding ``domains`` [(uuid, name)], each
     running, owned by ``host`` in peerctl's metadata: what a host's libvirtd
     still holds when its peer comes back after a SIGKILL."""
-    from engine.handlers import load_request_handlers
+    from engine.core.handlers import load_request_handlers
     load_request_handlers()
-    from peerctl_requests.domain_xml import DomainSpec, domain_xml
+    from engine.hypervisor.domain_xml import DomainSpec, domain_xml
     xml = "".join(domain_xml(DomainSpec(uuid=u, name=n, vcpus=1, memory_mb=64, disk_gb=1,
                                         domain_type="test", owner=host))
                   for u, n in domains)
@@ -301,7 +301,7 @@ def test_lost_build_leaves_no_ghost_record_and_no_ghost_domain_on_return(
     hook.write_text(f"""#!{sys.executable}
 import json, os, signal, sys, time
 sys.path.insert(0, {ROOT!r})
-from engine.store import Store
+from engine.core.store import Store
 event = json.load(sys.stdin)
 store = Store(os.environ["PEERCTL_ETCD"], os.environ["PEERCTL_CLUSTER"])
 key = "vms/" + event["host"] + "/" + event["args"]["uuid"]
@@ -412,9 +412,10 @@ def test_a_deposed_reconciler_releases_nothing(store):
     """A reconciler whose lease expired (paused, partitioned) still believes
     it leads; etcd refuses its fenced release and it stops with Deposed."""
     import uuid as uuidlib
-    from engine.election import Candidacy
-    from engine.reconciler import Deposed, reconcile_once
-    from engine.session import Session
+    from engine.core.election import Candidacy
+    from engine.errors import Deposed
+    from engine.hypervisor.reconciler import reconcile_once
+    from engine.core.session import Session
     placement = open_placement("etcd", store)
     rp = placement.ensure_provider("h1")
     placement.set_inventory(rp["uuid"], {"VCPU": 8, "MEMORY_MB": 4096})

@@ -1,6 +1,6 @@
 """The resilient prefix watch, against a real etcd it can lose."""
-from engine.store import Store
-from engine.watch import PrefixWatch, Reset
+from engine.core.store import Store
+from engine.core.watch import PrefixWatch, Reset
 from tests.cluster import wait_for
 
 

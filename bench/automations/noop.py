@@ -1,6 +1,6 @@
 """Benchmark automations: replicated no-op steps."""
-from engine.registry import automation
-from engine.replay import Request
+from engine.core.registry import automation
+from engine.core.replay import Request
 
 
 @automation("noop_sequence", version=1)

@@ -19,11 +19,11 @@ from __future__ import annotations
 import os
 
 from engine.placement.api import ANY, Placement
-from engine.placement.model import Conflict, NotFound, PlacementError, Unavailable
+from engine.errors import Conflict, NotFound, PlacementError, PlacementUnavailable
 from engine.placement.query import Query, RequestGroup, parse_query
 
 __all__ = ["open_placement", "Placement", "PlacementError", "Conflict", "NotFound",
-           "Unavailable",
+           "PlacementUnavailable",
            "ANY", "Query", "RequestGroup", "parse_query"]
 
 
@@ -33,7 +33,7 @@ def open_placement(config=None, store=None) -> Placement:
     ``config``: None (use ``$PEERCTL_PLACEMENT``, default ``etcd``), ``"etcd"``,
     an ``http(s)://`` URL of an OpenStack Placement API, or a mapping
     ``{"backend": "etcd"|"openstack", "url": ..., "token": ...}``.
-    ``store`` (an :class:`engine.store.Store`) is needed for etcd.
+    ``store`` (an :class:`engine.core.store.Store`) is needed for etcd.
     """
     if config is None:
         config = os.environ.get("PEERCTL_PLACEMENT") or "etcd"

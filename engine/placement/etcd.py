@@ -39,14 +39,15 @@ from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, Placemen
                                     normalize_allocations, normalize_inventories,
                                     consumer_doc, empty_consumer, same_holding)
 from engine.placement.query import parse_query
-from engine.store import KV, Delete, Get, Put, absent, modified_at
+from engine.core import keys
+from engine.core.store import KV, Delete, Get, Put, absent, modified_at
 
 __all__ = ["EtcdPlacement"]
 
 log = structlog.get_logger("placement")
 
-RP, NAME, RC, CONSUMER = "placement/rp/", "placement/name/", "placement/rc/", "placement/consumer/"
-DRAINED = "placement/drained/"
+RP, NAME, RC, CONSUMER, DRAINED = (keys.placement(part) for part in
+                                   ("rp/", "name/", "rc/", "consumer/", "drained/"))
 
 
 class EtcdPlacement(Placement):

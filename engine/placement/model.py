@@ -20,46 +20,15 @@ import functools
 import re
 import uuid as uuidlib
 
+from engine.errors import Conflict, NotFound, PlacementError, PlacementUnavailable
+
 __all__ = [
-    "PlacementError", "NotFound", "Conflict", "Unavailable", "STANDARD_RESOURCE_CLASSES",
+    "PlacementError", "NotFound", "Conflict", "PlacementUnavailable", "STANDARD_RESOURCE_CLASSES",
     "SHARING_TRAIT", "DISABLED_TRAIT", "INVENTORY_DEFAULTS", "capacity",
     "check_resource_class_name", "check_trait_name", "check_uuid",
     "normalize_inventories", "normalize_allocations", "amount_problem",
     "consumer_doc", "empty_consumer", "same_holding", "standard_traits",
 ]
-
-
-class PlacementError(Exception):
-    """Bad input: the message names the bad part.  Nothing was written."""
-
-
-class NotFound(PlacementError):
-    """A provider or consumer named in the request does not exist."""
-
-
-class Unavailable(PlacementError):
-    """The placement service cannot be reached (connection refused or
-    reset, timeout, 502/503/504).  Nothing is known to be written; ``url``
-    says where it was looked for.  Not bad input: callers that treat
-    ``PlacementError`` as bad input catch this first."""
-
-    def __init__(self, message: str, url: str | None = None):
-        super().__init__(message)
-        self.url = url
-
-
-class Conflict(Exception):
-    """A claim lost: ``reason`` says what to do next.
-
-    - ``concurrent_update``: someone changed a provider or the consumer
-      meanwhile; retrying at once may well succeed;
-    - ``capacity_exceeded``: a provider can no longer fit the request; take
-      an alternate candidate.
-    """
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 # os-resource-classes 1.1.0, so that the etcd backend needs no OpenStack package.

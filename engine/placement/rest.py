@@ -11,7 +11,7 @@ bad input never reaches the server; what only the server knows maps back:
 - 409 "violate inventory constraints", or deleting a provider in use or
   with children -> :class:`PlacementError`;
 - no answer (connection refused, timeout) or 502/503/504 ->
-  :class:`Unavailable` (a ``PlacementError``);
+  :class:`~engine.errors.PlacementUnavailable` (exit 3, not bad input);
 - other 409 on allocations -> ``Conflict("capacity_exceeded")``.
 
 Candidates come from ``GET /allocation_candidates`` and are ordered with the
@@ -31,7 +31,7 @@ import structlog
 from engine.placement.api import ANY, Placement, subtree
 from engine.placement.candidates import order
 from engine.placement.model import (Conflict, NotFound, PlacementError, SHARING_TRAIT,
-                                    Unavailable,
+                                    PlacementUnavailable,
                                     STANDARD_RESOURCE_CLASSES, check_trait_name, check_uuid,
                                     normalize_allocations, normalize_inventories,
                                     consumer_doc, empty_consumer, same_holding,
@@ -65,13 +65,13 @@ class RestPlacement(Placement):
             reply = self.session.request(method, self.url + path, json=body, params=params,
                                          timeout=self.timeout)
         except requests.RequestException as exc:
-            raise Unavailable(f"placement at {self.url} unreachable "
-                              f"({type(exc).__name__})", self.url) from None
+            raise PlacementUnavailable(f"placement at {self.url} unreachable "
+                                       f"({type(exc).__name__})", self.url) from None
         if reply.status_code < 300 or reply.status_code in allow:
             return reply
         if reply.status_code in (502, 503, 504):
-            raise Unavailable(f"placement at {self.url} unavailable "
-                              f"({reply.status_code} {reply.reason})", self.url)
+            raise PlacementUnavailable(f"placement at {self.url} unavailable "
+                                       f"({reply.status_code} {reply.reason})", self.url)
         try:
             error = reply.json()["errors"][0]
             detail, code = error.get("detail", ""), error.get("code", "")
@@ -185,7 +185,7 @@ class RestPlacement(Placement):
             for name in created:    # in use by someone meanwhile (409): theirs now
                 try:
                     self._call("DELETE", f"/{kind}/{name}", allow=(404, 409))
-                except PlacementError:
+                except (PlacementError, PlacementUnavailable):
                     pass
             raise
 

@@ -1,6 +1,6 @@
 """Test automations with bugs in them: the engine must fail them cleanly."""
-from engine.registry import automation
-from engine.replay import Request
+from engine.core.registry import automation
+from engine.core.replay import Request
 
 
 @automation("bad_yield", version=1)

@@ -1,6 +1,6 @@
 """Test automations, loaded by peers through PEERCTL_AUTOMATIONS_PATH."""
-from engine.registry import automation
-from engine.replay import Request
+from engine.core.registry import automation
+from engine.core.replay import Request
 
 
 @automation("steps", version=1)

@@ -28,6 +28,8 @@ from typing import Any, Callable
 
 import msgpack
 
+from engine.errors import Failed, NonDeterminism
+
 __all__ = ["Request", "Response", "Context", "Replayer", "NewRequest",
            "NonDeterminism", "WorkerFailed", "Failed", "fingerprint", "LoggedStep"]
 
@@ -84,10 +86,6 @@ class NewRequest:
     fingerprint: str
 
 
-class NonDeterminism(Exception):
-    """Replayed code yielded something else than the log recorded."""
-
-
 class WorkerFailed(Exception):
     """A child worker raised; carries its error text."""
 
@@ -95,14 +93,6 @@ class WorkerFailed(Exception):
 class _WorkerBug(Exception):
     """What a worker yielded, or how it was called, cannot be run: a bug in
     the worker's code.  The whole automation fails (every replay alike)."""
-
-
-class Failed(Exception):
-    """Raised by a worker to fail with a message and still leave a result."""
-
-    def __init__(self, message: str, result=None):
-        super().__init__(message)
-        self.result = result
 
 
 def fingerprint(worker_name: str, request: Request) -> str:

@@ -14,8 +14,7 @@ import platform
 
 import psutil
 
-import engine.handlers  # noqa: F401  (makes peerctl_requests importable)
-from peerctl_requests.domain_xml import read_metadata
+from engine.hypervisor.domain_xml import read_metadata
 
 __all__ = ["host_facts", "hypervisor_version", "cpu_model"]
 

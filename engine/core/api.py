@@ -11,6 +11,8 @@ import random
 import time
 from typing import Iterator
 
+from engine.errors import NoPeers, UnknownTask
+
 from . import keys
 from .record import AutomationRecord
 from .registry import latest
@@ -24,17 +26,9 @@ TERMINAL_STATES = keys.TERMINAL_STATES
 DEFAULT_MEMBERS = 3
 
 
-class UnknownTask(LookupError):
-    pass
-
-
-class NoPeers(RuntimeError):
-    pass
-
-
 def live_hosts(store: Store) -> dict[str, dict]:
     kvs, _ = store.range(keys.host())
-    return {kv.key[len("hosts/"):]: kv.value or {} for kv in kvs}
+    return {keys.suffix(kv.key, keys.host()): kv.value or {} for kv in kvs}
 
 
 def new_id() -> str:
@@ -109,7 +103,7 @@ def get_task(store: Store, automation_id: str) -> dict:
 
 
 def list_tasks(store: Store, include_finished: bool = False) -> list[dict]:
-    kvs, _ = store.range("tasks/")
+    kvs, _ = store.range(keys.task())
     rows = []
     for kv in kvs:
         task = kv.value or {}

@@ -20,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 import structlog
 
 from . import failpoints, keys
-from .handlers import HANDLERS, RequestError
-from .hostctx import HostContext
+from engine.errors import RequestError
+
+from .handlers import HANDLERS
 from .session import Session
 from .store import Delete, Get, Put, Store, StoreUnavailable, absent, exists
 from .watch import PrefixWatch, Reset
@@ -32,8 +33,11 @@ log = structlog.get_logger("peerctl.executor")
 
 
 class Executor:
-    def __init__(self, store: Store, host: HostContext, hooks_dir: str | None = None,
+    def __init__(self, store: Store, host, hooks_dir: str | None = None,
                  workers: int = 8):
+        """``host`` is what every handler is given: any object whose
+        ``host`` attribute is this host's name (the peer passes its
+        :class:`~engine.hypervisor.hostctx.HostContext`)."""
         self.store = store
         self.host = host
         self.hooks_dir = hooks_dir

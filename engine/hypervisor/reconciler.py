@@ -42,12 +42,16 @@ import os
 import threading
 import time
 
+import libvirt
 import structlog
 
-from . import keys
-from .store import Delete, Put, Store, StoreUnavailable
+from engine.core import keys
+from engine.core.store import Delete, Put, Store
+from engine.errors import Deposed, RequestError, StoreUnavailable
+from engine.hypervisor import vm
+from engine.hypervisor.records import owned_by
 
-__all__ = ["reconciler", "reconcile_once", "sweep_ghosts", "Deposed", "DEFAULT_INTERVAL",
+__all__ = ["reconciler", "reconcile_once", "sweep_ghosts", "DEFAULT_INTERVAL",
            "GHOST_INTERVAL"]
 
 log = structlog.get_logger("peerctl.reconciler")
@@ -56,18 +60,13 @@ DEFAULT_INTERVAL = float(os.environ.get("PEERCTL_RECONCILE_INTERVAL", "30"))
 GHOST_INTERVAL = float(os.environ.get("PEERCTL_GHOST_INTERVAL", "30"))
 _BATCH = 64
 
-DISOWNED = "disowned/"
-
-
-class Deposed(Exception):
-    """The reconciler lost its election: etcd refused its fenced write."""
 
 
 class _FencedStore:
-    """A store whose every transaction also carries ``candidacy``'s fence,
-    so that a placement backend writing through it writes only while the
-    candidacy leads.  A refused transaction whose fence no longer holds
-    raises :class:`Deposed` (instead of being retried as a lost race)."""
+    """A store whose every transaction is ``candidacy``'s (fenced, see
+    :meth:`~engine.core.election.Candidacy.txn`), so that a placement backend
+    writing through it writes only while the candidacy leads, and raises
+    :class:`Deposed` instead of retrying a refusal as a lost race."""
 
     def __init__(self, store: Store, candidacy):
         self._store = store
@@ -77,22 +76,14 @@ class _FencedStore:
         return getattr(self._store, name)
 
     def txn(self, compares, success=(), failure=()):
-        result = self._store.txn([*compares, self._candidacy.fence()], success, failure)
-        if not result.succeeded and not _holds(self._store, self._candidacy):
-            raise Deposed(f"election key {self._candidacy.key} is gone")
-        return result
-
-
-def _holds(store: Store, candidacy) -> bool:
-    kv = store.get(candidacy.key)
-    return kv is not None and kv.create_revision == candidacy.revision
+        return self._candidacy.txn(compares, success, failure)
 
 
 def _fenced_writer(placement, fence):
     """The placement to release through: fenced on the etcd backend."""
     if fence is None:
         return placement
-    from .placement.etcd import EtcdPlacement
+    from engine.placement.etcd import EtcdPlacement
     if isinstance(placement, EtcdPlacement):
         return EtcdPlacement(_FencedStore(placement.store, fence))
     return None     # another backend cannot carry an etcd compare: check first
@@ -108,7 +99,7 @@ def _running(store: Store, automation_id) -> bool:
 def _referenced_consumers(store: Store) -> set[str]:
     """Consumers and VM uuids named by the steps of running automations."""
     named = set()
-    tasks, _ = store.range("tasks/")
+    tasks, _ = store.range(keys.task())
     for kv in tasks:
         task = kv.value or {}
         if task.get("state") != "running":
@@ -128,12 +119,12 @@ def _referenced_consumers(store: Store) -> set[str]:
 
 def _ghost_records(store: Store, placement, vms, allocations) -> list:
     """``vms/`` records of dead hosts whose VM belongs elsewhere."""
-    live = {kv.key[len(keys.host()):] for kv in store.range(keys.host(), keys_only=True)[0]}
+    live = {keys.suffix(kv.key, keys.host()) for kv in store.range(keys.host(), keys_only=True)[0]}
     dead = [kv for kv in vms if kv.value and kv.value.get("host") not in live]
     if not dead:
         return []
-    disowned = {tuple(kv.key[len(DISOWNED):].split("/", 1))
-                for kv in store.range(DISOWNED, keys_only=True)[0]}
+    disowned = {tuple(keys.suffix(kv.key, keys.disowned()).split("/", 1))
+                for kv in store.range(keys.disowned(), keys_only=True)[0]}
     names = {rp["uuid"]: rp["name"] for rp in placement.providers()}
     ghosts = []
     for kv in dead:
@@ -147,18 +138,17 @@ def _ghost_records(store: Store, placement, vms, allocations) -> list:
 def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
                    host: str | None = None) -> dict:
     """One pass; ``suspects`` carries orphans seen on the previous pass.
-    ``fence``: the reconciler's :class:`~engine.election.Candidacy`; every
+    ``fence``: the reconciler's :class:`~engine.core.election.Candidacy`; every
     write then carries it, and a deposed reconciler raises :class:`Deposed`
     having released nothing."""
     allocations = {a["consumer"]: a for a in placement.all_allocations() if a["allocations"]}
-    vms, _ = store.range("vms/")
+    vms, _ = store.range(keys.vm())
     ghosts = _ghost_records(store, placement, vms, allocations)
     ghost_keys = {kv.key for kv in ghosts}
-    compares = [fence.fence()] if fence is not None else []
+    txn = fence.txn if fence is not None else store.txn
     for start in range(0, len(ghosts), _BATCH):
         batch = ghosts[start:start + _BATCH]
-        if not store.txn(compares, [Delete(kv.key) for kv in batch]).succeeded:
-            raise Deposed("ghost records not deleted: the reconciler was deposed")
+        txn([], [Delete(kv.key) for kv in batch])
         for kv in batch:
             log.warning("ghost_vm_record_deleted", host=kv.value["host"], uuid=kv.value["uuid"],
                         vm=kv.value.get("name"))
@@ -185,8 +175,7 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
               "suspects": sorted(orphans - set(released)),
               "ghost_records": sorted(kv.key for kv in ghosts),
               "host": host}
-    if not store.txn(compares, [Put("reconcile/report", report)]).succeeded:
-        raise Deposed("report not written: the reconciler was deposed")
+    txn([], [Put(keys.RECONCILE_REPORT, report)])
     suspects.clear()
     suspects.update(orphans - set(released))
     return report
@@ -196,7 +185,7 @@ def reconciler(store: Store, interval: float | None = None, host: str | None = N
     interval = DEFAULT_INTERVAL if interval is None else interval
 
     def duty(stop: threading.Event, candidacy):
-        from .placement import open_placement
+        from engine.placement import open_placement
         placement = open_placement(None, store)
         suspects: set[str] = set()
         try:
@@ -216,15 +205,10 @@ def reconciler(store: Store, interval: float | None = None, host: str | None = N
 
 
 def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
-    """Destroy ``host``'s (a :class:`~engine.hostctx.HostContext`) copies of
+    """Destroy ``host``'s (a :class:`~engine.hypervisor.hostctx.HostContext`) copies of
     VMs the cluster placed elsewhere; returns their uuids.  See the module
     docstring for the rules."""
-    import libvirt
-    from .handlers import HANDLERS, RequestError, load_request_handlers
-    load_request_handlers()
-    from peerctl_requests.vm import disowned_key, owned_by
-
-    prefix = disowned_key(host.host)
+    prefix = keys.disowned(host.host)
     marks = {kv.key[len(prefix):]: kv.value or {} for kv in store.range(prefix)[0]}
     domains = set()
     for dom in host.conn.listAllDomains(0):
@@ -238,8 +222,8 @@ def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
               for uuid in domains & set(marks)}
     rest = domains - set(marks)
     if rest:
-        from .placement import open_placement
-        from .placement.model import NotFound
+        from engine.placement import open_placement
+        from engine.placement.model import NotFound
         own = placement is None
         placement = placement or open_placement(None, store)
         try:
@@ -258,7 +242,7 @@ def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
     failed = set()
     for uuid, why in sorted(ghosts.items()):
         try:
-            HANDLERS["destroy"](host, {"uuid": uuid})
+            vm.destroy(host, {"uuid": uuid})
             log.warning("ghost_vm_destroyed", host=host.host, uuid=uuid, why=why)
         except RequestError as exc:
             failed.add(uuid)

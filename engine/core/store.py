@@ -25,15 +25,13 @@ from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exceptions
 from pyetcd import utils as etcd_utils
 
+from engine.errors import StoreUnavailable
+
 __all__ = [
     "Store", "KV", "Event", "TxnResult", "StoreUnavailable", "WatchBroken",
     "Compacted", "Put", "Delete", "Get", "absent", "exists", "created_at",
     "modified_at", "value_is", "lease_is", "parse_endpoints",
 ]
-
-
-class StoreUnavailable(Exception):
-    """etcd could not be reached (or answered with an internal error)."""
 
 
 class WatchBroken(Exception):

@@ -28,11 +28,10 @@ import threading
 import libvirt
 import structlog
 
-from engine.handlers import load_request_handlers
-from engine.store import Delete, Put, StoreUnavailable, absent, modified_at
-
-load_request_handlers()     # makes peerctl_requests importable
-from peerctl_requests.vm import owned_by, vm_record  # noqa: E402
+from engine.core import keys
+from engine.core.store import Delete, Put, absent, modified_at
+from engine.errors import StoreUnavailable
+from engine.hypervisor.records import owned_by, vm_record
 
 __all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "DEFAULT_INTERVAL"]
 
@@ -77,7 +76,7 @@ def publish_domain(store, host: str, dom) -> bool:
     already right is not rewritten.  Fenced like :meth:`VmPublisher.reconcile`:
     the key is read before libvirt and the put holds only if the key is
     still as read, so it never replaces a record written from a later view."""
-    key = f"vms/{host}/{dom.UUIDString()}"
+    key = keys.vm(host, dom.UUIDString())
     for _ in range(_TRIES):
         kv = store.get(key)
         record = vm_record(host, dom)
@@ -100,7 +99,7 @@ class VmPublisher:
         self._conn_source = conn if callable(conn) else (lambda: conn)
         self.uri = self._conn_source().getURI()
         self.interval = interval
-        self.prefix = f"vms/{host}/"
+        self.prefix = keys.vm(host)
         self._own_conn = None
         self._events_conn = None
         self._callback_id = None

@@ -165,7 +165,7 @@ class Singleton:
     def _run(self):
         while not self._stop.is_set() and self.session.alive:
             try:
-                candidacy = Candidacy(self.store, self.session, f"singleton/{self.name}/", self.host)
+                candidacy = Candidacy(self.store, self.session, keys.singleton(self.name), self.host)
                 if candidacy.wait_until_leader(self._stop):
                     log.info("singleton_leads", duty=self.name, host=self.host)
                     self.duty(self._stop, candidacy)
@@ -181,7 +181,7 @@ def janitor(store: Store, retention: float, interval: float | None = None):
     def duty(stop: threading.Event, candidacy: Candidacy):
         while not stop.wait(interval):
             try:
-                tasks, _ = store.range("tasks/")
+                tasks, _ = store.range(keys.task())
                 now = time.time()
                 for kv in tasks:
                     task = kv.value or {}

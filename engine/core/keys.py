@@ -1,4 +1,7 @@
-"""Key names, in one place (see docs/keyspace.md)."""
+"""Key names, in one place (see docs/keyspace.md).
+
+Every key peerctl writes is spelled here and nowhere else; a function with
+no arguments gives the prefix of all its kind (``vm()`` -> ``vms/``)."""
 
 TERMINAL_STATES = ("done", "failed", "aborted", "stuck")
 
@@ -35,7 +38,7 @@ def elect(automation_id: str) -> str:
     return f"auto/{automation_id}/elect/"
 
 
-def task(automation_id: str) -> str:
+def task(automation_id: str = "") -> str:
     return f"tasks/{automation_id}"
 
 
@@ -57,3 +60,40 @@ def split_step(key: str) -> tuple[str, int]:
     """``auto/<id>/resp/00000007`` -> ("resp", 7)."""
     parts = key.split("/")
     return parts[2], int(parts[3])
+
+
+def host_config(name: str = "") -> str:
+    """The host record kept across restarts (not lease-bound)."""
+    return f"hostcfg/{name}"
+
+
+def vm(host: str = "", uuid: str = "") -> str:
+    """``vms/<host>/<uuid>``; ``vm()`` is every VM, ``vm(host)`` one host's."""
+    if not host:
+        return "vms/"
+    return f"vms/{host}/{uuid}"
+
+
+def disowned(host: str = "", uuid: str = "") -> str:
+    """``disowned/<host>/<uuid>``: ``host`` must drop its copy of the VM."""
+    if not host:
+        return "disowned/"
+    return f"disowned/{host}/{uuid}"
+
+
+def singleton(name: str) -> str:
+    """Election prefix of a cluster singleton (janitor, reconciler)."""
+    return f"singleton/{name}/"
+
+
+RECONCILE_REPORT = "reconcile/report"
+
+
+def placement(part: str = "") -> str:
+    """The placement store's keys (``engine/placement/etcd.py`` names the parts)."""
+    return f"placement/{part}"
+
+
+def suffix(key: str, prefix: str) -> str:
+    """``suffix("hosts/h1", host())`` -> ``"h1"``."""
+    return key[len(prefix):]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 
+from engine.errors import Deposed
+
 from .session import Session
 from .store import Compare, Delete, Put, Store, absent, created_at
 from .watch import PrefixWatch
@@ -31,7 +33,22 @@ class Candidacy:
             self.revision = store.get(self.key).create_revision
 
     def fence(self) -> Compare:
+        """The compare every write of a leader carries."""
         return created_at(self.key, self.revision)
+
+    def txn(self, compares, success=(), failure=()):
+        """A leader's transaction: ``compares`` plus the fence.  Refused while
+        this candidacy no longer holds its key, it raises :class:`Deposed`;
+        refused by ``compares`` alone, it returns the unsucceeded result."""
+        result = self.store.txn([self.fence(), *compares], success, failure)
+        if not result.succeeded and not self.holds():
+            raise Deposed(f"election key {self.key} is gone: no longer the leader")
+        return result
+
+    def holds(self) -> bool:
+        """Whether this candidacy's key still exists (leading or waiting)."""
+        kv = self.store.get(self.key)
+        return kv is not None and kv.create_revision == self.revision
 
     def _candidates(self):
         kvs, revision = self.store.range(self.prefix)

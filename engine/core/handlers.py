@@ -3,9 +3,10 @@
 Handlers live in the top-level ``requests/`` folder, which has no
 ``__init__.py`` so that ``import requests`` always finds the HTTP library.  The
 folder is imported under the alias package ``peerctl_requests`` instead:
-inside it, write ``from peerctl_requests import images``.
+inside it, write ``from engine.hypervisor import images``.
 
-A handler is ``fn(host: HostContext, args: dict) -> dict`` registered with
+A handler is ``fn(host, args: dict) -> dict`` (``host``: what the peer gave
+its executor, a :class:`~engine.hypervisor.hostctx.HostContext`) registered with
 ``@handler("name")``.  It must be idempotent: run twice with the same args it
 finds the first run's result.  It reports failure by raising
 :class:`RequestError` (its message becomes the response's error).
@@ -18,16 +19,13 @@ import sys
 import types
 from typing import Callable
 
-__all__ = ["handler", "HANDLERS", "RequestError", "load_request_handlers",
-           "REQUESTS_DIR"]
+from engine.errors import RequestError
 
-REQUESTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "requests")
+__all__ = ["handler", "HANDLERS", "load_request_handlers", "REQUESTS_DIR"]
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REQUESTS_DIR = os.path.join(_ROOT, "requests")
 HANDLERS: dict[str, Callable] = {}
-
-
-class RequestError(Exception):
-    """A request failed in a way its worker should hear about."""
 
 
 def handler(name: str):

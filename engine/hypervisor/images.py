@@ -32,8 +32,8 @@ import libvirt
 import requests as http
 import structlog
 
-from engine.handlers import RequestError
-from peerctl_requests.domain_xml import pool_xml, volume_xml
+from engine.errors import RequestError
+from engine.hypervisor.domain_xml import pool_xml, volume_xml
 
 __all__ = ["POOL_NAME", "pool_name", "GiB", "ensure_pool", "ensure_base", "ensure_overlay",
            "ensure_blank", "ensure_capacity", "delete_volumes", "volumes_of",

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import structlog
 
+from engine.errors import Deposed
+
 from . import failpoints, keys
 from .election import Candidacy
 from .record import AutomationRecord, response_from
@@ -39,10 +41,6 @@ class Outcome:
     DEPOSED = "deposed"         # leadership lost: stop, another member leads
     RESTART = "restart"         # local view no longer trusted: replay again
     STEP_ASIDE = "step_aside"   # this peer lacks the worker's code: let another lead
-
-
-class _Deposed(Exception):
-    pass
 
 
 class _Restart(Exception):
@@ -71,14 +69,9 @@ class Initiator:
     # -- fenced writes ------------------------------------------------------
 
     def _txn(self, compares, success) -> bool:
-        result = self.store.txn([self.candidacy.fence(), *compares], success)
-        if not result.succeeded and not self._still_leader():
-            raise _Deposed()
-        return result.succeeded
-
-    def _still_leader(self) -> bool:
-        kv = self.store.get(self.candidacy.key)
-        return kv is not None and kv.create_revision == self.candidacy.revision
+        """Fenced (:meth:`Candidacy.txn`): raises :class:`Deposed` once we lead
+        no more; False when only ``compares`` refused it."""
+        return self.candidacy.txn(compares, success).succeeded
 
     # -- main loop ----------------------------------------------------------
 
@@ -87,7 +80,7 @@ class Initiator:
         self._carry: list[tuple[int, dict]] = []     # responses to write with the next txn
         try:
             return self._run()
-        except _Deposed:
+        except Deposed:
             self.log.info("initiator_deposed")
             return Outcome.DEPOSED
         except _Restart:
@@ -169,7 +162,7 @@ class Initiator:
             self._expire_deadlines(now)
             if now - last_host_check >= HOST_CHECK_INTERVAL:
                 last_host_check = now
-                alive = {kv.key[len("hosts/"):]
+                alive = {keys.suffix(kv.key, keys.host())
                          for kv in self.store.range(keys.host(), keys_only=True)[0]}
                 self._check_targets(alive)
                 self._replenish_members(alive)

@@ -16,17 +16,14 @@ import os
 import sys
 from typing import Callable
 
-__all__ = ["automation", "latest", "lookup", "load_automations", "UnknownAutomation",
-           "AUTOMATIONS_DIR"]
+from engine.errors import UnknownAutomation
 
-AUTOMATIONS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "automations")
+__all__ = ["automation", "latest", "lookup", "load_automations", "AUTOMATIONS_DIR"]
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+AUTOMATIONS_DIR = os.path.join(_ROOT, "automations")
 _WORKERS: dict[tuple[str, int], Callable] = {}
 _loaded: set[str] = set()
-
-
-class UnknownAutomation(LookupError):
-    pass
 
 
 def automation(kind: str, version: int = 1):

@@ -1,0 +1,43 @@
+"""What a peerctl domain is, as the cluster sees it: its state name, its
+``vms/<host>/<uuid>`` record, and whether it belongs to a given host.
+
+Shared by the lifecycle (:mod:`engine.hypervisor.vm`) and the publisher
+(:mod:`engine.hypervisor.vmpublish`); it imports neither.
+"""
+from __future__ import annotations
+
+import libvirt
+
+from engine.hypervisor.domain_xml import read_metadata
+
+__all__ = ["vm_state", "vm_record", "owned_by"]
+
+_STATES = {
+    libvirt.VIR_DOMAIN_NOSTATE: "building",
+    libvirt.VIR_DOMAIN_RUNNING: "running",
+    libvirt.VIR_DOMAIN_BLOCKED: "running",
+    libvirt.VIR_DOMAIN_PAUSED: "paused",
+    libvirt.VIR_DOMAIN_SHUTDOWN: "running",     # shutting down, still up
+    libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
+    libvirt.VIR_DOMAIN_CRASHED: "error",
+    libvirt.VIR_DOMAIN_PMSUSPENDED: "paused",
+}
+
+
+
+def vm_state(dom) -> str:
+    return _STATES.get(dom.state()[0], "error")
+
+
+def vm_record(host_name: str, dom) -> dict:
+    """What ``vms/<host>/<uuid>`` holds for a domain."""
+    _state, max_kib, _mem, vcpus, _cpu = dom.info()
+    return {"host": host_name, "name": dom.name(), "uuid": dom.UUIDString(),
+            "state": vm_state(dom), "vcpus": vcpus, "memory_mb": max_kib // 1024,
+            "disk_gb": read_metadata(dom).get("disk_gb", 0)}
+
+
+def owned_by(dom, host_name: str) -> bool:
+    """A peerctl VM of ``host_name`` (not another peer's on a shared libvirtd,
+    not a domain peerctl did not make)."""
+    return read_metadata(dom).get("host") == host_name

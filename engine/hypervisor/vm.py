@@ -1,0 +1,369 @@
+"""The VM lifecycle on one host: build, start, stop, reboot, suspend, resume,
+destroy, disown and vm_info, through libvirt-python only.  ``requests/vm.py``
+registers each as the request of the same name.
+
+Every one is idempotent by VM uuid: run again with the same args it
+finds what the first run did and carries on from there (a build that died
+after defining its domain starts it; a destroy of a VM already gone still
+sweeps the pool for its volumes).  ``reboot`` is the one that cannot
+tell by itself: a ``reboot`` that carries a ``token`` records it on the
+running domain (live metadata), and the same token again finds the reboot
+done.  Without a token, twice is two reboots.
+
+Arguments (all of them): ``uuid`` (required), ``name`` (for messages).
+``build`` adds ``name``, ``vcpus``, ``memory_mb``, ``disk_gb``, ``image``
+(http(s)/file URL or None) and optionally ``kernel``, ``initrd``,
+``cmdline`` (direct kernel boot from files on the host) and ``accel``
+(``kvm`` or ``tcg``; default KVM when /dev/kvm exists).  Before it
+replies, ``build`` writes the VM's ``vms/<host>/<uuid>`` record
+(:func:`engine.hypervisor.vmpublish.publish_domain`), so a finished boot is listed.
+``stop`` takes an optional ``timeout`` in seconds for the ACPI shutdown
+before it destroys.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import uuid as uuidlib
+from collections import defaultdict
+
+import libvirt
+import structlog
+
+from engine.core import keys
+from engine.errors import RequestError
+from engine.hypervisor import images
+from engine.hypervisor.records import owned_by, vm_record, vm_state
+from engine.hypervisor.vmpublish import publish_domain
+from engine.hypervisor.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
+                                        read_metadata, read_reboot_token,
+                                        record_reboot_token)
+
+__all__ = ["build", "start", "stop", "reboot", "suspend", "resume", "destroy", "disown",
+           "vm_info", "console_log_path", "DEFAULT_STOP_TIMEOUT"]
+
+log = structlog.get_logger("peerctl.vm")
+
+DEFAULT_STOP_TIMEOUT = 60.0
+
+_guard = threading.Lock()
+_vm_locks: dict[tuple, threading.Lock] = defaultdict(threading.Lock)
+
+
+def _vm_lock(host, uuid: str) -> threading.Lock:
+    """One request at a time per VM on this peer (the pool runs several)."""
+    with _guard:
+        return _vm_locks[(host.libvirt_uri, uuid)]
+
+
+def console_log_path(host, uuid: str) -> str:
+    return os.path.join(os.path.abspath(host.state_dir), "console", f"{uuid}.log")
+
+
+# -- arguments ---------------------------------------------------------------
+
+def _uuid(args: dict) -> str:
+    value = args.get("uuid")
+    try:
+        return str(uuidlib.UUID(str(value)))
+    except (ValueError, TypeError):
+        raise RequestError(f"bad uuid {value!r}") from None
+
+
+def _positive_int(args: dict, key: str, minimum: int = 1) -> int:
+    value = args.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise RequestError(f"{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _seconds(args: dict, key: str, default: float) -> float:
+    """A finite number of seconds >= 0 (``default`` when absent)."""
+    value = args.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise RequestError(f"{key} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _host_file(args: dict, key: str) -> str | None:
+    value = args.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not os.path.isabs(value) or not os.path.isfile(value):
+        raise RequestError(f"{key} {value!r}: not an absolute path to a file on this host")
+    return value
+
+
+def _label(args: dict, uuid: str) -> str:
+    return f"VM {args['name']!r} ({uuid})" if args.get("name") else f"VM {uuid}"
+
+
+def _find(host, uuid: str):
+    """This host's domain ``uuid``, or None.  Another peer's domain on a
+    shared libvirtd counts as absent."""
+    try:
+        dom = host.conn.lookupByUUIDString(uuid)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise
+    owner = read_metadata(dom).get("host")
+    return None if owner and owner != host.host else dom
+
+
+def _require(host, args: dict):
+    uuid = _uuid(args)
+    dom = _find(host, uuid)
+    if dom is None:
+        raise RequestError(f"{_label(args, uuid)} is not on host {host.host}")
+    return uuid, dom
+
+
+def _libvirt_call(what: str, fn, *fn_args):
+    try:
+        return fn(*fn_args)
+    except libvirt.libvirtError as exc:
+        raise RequestError(f"{what}: {exc.get_error_message()}") from None
+
+
+def _reply(uuid: str, dom) -> dict:
+    return {"uuid": uuid, "state": vm_state(dom)}
+
+
+# -- build -------------------------------------------------------------------
+
+def build(host, args: dict) -> dict:
+    uuid = _uuid(args)
+    name = args.get("name")
+    if not isinstance(name, str) or not name or len(name) > 64 or "/" in name:
+        raise RequestError(f"bad VM name {name!r} (1-64 characters, no '/')")
+    vcpus = _positive_int(args, "vcpus")
+    memory_mb = _positive_int(args, "memory_mb", 16)
+    disk_gb = _positive_int(args, "disk_gb", 0)
+    image = args.get("image")
+    if image is not None and not isinstance(image, str):
+        raise RequestError(f"image must be a URL, got {image!r}")
+    kernel, initrd = _host_file(args, "kernel"), _host_file(args, "initrd")
+    cmdline = args.get("cmdline")
+    if initrd and not kernel:
+        raise RequestError("initrd given without kernel")
+    if cmdline is not None and (not isinstance(cmdline, str) or not kernel):
+        raise RequestError("cmdline must be a string and needs a kernel")
+    accel = args.get("accel")
+    if accel is not None and accel not in ACCELERATORS:
+        raise RequestError(f"accel must be one of {', '.join(ACCELERATORS)}, got {accel!r}")
+
+    with _vm_lock(host, uuid):
+        conn = host.conn
+        dom = _find(host, uuid)
+        if dom is None:
+            dom = _define(host, uuid, name, vcpus, memory_mb, disk_gb, image,
+                          kernel, initrd, cmdline, accel)
+        if vm_state(dom) in ("shutoff", "building"):
+            _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
+            log.info("vm_started", vm=name, uuid=uuid)
+        if host.store is not None:
+            # Before replying: when boot reports done, vms/ already shows
+            # the VM (a pattern or vmlist right after sees it).
+            publish_domain(host.store, host.host, dom)
+        return {"uuid": uuid, "name": dom.name(), "host": host.host, "state": vm_state(dom)}
+
+
+def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, cmdline,
+            accel):
+    conn = host.conn
+    try:
+        other = conn.lookupByName(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+            raise
+    else:
+        raise RequestError(f"host {host.host} already has a VM named {name!r} "
+                           f"(uuid {other.UUIDString()})")
+
+    try:
+        dtype = domain_type(conn.getType(), accel)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+    pool = images.ensure_pool(host)
+    disk_path = None
+    try:
+        if image:
+            base, base_format = images.ensure_base(host, pool, image)
+            disk = images.ensure_overlay(host, pool, f"{uuid}.qcow2", base, base_format,
+                                         disk_gb)
+            disk_path = disk.path()
+        elif disk_gb:
+            disk_path = images.ensure_blank(pool, f"{uuid}.qcow2", disk_gb).path()
+        console = console_log_path(host, uuid)
+        os.makedirs(os.path.dirname(console), exist_ok=True)
+        spec = DomainSpec(uuid=uuid, name=name, vcpus=vcpus, memory_mb=memory_mb,
+                          disk_gb=disk_gb, domain_type=dtype,
+                          disk_path=disk_path, image=image, kernel=kernel,
+                          initrd=initrd, cmdline=cmdline, console_log=console,
+                          owner=host.host)
+        dom = _libvirt_call(f"cannot define VM {name!r}", conn.defineXML, domain_xml(spec))
+    except BaseException:
+        # Nothing refers to this VM's volumes yet: take them back.
+        images.delete_volumes(pool, uuid)
+        raise
+    log.info("vm_defined", vm=name, uuid=uuid, image=image, disk=disk_path)
+    return dom
+
+
+# -- lifecycle ---------------------------------------------------------------
+
+def start(host, args: dict) -> dict:
+    uuid, dom = _require(host, args)
+    with _vm_lock(host, uuid):
+        state = vm_state(dom)
+        if state == "paused":
+            _libvirt_call(f"cannot resume {_label(args, uuid)}", dom.resume)
+        elif state in ("shutoff", "error", "building"):
+            _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
+        return _reply(uuid, dom)
+
+
+def stop(host, args: dict) -> dict:
+    """ACPI shutdown; the guest gets ``timeout`` seconds, then is destroyed."""
+    uuid, dom = _require(host, args)
+    timeout = _seconds(args, "timeout", DEFAULT_STOP_TIMEOUT)
+    with _vm_lock(host, uuid):
+        if vm_state(dom) == "shutoff":
+            return {**_reply(uuid, dom), "forced": False}
+        if vm_state(dom) == "paused":
+            _libvirt_call(f"cannot resume {_label(args, uuid)}", dom.resume)
+        try:
+            dom.shutdown()
+        except libvirt.libvirtError as exc:
+            log.info("vm_acpi_shutdown_refused", uuid=uuid, error=exc.get_error_message())
+        deadline = time.monotonic() + timeout
+        while vm_state(dom) != "shutoff" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        forced = vm_state(dom) != "shutoff"
+        if forced:
+            log.info("vm_stop_forced", uuid=uuid, timeout=timeout)
+            _destroy_domain(dom)
+        return {**_reply(uuid, dom), "forced": forced}
+
+
+def reboot(host, args: dict) -> dict:
+    uuid, dom = _require(host, args)
+    token = args.get("token")
+    if token is not None and (not isinstance(token, str) or not token):
+        raise RequestError(f"bad reboot token {token!r}")
+    with _vm_lock(host, uuid):
+        state = vm_state(dom)
+        if token and state == "running" and read_reboot_token(dom) == token:
+            return {**_reply(uuid, dom), "rebooted": False}     # done by an earlier run
+        if state == "running":
+            _libvirt_call(f"cannot reboot {_label(args, uuid)}", dom.reboot, 0)
+        elif state == "paused":
+            _libvirt_call(f"cannot reset {_label(args, uuid)}", dom.reset, 0)
+            _libvirt_call(f"cannot resume {_label(args, uuid)}", dom.resume)
+        else:
+            _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
+        if token:
+            # After the reboot, not before: a crash in between reboots twice
+            # on a retry, which is better than not at all.
+            _libvirt_call(f"cannot record the reboot of {_label(args, uuid)}",
+                          record_reboot_token, dom, token)
+        return {**_reply(uuid, dom), "rebooted": True}
+
+
+def suspend(host, args: dict) -> dict:
+    uuid, dom = _require(host, args)
+    with _vm_lock(host, uuid):
+        state = vm_state(dom)
+        if state == "running":
+            _libvirt_call(f"cannot suspend {_label(args, uuid)}", dom.suspend)
+        elif state != "paused":
+            raise RequestError(f"cannot suspend {_label(args, uuid)}: it is {state}")
+        return _reply(uuid, dom)
+
+
+def resume(host, args: dict) -> dict:
+    uuid, dom = _require(host, args)
+    with _vm_lock(host, uuid):
+        state = vm_state(dom)
+        if state == "paused":
+            _libvirt_call(f"cannot resume {_label(args, uuid)}", dom.resume)
+        elif state != "running":
+            raise RequestError(f"cannot resume {_label(args, uuid)}: it is {state}")
+        return _reply(uuid, dom)
+
+
+def _destroy_domain(dom) -> None:
+    try:
+        dom.destroy()
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() not in (libvirt.VIR_ERR_OPERATION_INVALID,
+                                        libvirt.VIR_ERR_NO_DOMAIN):
+            raise RequestError(f"cannot destroy VM {dom.name()!r}: "
+                               f"{exc.get_error_message()}") from None
+
+
+def destroy(host, args: dict) -> dict:
+    """Power off, undefine, delete the VM's volumes and console log.  A VM
+    already gone is fine: its leftovers are swept all the same."""
+    uuid = _uuid(args)
+    with _vm_lock(host, uuid):
+        dom = _find(host, uuid)
+        if dom is not None:
+            if dom.isActive():
+                _destroy_domain(dom)
+            flags = (libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+                     | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+                     | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+            try:
+                dom.undefineFlags(flags)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    pass
+                elif exc.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT,
+                                              libvirt.VIR_ERR_INVALID_ARG):
+                    _libvirt_call(f"cannot undefine {_label(args, uuid)}", dom.undefine)
+                else:
+                    raise RequestError(f"cannot undefine {_label(args, uuid)}: "
+                                       f"{exc.get_error_message()}") from None
+            log.info("vm_undefined", uuid=uuid)
+        deleted = images.delete_volumes(images.ensure_pool(host), uuid)
+        try:
+            os.unlink(console_log_path(host, uuid))
+        except FileNotFoundError:
+            pass
+        return {"uuid": uuid, "state": "destroyed", "volumes_deleted": deleted}
+
+
+def disown(host, args: dict) -> dict:
+    """Record that VM ``uuid`` must not stay on host ``args['host']``.
+
+    Sent by ``boot`` after a build there failed or was lost, before it
+    takes an alternate: that host's peer destroys any copy it holds, now or
+    whenever it comes back (its libvirtd may have outlived it), and the
+    reconciler drops the copy's ``vms/`` record while the host is dead.
+    Runs anywhere (it only writes etcd); a put, so running it twice is once.
+    """
+    uuid = _uuid(args)
+    target = args.get("host")
+    if not isinstance(target, str) or not target:
+        raise RequestError(f"disown needs the host the VM must leave, got {target!r}")
+    host.store.put(keys.disowned(target, uuid),
+                   {"uuid": uuid, "host": target, "automation": args.get("automation"),
+                    "reason": args.get("reason"), "time": time.time()})
+    return {"uuid": uuid, "host": target}
+
+
+def vm_info(host, args: dict) -> dict:
+    """The VM's record as ``vmlist`` shows it; ``state: absent`` when the
+    host has no such VM."""
+    uuid = _uuid(args)
+    dom = _find(host, uuid)
+    if dom is None:
+        return {"uuid": uuid, "host": host.host, "state": "absent"}
+    return vm_record(host.host, dom)
