@@ -6,6 +6,9 @@ the etcd client touches this file only.  Values are msgpack.
 
 Promises:
 - every failure to reach etcd surfaces as :class:`StoreUnavailable`;
+- reading never raises on what etcd holds: a value that is not msgpack is a
+  :class:`~engine.core.values.Garbled`, for readers to skip (see
+  ``engine/core/values.py``);
 - a transaction is all-or-nothing and reports the revision it ran at;
 - ``watch`` delivers events in revision order to a callback and reports a
   broken stream (etcd restarted, revision compacted) as one error call, so the
@@ -26,6 +29,8 @@ from pyetcd import exceptions as etcd_exceptions
 from pyetcd import utils as etcd_utils
 
 from engine.errors import StoreUnavailable
+
+from . import values
 
 __all__ = [
     "Store", "KV", "Event", "TxnResult", "StoreUnavailable", "WatchBroken",
@@ -50,10 +55,7 @@ def _encode(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
 
-def _decode(raw: bytes) -> Any:
-    if not raw:
-        return None
-    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+_decode = values.decode      # never raises: bytes that are not msgpack are Garbled
 
 
 @dataclass(frozen=True)
@@ -177,10 +179,11 @@ class Store:
     # -- plumbing ----------------------------------------------------------
 
     def _full(self, key: str) -> bytes:
-        return self._prefix_bytes + key.encode()
+        return self._prefix_bytes + key.encode(errors="surrogateescape")
 
     def _kv(self, raw) -> KV:
-        return KV(raw.key[len(self._prefix_bytes):].decode(), _decode(raw.value),
+        return KV(raw.key[len(self._prefix_bytes):].decode(errors="surrogateescape"),
+                  _decode(raw.value),
                   raw.create_revision, raw.mod_revision, raw.version, raw.lease)
 
     def _call(self, stub: str, method: str, request):

@@ -1,0 +1,161 @@
+"""Values read from etcd are evidence, not truth: an operator's ``etcdctl
+put``, an older or newer peerctl, or a bad disk can leave anything there.
+
+Promises:
+- decoding never raises: bytes that are not msgpack come back from the store
+  as a :class:`Garbled` value (``engine.core.store`` uses :func:`decode`);
+- :func:`readable` gives a key's value when it has the shape its kind of key
+  must have, and otherwise ``None``, reporting the key;
+- a key is reported once per process (a peer logs it once and carries on; a
+  command prints one warning line on stderr, see :func:`set_reporter`);
+- every kind of key declares its shape once, with :func:`declare`, in the
+  room that writes it; :func:`shape_of` finds it for any key, which is what
+  ``peerctl scrub`` walks the keyspace with.
+
+    entry = readable(kv)                 # the shape declared for kv.key
+    if entry is None:
+        continue                         # skipped, and reported once
+"""
+from __future__ import annotations
+
+import fnmatch
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import msgpack
+import structlog
+
+__all__ = ["Garbled", "Shape", "decode", "readable", "problem", "declare", "shape_of",
+           "set_reporter", "report", "MAPPING"]
+
+log = structlog.get_logger("peerctl.values")
+
+
+@dataclass(frozen=True)
+class Garbled:
+    """What a value that is not msgpack decodes to."""
+    raw: bytes
+    why: str
+
+
+def decode(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:    # msgpack raises ValueError, ExtraData, FormatError, ...
+        return Garbled(bytes(raw), f"not msgpack ({type(exc).__name__}: {exc})"[:200])
+
+
+_NUMBER = (int, float)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A mapping whose ``fields`` are present with these types (a tuple of
+    types, or None for anything but absent).  Other fields are allowed: a
+    newer peerctl may add some."""
+    name: str
+    fields: tuple = ()
+
+    def problem(self, value) -> str | None:
+        if isinstance(value, Garbled):
+            return value.why
+        if not isinstance(value, dict):
+            return f"not a {self.name} (a {type(value).__name__}, want a mapping)"
+        for field, types in self.fields:
+            if field not in value:
+                return f"not a {self.name}: no {field!r}"
+            if types is not None and (not isinstance(value[field], types)
+                                      or isinstance(value[field], bool) and bool not in types):
+                return (f"not a {self.name}: {field!r} is a "
+                        f"{type(value[field]).__name__}")
+        return None
+
+
+def shape(name: str, **fields) -> Shape:
+    """``shape("host record", host=str, vcpus=(int, float))``."""
+    return Shape(name, tuple((f, t if t is None or isinstance(t, tuple) else (t,))
+                             for f, t in fields.items()))
+
+
+MAPPING = shape("mapping")
+_ANYTHING = None
+_SHAPES: list[tuple[str, Shape | None]] = []      # (key glob, shape), first match wins
+_lock = threading.Lock()
+_reported: set[str] = set()
+_reporter: Callable[[str, str], None] | None = None
+
+
+def declare(pattern: str, kind: Shape | None) -> None:
+    """Keys matching ``pattern`` (a glob on the relative key; ``*`` spans
+    ``/``) hold ``kind``; None: any value, even undecodable (election keys)."""
+    with _lock:
+        _SHAPES.append((pattern, kind))
+
+
+def shape_of(key: str) -> Shape | None:
+    for pattern, kind in _SHAPES:
+        if fnmatch.fnmatchcase(key, pattern):
+            return kind
+    return MAPPING
+
+
+def problem(kv) -> str | None:
+    """Why ``kv`` cannot be read, or None."""
+    kind = shape_of(kv.key)
+    if kind is None:
+        return None
+    return kind.problem(kv.value)
+
+
+def set_reporter(fn: Callable[[str, str], None] | None) -> None:
+    """Where unreadable keys are reported (default: one structured log line)."""
+    global _reporter
+    _reporter = fn
+
+
+def report(key: str, why: str) -> None:
+    with _lock:
+        if key in _reported:
+            return
+        _reported.add(key)
+    if _reporter is not None:
+        _reporter(key, why)
+    else:
+        log.warning("unreadable_value", key=key, why=why)
+
+
+def readable(kv, kind: Shape | None = None):
+    """``kv``'s value if it has its shape (``kind``, else the declared one),
+    else None (reported).  ``kv`` None gives None, unreported."""
+    if kv is None:
+        return None
+    kind = kind if kind is not None else shape_of(kv.key)
+    why = kind.problem(kv.value) if kind is not None else None
+    if why is not None:
+        report(kv.key, why)
+        return None
+    return kv.value
+
+
+# -- the engine's own keys -------------------------------------------------------
+
+TASK = shape("task summary", id=str, kind=str, state=str)
+SPEC = shape("automation spec", id=str, kind=str, version=int, args=dict)
+STATUS = shape("automation status", state=str)
+LOG_ENTRY = shape("log entry", index=int, request=str, target=str, fingerprint=str)
+RESPONSE = shape("response", status=str)
+CLAIM = shape("claim", executor=str)
+INBOX_ENTRY = shape("inbox entry")
+MEMBERSHIP = shape("membership")
+HOST = shape("host record", host=str)
+
+for _pattern, _kind in (
+        ("tasks/*", TASK), ("auto/*/spec", SPEC), ("auto/*/status", STATUS),
+        ("auto/*/log/*", LOG_ENTRY), ("auto/*/resp/*", RESPONSE), ("auto/*/claim/*", CLAIM),
+        ("auto/*/elect/*", _ANYTHING), ("auto/*/abort", _ANYTHING),
+        ("singleton/*", _ANYTHING), ("member/*", MEMBERSHIP),
+        ("inbox/*", INBOX_ENTRY), ("hosts/*", HOST), ("hostcfg/*", HOST)):
+    declare(_pattern, _kind)
