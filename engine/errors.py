@@ -133,7 +133,8 @@ class Unreadable(PeerctlError):
     """A value in etcd that cannot be decoded or has the wrong shape:
     skipped by every reader, listed by ``peerctl scrub``."""
 
-    def __init__(self, key: str, why: str):
+    def __init__(self, key: str, why: str, mod_revision: int = 0):
         super().__init__(f"{key}: {why}")
         self.key = key
         self.why = why
+        self.mod_revision = mod_revision

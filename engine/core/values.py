@@ -26,7 +26,7 @@ from typing import Any, Callable
 import msgpack
 import structlog
 
-__all__ = ["Garbled", "Shape", "decode", "readable", "problem", "declare", "shape_of",
+__all__ = ["Garbled", "Shape", "shape", "decode", "readable", "problem", "declare", "shape_of",
            "set_reporter", "report", "MAPPING"]
 
 log = structlog.get_logger("peerctl.values")
@@ -55,15 +55,21 @@ _NUMBER = (int, float)
 class Shape:
     """A mapping whose ``fields`` are present with these types (a tuple of
     types, or None for anything but absent).  Other fields are allowed: a
-    newer peerctl may add some."""
+    newer peerctl may add some.  ``check(value)``, if given, returns what
+    else is wrong, or None.  ``kind`` other than dict: a plain value."""
     name: str
     fields: tuple = ()
+    check: Callable | None = None
+    kind: type = dict
 
     def problem(self, value) -> str | None:
         if isinstance(value, Garbled):
             return value.why
-        if not isinstance(value, dict):
-            return f"not a {self.name} (a {type(value).__name__}, want a mapping)"
+        if not isinstance(value, self.kind):
+            want = "a mapping" if self.kind is dict else f"a {self.kind.__name__}"
+            return f"not a {self.name} (a {type(value).__name__}, want {want})"
+        if self.kind is not dict:
+            return None
         for field, types in self.fields:
             if field not in value:
                 return f"not a {self.name}: no {field!r}"
@@ -71,13 +77,20 @@ class Shape:
                                       or isinstance(value[field], bool) and bool not in types):
                 return (f"not a {self.name}: {field!r} is a "
                         f"{type(value[field]).__name__}")
+        if self.check is not None:
+            try:
+                why = self.check(value)
+            except Exception as exc:        # a check that trips over the value
+                why = f"{type(exc).__name__}: {exc}"
+            if why:
+                return f"not a {self.name}: {why}"
         return None
 
 
-def shape(name: str, **fields) -> Shape:
+def shape(name: str, /, check: Callable | None = None, kind: type = dict, **fields) -> Shape:
     """``shape("host record", host=str, vcpus=(int, float))``."""
     return Shape(name, tuple((f, t if t is None or isinstance(t, tuple) else (t,))
-                             for f, t in fields.items()))
+                             for f, t in fields.items()), check, kind)
 
 
 MAPPING = shape("mapping")

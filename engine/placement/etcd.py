@@ -41,6 +41,7 @@ from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, Placemen
 from engine.placement.query import parse_query
 from engine.core import keys
 from engine.core.store import KV, Delete, Get, Put, absent, modified_at
+from engine.core.values import declare, readable, shape
 
 __all__ = ["EtcdPlacement"]
 
@@ -48,6 +49,42 @@ log = structlog.get_logger("placement")
 
 RP, NAME, RC, CONSUMER, DRAINED = (keys.placement(part) for part in
                                    ("rp/", "name/", "rc/", "consumer/", "drained/"))
+
+
+def _numbers(mapping) -> bool:
+    return all(isinstance(n, (int, float)) and not isinstance(n, bool)
+               for n in mapping.values())
+
+
+def _provider_problem(doc) -> str | None:
+    for rc, inventory in doc["inventories"].items():
+        if not isinstance(inventory, dict) or not _numbers(inventory):
+            return f"inventory {rc!r} is not a mapping of numbers"
+    if not _numbers(doc["usages"]):
+        return "usages are not all numbers"
+    return None
+
+
+def _consumer_problem(doc) -> str | None:
+    for rp, resources in doc["allocations"].items():
+        if not isinstance(resources, dict) or not _numbers(resources):
+            return f"allocation on {rp!r} is not a mapping of numbers"
+    return None
+
+
+PROVIDER = shape("resource provider", _provider_problem, uuid=str, name=str, root=str,
+                 generation=int, inventories=dict, usages=dict, traits=list, aggregates=list)
+CONSUMER_DOC = shape("consumer", _consumer_problem, consumer=str, allocations=dict)
+declare(RP + "*", PROVIDER)
+declare(NAME + "*", shape("provider name", kind=str))
+declare(CONSUMER + "*", CONSUMER_DOC)
+declare(DRAINED + "*", shape("drained provider's saved reserved"))
+declare(RC + "*", None)
+
+
+def _readable(kvs) -> list:
+    """``kvs`` whose values can be read (the rest are reported and skipped)."""
+    return [kv for kv in kvs if readable(kv) is not None]
 
 
 class EtcdPlacement(Placement):
@@ -60,13 +97,13 @@ class EtcdPlacement(Placement):
     # -- reading -------------------------------------------------------------------
 
     def _uuid_named(self, name: str) -> str | None:
-        kv = self.store.get(NAME + name)
-        return kv.value if kv else None
+        return readable(self.store.get(NAME + name))
 
     def _read(self, uuid: str):
         kv = self.store.get(RP + uuid)
-        if kv is None:
-            raise NotFound(f"no provider with uuid {uuid}")
+        if readable(kv) is None:
+            raise NotFound(f"no provider with uuid {uuid}"
+                           + (" (its record is unreadable)" if kv is not None else ""))
         return kv
 
     def provider(self, ref: str) -> dict:
@@ -74,7 +111,7 @@ class EtcdPlacement(Placement):
 
     def providers(self, name_glob: str | None = None) -> list[dict]:
         kvs, _ = self.store.range(RP)
-        docs = [kv.value for kv in kvs]
+        docs = [kv.value for kv in _readable(kvs)]
         if name_glob:
             docs = [d for d in docs if fnmatch.fnmatchcase(d["name"], name_glob)]
         return sorted(docs, key=lambda d: (d["name"], d["uuid"]))
@@ -131,7 +168,7 @@ class EtcdPlacement(Placement):
         kv = self._read(uuid)
         if any(kv.value["usages"].values()):
             raise PlacementError(f"provider {kv.value['name']} has allocations")
-        kvs, _ = self.store.range(RP)
+        kvs = _readable(self.store.range(RP)[0])
         if any(other.value["parent"] == uuid for other in kvs):
             raise PlacementError(f"provider {kv.value['name']} has child providers")
         done = self.store.txn([modified_at(kv.key, kv.mod_revision)],
@@ -203,7 +240,7 @@ class EtcdPlacement(Placement):
         uuid = self._resolve(ref)
         for _ in range(self.retries):
             kvs, revision = self.store.range(RP)
-            by_uuid = {kv.value["uuid"]: kv for kv in kvs}
+            by_uuid = {kv.value["uuid"]: kv for kv in _readable(kvs)}
             if uuid not in by_uuid:
                 raise NotFound(f"no provider with uuid {uuid}")
             tree = subtree(uuid, {u: kv.value for u, kv in by_uuid.items()})
@@ -228,7 +265,7 @@ class EtcdPlacement(Placement):
                    limit: int | None = None) -> list[dict]:
         query = parse_query(query, required, limit)
         self._check_classes_exist(query.resource_classes)
-        kvs, _ = self.store.range(RP)
+        kvs = _readable(self.store.range(RP)[0])
         self._seen = {kv.value["uuid"]: kv for kv in kvs}
         providers = {kv.value["uuid"]: kv.value for kv in kvs}
         for group in query.groups:
@@ -240,12 +277,11 @@ class EtcdPlacement(Placement):
 
     def allocations(self, consumer: str) -> dict:
         consumer = check_uuid(consumer, "consumer")
-        kv = self.store.get(CONSUMER + consumer)
-        return kv.value if kv else empty_consumer(consumer)
+        return readable(self.store.get(CONSUMER + consumer)) or empty_consumer(consumer)
 
     def all_allocations(self) -> list[dict]:
         kvs, _ = self.store.range(CONSUMER)
-        return sorted((kv.value for kv in kvs), key=lambda d: d["consumer"])
+        return sorted((kv.value for kv in _readable(kvs)), key=lambda d: d["consumer"])
 
     def claim(self, consumer: str, allocations: dict, *, project: str, user: str,
               consumer_type: str = "INSTANCE", consumer_generation=ANY) -> dict:
@@ -271,6 +307,9 @@ class EtcdPlacement(Placement):
         found = {}
         for key, kvs in zip(keys, result.ranges):
             found[key] = kvs[0] if kvs else None
+            if found[key] is not None and readable(found[key]) is None:
+                raise PlacementError(f"{key} is unreadable: nothing can be claimed over it "
+                                     "until it is repaired or removed (peerctl scrub)")
         return found
 
     def _write(self, want: dict, expect: dict) -> dict:

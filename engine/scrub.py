@@ -1,0 +1,38 @@
+"""Finding and removing the values in a cluster's keyspace that nobody can
+read: what ``peerctl scrub`` does.
+
+Every kind of key declares its shape in the room that writes it (see
+``engine/core/values.py``); this module imports those rooms' declarations
+and checks every key of the cluster against them.  Deleting is guarded: a
+key is deleted only if it is still the value that was found unreadable (its
+mod revision is unchanged), so a key rewritten meanwhile by its owner stays.
+"""
+from __future__ import annotations
+
+from engine.core import values
+from engine.core.store import Delete, Store, modified_at
+from engine.errors import Unreadable
+import engine.hypervisor.shapes  # noqa: F401  (declares vms/, disowned/)
+import engine.placement.etcd  # noqa: F401  (declares placement/)
+
+__all__ = ["find_unreadable", "delete_unreadable"]
+
+
+def find_unreadable(store: Store) -> list[Unreadable]:
+    """Every key of the cluster whose value cannot be read, by key."""
+    kvs, _ = store.range("")
+    found = []
+    for kv in kvs:
+        why = values.problem(kv)
+        if why is not None:
+            found.append(Unreadable(kv.key, why, kv.mod_revision))
+    return sorted(found, key=lambda bad: bad.key)
+
+
+def delete_unreadable(store: Store, found: list[Unreadable]) -> list[str]:
+    """Delete each of ``found`` that is still as it was found; the keys deleted."""
+    deleted = []
+    for bad in found:
+        if store.txn([modified_at(bad.key, bad.mod_revision)], [Delete(bad.key)]).succeeded:
+            deleted.append(bad.key)
+    return deleted
