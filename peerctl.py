@@ -4,8 +4,12 @@
 One file, one entry point (also installed as the ``peerctl`` console script).
 It runs a peer (``peer``), starts and follows replicated automations (``boot``,
 ``destroy`` ... ``ping``), lists what the cluster knows (``vmlist``,
-``hostlist``, ``hoststats``, ``tasks``, ``placement``) and brings up an
-embedded local cluster (``up`` / ``down``).
+``hostlist``, ``hoststats``, ``tasks``, ``placement``), finds what nobody
+can read in etcd (``scrub``) and brings up an embedded local cluster (``up`` /
+``down``).  It is the command line only: reading the cluster is
+``engine/cluster.py``, the local cluster ``engine/supervisor.py``, the live
+view ``engine/progress.py``, the checks of endpoints and durations
+``engine/core/validate.py``, resource specs ``engine/placement/query.py``.
 
 What it promises (see ../shared/CONTRACT.md, beside this repository):
 - exit 0 on success, 1 when the operation ran and failed or a pattern matched
@@ -28,9 +32,7 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -40,8 +42,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine import table  # noqa: E402  (pure Python, no engine dependencies)
-from engine.errors import (Failed, PeerctlError, StoreUnavailable,  # noqa: E402
-                           Unavailable, UsageError)
+from engine.core.validate import parse_duration, parse_endpoints  # noqa: E402  (cheap)
+from engine.errors import (Failed, PeerctlError, PlacementError,  # noqa: E402
+                           StoreUnavailable, Unavailable, UsageError)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED = 0, 1, 2, 3, 130
 
@@ -52,7 +55,6 @@ DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "ta
 VM_ACTIONS = ("destroy", "start", "stop", "reboot", "suspend", "resume")
 # Actions that take a service down: on more than one VM they need --yes.
 DESTRUCTIVE = ("destroy", "stop", "reboot", "suspend")
-FINISHED_STEP = ("ok", "error", "timeout", "lost", "failed", "done", "skipped")
 
 
 # -- errors the user can act on -------------------------------------------------
@@ -77,7 +79,6 @@ def read_conf(path: str) -> dict:
     return {k.replace("-", "_"): v.strip() for k, v in parser.items("peerctl")}
 
 
-_DURATION = re.compile(r"[0-9]+(\.[0-9]+)?[smhd]?")     # what engine.peer.parse_duration reads
 _CLUSTER = re.compile(r"[A-Za-z0-9._-]+")
 WHOLE_NUMBERS = {"ttl": "seconds", "workers": "requests", "hosts": "peers"}
 
@@ -99,15 +100,14 @@ def settings_for(args) -> dict:
         if not re.fullmatch(r"[0-9]+", settings[key]) or int(settings[key]) < 1:
             raise UsageError(f"bad {key} {settings[key]!r} in {path} "
                              f"(want a whole number of {unit}, at least 1)")
-    if not _DURATION.fullmatch(settings["retention"].strip().lower()):
-        raise UsageError(f"bad retention {settings['retention']!r} in {path} "
-                         "(want seconds, or a number with s, m, h or d: 3600, 30m, 7d)")
+    parse_duration(settings["retention"], "retention", f"in {path}")
     source = {"etcd": f"in {path}", "cluster": f"in {path}"}
-    up = running_up(os.path.abspath(settings["state_dir"]))
+    from engine import supervisor       # cheap: etcd's client is not loaded
+    up = supervisor.running_up(os.path.abspath(settings["state_dir"]))
     if up:     # the embedded default: a running `peerctl.py up` in ./state
         settings["etcd"], settings["cluster"] = up["etcd"]["url"], up.get("cluster", "default")
-        source.update(etcd=f"in {_up_file(settings['state_dir'])}",
-                      cluster=f"in {_up_file(settings['state_dir'])}")
+        where = f"in {supervisor.up_file(settings['state_dir'])}"
+        source.update(etcd=where, cluster=where)
     for key in ("etcd", "cluster", "format"):
         if os.environ.get("PEERCTL_" + key.upper()):     # set but empty: unset
             settings[key] = os.environ["PEERCTL_" + key.upper()]
@@ -120,27 +120,8 @@ def settings_for(args) -> dict:
     if not _CLUSTER.fullmatch(settings["cluster"]):
         raise UsageError(f"bad cluster name {settings['cluster']!r} {source['cluster']} "
                          "(want letters, digits, '-', '_' or '.')")
-    check_endpoints(settings["etcd"], source["etcd"])
+    parse_endpoints(settings["etcd"], source["etcd"])      # exit 2 before anything connects
     return settings
-
-
-def check_endpoints(text: str, where: str) -> None:
-    """Every comma-separated etcd endpoint is http://HOST[:PORT]: a usage error
-    naming the endpoint otherwise, before anything connects."""
-    import urllib.parse
-    urls = [url.strip() for url in text.split(",") if url.strip()]
-    if not urls:
-        raise UsageError(f"no etcd endpoint given ({text!r} {where})")
-    for url in urls:
-        try:
-            parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
-            host, port = parsed.hostname, parsed.port
-        except ValueError as exc:       # 'Invalid IPv6 URL', 'Port out of range 0-65535'
-            raise UsageError(f"bad etcd endpoint {url!r}: {exc}") from None
-        if parsed.scheme not in ("http", "") or not host:
-            raise UsageError(f"bad etcd endpoint {url!r}: want http://HOST:PORT")
-        if port == 0:
-            raise UsageError(f"bad etcd endpoint {url!r}: port 0")
 
 
 class Context:
@@ -154,14 +135,8 @@ class Context:
 
     def store(self):
         if self._store is None:
-            from engine.core.store import Store, parse_endpoints
-            try:
-                parse_endpoints(self.settings["etcd"])
-                self._store = Store(self.settings["etcd"], self.settings["cluster"],
-                                    timeout=5.0)
-            except ValueError as exc:   # check_endpoints should have caught it first
-                raise UsageError(f"bad etcd endpoint {self.settings['etcd']!r}: "
-                                 f"{exc}") from None
+            from engine.core.store import Store
+            self._store = Store(self.settings["etcd"], self.settings["cluster"], timeout=5.0)
         return self._store
 
     def emit(self, doc, text: str | None = None) -> None:
@@ -177,6 +152,11 @@ def say(message: str) -> None:
     """A message for the user, on stderr."""
     sys.stderr.write(message.rstrip("\n") + "\n")
     sys.stderr.flush()
+
+
+def warn_unreadable(key: str, why: str) -> None:
+    """One line per key a command had to skip (each once; see engine/core/values.py)."""
+    say(f"peerctl: warning: skipped unreadable key {key}: {why}")
 
 
 def me() -> str:
@@ -256,15 +236,10 @@ def parse_resources(spec: str, required: str | None = None) -> tuple[dict, list]
     """``VCPU:1,MEMORY_MB:256`` or ``resources=...&required=...`` plus ``--required``
     -> (resources, traits) with forbidden traits as ``!TRAIT``.
 
-    Uses placement's own parser when it is there, so that the command line and
-    the placement service agree on one grammar."""
+    Placement's own parser reads it, so that the command line and the
+    placement service agree on one grammar; boot takes one request group."""
     parse_traits(required)      # a bad --required is blamed on the traits, not the spec
-    try:
-        from engine.placement.model import PlacementError
-        from engine.placement.query import parse_query
-    except ImportError:
-        resources, traits = _parse_resources(spec)
-        return resources, traits + parse_traits(required)
+    from engine.placement.query import parse_query     # no store, no grpc
     try:
         query = parse_query(spec)
     except PlacementError as exc:
@@ -283,30 +258,6 @@ def parse_resources(spec: str, required: str | None = None) -> tuple[dict, list]
     return dict(group.resources), traits + ["!" + t for t in sorted(group.forbidden)]
 
 
-def _parse_resources(spec: str) -> tuple[dict, list]:
-    resources_text, required = spec, []
-    if "=" in spec:
-        resources_text = ""
-        for part in spec.split("&"):
-            key, sep, value = part.partition("=")
-            if not sep:
-                raise UsageError(f"bad resource spec {spec!r}: {part!r} is not KEY=VALUE")
-            if key == "resources":
-                resources_text = value
-            elif key == "required":
-                required = parse_traits(value)
-            elif key != "limit":
-                raise UsageError(f"bad resource spec {spec!r}: unknown key {key!r}")
-    resources = {}
-    for part in resources_text.split(","):
-        rc, sep, amount = part.strip().partition(":")
-        if not sep or not _RC.match(rc) or not amount.isdigit() or int(amount) <= 0:
-            raise UsageError(f"bad resource spec {spec!r}: {part.strip()!r} "
-                             "(want RESOURCE_CLASS:N, e.g. VCPU:1)")
-        resources[rc] = int(amount)
-    return resources, required
-
-
 def parse_traits(text: str | None) -> list[str]:
     traits = []
     for part in filter(None, (p.strip() for p in (text or "").split(","))):
@@ -314,53 +265,6 @@ def parse_traits(text: str | None) -> list[str]:
             raise UsageError(f"bad trait {part!r} (want TRAIT or !TRAIT, e.g. HW_CPU_X86_AVX2)")
         traits.append(part)
     return traits
-
-
-# -- reading the cluster -----------------------------------------------------
-
-def read_hosts(store) -> list[dict]:
-    """Every host ever seen (hostcfg/), live record when alive (hosts/)."""
-    from engine.core.store import Get
-    cfg, live = store.txn([], [Get("hostcfg/", True), Get("hosts/", True)]).ranges
-    records: dict[str, dict] = {}
-    for kv in cfg:
-        name = kv.key.split("/", 1)[1]
-        records[name] = dict(kv.value or {}, host=name, alive=False)
-    for kv in live:
-        name = kv.key.split("/", 1)[1]
-        record = dict(records.get(name, {}))
-        enabled = record.get("enabled")
-        record.update(kv.value or {})
-        if enabled is not None:     # hostcfg holds the operator's word (drain)
-            record["enabled"] = enabled
-        record.update(host=name, alive=True)
-        records[name] = record
-    if any(r.get("vms") is None for r in records.values()):
-        counts: dict[str, int] = {}
-        for kv in store.range("vms/", keys_only=True)[0]:
-            host = kv.key.split("/")[1]
-            counts[host] = counts.get(host, 0) + 1
-        for name, record in records.items():
-            if record.get("vms") is None:
-                record["vms"] = counts.get(name, 0)
-    for record in records.values():
-        record.setdefault("enabled", True)
-        record["status"] = ("down" if not record["alive"]
-                            else "up" if record["enabled"] else "disabled")
-    return sorted(records.values(), key=lambda r: table.natural_key(r["host"]))
-
-
-def read_vms(store) -> list[dict]:
-    kvs, _ = store.range("vms/")
-    vms = []
-    for kv in kvs:
-        vm = kv.value if isinstance(kv.value, dict) else {}
-        parts = kv.key.split("/")
-        vms.append({"host": vm.get("host") or (parts[1] if len(parts) > 2 else None),
-                    "name": vm.get("name"), "uuid": vm.get("uuid") or parts[-1],
-                    "state": vm.get("state"), "vcpus": vm.get("vcpus"),
-                    "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb")})
-    return vms
 
 
 # -- listings ----------------------------------------------------------------
@@ -488,6 +392,7 @@ def cmd_vmlist(ctx: Context) -> int:
     for text in ctx.args.patterns:
         vm_pattern(text)        # a bad pattern is a usage error before any read
     check_fields(ctx.args, VM_COLUMNS, VMLIST_DEFAULT)      # so is a bad -o / --sort
+    from engine.cluster import read_vms
     vms = read_vms(ctx.store())
     if ctx.args.patterns:
         vms, unmatched = match_vms(vms, ctx.args.patterns)
@@ -501,6 +406,7 @@ def cmd_vmlist(ctx: Context) -> int:
 def _hosts_matching(ctx: Context, default: list[str]) -> list[dict]:
     glob = host_pattern(ctx.args.hostglob)
     check_fields(ctx.args, HOST_COLUMNS, default)       # a bad -o / --sort: before etcd
+    from engine.cluster import read_hosts
     hosts = [_host_derived(h) for h in read_hosts(ctx.store())
              if fnmatch.fnmatchcase(h["host"], glob)]
     if not hosts and ctx.args.hostglob is not None:
@@ -522,92 +428,7 @@ def cmd_hoststats(ctx: Context) -> int:
     return EXIT_OK
 
 
-# -- progress ------------------------------------------------------------------
-
-def _latest_by_label(task: dict) -> list[tuple[str, dict]]:
-    latest: dict[str, dict] = {}
-    for entry in sorted(task.get("log") or [], key=lambda e: e.get("index") or 0):
-        label = str(entry.get("label") or entry.get("target") or "-")
-        latest.pop(label, None)
-        latest[label] = entry
-    order = sorted(latest, key=lambda label: table.natural_key(label))
-    return [(label, latest[label]) for label in order]
-
-
-def _result_by_name(task: dict) -> dict:
-    result = task.get("result") or {}
-    return {str(vm.get("name")): vm for vm in result.get("vms") or [] if isinstance(vm, dict)}
-
-
-class ProgressView:
-    """Shows an automation while it runs: on a terminal one line per VM or host
-    with its current step and a summary bar, redrawn in place; otherwise plain
-    lines, one per change."""
-
-    def __init__(self, stream, automation: str, tty: bool):
-        self.stream, self.automation, self.tty = stream, automation, tty
-        self.started = time.monotonic()
-        self.drawn = 0
-        self.seen: dict[str, tuple] = {}
-        self.state = None
-
-    def update(self, task: dict) -> None:
-        if self.tty:
-            self._redraw(task)
-        else:
-            self._plain(task)
-        self.state = task.get("state")
-
-    def _plain(self, task: dict) -> None:
-        stamp = time.strftime("%H:%M:%S")
-        for label, entry in _latest_by_label(task):
-            key = (entry.get("request"), entry.get("status"), entry.get("index"))
-            if self.seen.get(label) != key:
-                self.seen[label] = key
-                where = f" on {entry['executor']}" if entry.get("executor") else ""
-                self.stream.write(f"{stamp} {label}: {entry.get('request')} "
-                                  f"{entry.get('status') or 'pending'}{where}\n")
-        if task.get("state") != self.state and (self.state or task.get("state") != "running"):
-            self.stream.write(f"{stamp} automation {self.automation} {task.get('state')}"
-                              + (f": {task['error']}" if task.get("error") else "") + "\n")
-        self.stream.flush()
-
-    def lines(self, task: dict, width: int, height: int) -> list[str]:
-        rows = _latest_by_label(task)
-        results = _result_by_name(task) if task.get("state") != "running" else {}
-        label_width = min(max([len(label) for label, _ in rows] + [4]), 32)
-        out = []
-        for label, entry in rows:
-            status = entry.get("status") or "pending"
-            line = f"  {label:<{label_width}}  {str(entry.get('request')):<8} {status:<8}"
-            if entry.get("executor"):
-                line += f" on {entry['executor']}"
-            vm = results.get(label)
-            if vm:
-                line += f"  -> {vm.get('state')}" + (f" ({vm['error']})" if vm.get("error") else "")
-            out.append(line[:width - 1])
-        room = max(height - 3, 3)
-        if len(out) > room:
-            out = out[:room - 1] + [f"  ... and {len(out) - room + 1} more"]
-        log = task.get("log") or []
-        done = sum(1 for e in log if (e.get("status") or "") in FINISHED_STEP)
-        bar_width = max(min(width - 60, 30), 10)
-        filled = int(bar_width * done / len(log)) if log else 0
-        elapsed = time.monotonic() - self.started
-        out.append(f"[{'#' * filled}{'-' * (bar_width - filled)}] {done}/{len(log)} steps  "
-                   f"{len(rows)} {'targets' if len(rows) != 1 else 'target'}  "
-                   f"{task.get('state')}  {elapsed:.1f}s  {self.automation}"[:width - 1])
-        return out
-
-    def _redraw(self, task: dict) -> None:
-        size = shutil.get_terminal_size((100, 40))
-        out = self.lines(task, size.columns, size.lines)
-        if self.drawn:
-            self.stream.write(f"\x1b[{self.drawn}F\x1b[J")
-        self.stream.write("\n".join(out) + "\n")
-        self.stream.flush()
-        self.drawn = len(out)
-
+# -- following an automation ----------------------------------------------------
 
 def follow(ctx: Context, automation: str, timeout: float | None = None,
            quiet: bool = False) -> dict:
@@ -615,6 +436,7 @@ def follow(ctx: Context, automation: str, timeout: float | None = None,
     try:
         api = _engine_api()
         store = ctx.store()
+        from engine.progress import ProgressView
         view = None if quiet else ProgressView(sys.stderr, automation, sys.stderr.isatty())
         last = None
         for task in api.follow(store, automation, timeout=timeout):
@@ -720,6 +542,7 @@ def cmd_boot(ctx: Context) -> int:
         raise UsageError("VM name given more than once: " + ", ".join(twice))
     resources, required = parse_resources(args.resources, args.required)
     on = host_pattern(args.on) if args.on is not None else None
+    from engine.cluster import read_vms
     taken = {vm["name"]: vm["host"] for vm in read_vms(ctx.store())}
     clash = [f"{name} (on {taken[name]})" for name in args.names if name in taken]
     if clash:
@@ -737,17 +560,25 @@ def confirm(ctx: Context, kind: str, vms: list[dict]) -> None:
         raise UsageError(f"{kind} matches {len(vms)} VMs: add --yes to confirm "
                          "(no terminal to ask on)")
     say(f"{kind} will act on {len(vms)} VMs:\n{listing}")
-    sys.stderr.write(f"{kind.capitalize()} these {len(vms)} VMs? [y/N] ")
+    ask(f"{kind.capitalize()} these {len(vms)} VMs?",
+        cancelled={"automation": None, "state": "cancelled", "vms": []})
+
+
+def ask(question: str, cancelled) -> None:
+    """A yes/no question on the terminal; anything but yes: exit 1, nothing
+    done, with ``cancelled`` as the JSON document."""
+    sys.stderr.write(f"{question} [y/N] ")
     sys.stderr.flush()
     answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
-        raise Failed("nothing done", result={"automation": None, "state": "cancelled", "vms": []})
+        raise Failed("nothing done", result=cancelled)
 
 
 def cmd_vm_action(ctx: Context) -> int:
     args, kind = ctx.args, ctx.args.command
     for text in args.patterns:
         vm_pattern(text)        # a bad pattern is a usage error before anything else
+    from engine.cluster import read_vms
     vms, unmatched = match_vms(read_vms(ctx.store()), args.patterns)
     if unmatched:
         raise Failed("no VM matches " + ", ".join(repr(p) for p in unmatched),
@@ -789,6 +620,7 @@ def ping_outcome(ctx: Context, automation: str, task: dict) -> int:
 
 def cmd_ping(ctx: Context) -> int:
     glob = host_pattern(ctx.args.hostglob)
+    from engine.cluster import read_hosts
     hosts = [h["host"] for h in read_hosts(ctx.store())
              if h["alive"] and fnmatch.fnmatchcase(h["host"], glob)]
     if not hosts:
@@ -873,26 +705,49 @@ def cmd_abort(ctx: Context) -> int:
     return EXIT_OK
 
 
+# -- scrub -------------------------------------------------------------------------
+
+SCRUB_COLUMNS = [C("key", "Key"), C("why", "Problem")]
+
+
+def cmd_scrub(ctx: Context) -> int:
+    args = ctx.args
+    if args.delete and not args.yes and not sys.stdin.isatty():
+        raise UsageError("scrub --delete deletes keys: add --yes to confirm "
+                         "(no terminal to ask on)")
+    from engine.scrub import delete_unreadable, find_unreadable
+    store = ctx.store()
+    found = find_unreadable(store)
+    rows = [{"key": bad.key, "why": bad.why} for bad in found]
+    deleted: list[str] = []
+    if args.delete and found:
+        if not args.yes:
+            say(table.render(rows, SCRUB_COLUMNS))
+            ask(f"Delete these {len(found)} unreadable key{'s' if len(found) != 1 else ''}?",
+                cancelled={"keys": rows, "deleted": []})
+        deleted = delete_unreadable(store, found)
+    text = table.render(rows, SCRUB_COLUMNS) if rows else ""
+    summary = (f"{len(found)} unreadable key{'s' if len(found) != 1 else ''}" if found
+               else "no unreadable keys")
+    if args.delete and found:
+        summary += f", {len(deleted)} deleted"
+        if len(deleted) < len(found):
+            summary += " (the others changed meanwhile: run scrub again)"
+    ctx.emit({"keys": rows, "deleted": deleted}, (text + "\n" if text else "") + summary)
+    return EXIT_OK
+
+
 # -- placement -------------------------------------------------------------------
 
 def _placement(ctx: Context):
+    """The configured placement service and its JSON shapes (engine.placement.cli)."""
     configure_logging("DEBUG" if ctx.args.debug else "WARNING")
+    from engine.placement import cli as placement_cli
+    from engine.placement import open_placement
     try:
-        from engine.placement import PlacementError, open_placement
-    except ImportError as exc:
-        raise Failed(f"placement is not available ({exc})") from None
-    try:
-        from engine.placement import cli as placement_cli
-    except ImportError:
-        placement_cli = None
-    try:
-        return open_placement(None, ctx.store()), placement_cli, PlacementError
+        return open_placement(None, ctx.store()), placement_cli
     except PlacementError as exc:
         raise Failed(f"placement: {exc}") from None
-
-
-_PROVIDER_FIELDS = ("uuid", "name", "parent", "generation", "inventories", "usages",
-                    "traits", "aggregates")
 
 
 def _allocations_text(allocations: dict) -> str:
@@ -902,15 +757,9 @@ def _allocations_text(allocations: dict) -> str:
 
 def _candidates_query(args):
     """The full Placement query language for ``placement candidates`` (groups,
-    member_of, in_tree, ...), checked before etcd is touched; None when the
-    placement package is absent (then boot's single-group grammar checks it)."""
+    member_of, in_tree, ...), checked before etcd is touched."""
     parse_traits(args.required)     # a bad --required is blamed on the traits
-    try:
-        from engine.placement.cli import candidates_query
-        from engine.placement.model import PlacementError
-    except ImportError:
-        parse_resources(args.spec, args.required)
-        return None
+    from engine.placement.cli import candidates_query
     try:
         return candidates_query(args.spec, args.required, args.limit)
     except PlacementError as exc:
@@ -921,11 +770,8 @@ def placement_rows(ctx: Context) -> tuple[list[dict], str]:
     args = ctx.args
     if args.what == "providers":
         glob = host_pattern(args.hostglob)
-        service, pcli, _ = _placement(ctx)
-        if pcli and hasattr(pcli, "providers_rows"):
-            rows = pcli.providers_rows(service, glob)
-        else:
-            rows = [{k: p.get(k) for k in _PROVIDER_FIELDS} for p in service.providers(glob)]
+        service, pcli = _placement(ctx)
+        rows = pcli.providers_rows(service, glob)
         if not rows and args.hostglob is not None:
             ctx.emit([])
             raise Failed(f"no provider matches {args.hostglob!r}")
@@ -941,28 +787,15 @@ def placement_rows(ctx: Context) -> tuple[list[dict], str]:
                 uuid.UUID(args.consumer)
             except ValueError:
                 raise UsageError(f"bad consumer {args.consumer!r}: not a UUID") from None
-        service, pcli, _ = _placement(ctx)
-        if pcli and hasattr(pcli, "allocations_rows"):
-            rows = pcli.allocations_rows(service, args.consumer)
-        elif args.consumer:
-            doc = service.allocations(args.consumer)
-            rows = [{"consumer": args.consumer, "allocations": doc.get("allocations") or {}}] \
-                if doc.get("allocations") else []
-        else:
-            rows = [{"consumer": a.get("consumer"), "allocations": a.get("allocations") or {}}
-                    for a in service.all_allocations()]
+        service, pcli = _placement(ctx)
+        rows = pcli.allocations_rows(service, args.consumer)
         return rows, table.render(rows, [C("consumer", "Consumer"),
                                          C("allocations", "Allocations", _allocations_text)])
     query = _candidates_query(args)                 # exit 2 on a bad spec, before etcd
-    service, pcli, placement_error = _placement(ctx)
+    service, pcli = _placement(ctx)
     try:
-        if query is not None:
-            rows = pcli.candidates_rows(service, query)
-        else:
-            rows = [{"allocations": c.get("allocations"), "host": c.get("host")}
-                    for c in service.candidates(args.spec, required=args.required,
-                                                limit=args.limit)]
-    except placement_error as exc:
+        rows = pcli.candidates_rows(service, query)
+    except PlacementError as exc:       # what only the backend knows (a CUSTOM_ class)
         raise UsageError(f"bad resource spec {args.spec!r}: {exc}") from None
     return rows, table.render(rows, [C("host", "Host"),
                                      C("allocations", "Allocations", _allocations_text)])
@@ -1012,128 +845,27 @@ def cmd_peer(ctx: Context) -> int:
     return int(run_peer(ctx.store(), args.host, args.libvirt, **kwargs) or 0)
 
 
-# -- the embedded default: up / down -------------------------------------------------
-
-def _up_file(state_dir: str) -> str:
-    return os.path.join(state_dir, "up.json")
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [p.decode(errors="replace") for p in f.read().split(b"\0") if p]
-    except OSError:
-        return []       # gone (a zombie has an empty cmdline too)
-
-
-def _is_ours(record: dict) -> bool:
-    """The recorded process is alive and still runs the recorded command."""
-    pid = record.get("pid")
-    return bool(pid) and _cmdline(pid) == record.get("cmd")
-
-
-def running_up(state_dir: str) -> dict | None:
-    try:
-        with open(_up_file(state_dir)) as f:
-            up = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return up if _is_ours(up.get("etcd") or {}) else None
-
-
-def _port_free(port: int) -> bool:
-    import socket
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _tail(path: str, lines: int = 5) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:]).rstrip()
-    except OSError:
-        return ""
-
+# -- the embedded default: up / down (engine/supervisor.py) ------------------------
 
 def cmd_up(ctx: Context) -> int:
-    from engine.core.etcd_server import EtcdServer, free_port
+    from engine import supervisor
     args, settings = ctx.args, ctx.settings
     state_dir = os.path.abspath(args.state_dir or settings["state_dir"])
-    try:
-        with open(_up_file(state_dir)) as f:
-            up = json.load(f)
-    except (OSError, ValueError):
-        up = {}
-    _check_up_flags(ctx, state_dir, up)
-    os.makedirs(state_dir, exist_ok=True)
-    cluster = up.get("cluster") or settings["cluster"]
-    libvirt = args.libvirt or settings["libvirt"]
-    count = args.hosts if args.hosts is not None else int(settings["hosts"])
-    report = []
-
-    etcd = up.get("etcd") or {}
-    if _is_ours(etcd):
-        report.append(("etcd", "already running", etcd))
-    else:
-        client_port = etcd.get("client_port") or (2379 if _port_free(2379) else free_port())
-        peer_port = etcd.get("peer_port") or (2380 if _port_free(2380) else free_port())
-        if not _port_free(client_port):
-            client_port = free_port()
-        if not _port_free(peer_port):
-            peer_port = free_port()
-        server = EtcdServer(os.path.join(state_dir, "etcd-data"), client_port, peer_port,
-                            log_path=os.path.join(state_dir, "etcd.log"))
-        try:
-            server.start()
-        except (OSError, RuntimeError, TimeoutError) as exc:
-            raise Failed(f"etcd did not start: {exc}") from None
-        etcd = {"pid": server.process.pid, "cmd": server.command(), "url": server.url,
-                "client_port": client_port, "peer_port": peer_port,
-                "data_dir": server.data_dir, "log": server.log_path}
-        report.append(("etcd", "started", etcd))
-    up.update(state_dir=state_dir, cluster=cluster, etcd=etcd)
-    _save_up(state_dir, up)
-
-    peers = {p["host"]: p for p in up.get("peers") or []}
-    started = []
-    for i in range(1, max(count, len(peers)) + 1):
-        host = f"host{i}"
-        peer = peers.get(host)
-        if peer and _is_ours(peer):
-            report.append((host, "already running", peer))
-            continue
-        if i > count:
-            continue
-        uri = (peer or {}).get("libvirt") or libvirt
-        cmd = [sys.executable, os.path.join(ROOT, "peerctl.py"), "--etcd", etcd["url"],
-               "--cluster", cluster, "peer", "--host", host, "--libvirt", uri,
-               "--ttl", str(settings["ttl"]), "--state-dir", os.path.join(state_dir, host)]
-        log_path = os.path.join(state_dir, f"{host}.log")
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, cwd=ROOT,
-                                       start_new_session=True)
-        # what /proc shows for it: the interpreter path as exec'd
-        peers[host] = {"host": host, "pid": process.pid, "cmd": cmd, "libvirt": uri,
-                       "log": log_path}
-        started.append(host)
-        report.append((host, "started", peers[host]))
-    up["peers"] = sorted(peers.values(), key=lambda p: table.natural_key(p["host"]))
-    _save_up(state_dir, up)
-
-    if started:
-        _wait_hosts(etcd["url"], cluster, peers, started)
-    running = [p for p in up["peers"] if _is_ours(p)]
+    recorded = supervisor.read_up(state_dir)
+    _check_up_flags(ctx, state_dir, recorded)
+    outcome = supervisor.start(
+        state_dir, settings["cluster"], args.libvirt or settings["libvirt"],
+        args.hosts if args.hosts is not None else int(settings["hosts"]), settings["ttl"],
+        up=recorded)
+    up, etcd = outcome.up, outcome.up["etcd"]
+    cluster = up["cluster"]
+    running = [p for p in up["peers"] if supervisor.is_ours(p)]
     doc = {"state_dir": state_dir, "cluster": cluster, "etcd": _public(etcd),
-           "peers": [dict(_public(p), started=p["host"] in started) for p in up["peers"]],
+           "peers": [dict(_public(p), started=p["host"] in outcome.started)
+                     for p in up["peers"]],
            "hosts": len(running)}
     lines = []
-    for name, what, record in report:
+    for name, what, record in outcome.report:
         where = record.get("url") or record.get("libvirt")
         lines.append(f"{name:<8} {what:<16} pid {record['pid']:<8} {where}  "
                      f"log {_short(record['log'])}")
@@ -1191,94 +923,14 @@ def _public(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "cmd"}
 
 
-def _save_up(state_dir: str, up: dict) -> None:
-    tmp = _up_file(state_dir) + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(up, f, indent=2)
-    os.replace(tmp, _up_file(state_dir))
-
-
-def _wait_hosts(url: str, cluster: str, peers: dict, hosts: list[str],
-                timeout: float = 60.0) -> None:
-    """Until every host in ``hosts`` is registered and can take a VM: its
-    ``hosts/`` record and its placement provider with an inventory (a peer
-    writes the first before the second, so `up && boot` must wait for both)."""
-    from engine.core.store import Store, StoreUnavailable
-    store = Store(url, cluster, timeout=2.0)
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            try:
-                seen = _ready_hosts(store, hosts)
-            except StoreUnavailable:
-                seen = set()
-            missing = [h for h in hosts if h not in seen]
-            if not missing:
-                return
-            dead = [h for h in missing if not _is_ours(peers[h])]
-            if dead:
-                host = dead[0]
-                raise Failed(f"peer {host} exited; see {peers[host]['log']}:\n"
-                             + _tail(peers[host]["log"]))
-            if time.monotonic() > deadline:
-                raise Failed(f"peers {', '.join(missing)} not registered after {timeout:.0f}s; "
-                             f"see their logs in {os.path.dirname(peers[missing[0]]['log'])}")
-            time.sleep(0.1)
-    finally:
-        store.close()
-
-
-def _ready_hosts(store, hosts: list[str]) -> set[str]:
-    """The hosts with a live record and a placement provider holding inventory
-    (keys of engine/placement/etcd.py, read only), from one consistent read."""
-    from engine.core.store import Get
-    live, names, providers = store.txn([], [Get("hosts/", True), Get("placement/name/", True),
-                                            Get("placement/rp/", True)]).ranges
-    alive = {kv.key.split("/", 1)[1] for kv in live}
-    uuid_of = {kv.key[len("placement/name/"):]: kv.value for kv in names}
-    stocked = {kv.value.get("uuid") for kv in providers
-               if isinstance(kv.value, dict) and kv.value.get("inventories")}
-    return {h for h in hosts if h in alive and uuid_of.get(h) in stocked}
-
-
-def _stop_process(record: dict, grace: float = 15.0) -> str:
-    pid = record["pid"]
-    if not _is_ours(record):
-        return "stopped"
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not _is_ours(record):
-            return "stopped"
-        time.sleep(0.05)
-    if _is_ours(record):
-        os.kill(pid, signal.SIGKILL)
-        return "killed"
-    return "stopped"
-
-
 def cmd_down(ctx: Context) -> int:
+    from engine import supervisor
     state_dir = os.path.abspath(ctx.args.state_dir or ctx.settings["state_dir"])
-    try:
-        with open(_up_file(state_dir)) as f:
-            up = json.load(f)
-    except (OSError, ValueError):
+    stopped = supervisor.stop(state_dir)
+    if stopped is None:
         ctx.emit({"state_dir": state_dir, "stopped": []},
-                 f"nothing to stop: no {_short(_up_file(state_dir))}")
+                 f"nothing to stop: no {_short(supervisor.up_file(state_dir))}")
         return EXIT_OK
-    stopped = []
-    peers = up.get("peers") or []
-    # peers first (in parallel: each hands over what it leads), etcd last
-    running = [p for p in peers if _is_ours(p)]
-    for peer in running:
-        os.kill(peer["pid"], signal.SIGTERM)
-    for peer in peers:
-        what = _stop_process(peer) if peer in running else "not running"
-        stopped.append({"name": peer["host"], "pid": peer["pid"], "what": what})
-    if up.get("etcd"):
-        stopped.append({"name": "etcd", "pid": up["etcd"]["pid"],
-                        "what": _stop_process(up["etcd"]) if _is_ours(up["etcd"])
-                        else "not running"})
     # up.json stays: the next `up` reuses its ports with the data kept here
     ctx.emit({"state_dir": state_dir, "stopped": stopped},
              "\n".join(f"{s['name']:<8} pid {s['pid']:<8} {s['what']}" for s in stopped)
@@ -1516,6 +1168,16 @@ def build_parser() -> Parser:
     p.add_argument("--limit", type=_positive, metavar="N",
                    help="at most N candidates (default: the query's limit=, else 10)")
 
+    sub = command("scrub", "list the keys in etcd nobody can read (--delete: remove them)",
+                  "python peerctl.py scrub\npython peerctl.py scrub --delete --yes", cmd_scrub,
+                  "List every key of the cluster whose value cannot be decoded or does not "
+                  "have the shape its kind of key must have (every command skips those with "
+                  "a warning). With --delete, delete them after asking; a key rewritten "
+                  "meanwhile is kept.")
+    sub.add_argument("--delete", action="store_true", help="delete the keys listed")
+    sub.add_argument("--yes", "-y", action="store_true",
+                     help="do not ask before deleting (needed without a terminal)")
+
     sub = command("peer", "run this host's peer in the foreground",
                   "python peerctl.py peer --host host1 --libvirt qemu:///system --ttl 5",
                   cmd_peer, "Run the peer of one host: it registers the host, keeps its "
@@ -1576,6 +1238,8 @@ def run(argv=None) -> int:
         _DEBUG = debug
         if args.command != "peer":
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # `vmlist | head` is fine
+            from engine.core import values      # a peer logs them instead
+            values.set_reporter(warn_unreadable)
         return args.func(ctx)
     except Failed as exc:
         if exc.result is not None and "ctx" in locals() and ctx.json:

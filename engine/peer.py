@@ -31,6 +31,7 @@ from .hypervisor.hostctx import HostContext, check_libvirt_uri
 from .core.registry import load_automations
 from .core.session import Session
 from .core.store import Put, Store, StoreUnavailable
+from .core.validate import parse_duration   # one check, shared with the command line
 
 __all__ = ["run_peer", "parse_duration"]
 
@@ -196,22 +197,6 @@ class Peer:
         publisher = VmPublisher(self.store, self.name, conn)
         publisher.start()
         return publisher
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(value) -> float:
-    """``3600``, ``"45s"``, ``"30m"``, ``"12h"``, ``"7d"`` -> seconds."""
-    if isinstance(value, (int, float)):
-        return float(value)
-    text = str(value).strip().lower()
-    try:
-        if text and text[-1] in _UNITS:
-            return float(text[:-1]) * _UNITS[text[-1]]
-        return float(text)
-    except ValueError:
-        raise ValueError(f"bad duration {value!r} (want e.g. 3600, 45s, 30m, 12h, 7d)") from None
 
 
 def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,

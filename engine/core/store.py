@@ -17,7 +17,6 @@ Promises:
 from __future__ import annotations
 
 import threading
-import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -31,6 +30,7 @@ from pyetcd import utils as etcd_utils
 from engine.errors import StoreUnavailable
 
 from . import values
+from .validate import parse_endpoints   # one check of endpoints, shared with the command line
 
 __all__ = [
     "Store", "KV", "Event", "TxnResult", "StoreUnavailable", "WatchBroken",
@@ -137,19 +137,6 @@ def lease_is(key: str, lease: int) -> Compare:
 
 _OPS = {"==": etcdrpc.Compare.EQUAL, "!=": etcdrpc.Compare.NOT_EQUAL,
         "<": etcdrpc.Compare.LESS, ">": etcdrpc.Compare.GREATER}
-
-
-def parse_endpoints(urls: str) -> list[tuple[str, int]]:
-    """``http://127.0.0.1:2379,http://h:2380`` -> [(host, port), ...]."""
-    endpoints = []
-    for url in filter(None, (u.strip() for u in urls.split(","))):
-        parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
-        if parsed.scheme not in ("http", "") or not parsed.hostname:
-            raise ValueError(f"bad etcd endpoint {url!r} (want http://HOST:PORT)")
-        endpoints.append((parsed.hostname, parsed.port or 2379))
-    if not endpoints:
-        raise ValueError("no etcd endpoint given")
-    return endpoints
 
 
 # gRPC's default reconnect backoff grows to two minutes; a restarted etcd must

@@ -1,0 +1,93 @@
+"""Reading the cluster: the engine's answer to "which hosts, which VMs, which
+hosts can take a VM", for the command line and anyone else who lists.
+
+It sits at the top of the engine because it merges what several rooms write:
+the host records of ``engine.core`` (``hostcfg/``, kept across restarts, and
+``hosts/``, bound to the peer's lease), the VM records of the hypervisor room
+(``vms/``) and placement's providers (``placement/``).
+
+Promises:
+- each answer comes from one consistent read of etcd;
+- a record that cannot be read (see ``engine/core/values.py``) is skipped and
+  reported once, never a crash of the listing: the rest is still listed.
+"""
+from __future__ import annotations
+
+import engine.hypervisor.shapes  # noqa: F401  (declares the shape of vms/ records)
+import engine.placement.etcd  # noqa: F401  (declares the shapes of placement/ keys)
+from engine import table
+from engine.core import keys
+from engine.core.store import Get
+from engine.core.values import readable
+
+__all__ = ["read_hosts", "read_vms", "ready_hosts"]
+
+
+def read_hosts(store) -> list[dict]:
+    """Every host ever seen (``hostcfg/``), merged with its live record when
+    it is alive (``hosts/``), with ``alive``, ``enabled``, ``status`` (up,
+    disabled, down) and ``vms``; by host name, naturally sorted."""
+    cfg, live = store.txn([], [Get(keys.host_config(), True), Get(keys.host(), True)]).ranges
+    records: dict[str, dict] = {}
+    for kv in cfg:
+        value = readable(kv)
+        if value is not None:
+            name = keys.suffix(kv.key, keys.host_config())
+            records[name] = dict(value, host=name, alive=False)
+    for kv in live:
+        value = readable(kv)
+        if value is None:
+            continue
+        name = keys.suffix(kv.key, keys.host())
+        record = dict(records.get(name, {}))
+        enabled = record.get("enabled")
+        record.update(value)
+        if enabled is not None:     # hostcfg holds the operator's word (drain)
+            record["enabled"] = enabled
+        record.update(host=name, alive=True)
+        records[name] = record
+    if any(r.get("vms") is None for r in records.values()):
+        counts: dict[str, int] = {}
+        for kv in store.range(keys.vm(), keys_only=True)[0]:
+            host = keys.suffix(kv.key, keys.vm()).split("/")[0]
+            counts[host] = counts.get(host, 0) + 1
+        for name, record in records.items():
+            if record.get("vms") is None:
+                record["vms"] = counts.get(name, 0)
+    for record in records.values():
+        record.setdefault("enabled", True)
+        record["status"] = ("down" if not record["alive"]
+                            else "up" if record["enabled"] else "disabled")
+    return sorted(records.values(), key=lambda r: table.natural_key(r["host"]))
+
+
+def read_vms(store) -> list[dict]:
+    """Every VM record: ``{host, name, uuid, state, vcpus, memory_mb, disk_gb}``."""
+    vms = []
+    for kv in store.range(keys.vm())[0]:
+        vm = readable(kv)
+        if vm is not None:
+            vms.append({"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"],
+                        "state": vm["state"], "vcpus": vm.get("vcpus"),
+                        "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb")})
+    return vms
+
+
+def ready_hosts(store, hosts: list[str]) -> set[str]:
+    """Those of ``hosts`` that can take a VM: a live record and a placement
+    provider holding inventory (a peer writes the first before the second)."""
+    live, names, providers = store.txn([], [
+        Get(keys.host(), True), Get(keys.placement("name/"), True),
+        Get(keys.placement("rp/"), True)]).ranges
+    alive = {keys.suffix(kv.key, keys.host()) for kv in live if readable(kv) is not None}
+    uuid_of = {}
+    for kv in names:
+        uuid = readable(kv)
+        if isinstance(uuid, str):
+            uuid_of[keys.suffix(kv.key, keys.placement("name/"))] = uuid
+    stocked = set()
+    for kv in providers:
+        provider = readable(kv)
+        if provider is not None and provider.get("inventories") and provider.get("uuid"):
+            stocked.add(provider.get("uuid"))
+    return {h for h in hosts if h in alive and uuid_of.get(h) in stocked}
