@@ -44,7 +44,7 @@ from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.placement import open_placement  # noqa: E402
 from engine.placement.model import normalize_inventories  # noqa: E402
 from engine.core.store import Put, Store  # noqa: E402
-from tests.placement_server import HEADERS, PlacementServer, placement_installed  # noqa: E402
+from tests.support.placement_server import HEADERS, PlacementServer, placement_installed  # noqa: E402
 
 CLAIMER = os.path.join(ROOT, "tests", "placement_claimer.py")
 QUERY = "VCPU:1,MEMORY_MB:256,DISK_GB:1"

@@ -1,5 +1,6 @@
 """Shared fixtures: a real etcd server on free loopback ports, a fresh cluster
-name per test (keys never collide), and real peer processes."""
+name per test (keys never collide), and real peer processes.  Helpers live
+in :mod:`tests.support`."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ sys.path.insert(0, ROOT)
 
 from engine.core.etcd_server import EtcdServer, etcd_binary  # noqa: E402
 from engine.core.store import Store  # noqa: E402
-from tests.cluster import Cluster  # noqa: E402
+from tests.support.cluster import Cluster, start_three_peers  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +53,10 @@ def cluster(etcd, cluster_name, tmp_path):
     c = Cluster(etcd.url, cluster_name, tmp_path)
     yield c
     c.close()
+
+
+@pytest.fixture
+def peers(cluster):
+    """Three live peers, host1 to host3, as ``hostlist`` shows them."""
+    return start_three_peers(cluster)
+

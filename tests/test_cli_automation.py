@@ -16,9 +16,10 @@ import pytest
 
 from engine.core import keys
 from engine.core.store import Put
-from tests.cluster import PEERCTL, ROOT, wait_for
-from tests.hooks import counting_hook
-from tests.test_cli_terminal import Terminal, alive, peers  # noqa: F401,F811
+from tests.support import PEERCTL, ROOT, wait_for
+from tests.support.cluster import alive, start_three_peers
+from tests.support.hooks import counting_hook
+from tests.support.terminal import Terminal
 
 TASK_KEYS = {"id", "kind", "state", "initiator", "members", "result", "error", "log"}
 LOG_KEYS = {"index", "request", "target", "status", "executor"}
@@ -148,16 +149,9 @@ def test_boot_name_in_use_exits_1(cluster, peers):
 @pytest.fixture
 def slow_peers(cluster, tmp_path):
     """Three peers whose builds each take two seconds longer (a build.pre hook)."""
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    hook = hooks / "build.pre"
-    hook.write_text("#!/bin/sh\ncat >/dev/null\nsleep 2\n")
-    hook.chmod(0o755)
-    names = ["host1", "host2", "host3"]
-    for name in names:
-        cluster.start_peer(name, extra_args=["--hooks", str(hooks)])
-    wait_for(lambda: set(names) <= alive(cluster), timeout=30, what="three peers alive")
-    return names
+    hooks = str(tmp_path / "hooks")
+    counting_hook(hooks, request="build", sleep=2.0)
+    return start_three_peers(cluster, hooks)
 
 
 def test_progress_of_a_ten_vm_boot_and_ctrl_c_detaches(cluster, slow_peers):
@@ -243,11 +237,7 @@ def slow_ping_peers(cluster, tmp_path):
     """Three peers whose pings each take a second (a ping.pre hook)."""
     hooks = str(tmp_path / "hooks")
     counting_hook(hooks, request="ping", sleep=1.0)
-    names = ["host1", "host2", "host3"]
-    for name in names:
-        cluster.start_peer(name, extra_args=["--hooks", hooks])
-    wait_for(lambda: set(names) <= alive(cluster), timeout=30, what="three peers alive")
-    return names
+    return start_three_peers(cluster, hooks)
 
 
 def leader_in_logs(cluster, automation, hosts):

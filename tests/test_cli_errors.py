@@ -12,7 +12,8 @@ import pytest
 
 from engine.core.etcd_server import free_port
 from engine.core.store import Store
-from tests.cluster import PEERCTL, ROOT, Cluster, wait_for
+from tests.support import PEERCTL, ROOT, wait_for
+from tests.support.cluster import Cluster
 
 
 def one_line(done):

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from engine.core.store import Put
-from tests.cluster import PEERCTL, ROOT
+from tests.support import PEERCTL, ROOT
 
 HOSTLIST_KEYS = {"host", "alive", "enabled", "vcpus", "memory_mb", "free_memory_mb",
                  "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model"}

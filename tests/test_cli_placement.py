@@ -9,7 +9,7 @@ import pytest
 
 from engine.placement import open_placement
 from engine.core.store import Store
-from tests.placement_support import make_provider, new_uuid
+from tests.support.placement import make_provider, new_uuid
 
 MAX = 2147483647
 

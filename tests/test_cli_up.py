@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.cluster import PEERCTL
+from tests.support import PEERCTL
 
 
 def running(pid: int) -> bool:

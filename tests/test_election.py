@@ -4,7 +4,7 @@ import threading
 
 from engine.core.election import Candidacy
 from engine.core.session import Session
-from tests.cluster import wait_for
+from tests.support import wait_for
 
 
 def test_each_candidate_waits_on_its_predecessor_only(store):

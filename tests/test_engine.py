@@ -3,7 +3,6 @@
 Each scenario kills something for real (SIGKILL, SIGSTOP, etcd itself) and
 then checks the automation's log: nothing lost, nothing run twice.
 """
-import collections
 import os
 import signal
 import time
@@ -12,10 +11,11 @@ import pytest
 
 from engine.core import api, failpoints, keys
 from engine.core.store import KV, Store
-from tests.cluster import wait_for
-from tests.hooks import counting_hook, executions, recorded, recording_hook
+from tests.support import TEST_AUTOMATIONS, wait_for
+from tests.support.cluster import Cluster, finished, start_automation, start_peers
+from tests.support.hooks import (assert_each_index_ran_once, counting_hook, executions,
+                                 recorded, recording_hook)
 
-TEST_AUTOMATIONS = os.path.join(os.path.dirname(__file__), "automations")
 # Lease TTL of the peers the step-boundary test crashes: a crashed peer must
 # restart and publish its host record within its old lease's remaining TTL
 # plus the initiator's grace of one TTL (peer start-up takes 0.5-2.5 s on a
@@ -26,25 +26,6 @@ KILL_TTL = 3
 # new candidacies lead; a target not back yet gets a TTL of grace; then the
 # remaining rounds.
 ETCD_RETURN_BOUND = 12.0
-
-
-def start_peers(cluster, store, names, hooks=None, env=None, ttl=2):
-    extra = ["--hooks", hooks] if hooks else []
-    for name in names:
-        cluster.start_peer(name, ttl=ttl, extra_args=extra, env=env)
-    wait_for(lambda: set(names) <= set(api.live_hosts(store)), what=f"peers {names} alive")
-
-
-def finished(store, automation_id, timeout=60):
-    return wait_for(lambda: (lambda t: t if t["state"] in keys.TERMINAL_STATES else None)(
-        api.get_task(store, automation_id)), timeout=timeout, what="automation to finish")
-
-
-def assert_each_index_ran_once(log_path, automation_id):
-    runs = [(a, i) for a, i, _ in executions(log_path) if a == automation_id]
-    doubled = [key for key, n in collections.Counter(runs).items() if n > 1]
-    assert not doubled, f"executed twice: {doubled}"
-    return runs
 
 
 def test_three_peers_ping_ten_rounds(cluster, store):
@@ -232,12 +213,8 @@ def test_changed_worker_goes_stuck_and_writes_nothing_more(cluster, store, tmp_p
     counting_hook(hooks, sleep=0.2)
     start_peers(cluster, store, ["t1"], hooks=hooks)
     start_peers(cluster, store, ["m1"], env=env)
-    os.environ["PEERCTL_AUTOMATIONS_PATH"] = str(code_dir)     # so this process knows "steps"
-    try:
-        automation_id = api.start_automation(store, "steps", {"target": "t1", "count": 6},
-                                             members=1, prefer=["m1"])
-    finally:
-        del os.environ["PEERCTL_AUTOMATIONS_PATH"]
+    automation_id = start_automation(store, "steps", {"target": "t1", "count": 6},
+                                     code=code_dir, members=1, prefer=["m1"])
     wait_for(lambda: len(api.get_task(store, automation_id)["log"]) >= 2, what="2 steps")
     cluster.kill("m1")
     (code_dir / "steps.py").write_text(original.replace('Request("ping", {"step": i}',
@@ -262,7 +239,7 @@ def test_a_worker_yielding_a_non_request_ends_failed_naming_the_worker(cluster, 
     env = {"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS}
     start_peers(cluster, store, ["t1"])
     start_peers(cluster, store, ["m1", "m2"], env=env)
-    automation_id = start_test_automation(store, "bad_yield", {"target": "t1"}, members=2,
+    automation_id = start_automation(store, "bad_yield", {"target": "t1"}, members=2,
                                           prefer=["m1", "m2"])
     task = finished(store, automation_id, timeout=20)
     assert task["state"] == "failed", task
@@ -321,7 +298,7 @@ def test_unanswered_requests_never_run_once_the_automation_has_ended(cluster, st
     start_peers(cluster, store, ["m1"], env=env)
     cluster.kill("t1", signal.SIGSTOP)
     try:
-        automation_id = start_test_automation(store, "first_local", {"target": "t1"},
+        automation_id = start_automation(store, "first_local", {"target": "t1"},
                                               members=1, prefer=["m1"])
         task = finished(store, automation_id, timeout=20)
         assert (task["state"], task["result"]) == ("done", {"winner": 0}), task
@@ -329,7 +306,7 @@ def test_unanswered_requests_never_run_once_the_automation_has_ended(cluster, st
         assert store.range("inbox/")[0] == [], "an unclaimed request outlived its automation"
     finally:
         cluster.kill("t1", signal.SIGCONT)
-    later = start_test_automation(store, "steps", {"target": "t1", "count": 1},
+    later = start_automation(store, "steps", {"target": "t1", "count": 1},
                                   members=1, prefer=["m1"])
     assert finished(store, later)["state"] == "done"
     assert [a for a, _, _ in executions(runs_log)] == [later]
@@ -373,13 +350,9 @@ def test_request_to_a_dead_host_is_lost_within_its_deadline(cluster, store, tmp_
     counting_hook(hooks, sleep=60)      # t1 claims the request and hangs in the hook
     start_peers(cluster, store, ["t1"], hooks=hooks)
     start_peers(cluster, store, ["m1"], env={"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
-    os.environ["PEERCTL_AUTOMATIONS_PATH"] = TEST_AUTOMATIONS
-    try:
-        automation_id = api.start_automation(store, "steps", {"target": "t1", "count": 2,
-                                                              "deadline": 4.0},
-                                             members=1, prefer=["m1"])
-    finally:
-        del os.environ["PEERCTL_AUTOMATIONS_PATH"]
+    automation_id = start_automation(store, "steps", {"target": "t1", "count": 2,
+                                                      "deadline": 4.0},
+                                     members=1, prefer=["m1"])
     wait_for(lambda: api.get_task(store, automation_id)["log"][0]["status"] == "running"
              if api.get_task(store, automation_id)["log"] else False, what="t1 claiming")
     appended = api.get_task(store, automation_id)["log"][0]["time"]
@@ -396,15 +369,6 @@ def test_request_to_a_dead_host_is_lost_within_its_deadline(cluster, store, tmp_
     assert appended > 0
 
 
-def start_test_automation(store, kind, args, **options):
-    """Start a kind from tests/automations (this process must know it too)."""
-    os.environ["PEERCTL_AUTOMATIONS_PATH"] = TEST_AUTOMATIONS
-    try:
-        return api.start_automation(store, kind, args, **options)
-    finally:
-        del os.environ["PEERCTL_AUTOMATIONS_PATH"]
-
-
 def test_hanging_request_times_out_and_the_late_answer_loses(cluster, store, tmp_path):
     """t1 is alive and claims each step, but its pre hook outlasts the
     deadline: the initiator writes `timeout` within deadline + 1 s, the
@@ -414,7 +378,7 @@ def test_hanging_request_times_out_and_the_late_answer_loses(cluster, store, tmp
     counting_hook(hooks, sleep=hang)
     start_peers(cluster, store, ["t1"], hooks=hooks)
     start_peers(cluster, store, ["m1"], env={"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
-    automation_id = start_test_automation(store, "steps", {"target": "t1", "count": 2,
+    automation_id = start_automation(store, "steps", {"target": "t1", "count": 2,
                                                            "deadline": deadline},
                                           members=1, prefer=["m1"])
     task = finished(store, automation_id, timeout=30)
@@ -441,7 +405,6 @@ def test_etcd_down_longer_than_the_ttl_mid_automation(own_etcd, tmp_path):
     given its lease up; when it is back the peers make new sessions, their
     watches resume, and the automation completes, without a double run,
     within a bound after etcd's return."""
-    from tests.cluster import Cluster
     cluster = Cluster(own_etcd.url, "restart", tmp_path)
     store = Store(own_etcd.url, "restart")
     hosts = ["h1", "h2", "h3"]
@@ -498,11 +461,8 @@ def versioned_code(directory, versions):
 
 
 def start_versioned(store, code_env, args, **options):
-    os.environ.update(code_env)     # this process records the newest version it knows
-    try:
-        return api.start_automation(store, "versioned", args, **options)
-    finally:
-        del os.environ["PEERCTL_AUTOMATIONS_PATH"]
+    return start_automation(store, "versioned", args,
+                            code=code_env["PEERCTL_AUTOMATIONS_PATH"], **options)
 
 
 def logged_versions(store, automation_id):
@@ -577,7 +537,7 @@ def test_hooks_see_the_request_and_a_failing_pre_hook_fails_it(cluster, store, t
     posts = recording_hook(hooks, "ping", "post")
     start_peers(cluster, store, ["t1"], hooks=hooks)
     start_peers(cluster, store, ["m1"], env={"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
-    automation_id = start_test_automation(store, "steps", {"target": "t1", "count": 3},
+    automation_id = start_automation(store, "steps", {"target": "t1", "count": 3},
                                           members=1, prefer=["m1"])
     task = finished(store, automation_id)
     assert task["state"] == "done", task["error"]
@@ -619,12 +579,8 @@ def test_sigkill_during_steps_run_on_the_initiator(cluster, store, tmp_path):
     runs_log = counting_hook(hooks, request="noop", sleep=0.05)
     env = {"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS}
     start_peers(cluster, store, ["m1", "m2"], hooks=hooks, env=env)
-    os.environ.update(env)
-    try:
-        automation_id = api.start_automation(store, "local_steps", {"count": 40}, members=2,
-                                             prefer=["m1", "m2"])
-    finally:
-        del os.environ["PEERCTL_AUTOMATIONS_PATH"]
+    automation_id = start_automation(store, "local_steps", {"count": 40}, members=2,
+                                     prefer=["m1", "m2"])
     task = wait_for(lambda: (lambda t: t if len(t["log"]) >= 10 else None)(
         api.get_task(store, automation_id)), what="10 steps")
     first = task["initiator"]

@@ -6,11 +6,8 @@ import uuid as uuidlib
 
 import libvirt
 
-from engine.core.handlers import load_request_handlers
-from engine.hypervisor.hostctx import HostContext
 from engine.hypervisor.hostinfo import host_facts, hypervisor_version
-
-HANDLERS = load_request_handlers()
+from tests.support.handlers import TEST_URI, call, host  # noqa: F401  (host: a fixture)
 
 KEYS = {"vcpus": int, "cpu_usage": float, "memory_mb": int, "free_memory_mb": int,
         "disk_gb": float, "free_disk_gb": float, "net_rx_bytes": int, "net_tx_bytes": int,
@@ -19,7 +16,7 @@ KEYS = {"vcpus": int, "cpu_usage": float, "memory_mb": int, "free_memory_mb": in
 
 
 def test_host_facts_have_every_hostlist_and_hoststats_column(tmp_path):
-    conn = libvirt.open("test:///default")
+    conn = libvirt.open(TEST_URI)
     facts = host_facts(conn, str(tmp_path / "not-yet-created"))
     assert set(facts) == set(KEYS)
     for key, kind in KEYS.items():
@@ -35,17 +32,15 @@ def test_host_facts_have_every_hostlist_and_hoststats_column(tmp_path):
     assert facts["cpu_model"]
 
 
-def test_vms_counts_this_hosts_peerctl_domains_and_their_memory(tmp_path):
-    host = HostContext("f" + uuidlib.uuid4().hex[:8], "test:///default", None,
-                       str(tmp_path / "state"))
+def test_vms_counts_this_hosts_peerctl_domains_and_their_memory(host):
     before = host_facts(host.conn, host.state_dir, host.host)
     assert before["vms"] == 0
     assert before["domains"] >= 1          # the test driver's own "test" domain
     args = {"uuid": str(uuidlib.uuid4()), "name": "f-" + uuidlib.uuid4().hex[:8],
             "vcpus": 1, "memory_mb": 512, "disk_gb": 0, "image": None}
-    HANDLERS["build"](host, args)
+    call(host, "build", **args)
     after = host_facts(host.conn, host.state_dir, host.host)
     assert after["vms"] == 1
     assert after["domains"] == before["domains"] + 1
     assert after["free_memory_mb"] <= before["free_memory_mb"] - 512 + 64  # psutil moves too
-    HANDLERS["destroy"](host, {"uuid": args["uuid"]})
+    call(host, "destroy", uuid=args["uuid"])

@@ -5,7 +5,7 @@ import signal
 import socket
 
 from engine.core import api, keys
-from tests.cluster import wait_for
+from tests.support import wait_for
 
 
 def test_a_uri_libvirt_rejects_exits_2_with_one_line_and_no_lease(cluster, store):

@@ -9,15 +9,12 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from engine.placement import open_placement
 from engine.core.store import Store
-from tests.cluster import wait_for
-from tests.placement_support import make_provider, new_uuid, placement_server  # noqa: F401
+from tests.support import ROOT, wait_for
+from tests.support.placement import make_provider, new_uuid, placement_server  # noqa: F401
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLAIMER = os.path.join(ROOT, "tests", "placement_claimer.py")
+CLAIMER = os.path.join(ROOT, "tests", "support", "placement_claimer.py")
 PROCESSES = 8
 
 

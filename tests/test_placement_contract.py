@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.placement import Conflict, NotFound, PlacementError
-from tests.placement_support import (full_state, make_provider, new_uuid, placement,  # noqa: F401
+from tests.support.placement import (full_state, make_provider, new_uuid, placement,  # noqa: F401
                                      placement_server)
 
 COMPUTE = {"VCPU": 8, "MEMORY_MB": 8192, "DISK_GB": 100}

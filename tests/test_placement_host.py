@@ -7,8 +7,8 @@ import pytest
 from engine.placement import Conflict, open_placement
 from engine.core.store import Store
 from engine.placement.host import drain, measure, register_host
-from tests.cluster import wait_for
-from tests.placement_support import new_uuid, placement, placement_server  # noqa: F401
+from tests.support import wait_for
+from tests.support.placement import new_uuid, placement, placement_server  # noqa: F401
 
 FACTS = {"vcpus": 4, "memory_mb": 2048, "disk_gb": 20}
 

@@ -3,42 +3,33 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.handlers import load_request_handlers
 from engine.errors import RequestError
-from engine.hypervisor.hostctx import HostContext
 from engine.placement import PlacementError, open_placement
 from engine.placement.cli import allocations_rows, candidates_rows, providers_rows
-from tests.placement_support import make_provider, new_uuid
+from tests.support.handlers import call, new_host
+from tests.support.placement import make_provider, new_uuid
 
 
-@pytest.fixture
-def handlers():
-    return load_request_handlers()
-
-
-def test_claim_release_candidates_handlers(store, handlers):
+def test_claim_release_candidates_handlers(store, tmp_path):
     placement = open_placement("etcd", store)
     a = make_provider(placement, "a", {"VCPU": 2, "MEMORY_MB": 1024})
     make_provider(placement, "b", {"VCPU": 4, "MEMORY_MB": 1024}, traits=["CUSTOM_SLOW"])
-    ctx = HostContext("a", "test:///default", store)
-    found = handlers["candidates"](ctx, {"resources": "VCPU:1"})["candidates"]
+    host = new_host(tmp_path, store, name="a")
+    found = call(host, "candidates", resources="VCPU:1")["candidates"]
     assert [c["host"] for c in found] == ["b", "a"]
     vm = new_uuid()
-    got = handlers["claim"](ctx, {"consumer": vm, "resources": {"VCPU": 2},
-                                  "required": "!CUSTOM_SLOW"})
+    got = call(host, "claim", consumer=vm, resources={"VCPU": 2}, required="!CUSTOM_SLOW")
     assert got == {"consumer": vm, "host": "a", "allocations": {a["uuid"]: {"VCPU": 2}}}
-    again = handlers["claim"](ctx, {"consumer": vm, "resources": "VCPU:2",
-                                    "required": "!CUSTOM_SLOW"})
+    again = call(host, "claim", consumer=vm, resources="VCPU:2", required="!CUSTOM_SLOW")
     assert again == got                                 # idempotent
     with pytest.raises(RequestError, match="no host"):
-        handlers["claim"](ctx, {"consumer": new_uuid(), "resources": "VCPU:1",
-                                "required": "!CUSTOM_SLOW"})
+        call(host, "claim", consumer=new_uuid(), resources="VCPU:1", required="!CUSTOM_SLOW")
     with pytest.raises(RequestError, match="VCPUS"):
-        handlers["claim"](ctx, {"consumer": new_uuid(), "resources": "VCPUS:1"})
-    other = handlers["claim"](ctx, {"consumer": new_uuid(), "resources": "VCPU:1", "hosts": "b*"})
+        call(host, "claim", consumer=new_uuid(), resources="VCPUS:1")
+    other = call(host, "claim", consumer=new_uuid(), resources="VCPU:1", hosts="b*")
     assert other["host"] == "b"
-    assert handlers["release"](ctx, {"consumer": vm})["released"]
-    assert handlers["release"](ctx, {"consumer": vm})["released"]
+    assert call(host, "release", consumer=vm)["released"]
+    assert call(host, "release", consumer=vm)["released"]
     assert placement.provider("a")["usages"] == {}
 
 

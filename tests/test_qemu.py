@@ -19,7 +19,7 @@ import pytest
 from engine.core.handlers import load_request_handlers
 from engine.hypervisor.hostctx import HostContext
 from engine.hypervisor.vmpublish import VmPublisher
-from tests import qemu_guest
+from tests.support import qemu_guest
 
 _why = qemu_guest.skip_reason()
 pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")

@@ -2,7 +2,7 @@
 
 Two peer processes share this machine's libvirtd (``qemu:///system``); the
 ``boot`` automation claims placement and builds on the chosen host, the guest
-is a real Linux (the syslinux disk image of :mod:`tests.qemu_guest`, through
+is a real Linux (the syslinux disk image of :mod:`tests.support.qemu_guest`, through
 the image cache as ``file://``), and ``destroy`` must leave nothing behind:
 no domain, no volume, no allocation, no ``vms/`` record.
 Skipped only where no hypervisor can run (:func:`qemu_guest.skip_reason`).
@@ -17,8 +17,8 @@ import pytest
 
 from engine.core import api, failpoints, keys
 from engine.placement import open_placement
-from tests import qemu_guest
-from tests.cluster import wait_for
+from tests.support import qemu_guest
+from tests.support import wait_for
 
 _why = qemu_guest.skip_reason()
 if _why is not None:

@@ -4,7 +4,7 @@ import re
 import pytest
 
 from engine.core.replay import NonDeterminism, Replayer, Request, Response
-from tests.history import History
+from tests.support.history import History
 
 
 def two_steps(ctx, host):

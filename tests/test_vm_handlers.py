@@ -17,23 +17,10 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from engine.core.handlers import load_request_handlers
 from engine.errors import RequestError
-from engine.hypervisor.hostctx import HostContext
-
-HANDLERS = load_request_handlers()
-from engine.hypervisor import images  # noqa: E402
-from engine.hypervisor.domain_xml import DomainSpec, domain_xml, read_metadata  # noqa: E402
-
-
-def call(host, request, **args):
-    return HANDLERS[request](host, args)
-
-
-@pytest.fixture
-def host(tmp_path):
-    return HostContext("h" + uuidlib.uuid4().hex[:8], "test:///default", None,
-                       str(tmp_path / "state"))
+from engine.hypervisor import images
+from engine.hypervisor.domain_xml import DomainSpec, domain_xml, read_metadata
+from tests.support.handlers import call, host, new_host  # noqa: F401  (host: a fixture)
 
 
 def vm_args(image=None, **overrides):
@@ -186,7 +173,7 @@ def test_vm_info_is_the_vmlist_record(host):
 def test_another_peers_vm_on_a_shared_hypervisor_is_not_ours(host, tmp_path):
     args = vm_args()
     call(host, "build", **args)
-    neighbour = HostContext(host.host + "-b", "test:///default", None, str(tmp_path / "b"))
+    neighbour = new_host(tmp_path / "b", name=host.host + "-b")
     assert call(neighbour, "vm_info", uuid=args["uuid"])["state"] == "absent"
     call(neighbour, "destroy", uuid=args["uuid"])
     assert call(host, "vm_info", uuid=args["uuid"])["state"] == "running"

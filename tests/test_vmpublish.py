@@ -2,26 +2,11 @@
 (test:///default in this process, a real etcd)."""
 from __future__ import annotations
 
-import time
 import uuid as uuidlib
 
-import pytest
-
-from engine.core.handlers import load_request_handlers
-from engine.hypervisor.hostctx import HostContext
-from engine.hypervisor.vmpublish import VmPublisher
-
-HANDLERS = load_request_handlers()
-
-
-def call(host, request, **args):
-    return HANDLERS[request](host, args)
-
-
-@pytest.fixture
-def host(tmp_path):
-    return HostContext("p" + uuidlib.uuid4().hex[:8], "test:///default", None,
-                       str(tmp_path / "state"))
+from engine.hypervisor.vmpublish import VmPublisher, publish_domain
+from tests.support import wait_for
+from tests.support.handlers import call, host, new_host  # noqa: F401  (host: a fixture)
 
 
 def build(host, **overrides):
@@ -34,16 +19,6 @@ def build(host, **overrides):
 def published(store, host):
     kvs, _ = store.range(f"vms/{host.host}/")
     return {kv.key.rsplit("/", 1)[1]: kv.value for kv in kvs}
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def test_reconcile_publishes_exactly_this_hosts_vms(store, host):
@@ -107,9 +82,7 @@ def test_build_publishes_before_replying_and_an_older_view_never_overwrites_it(
     rewrites nothing), and a reconcile that listed libvirt before a newer
     write is refused by its fence and reads again instead of writing its
     stale view over it."""
-    from engine.hypervisor.vmpublish import publish_domain
-    host = HostContext("p" + uuidlib.uuid4().hex[:8], "test:///default", store,
-                       str(tmp_path / "state"))
+    host = new_host(tmp_path / "state", store)
     args = build(host)
     key = f"vms/{host.host}/{args['uuid']}"
     assert store.get(key).value["state"] == "running"

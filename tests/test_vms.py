@@ -6,14 +6,13 @@ in its process).  What the cluster believes (vms/, placement) is checked
 against what the hypervisors really hold (the `inventory` request).
 """
 import collections
-import os
-import stat
 
-from engine.core import api, keys
+from engine.core import api
 from engine.placement import open_placement
-from tests.cluster import wait_for
-from tests.hooks import counting_hook, executions
-from tests.test_engine import TEST_AUTOMATIONS, assert_each_index_ran_once, finished
+from tests.support import ROOT, TEST_AUTOMATIONS, wait_for
+from tests.support.cluster import finished, start_automation
+from tests.support.hooks import (assert_each_index_ran_once, counting_hook, failing_hook,
+                                 serial_hook, write_hook)
 
 ENV = {"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS}
 SMALL = {"VCPU": 1, "MEMORY_MB": 64, "DISK_GB": 1}
@@ -35,13 +34,9 @@ def reconcile_every(seconds: float) -> dict:
     return {"PEERCTL_RECONCILE_INTERVAL": str(seconds)}
 
 
-def run(store, kind, args, **kwargs):
-    os.environ.update(ENV)
-    try:
-        automation_id = api.start_automation(store, kind, args, **kwargs)
-    finally:
-        os.environ.pop("PEERCTL_AUTOMATIONS_PATH")
-    return automation_id
+def run(store, kind, args, **options):
+    """Start ``kind``, which may be one of tests/automations (``inventory``)."""
+    return start_automation(store, kind, args, **options)
 
 
 def inventory(store, hosts):
@@ -84,22 +79,6 @@ def assert_one_to_one(store, result_vms, hosts):
              == sorted(vm["name"] for vm in result_vms), what="vms/ to match")
 
 
-def _serial_hook(directory, request, seconds):
-    """A pre hook that lets one ``request`` at a time through, each taking
-    ``seconds``: the peers sharing ``directory`` work through them in turn."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{request}.pre")
-    with open(path, "w") as hook:
-        hook.write(f"""#!/usr/bin/env python3
-import fcntl, sys, time
-sys.stdin.read()
-with open({os.path.join(directory, request + ".lock")!r}, "a") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    time.sleep({seconds})
-""")
-    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
-
-
 def test_boot_twenty_vms_survives_sigkill_of_the_initiator(cluster, store, tmp_path):
     """Claims run on the initiator one at a time (~0.15 s each), so when the
     initiator is killed some VMs are built and others not yet claimed: the
@@ -107,7 +86,7 @@ def test_boot_twenty_vms_survives_sigkill_of_the_initiator(cluster, store, tmp_p
     hooks = str(tmp_path / "hooks")
     builds = counting_hook(hooks, request="build", sleep=0.1)
     member_hooks = str(tmp_path / "member-hooks")
-    _serial_hook(member_hooks, "claim", 0.15)
+    serial_hook(member_hooks, "claim", 0.15)
     start(cluster, store, ["t1", "t2", "t3"], hooks=hooks)
     start(cluster, store, ["m1", "m2", "m3"], hooks=member_hooks)
     names = [f"vm{i:02d}" for i in range(20)]
@@ -138,14 +117,13 @@ def test_boot_twenty_vms_survives_sigkill_of_the_initiator(cluster, store, tmp_p
 
 def test_target_killed_during_build_goes_to_an_alternate(cluster, store, tmp_path):
     hooks = tmp_path / "hooks"
-    hooks.mkdir()
     marker = tmp_path / "hang-once"
     marker.write_text("")
-    hook = hooks / "build.pre"
-    hook.write_text(f"""#!/bin/sh
-if rm {marker} 2>/dev/null; then sleep 60; fi
+    write_hook(hooks, "build", "pre", f"""
+if os.path.exists({str(marker)!r}):     # the first build only: hang
+    os.remove({str(marker)!r})
+    time.sleep(60)
 """)
-    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
     start(cluster, store, ["t1", "t2"], hooks=str(hooks))
     start(cluster, store, ["m1"])
     automation_id = run(store, "boot", booted(["db1"]), prefer=["m1"], members=1)
@@ -168,10 +146,7 @@ if rm {marker} 2>/dev/null; then sleep 60; fi
 
 def test_failing_pre_hook_sends_the_vm_to_an_alternate(cluster, store, tmp_path):
     hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    hook = hooks / "build.pre"
-    hook.write_text("#!/bin/sh\necho 'disk array offline' >&2\nexit 1\n")
-    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
+    failing_hook(hooks, "build", "disk array offline")
     start(cluster, store, ["t1"], hooks=str(hooks))
     start(cluster, store, ["t2", "m1"])
     # t2 already carries a VM, so placement prefers the emptier t1 first.
@@ -242,10 +217,10 @@ def test_a_finished_boot_is_published_in_the_same_instant(cluster, store):
 def test_reconciler_releases_orphans_but_not_claims_in_flight(cluster, store, tmp_path):
     import uuid as uuidlib
     hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    hook = hooks / "build.pre"
-    hook.write_text(f"#!/bin/sh\nif [ -e {tmp_path}/hang ]; then sleep 60; fi\n")
-    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
+    write_hook(hooks, "build", "pre", f"""
+if os.path.exists({str(tmp_path / "hang")!r}):
+    time.sleep(60)
+""")
     start(cluster, store, ["t1", "m1"], hooks={"t1": str(hooks)}, env=reconcile_every(0.3))
     kept = finished(store, run(store, "boot", booted(["kept"]), prefer=["m1"]))
     assert kept["state"] == "done", kept["error"]
@@ -293,16 +268,11 @@ def test_lost_build_leaves_no_ghost_record_and_no_ghost_domain_on_return(
     the domain (simulated: a test-driver host file preloaded with it), t1
     destroys that copy, and the copy of t2's `warm`, before publishing,
     while a peerctl domain nobody placed (`stray`) is kept and reported."""
-    import sys
-    from tests.cluster import ROOT
     hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    hook = hooks / "build.post"
-    hook.write_text(f"""#!{sys.executable}
-import json, os, signal, sys, time
+    write_hook(hooks, "build", "post", f"""
+import signal
 sys.path.insert(0, {ROOT!r})
 from engine.core.store import Store
-event = json.load(sys.stdin)
 store = Store(os.environ["PEERCTL_ETCD"], os.environ["PEERCTL_CLUSTER"])
 key = "vms/" + event["host"] + "/" + event["args"]["uuid"]
 deadline = time.monotonic() + 20
@@ -310,7 +280,6 @@ while store.get(key) is None and time.monotonic() < deadline:
     time.sleep(0.05)
 os.kill(os.getppid(), signal.SIGKILL)
 """)
-    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
     start(cluster, store, ["t1"], hooks=str(hooks), env=reconcile_every(0.3))
     start(cluster, store, ["t2", "m1"], env=reconcile_every(0.3))
     # t2 already carries a VM, so placement prefers the emptier t1 first.
@@ -387,10 +356,7 @@ def test_destroy_of_a_vm_on_a_dead_host_disowns_it_and_releases_its_allocation(
 
 def test_every_host_failing_the_build_ends_in_error_with_nothing_left(cluster, store, tmp_path):
     hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    hook = hooks / "build.pre"
-    hook.write_text("#!/bin/sh\necho 'disk array offline' >&2\nexit 1\n")
-    hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
+    failing_hook(hooks, "build", "disk array offline")
     start(cluster, store, ["t1", "t2"], hooks=str(hooks))
     start(cluster, store, ["m1"])
     task = finished(store, run(store, "boot", booted(["doomed"]), prefer=["m1"]))
@@ -468,18 +434,13 @@ def test_builds_on_one_host_run_in_parallel(cluster, store, tmp_path):
     spans the pre hook's start to the post hook's end, and all four spans
     share a moment, so the peer's pool ran them at once, not in turn."""
     hooks = tmp_path / "hooks"
-    hooks.mkdir()
     spans = tmp_path / "spans.log"
     for phase, pause in (("pre", 1.0), ("post", 0.0)):
-        hook = hooks / f"build.{phase}"
-        hook.write_text(f"""#!/usr/bin/env python3
-import json, sys, time
-event = json.load(sys.stdin)
+        write_hook(hooks, "build", phase, f"""
 with open({str(spans)!r}, "a") as log:
     log.write(f"{{event['index']}} {phase} {{time.time()}}\\n")
 time.sleep({pause})
 """)
-        hook.chmod(hook.stat().st_mode | stat.S_IEXEC)
     start(cluster, store, ["t1"], hooks=str(hooks))
     start(cluster, store, ["m1"])
     task = finished(store, run(store, "boot", booted(["p1", "p2", "p3", "p4"]), prefer=["m1"]))

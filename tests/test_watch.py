@@ -1,7 +1,7 @@
 """The resilient prefix watch, against a real etcd it can lose."""
 from engine.core.store import Store
 from engine.core.watch import PrefixWatch, Reset
-from tests.cluster import wait_for
+from tests.support import wait_for
 
 
 def drain(watch, until, timeout=10.0):

@@ -6,22 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEERCTL = os.path.join(ROOT, "peerctl.py")
+from engine.core import api, keys
+from tests.support import PEERCTL, ROOT, TEST_AUTOMATIONS, wait_for
 
-
-def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
-    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+__all__ = ["Cluster", "start_peers", "start_three_peers", "alive", "finished", "start_automation"]
 
 
 class Cluster:
@@ -77,3 +66,49 @@ class Cluster:
                 process.send_signal(signal.SIGCONT)
                 process.kill()
                 process.wait(30)
+
+
+def start_peers(cluster, store, names, hooks=None, env=None, ttl=2):
+    """Start peers ``names`` and wait until each is alive in ``hosts/``."""
+    extra = ["--hooks", hooks] if hooks else []
+    for name in names:
+        cluster.start_peer(name, ttl=ttl, extra_args=extra, env=env)
+    wait_for(lambda: set(names) <= set(api.live_hosts(store)), what=f"peers {names} alive")
+
+
+def start_three_peers(cluster, hooks=None) -> list[str]:
+    """Start host1, host2 and host3 (with ``hooks``, a directory, if given)
+    and wait until ``hostlist`` shows them alive; returns their names."""
+    names = ["host1", "host2", "host3"]
+    for name in names:
+        cluster.start_peer(name, extra_args=["--hooks", str(hooks)] if hooks else [])
+    wait_for(lambda: set(names) <= alive(cluster), timeout=30, what="three peers alive")
+    return names
+
+
+def alive(cluster) -> set:
+    """The hosts ``hostlist`` shows alive (none while etcd cannot answer)."""
+    done = cluster.cli("--format", "json", "hostlist")
+    if done.returncode != 0:
+        return set()
+    return {h["host"] for h in json.loads(done.stdout) if h["alive"]}
+
+
+def finished(store, automation_id, timeout=60):
+    """The automation's task once it is in a terminal state."""
+    return wait_for(lambda: (lambda t: t if t["state"] in keys.TERMINAL_STATES else None)(
+        api.get_task(store, automation_id)), timeout=timeout, what="automation to finish")
+
+
+def start_automation(store, kind, args, code=TEST_AUTOMATIONS, **options):
+    """Start ``kind`` from the automation code in directory ``code``: this
+    process records the kind's newest version, so it must load that code too."""
+    before = os.environ.get("PEERCTL_AUTOMATIONS_PATH")
+    os.environ["PEERCTL_AUTOMATIONS_PATH"] = str(code)
+    try:
+        return api.start_automation(store, kind, args, **options)
+    finally:
+        if before is None:
+            del os.environ["PEERCTL_AUTOMATIONS_PATH"]
+        else:
+            os.environ["PEERCTL_AUTOMATIONS_PATH"] = before

@@ -1,54 +1,91 @@
-"""Request hooks for tests: count executions, slow requests down."""
+"""Request hooks for tests: count executions, record payloads, fail or slow
+requests down.  Every hook is written by :func:`write_hook`."""
+from __future__ import annotations
+
+import collections
+import json
 import os
 import stat
+import sys
+
+__all__ = ["write_hook", "counting_hook", "executions", "assert_each_index_ran_once",
+           "recording_hook", "recorded", "failing_hook", "serial_hook"]
+
+
+def write_hook(directory, request, phase, body: str) -> str:
+    """Write the ``phase`` hook of ``request`` into ``directory``: a Python
+    script that reads its payload (one JSON object on stdin) as ``event``,
+    then runs ``body``.  Returns the hook's path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{request}.{phase}")
+    with open(path, "w") as hook:
+        hook.write("#!" + sys.executable + "\nimport json, os, sys, time\n"
+                   "event = json.load(sys.stdin)\n" + body)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+    return path
 
 
 def counting_hook(directory, request="ping", sleep=0.0, log_name="executions.log"):
     """A pre hook that appends ``automation index host`` to a log, then sleeps."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{request}.pre")
     log = os.path.join(directory, log_name)
-    with open(path, "w") as hook:
-        hook.write(f"""#!/usr/bin/env python3
-import json, sys, time
-event = json.load(sys.stdin)
+    write_hook(directory, request, "pre", f"""
 with open({log!r}, "a") as log:
     log.write(f"{{event['automation']}} {{event['index']}} {{event['host']}}\\n")
 time.sleep({sleep})
 """)
-    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
     return log
 
 
 def executions(log_path):
+    """The ``(automation, index, host)`` lines a counting hook wrote."""
     if not os.path.exists(log_path):
         return []
     with open(log_path) as log:
         return [tuple(line.split()) for line in log if line.strip()]
 
 
+def assert_each_index_ran_once(log_path, automation_id):
+    """No step of the automation ran twice; returns its ``(automation, index)`` runs."""
+    runs = [(a, i) for a, i, _ in executions(log_path) if a == automation_id]
+    doubled = [key for key, n in collections.Counter(runs).items() if n > 1]
+    assert not doubled, f"executed twice: {doubled}"
+    return runs
+
+
 def recording_hook(directory, request, phase, script=""):
     """A ``phase`` hook that appends its stdin (one JSON object) to
     ``<request>.<phase>.jsonl``, then runs ``script`` (Python, with the
     payload as ``event``), which may write to stderr and exit non-zero."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{request}.{phase}")
     record = os.path.join(directory, f"{request}.{phase}.jsonl")
-    with open(path, "w") as hook:
-        hook.write(f"""#!/usr/bin/env python3
-import json, sys
-event = json.load(sys.stdin)
+    write_hook(directory, request, phase, f"""
 with open({record!r}, "a") as out:
     out.write(json.dumps(event) + "\\n")
 {script}
 """)
-    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
     return record
 
 
 def recorded(record_path):
-    import json
+    """The payloads a recording hook saw, in order."""
     if not os.path.exists(record_path):
         return []
     with open(record_path) as record:
         return [json.loads(line) for line in record if line.strip()]
+
+
+def failing_hook(directory, request, message):
+    """A pre hook that fails every ``request`` with ``message`` on stderr."""
+    return write_hook(directory, request, "pre",
+                      f"sys.stderr.write({message + chr(10)!r})\nsys.exit(1)\n")
+
+
+def serial_hook(directory, request, seconds):
+    """A pre hook that lets one ``request`` at a time through, each taking
+    ``seconds``: the peers sharing ``directory`` work through them in turn."""
+    lock = os.path.join(directory, request + ".lock")
+    return write_hook(directory, request, "pre", f"""
+import fcntl
+with open({lock!r}, "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    time.sleep({seconds})
+""")

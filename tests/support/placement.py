@@ -3,7 +3,7 @@
 ``placement`` is parametrized over ``etcd`` (a fresh cluster on the session
 etcd) and ``openstack`` (a real openstack-placement served on loopback for
 the whole session, wiped after each test).  Import the fixtures into a test
-module with ``from tests.placement_support import *``.
+module with ``from tests.support.placement import ...``.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def full_state(placement) -> dict:
 
 @pytest.fixture(scope="session")
 def placement_server(tmp_path_factory):
-    from tests.placement_server import PlacementServer, placement_installed
+    from tests.support.placement_server import PlacementServer, placement_installed
     if not placement_installed():
         pytest.skip("openstack-placement not installed (pip install -r requirements-placement.txt)")
     server = PlacementServer(str(tmp_path_factory.mktemp("placement"))).start()

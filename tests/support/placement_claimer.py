@@ -1,6 +1,6 @@
 """A claiming process, for the concurrency and crash tests and the bench.
 
-    python tests/placement_claimer.py BACKEND SPEC MODE [GO_FILE]
+    python tests/support/placement_claimer.py BACKEND SPEC MODE [GO_FILE]
 
 BACKEND is ``etcd:<endpoints>:<cluster>`` or a Placement URL.  Creates
 ``GO_FILE.ready.<pid>`` once connected and waits for GO_FILE to exist (so that
@@ -28,7 +28,7 @@ import sys
 import time
 import uuid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from engine.placement import Conflict, open_placement  # noqa: E402

@@ -7,7 +7,7 @@ noauth2``, old policy defaults), runs ``placement-manage db sync`` and serves
 in a subprocess (sqlite answers "database is locked" to a threaded one).
 Requests carry ``X-Auth-Token: admin``.
 
-    python tests/placement_server.py DIR     # serve until interrupted
+    python tests/support/placement_server.py DIR     # serve until interrupted
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import time
 
 import requests
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from engine.core.etcd_server import free_port  # noqa: E402

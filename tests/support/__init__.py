@@ -1,0 +1,42 @@
+"""What the tests share, and the one place they share it from.
+
+- this package: :data:`ROOT`, :data:`PEERCTL`, :data:`TEST_AUTOMATIONS` and
+  :func:`wait_for`, the one poll-until-true every test uses;
+- :mod:`.cluster`: real peer processes and the real command line
+  (``Cluster``, ``start_peers``, ``alive``, ``finished``);
+- :mod:`.hooks`: request hooks that count, record or fail executions;
+- :mod:`.handlers`: request handlers called in this process, on a host of the
+  test's own (``host`` fixture, ``call``);
+- :mod:`.history`: an in-memory executor for replay tests, no etcd;
+- :mod:`.terminal`: a command on a pty of its own;
+- :mod:`.placement`: the placement fixtures, one contract over two backends;
+  :mod:`.placement_server` serves a real OpenStack Placement,
+  :mod:`.placement_claimer` is a claiming process (run by path);
+- :mod:`.qemu_guest`: the real-QEMU tier's guest, and why it is skipped.
+
+Test modules import from here, never from each other.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PEERCTL = os.path.join(ROOT, "peerctl.py")
+# Automations only tests register (PEERCTL_AUTOMATIONS_PATH names it).
+TEST_AUTOMATIONS = os.path.join(ROOT, "tests", "automations")
+
+__all__ = ["ROOT", "PEERCTL", "TEST_AUTOMATIONS", "wait_for"]
+
+
+def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
+    """Poll ``predicate`` until it returns a truthy value (returned) or
+    ``timeout`` seconds pass (AssertionError naming ``what``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
