@@ -323,7 +323,7 @@ def test_the_executor_refuses_an_entry_of_a_finished_automation(store, tmp_path)
     hooks = str(tmp_path / "hooks")
     runs_log = counting_hook(hooks)
     entry = {"index": 0, "worker": "0", "seq": 0, "request": "ping", "target": "t1",
-             "args": {}, "local": False}
+             "args": {}, "local": False, "fingerprint": "f"}
     store.put(keys.log_entry("a1", 0), entry)
     store.put(keys.status("a1"), {"state": "stuck"})
     store.put(keys.inbox("t1", "a1", 0), {})

@@ -1,5 +1,10 @@
 """The project's shape: `requests/` holds request handlers and must never
-shadow the `requests` HTTP library, in any process of the project."""
+shadow the `requests` HTTP library, in any process of the project; and the
+rooms' arrows point down: the engine core knows nothing of libvirt, the
+hypervisor, placement or the handlers, placement nothing of libvirt, and
+the error root is the standard library alone."""
+import ast
+import glob
 import os
 import subprocess
 import sys
@@ -41,3 +46,70 @@ def test_peer_process_imports_see_the_http_library():
 
 def test_requests_folder_is_not_a_package():
     assert not os.path.exists(os.path.join(ROOT, "requests", "__init__.py"))
+
+
+def imports(path: str) -> set[str]:
+    """Every module the file at ``path`` imports, anywhere in it (functions
+    too), relative imports resolved; ``from a import b`` gives ``a`` and ``a.b``."""
+    package = os.path.relpath(os.path.dirname(path), ROOT).replace(os.sep, ".")
+    with open(path) as source:
+        tree = ast.parse(source.read(), path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:         # from . import x, from ..y import z
+                parts = package.split(".")
+                base = parts[:len(parts) - node.level + 1]
+                module = ".".join(base + [module]) if module else ".".join(base)
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def forbidden_imports(paths, forbidden) -> dict:
+    """``{file: [module, ...]}`` for each file importing a ``forbidden`` module
+    or anything inside one."""
+    found = {}
+    for path in paths:
+        bad = sorted(name for name in imports(path)
+                     if any(name == f or name.startswith(f + ".") for f in forbidden))
+        if bad:
+            found[os.path.relpath(path, ROOT)] = bad
+    return found
+
+
+def room(*parts) -> list[str]:
+    return sorted(glob.glob(os.path.join(ROOT, *parts, "*.py")))
+
+
+ERRORS = os.path.join(ROOT, "engine", "errors.py")
+
+
+def test_the_engine_core_imports_nothing_above_it():
+    assert room("engine", "core"), "no engine/core/*.py found"
+    above = ["libvirt", "engine.hypervisor", "engine.placement", "peerctl_requests",
+             "requests", "engine.peer", "engine.cluster", "engine.supervisor",
+             "engine.scrub"]
+    assert forbidden_imports(room("engine", "core") + [ERRORS], above) == {}
+
+
+def test_placement_imports_neither_libvirt_nor_the_hypervisor_nor_the_handlers():
+    assert room("engine", "placement"), "no engine/placement/*.py found"
+    above = ["libvirt", "engine.hypervisor", "peerctl_requests"]
+    assert forbidden_imports(room("engine", "placement"), above) == {}
+
+
+def test_the_error_root_imports_the_standard_library_only():
+    outside = sorted(name for name in imports(ERRORS)
+                     if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"})
+    assert outside == []
+
+
+def test_importing_the_error_root_loads_neither_grpc_nor_libvirt():
+    loaded = python("import sys, engine.errors\n"
+                    "print(' '.join(sorted(m for m in sys.modules\n"
+                    "                      if m.split('.')[0] in ('grpc', 'libvirt'))))")
+    assert loaded == ""

@@ -4,7 +4,8 @@ and the VM publisher.
 ``.ci/libvirtd.sh`` installs what is missing (Debian packages only) and
 starts virtlogd and libvirtd; the guest is a Debian cloud kernel with a
 busybox initramfs, booted from a syslinux disk image that goes through the
-image cache like any user image.  Skipped only where no hypervisor can run.
+image cache like any user image.  Skipped, saying why, where that has not
+run (:func:`tests.support.qemu_guest.skip_reason`).
 """
 from __future__ import annotations
 
@@ -16,31 +17,14 @@ import uuid as uuidlib
 import libvirt
 import pytest
 
-from engine.core.handlers import load_request_handlers
-from engine.hypervisor.hostctx import HostContext
+from engine.hypervisor import images
+from engine.hypervisor.vm import console_log_path
 from engine.hypervisor.vmpublish import VmPublisher
 from tests.support import qemu_guest
-
-_why = qemu_guest.skip_reason()
-pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
-
-HANDLERS = load_request_handlers()
-from engine.hypervisor import images  # noqa: E402
-from engine.hypervisor.vm import console_log_path  # noqa: E402
+from tests.support.handlers import call, new_host
+from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
 
 BOOT_TIMEOUT = 90.0
-
-
-def call(host, request, **args):
-    return HANDLERS[request](host, args)
-
-
-@pytest.fixture(scope="module")
-def guest_dir():
-    try:
-        return qemu_guest.ensure_libvirtd()
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +36,8 @@ def workdir():
 
 @pytest.fixture(scope="module")
 def qemu_host(guest_dir, workdir):
-    host = HostContext(f"qemu-{os.getpid()}", qemu_guest.QEMU_URI, None,
-                       os.path.join(workdir, "state"))
+    host = new_host(os.path.join(workdir, "state"), uri=qemu_guest.QEMU_URI,
+                    name=f"qemu-{os.getpid()}")
     host.conn           # the first connection probes QEMU (several seconds)
     yield host
     # The pool (and the cached base image in it) belongs to this test host.

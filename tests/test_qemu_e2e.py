@@ -5,7 +5,7 @@ Two peer processes share this machine's libvirtd (``qemu:///system``); the
 is a real Linux (the syslinux disk image of :mod:`tests.support.qemu_guest`, through
 the image cache as ``file://``), and ``destroy`` must leave nothing behind:
 no domain, no volume, no allocation, no ``vms/`` record.
-Skipped only where no hypervisor can run (:func:`qemu_guest.skip_reason`).
+Skipped, saying why, where no libvirtd runs QEMU (:func:`qemu_guest.skip_reason`).
 """
 from __future__ import annotations
 
@@ -17,24 +17,12 @@ import pytest
 
 from engine.core import api, failpoints, keys
 from engine.placement import open_placement
-from tests.support import qemu_guest
-from tests.support import wait_for
-
-_why = qemu_guest.skip_reason()
-if _why is not None:
-    pytest.skip(_why, allow_module_level=True)
+from tests.support import qemu_guest, wait_for
+from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
 
 BOOT_TIMEOUT = 90.0
 MEMORY_MB = 128
 DISK_GB = 1
-
-
-@pytest.fixture(scope="module")
-def guest_dir():
-    try:
-        return qemu_guest.ensure_libvirtd()
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
 
 
 @pytest.fixture

@@ -1,9 +1,14 @@
 """The real-QEMU tier's guest and hypervisor, made from Debian packages only.
 
-- :func:`ensure_libvirtd` runs ``.ci/libvirtd.sh`` (installs libvirtd, QEMU,
-  qemu-img and busybox-static if missing, unpacks a Debian cloud kernel,
-  starts virtlogd and libvirtd without systemd) and returns the directory
-  holding the kernel and its two modules.
+The tier runs where ``.ci/libvirtd.sh`` has run (it installs libvirtd, QEMU,
+qemu-img, busybox-static and the disk tools, unpacks a Debian cloud kernel
+into :data:`GUEST_DIR` and starts virtlogd and libvirtd without systemd;
+``.ci/run`` runs it before the tests).  The tests start nothing themselves:
+
+- :func:`skip_reason` says why this machine cannot run the tier (no libvirtd
+  answering at :data:`QEMU_URI`, no guest kernel, a missing tool), or None;
+  the ``guest_dir`` fixture skips with that reason, or gives
+  :data:`GUEST_DIR`.
 - :func:`build_initramfs` writes a gzip'd newc cpio holding a static busybox
   and an ``/init`` that prints :data:`READY_MARKER` on the serial console and
   powers off on the ACPI power button (so ``stop`` is a real ACPI shutdown).
@@ -17,13 +22,10 @@ The guest's Linux needs TCG on hosts whose nested KVM runs firmware but
 crawls through the kernel's early boot (this project's CI machines): pass
 ``accel="tcg"`` (build argument) or ``PEERCTL_QEMU_ACCEL=tcg`` (peer
 environment); :data:`LINUX_ACCEL` says which this tier uses.
-- :func:`skip_reason` says why this machine cannot run a hypervisor at all,
-  or None.
-
-The lead's end-to-end tests reuse these helpers.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import gzip
 import io
@@ -32,16 +34,20 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIBVIRTD_SCRIPT = os.path.join(ROOT, ".ci", "libvirtd.sh")
-QEMU_URI = "qemu:///system"
+import pytest
+
+# Where .ci/libvirtd.sh puts the guest kernel and modules (its default).
+GUEST_DIR = os.environ.get("PEERCTL_GUEST_DIR", "/var/cache/peerctl/guest")
+# The hypervisor of the tier; another URI points the tier elsewhere.
+QEMU_URI = os.environ.get("PEERCTL_TEST_QEMU_URI", "qemu:///system")
 READY_MARKER = "PEERCTL-GUEST-UP"
 BUSYBOX = "/bin/busybox"
 CMDLINE = "console=ttyS0 loglevel=4 panic=-1"
 LINUX_ACCEL = os.environ.get("PEERCTL_TEST_LINUX_ACCEL", "tcg")
 
-__all__ = ["QEMU_URI", "READY_MARKER", "skip_reason", "ensure_libvirtd",
+__all__ = ["QEMU_URI", "GUEST_DIR", "READY_MARKER", "skip_reason", "guest_dir",
            "build_initramfs", "guest_args", "build_disk_image", "world_readable_tmpdir",
            "wait_for_console", "CMDLINE", "LINUX_ACCEL"]
 
@@ -60,24 +66,35 @@ while true; do sleep 3600; done
 _POWER_BUTTON = "#!/bin/sh\necho 'power button: powering off' > /dev/console\npoweroff -f\n"
 
 
+@functools.cache
 def skip_reason() -> str | None:
-    """Why no hypervisor can run here, or None when one can."""
-    if os.geteuid() != 0:
-        return "the real-QEMU tier needs root to start libvirtd"
-    if not os.path.exists("/dev/kvm") and not shutil.which("qemu-system-x86_64") \
-            and not shutil.which("apt-get"):
-        return "no /dev/kvm, no qemu-system-x86_64 and no apt-get to install it"
+    """Why the real-QEMU tier cannot run here, or None when it can."""
+    setup = "bash .ci/libvirtd.sh sets this machine up"
+    missing = [tool for tool in ("qemu-system-x86_64", "mkfs.vfat", "mcopy", "syslinux")
+               if not shutil.which(tool)]
+    if not os.path.exists(BUSYBOX):
+        missing.append(BUSYBOX)
+    if missing:
+        return f"no {', '.join(missing)} ({setup})"
+    if not glob.glob(os.path.join(GUEST_DIR, "vmlinuz-*")):
+        return f"no guest kernel in {GUEST_DIR} ({setup})"
+    import libvirt
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)   # no stray stderr lines
+    try:
+        libvirt.open(QEMU_URI).close()
+    except libvirt.libvirtError as exc:
+        return f"no libvirtd answers at {QEMU_URI} ({setup}): {exc}"
     return None
 
 
-def ensure_libvirtd() -> str:
-    """Start (installing if need be) libvirtd; returns the guest directory."""
-    result = subprocess.run(["sh", LIBVIRTD_SCRIPT], capture_output=True, text=True,
-                            timeout=600)
-    if result.returncode != 0:
-        raise RuntimeError(f".ci/libvirtd.sh failed ({result.returncode}):\n"
-                           f"{result.stderr[-3000:]}")
-    return result.stdout.strip().splitlines()[-1]
+@pytest.fixture(scope="module")
+def guest_dir() -> str:
+    """The guest kernel's directory; skips the test, saying why, where the
+    tier cannot run."""
+    why = skip_reason()
+    if why is not None:
+        pytest.skip(why)
+    return GUEST_DIR
 
 
 class _Cpio:
@@ -182,7 +199,6 @@ def build_disk_image(path: str, guest_dir: str, workdir: str, size_mb: int = 32)
 
 def wait_for_console(path: str, text: str, timeout: float) -> bool:
     """True once the console log at ``path`` contains ``text``."""
-    import time
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
