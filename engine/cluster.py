@@ -48,9 +48,10 @@ def read_hosts(store) -> list[dict]:
         records[name] = record
     if any(r.get("vms") is None for r in records.values()):
         counts: dict[str, int] = {}
-        for kv in store.range(keys.vm(), keys_only=True)[0]:
-            host = keys.suffix(kv.key, keys.vm()).split("/")[0]
-            counts[host] = counts.get(host, 0) + 1
+        for kv in store.range(keys.vm())[0]:
+            if readable(kv) is not None:      # the VMs vmlist shows, no more
+                host = keys.suffix(kv.key, keys.vm()).split("/")[0]
+                counts[host] = counts.get(host, 0) + 1
         for name, record in records.items():
             if record.get("vms") is None:
                 record["vms"] = counts.get(name, 0)
