@@ -17,6 +17,7 @@ from . import keys
 from .record import AutomationRecord
 from .registry import latest
 from .store import Delete, Put, Store, StoreUnavailable, absent, modified_at
+from .values import readable
 from .watch import PrefixWatch, Reset
 
 __all__ = ["start_automation", "get_task", "list_tasks", "abort", "follow",
@@ -28,7 +29,7 @@ DEFAULT_MEMBERS = 3
 
 def live_hosts(store: Store) -> dict[str, dict]:
     kvs, _ = store.range(keys.host())
-    return {keys.suffix(kv.key, keys.host()): kv.value or {} for kv in kvs}
+    return {keys.suffix(kv.key, keys.host()): kv.value for kv in kvs if readable(kv) is not None}
 
 
 def new_id() -> str:
@@ -65,7 +66,9 @@ def _record(store: Store, automation_id: str) -> AutomationRecord:
     kvs, revision = store.range(keys.auto(automation_id))
     record = AutomationRecord.parse(automation_id, kvs, revision)
     if record.spec is None:
-        raise UnknownTask(f"no automation with id {automation_id!r}")
+        unreadable = [key for key in record.unreadable if key == keys.spec(automation_id)]
+        raise UnknownTask(f"no automation with id {automation_id!r}"
+                          + (f" (its spec {unreadable[0]} is unreadable)" if unreadable else ""))
     return record
 
 
@@ -106,13 +109,16 @@ def list_tasks(store: Store, include_finished: bool = False) -> list[dict]:
     kvs, _ = store.range(keys.task())
     rows = []
     for kv in kvs:
-        task = kv.value or {}
+        task = readable(kv)
+        if task is None:
+            continue
         if not include_finished and task.get("state") in TERMINAL_STATES:
             continue
         rows.append({"id": task.get("id"), "kind": task.get("kind"), "state": task.get("state"),
                      "initiator": task.get("initiator"), "created": task.get("created"),
                      "steps": task.get("steps", 0)})
-    return sorted(rows, key=lambda r: (r["created"] or 0, r["id"]))
+    return sorted(rows, key=lambda r: (r["created"] if isinstance(r["created"], (int, float))
+                                       else 0, r["id"]))
 
 
 def abort(store: Store, automation_id: str, wait: float = 15.0) -> dict:

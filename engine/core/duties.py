@@ -14,11 +14,14 @@ from typing import Callable
 
 import structlog
 
+from engine.errors import Deposed
+
 from . import keys
 from .election import Candidacy
 from .initiator import Initiator, Outcome
 from .session import Session
 from .store import Delete, Store, StoreUnavailable
+from .values import readable
 from .watch import PrefixWatch, Reset
 
 __all__ = ["Duties", "Singleton"]
@@ -43,7 +46,8 @@ class Duties:
         prefix = keys.member(self.host)
         kvs, revision = self.store.range(prefix)
         for kv in kvs:
-            self._join(kv.key.rsplit("/", 1)[1])
+            if readable(kv) is not None:
+                self._join(kv.key.rsplit("/", 1)[1])
         self._watch = PrefixWatch(self.store, prefix, revision).start()
         threading.Thread(target=self._follow, daemon=True, name="duties").start()
         return self
@@ -64,7 +68,8 @@ class Duties:
             if batch is None:
                 continue
             if isinstance(batch, Reset):
-                present = {kv.key.rsplit("/", 1)[1] for kv in batch.kvs}
+                present = {kv.key.rsplit("/", 1)[1] for kv in batch.kvs
+                           if readable(kv) is not None}
                 for automation_id in present:
                     self._join(automation_id)
                 for automation_id in set(self._stops) - present:
@@ -73,7 +78,8 @@ class Duties:
             for event in batch:
                 automation_id = event.kv.key.rsplit("/", 1)[1]
                 if event.kind == "put":
-                    self._join(automation_id)
+                    if readable(event.kv) is not None:
+                        self._join(automation_id)
                 else:
                     self._leave(automation_id)
 
@@ -184,12 +190,17 @@ def janitor(store: Store, retention: float, interval: float | None = None):
                 tasks, _ = store.range(keys.task())
                 now = time.time()
                 for kv in tasks:
-                    task = kv.value or {}
-                    if task.get("state") in keys.TERMINAL_STATES and \
-                            now - task.get("finished", now) > retention:
-                        store.txn([candidacy.fence()],
-                                  [Delete(keys.auto(task["id"]), prefix=True), Delete(kv.key)])
+                    task = readable(kv)
+                    finished = (task or {}).get("finished", now)
+                    # (the id must be the key's own: a wrong one would drop another's log)
+                    if task and task["id"] == keys.suffix(kv.key, keys.task()) and \
+                            task["state"] in keys.TERMINAL_STATES and \
+                            isinstance(finished, (int, float)) and now - finished > retention:
+                        candidacy.txn([], [Delete(keys.auto(task["id"]), prefix=True),
+                                           Delete(kv.key)])
                         log.info("automation_compacted", automation=task["id"])
             except StoreUnavailable:
                 continue
+            except Deposed:
+                return          # the new janitor carries on
     return duty

@@ -25,11 +25,20 @@ from engine.errors import RequestError
 from .handlers import HANDLERS
 from .session import Session
 from .store import Delete, Get, Put, Store, StoreUnavailable, absent, exists
+from .values import problem, readable, report
 from .watch import PrefixWatch, Reset
 
 __all__ = ["Executor"]
 
 log = structlog.get_logger("peerctl.executor")
+
+
+def _inbox_step(inbox_key: str) -> tuple[str, int] | None:
+    """``inbox/<host>/<automation>/<index>`` -> (automation, index), or None."""
+    parts = inbox_key.split("/")
+    if len(parts) != 4 or not parts[2] or not parts[3].isdigit():
+        return None
+    return parts[2], int(parts[3])
 
 
 class Executor:
@@ -64,7 +73,7 @@ class Executor:
         for inbox_key, nonce in unknown.items():
             self._claim_inbox_key(inbox_key, nonce, attempt=1)
         for kv in kvs:
-            self._claim_inbox_key(kv.key)
+            self._take_inbox(kv)
         self._thread = threading.Thread(target=self._follow_inbox, daemon=True, name="inbox")
         self._thread.start()
 
@@ -83,13 +92,38 @@ class Executor:
             try:
                 if isinstance(batch, Reset):
                     for kv in batch.kvs:
-                        self._claim_inbox_key(kv.key)
+                        self._take_inbox(kv)
                     continue
                 for event in batch:
                     if event.kind == "put":
-                        self._claim_inbox_key(event.kv.key)
+                        self._take_inbox(event.kv)
             except StoreUnavailable as exc:
                 self.log.warning("inbox_unavailable", error=str(exc))
+
+    def _take_inbox(self, kv) -> None:
+        """Claim and run an inbox entry, unless it cannot be read.  An entry
+        whose key names no automation and index is left where it is, for
+        ``peerctl scrub`` (reported once, never run).  One whose value cannot
+        be read is answered ``error`` where its automation exists, in the
+        transaction that deletes it, so its worker hears of it."""
+        where = _inbox_step(kv.key)
+        if where is None:
+            report(kv.key, "not an inbox key: want inbox/<host>/<automation>/<index>")
+            return
+        if readable(kv) is None:
+            self._answer_unreadable(kv.key, *where, problem(kv))
+            return
+        self._claim_inbox_key(kv.key)
+
+    def _answer_unreadable(self, inbox_key: str, automation_id: str, index: int, why) -> None:
+        response = keys.response(automation_id, index)
+        answered = self.store.txn(
+            [exists(inbox_key), exists(keys.spec(automation_id)), absent(response),
+             absent(keys.claim(automation_id, index))],
+            [Put(response, {"status": "error", "error": f"unreadable inbox entry: {why}",
+                            "executor": self.host.host, "time": time.time()}),
+             Delete(inbox_key)]).succeeded
+        self.log.warning("inbox_entry_unreadable", key=inbox_key, why=why, answered=answered)
 
     def _claim_inbox_key(self, inbox_key: str, nonce: str | None = None,
                          attempt: int = 0) -> None:
@@ -100,8 +134,7 @@ class Executor:
         than the TTL ends them all) the claim is kept for the next session,
         which retries it: if it landed it is ours and never ran, so it runs
         then, instead of expiring with the old lease into `lost`."""
-        _, _, automation_id, index = inbox_key.split("/")
-        index = int(index)
+        automation_id, index = _inbox_step(inbox_key)
         claim_key = keys.claim(automation_id, index)
         nonce = nonce or os.urandom(8).hex()
         while True:
@@ -126,7 +159,7 @@ class Executor:
                 self._run_claimed(automation_id, index, claim_key, entry, status)
                 return
             claim, response = result.ranges
-            if claim and (claim[0].value or {}).get("nonce") == nonce and not response and attempt:
+            if claim and (readable(claim[0]) or {}).get("nonce") == nonce and not response and attempt:
                 # Our claim landed though its call failed: read what it would have.
                 entry, status = self.store.txn([], [Get(keys.log_entry(automation_id, index)),
                                                     Get(keys.status(automation_id))]).ranges
@@ -140,7 +173,7 @@ class Executor:
         ended (``entry``, ``status``: the log entry and the automation's status
         as read with the claim, each a list of zero or one KV).  True if it
         was submitted."""
-        state = ((status[0].value or {}) if status else {}).get("state")
+        state = (readable(status[0]) or {}).get("state") if status else None
         if state in keys.TERMINAL_STATES:
             # Left over from an automation that has ended: never run it.
             self.log.info("request_refused", automation=automation_id, index=index,
@@ -149,8 +182,21 @@ class Executor:
             return False
         if not entry:
             return False
+        if readable(entry[0]) is None:
+            self._respond_unreadable(automation_id, index, entry[0])
+            self._drop_claim(claim_key)
+            return False
         self.submit(automation_id, index, entry[0].value)
         return True
+
+    def _respond_unreadable(self, automation_id: str, index: int, kv) -> None:
+        """A claimed step whose log entry cannot be read: answer it ``error``
+        (create-if-absent, as every response), never run it."""
+        response = keys.response(automation_id, index)
+        self.store.txn([absent(response)],
+                       [Put(response, {"status": "error", "executor": self.host.host,
+                                       "error": f"unreadable log entry {kv.key}: {problem(kv)}",
+                                       "time": time.time()})])
 
     def _drop_claim(self, claim_key: str) -> None:
         try:
@@ -162,8 +208,8 @@ class Executor:
         """Claim whatever still sits in the inbox (a safety net run now and then)."""
         kvs, _ = self.store.range(keys.inbox(self.host.host))
         for kv in kvs:
-            self.log.info("inbox_rescan_claims", key=kv.key)
-            self._claim_inbox_key(kv.key)
+            self.log.debug("inbox_rescan_claims", key=kv.key)
+            self._take_inbox(kv)
         return len(kvs)
 
     # -- execution ------------------------------------------------------------

@@ -24,6 +24,7 @@ from .registry import UnknownAutomation, lookup
 from .replay import LoggedStep, NewRequest, NonDeterminism, Replayer
 from .session import Session
 from .store import KV, Delete, Put, Store, StoreUnavailable, absent
+from .values import readable
 from .watch import PrefixWatch, Reset
 
 __all__ = ["Initiator", "Outcome"]
@@ -92,11 +93,16 @@ class Initiator:
     def _run(self) -> str:
         kvs, revision = self.store.range(keys.auto(self.id))
         record = AutomationRecord.parse(self.id, kvs, revision)
-        if record.spec is None:
-            return Outcome.FINISHED         # compacted away
-        self.spec = record.spec
+        if record.spec is None and record.status is None:
+            return Outcome.FINISHED         # compacted away (or never an automation)
+        self.spec = record.spec or {}
         if record.state in keys.TERMINAL_STATES:
             return Outcome.FINISHED
+        if record.unreadable:
+            # A step, response or the spec itself cannot be read: replaying
+            # around it could run something twice or never; end it, saying so.
+            return self._finish("failed", None, f"unreadable key {record.unreadable[0]} "
+                                "(see peerctl scrub)", record)
         if record.abort:
             return self._finish("aborted", None, "aborted by request", record)
         try:
@@ -231,6 +237,11 @@ class Initiator:
             return None
         for event in events:
             part, _, rest = event.kv.key[len(keys.auto(self.id)):].partition("/")
+            if event.kind == "put" and part in ("spec", "status", "log", "resp", "claim") and (
+                    readable(event.kv) is None
+                    or part in ("log", "resp", "claim") and not rest.isdigit()):
+                return self._finish("failed", None, f"unreadable key {event.kv.key} "
+                                    "(see peerctl scrub)", record)
             if part == "resp" and event.kind == "put":
                 index = int(rest)
                 if index in self.answered:

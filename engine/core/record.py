@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from .replay import LoggedStep, Response
 from .store import KV
+from .values import readable, report
 
 __all__ = ["AutomationRecord", "response_from"]
 
@@ -27,14 +28,22 @@ class AutomationRecord:
     candidates: list[KV] = field(default_factory=list)
     abort: dict | None = None
     revision: int = 0
+    unreadable: list[str] = field(default_factory=list)    # "key: why", skipped
 
     @classmethod
     def parse(cls, automation_id: str, kvs: list[KV], revision: int = 0) -> "AutomationRecord":
+        """Every key that cannot be read (see ``engine/core/values.py``) is
+        left out and named in ``unreadable``."""
         record = cls(automation_id, revision=revision)
         for kv in kvs:
             parts = kv.key.split("/")
             part = parts[2] if len(parts) > 2 else ""
-            if part == "spec":
+            if part in ("log", "resp", "claim") and not (len(parts) == 4 and parts[3].isdigit()):
+                report(kv.key, f"not a {part} key: want auto/<id>/{part}/<index>")
+                record.unreadable.append(kv.key)
+            elif readable(kv) is None:
+                record.unreadable.append(kv.key)
+            elif part == "spec":
                 record.spec = kv.value
             elif part == "status":
                 record.status = kv.value
@@ -57,7 +66,8 @@ class AutomationRecord:
 
     @property
     def initiator(self) -> str | None:
-        return self.candidates[0].value if self.candidates else None
+        leader = self.candidates[0].value if self.candidates else None
+        return leader if isinstance(leader, str) else None
 
     def logged_steps(self) -> dict[tuple[str, int], LoggedStep]:
         return {(e["worker"], e["seq"]): LoggedStep(

@@ -87,10 +87,12 @@ class Shape:
         return None
 
 
-def shape(name: str, /, check: Callable | None = None, kind: type = dict, **fields) -> Shape:
-    """``shape("host record", host=str, vcpus=(int, float))``."""
+def shape(name: str, check: Callable | None = None, plain: type = dict, /,
+          **fields) -> Shape:
+    """``shape("host record", host=str, vcpus=(int, float))``; ``check``:
+    see :class:`Shape`; ``plain``: the type of a value that is no mapping."""
     return Shape(name, tuple((f, t if t is None or isinstance(t, tuple) else (t,))
-                             for f, t in fields.items()), check, kind)
+                             for f, t in fields.items()), check, plain)
 
 
 MAPPING = shape("mapping")
@@ -158,12 +160,13 @@ def readable(kv, kind: Shape | None = None):
 TASK = shape("task summary", id=str, kind=str, state=str)
 SPEC = shape("automation spec", id=str, kind=str, version=int, args=dict)
 STATUS = shape("automation status", state=str)
-LOG_ENTRY = shape("log entry", index=int, request=str, target=str, fingerprint=str)
+LOG_ENTRY = shape("log entry", index=int, request=str, target=str, worker=str, seq=int,
+                  fingerprint=str)
 RESPONSE = shape("response", status=str)
 CLAIM = shape("claim", executor=str)
 INBOX_ENTRY = shape("inbox entry")
 MEMBERSHIP = shape("membership")
-HOST = shape("host record", host=str)
+HOST = shape("host record")
 
 for _pattern, _kind in (
         ("tasks/*", TASK), ("auto/*/spec", SPEC), ("auto/*/status", STATUS),

@@ -47,8 +47,9 @@ import structlog
 
 from engine.core import keys
 from engine.core.store import Delete, Put, Store
+from engine.core.values import readable
 from engine.errors import Deposed, RequestError, StoreUnavailable
-from engine.hypervisor import vm
+from engine.hypervisor import shapes, vm  # noqa: F401  (shapes: vms/, disowned/)
 from engine.hypervisor.records import owned_by
 
 __all__ = ["reconciler", "reconcile_once", "sweep_ghosts", "DEFAULT_INTERVAL",
@@ -93,24 +94,28 @@ def _running(store: Store, automation_id) -> bool:
     if not automation_id:
         return False
     kv = store.get(keys.task(automation_id))
-    return kv is not None and (kv.value or {}).get("state") == "running"
+    return kv is not None and (readable(kv) or {}).get("state", "running") == "running"
 
 
 def _referenced_consumers(store: Store) -> set[str]:
-    """Consumers and VM uuids named by the steps of running automations."""
+    """Consumers and VM uuids named by the steps of running automations.
+    An automation whose summary cannot be read counts as running, and what
+    cannot be read of it names nothing: releasing less is the safe side."""
     named = set()
     tasks, _ = store.range(keys.task())
     for kv in tasks:
-        task = kv.value or {}
-        if task.get("state") != "running":
+        if (readable(kv) or {}).get("state", "running") != "running":
             continue
-        spec = store.get(keys.spec(task["id"]))
-        for vm in ((spec.value or {}).get("args") or {}).get("vms", []) if spec else []:
+        automation_id = keys.suffix(kv.key, keys.task())
+        spec = readable(store.get(keys.spec(automation_id))) or {}
+        for vm in (spec.get("args") or {}).get("vms", []):
             if isinstance(vm, dict) and vm.get("uuid"):
                 named.add(vm["uuid"])
-        entries, _ = store.range(keys.auto(task["id"], "log/"))
+        entries, _ = store.range(keys.auto(automation_id, "log/"))
         for entry in entries:
-            args = (entry.value or {}).get("args") or {}
+            args = (readable(entry) or {}).get("args") or {}
+            if not isinstance(args, dict):
+                continue
             for field in ("consumer", "uuid"):
                 if isinstance(args.get(field), str):
                     named.add(args[field])
@@ -120,11 +125,11 @@ def _referenced_consumers(store: Store) -> set[str]:
 def _ghost_records(store: Store, placement, vms, allocations) -> list:
     """``vms/`` records of dead hosts whose VM belongs elsewhere."""
     live = {keys.suffix(kv.key, keys.host()) for kv in store.range(keys.host(), keys_only=True)[0]}
-    dead = [kv for kv in vms if kv.value and kv.value.get("host") not in live]
+    dead = [kv for kv in vms if kv.value["host"] not in live]
     if not dead:
         return []
     disowned = {tuple(keys.suffix(kv.key, keys.disowned()).split("/", 1))
-                for kv in store.range(keys.disowned(), keys_only=True)[0]}
+                for kv in store.range(keys.disowned())[0] if readable(kv) is not None}
     names = {rp["uuid"]: rp["name"] for rp in placement.providers()}
     ghosts = []
     for kv in dead:
@@ -142,7 +147,10 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
     write then carries it, and a deposed reconciler raises :class:`Deposed`
     having released nothing."""
     allocations = {a["consumer"]: a for a in placement.all_allocations() if a["allocations"]}
-    vms, _ = store.range(keys.vm())
+    records, _ = store.range(keys.vm())
+    vms = [kv for kv in records if readable(kv) is not None]
+    # A record that cannot be read still says, by its key, that the VM exists.
+    unread = {kv.key.rsplit("/", 1)[-1] for kv in records if readable(kv) is None}
     ghosts = _ghost_records(store, placement, vms, allocations)
     ghost_keys = {kv.key for kv in ghosts}
     txn = fence.txn if fence is not None else store.txn
@@ -152,8 +160,8 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
         for kv in batch:
             log.warning("ghost_vm_record_deleted", host=kv.value["host"], uuid=kv.value["uuid"],
                         vm=kv.value.get("name"))
-    vms = [kv for kv in vms if kv.value and kv.key not in ghost_keys]
-    vm_uuids = {kv.value["uuid"] for kv in vms}
+    vms = [kv for kv in vms if kv.key not in ghost_keys]
+    vm_uuids = {kv.value["uuid"] for kv in vms} | unread
     busy = _referenced_consumers(store)
     orphans = {c for c in allocations if c not in vm_uuids and c not in busy}
     released = sorted(orphans & suspects)
@@ -209,7 +217,9 @@ def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
     VMs the cluster placed elsewhere; returns their uuids.  See the module
     docstring for the rules."""
     prefix = keys.disowned(host.host)
-    marks = {kv.key[len(prefix):]: kv.value or {} for kv in store.range(prefix)[0]}
+    # An unreadable mark destroys nothing: it is left for ``peerctl scrub``.
+    marks = {kv.key[len(prefix):]: kv.value for kv in store.range(prefix)[0]
+             if readable(kv) is not None}
     domains = set()
     for dom in host.conn.listAllDomains(0):
         try:

@@ -31,6 +31,7 @@ import structlog
 from engine.core import keys
 from engine.core.store import Delete, Put, absent, modified_at
 from engine.errors import StoreUnavailable
+from engine.hypervisor import shapes  # noqa: F401  (declares the vms/ record's shape)
 from engine.hypervisor.records import owned_by, vm_record
 
 __all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "DEFAULT_INTERVAL"]

@@ -76,7 +76,7 @@ PROVIDER = shape("resource provider", _provider_problem, uuid=str, name=str, roo
                  generation=int, inventories=dict, usages=dict, traits=list, aggregates=list)
 CONSUMER_DOC = shape("consumer", _consumer_problem, consumer=str, allocations=dict)
 declare(RP + "*", PROVIDER)
-declare(NAME + "*", shape("provider name", kind=str))
+declare(NAME + "*", shape("provider name", None, str))
 declare(CONSUMER + "*", CONSUMER_DOC)
 declare(DRAINED + "*", shape("drained provider's saved reserved"))
 declare(RC + "*", None)
