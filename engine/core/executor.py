@@ -123,7 +123,8 @@ class Executor:
             [Put(response, {"status": "error", "error": f"unreadable inbox entry: {why}",
                             "executor": self.host.host, "time": time.time()}),
              Delete(inbox_key)]).succeeded
-        self.log.warning("inbox_entry_unreadable", key=inbox_key, why=why, answered=answered)
+        if answered:    # else left for inspection (reported once, by readable)
+            self.log.warning("inbox_entry_answered_error", key=inbox_key, why=why)
 
     def _claim_inbox_key(self, inbox_key: str, nonce: str | None = None,
                          attempt: int = 0) -> None:
