@@ -18,7 +18,7 @@ from .record import AutomationRecord
 from .registry import latest
 from .store import Delete, Put, Store, StoreUnavailable, absent, modified_at
 from .values import readable
-from .watch import PrefixWatch, Reset
+from .watch import PrefixWatch
 
 __all__ = ["start_automation", "get_task", "list_tasks", "abort", "follow",
            "UnknownTask", "NoPeers", "TERMINAL_STATES", "live_hosts", "DEFAULT_MEMBERS"]

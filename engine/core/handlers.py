@@ -1,15 +1,17 @@
 """Request handlers: what a peer runs when a log entry names it as target.
 
-Handlers live in the top-level ``requests/`` folder, which has no
-``__init__.py`` so that ``import requests`` always finds the HTTP library.  The
-folder is imported under the alias package ``peerctl_requests`` instead:
-inside it, write ``from engine.hypervisor import images``.
+Handlers are registered in the top-level ``requests/`` folder, as thin
+wrappers over the rooms that do the work (``engine.hypervisor``,
+``engine.placement``).  The folder has no ``__init__.py`` so that ``import
+requests`` always finds the HTTP library; its files are loaded by path, as
+modules of the alias package ``peerctl_requests``.  This module knows the
+folder only by path: nothing here imports what it holds.
 
 A handler is ``fn(host, args: dict) -> dict`` (``host``: what the peer gave
 its executor, a :class:`~engine.hypervisor.hostctx.HostContext`) registered with
 ``@handler("name")``.  It must be idempotent: run twice with the same args it
 finds the first run's result.  It reports failure by raising
-:class:`RequestError` (its message becomes the response's error).
+:class:`engine.errors.RequestError` (its message becomes the response's error).
 """
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ import sys
 import types
 from typing import Callable
 
-from engine.errors import RequestError
 
 __all__ = ["handler", "HANDLERS", "load_request_handlers", "REQUESTS_DIR"]
 

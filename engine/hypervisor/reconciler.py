@@ -49,7 +49,8 @@ from engine.core import keys
 from engine.core.store import Delete, Put, Store
 from engine.core.values import readable
 from engine.errors import Deposed, RequestError, StoreUnavailable
-from engine.hypervisor import shapes, vm  # noqa: F401  (shapes: vms/, disowned/)
+from engine.hypervisor import shapes  # noqa: F401  (declares vms/, disowned/)
+from engine.hypervisor import vm as lifecycle
 from engine.hypervisor.records import owned_by
 
 __all__ = ["reconciler", "reconcile_once", "sweep_ghosts", "DEFAULT_INTERVAL",
@@ -252,7 +253,7 @@ def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
     failed = set()
     for uuid, why in sorted(ghosts.items()):
         try:
-            vm.destroy(host, {"uuid": uuid})
+            lifecycle.destroy(host, {"uuid": uuid})
             log.warning("ghost_vm_destroyed", host=host.host, uuid=uuid, why=why)
         except RequestError as exc:
             failed.add(uuid)

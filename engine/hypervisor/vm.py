@@ -35,7 +35,7 @@ import structlog
 from engine.core import keys
 from engine.errors import RequestError
 from engine.hypervisor import images
-from engine.hypervisor.records import owned_by, vm_record, vm_state
+from engine.hypervisor.records import vm_record, vm_state
 from engine.hypervisor.vmpublish import publish_domain
 from engine.hypervisor.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
                                         read_metadata, read_reboot_token,

@@ -84,10 +84,23 @@ class Placement(abc.ABC):
         """``[{allocations, host, root, mappings, weight}]``, least loaded first;
         the first is the pick, the rest its alternates."""
 
-    @abc.abstractmethod
     def claim(self, consumer: str, allocations: dict, *, project: str, user: str,
               consumer_type: str = "INSTANCE", consumer_generation=ANY) -> dict:
-        """Set the consumer's allocations ``{rp_uuid: {RC: n}}`` in one step."""
+        """Set the consumer's allocations ``{rp_uuid: {RC: n}}`` in one step.
+        Checked here, once for every backend: the consumer uuid, the
+        allocations' shape and amounts, at least one allocation (else
+        ``release``), the owner fields; then the backend writes."""
+        consumer = check_uuid(consumer, "consumer")
+        allocations = normalize_allocations(allocations)
+        if not allocations:
+            raise PlacementError("a claim needs at least one allocation (use release)")
+        want = consumer_doc(consumer, allocations, project, user, consumer_type)
+        return self._claim(consumer, want, consumer_generation)
+
+    @abc.abstractmethod
+    def _claim(self, consumer: str, want: dict, consumer_generation) -> dict:
+        """Write ``want`` (a checked consumer document) for ``consumer`` if
+        its generation is ``consumer_generation`` (ANY: whatever it is)."""
 
     @abc.abstractmethod
     def allocations(self, consumer: str) -> dict:

@@ -36,8 +36,8 @@ from engine.placement.candidates import find_candidates, order
 from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, PlacementError,
                                     STANDARD_RESOURCE_CLASSES, amount_problem, capacity,
                                     check_resource_class_name, check_trait_name, check_uuid,
-                                    normalize_allocations, normalize_inventories,
-                                    consumer_doc, empty_consumer, same_holding)
+                                    normalize_inventories,
+                                    empty_consumer, same_holding)
 from engine.placement.query import parse_query
 from engine.core import keys
 from engine.core.store import KV, Delete, Get, Put, absent, modified_at
@@ -283,13 +283,7 @@ class EtcdPlacement(Placement):
         kvs, _ = self.store.range(CONSUMER)
         return sorted((kv.value for kv in _readable(kvs)), key=lambda d: d["consumer"])
 
-    def claim(self, consumer: str, allocations: dict, *, project: str, user: str,
-              consumer_type: str = "INSTANCE", consumer_generation=ANY) -> dict:
-        consumer = check_uuid(consumer, "consumer")
-        allocations = normalize_allocations(allocations)
-        if not allocations:
-            raise PlacementError("a claim needs at least one allocation (use release)")
-        want = consumer_doc(consumer, allocations, project, user, consumer_type)
+    def _claim(self, consumer: str, want: dict, consumer_generation) -> dict:
         return self._write({consumer: want}, {consumer: consumer_generation})[consumer]
 
     def release(self, consumer: str) -> None:

@@ -33,8 +33,8 @@ from engine.placement.candidates import order
 from engine.placement.model import (Conflict, NotFound, PlacementError, SHARING_TRAIT,
                                     PlacementUnavailable,
                                     STANDARD_RESOURCE_CLASSES, check_trait_name, check_uuid,
-                                    normalize_allocations, normalize_inventories,
-                                    consumer_doc, empty_consumer, same_holding,
+                                    normalize_inventories,
+                                    empty_consumer, same_holding,
                                     check_resource_class_name)
 from engine.placement.query import parse_query
 
@@ -300,14 +300,8 @@ class RestPlacement(Placement):
                 "project_id": doc["project"], "user_id": doc["user"],
                 "consumer_type": doc["consumer_type"], "consumer_generation": generation}
 
-    def claim(self, consumer: str, allocations: dict, *, project: str, user: str,
-              consumer_type: str = "INSTANCE", consumer_generation=ANY) -> dict:
-        consumer = check_uuid(consumer, "consumer")
-        allocations = normalize_allocations(allocations)
-        if not allocations:
-            raise PlacementError("a claim needs at least one allocation (use release)")
-        want = consumer_doc(consumer, allocations, project, user, consumer_type)
-        for rc in {rc for res in allocations.values() for rc in res}:
+    def _claim(self, consumer: str, want: dict, consumer_generation) -> dict:
+        for rc in {rc for res in want["allocations"].values() for rc in res}:
             if rc not in STANDARD_RESOURCE_CLASSES:
                 if self._call("GET", f"/resource_classes/{rc}", allow=(404,)).status_code == 404:
                     raise PlacementError(f"unknown resource class(es) ['{rc}']: no such custom class")
