@@ -16,6 +16,7 @@ The backend is ``open_placement(None, host.store)``: etcd unless
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 
 from engine.core.handlers import handler
@@ -49,13 +50,24 @@ def _host_of(placement, allocations: dict) -> str | None:
     return placement.provider(roots.pop())["name"] if len(roots) == 1 else None
 
 
+@contextlib.contextmanager
+def _placement(host):
+    """The cluster's placement, its refusals turned into the request's error."""
+    placement = open_placement(None, host.store)
+    try:
+        yield placement
+    except (PlacementError, PlacementUnavailable, Conflict) as exc:
+        raise RequestError(str(exc)) from None
+    finally:
+        placement.close()
+
+
 @handler("claim")
 def claim(host, args: dict) -> dict:
-    placement = open_placement(None, host.store)
     consumer = args.get("consumer")
     owner = {"project": args.get("project") or "peerctl", "user": args.get("user") or "peerctl",
              "consumer_type": args.get("consumer_type") or "INSTANCE"}
-    try:
+    with _placement(host) as placement:
         if args.get("allocations"):
             doc = placement.claim(consumer, args["allocations"], **owner)
             return {"consumer": doc["consumer"], "allocations": doc["allocations"],
@@ -86,33 +98,19 @@ def claim(host, args: dict) -> dict:
                     if exc.reason != "capacity_exceeded":
                         break       # re-read the candidates
         raise RequestError(f"claim for {consumer} kept losing races")
-    except (PlacementError, PlacementUnavailable, Conflict) as exc:
-        raise RequestError(str(exc)) from None
-    finally:
-        placement.close()
 
 
 @handler("release")
 def release(host, args: dict) -> dict:
-    placement = open_placement(None, host.store)
-    try:
+    with _placement(host) as placement:
         placement.release(args.get("consumer"))
         return {"consumer": args.get("consumer"), "released": True}
-    except (PlacementError, PlacementUnavailable) as exc:
-        raise RequestError(str(exc)) from None
-    finally:
-        placement.close()
 
 
 @handler("candidates")
 def candidates(host, args: dict) -> dict:
-    placement = open_placement(None, host.store)
-    try:
+    with _placement(host) as placement:
         found = placement.candidates(_spec(args), required=args.get("required"),
                                      limit=args.get("limit"))
         return {"candidates": [{"allocations": c["allocations"], "host": c["host"]}
                                for c in found]}
-    except (PlacementError, PlacementUnavailable) as exc:
-        raise RequestError(str(exc)) from None
-    finally:
-        placement.close()

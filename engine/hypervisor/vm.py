@@ -276,26 +276,24 @@ def reboot(host, args: dict) -> dict:
         return {**_reply(uuid, dom), "rebooted": True}
 
 
-def suspend(host, args: dict) -> dict:
+def _pause_or_resume(host, args: dict, verb: str, before: str, after: str) -> dict:
+    """``verb`` a VM that is ``before``; one already ``after`` is left as it is."""
     uuid, dom = _require(host, args)
     with _vm_lock(host, uuid):
         state = vm_state(dom)
-        if state == "running":
-            _libvirt_call(f"cannot suspend {_label(args, uuid)}", dom.suspend)
-        elif state != "paused":
-            raise RequestError(f"cannot suspend {_label(args, uuid)}: it is {state}")
+        if state == before:
+            _libvirt_call(f"cannot {verb} {_label(args, uuid)}", getattr(dom, verb))
+        elif state != after:
+            raise RequestError(f"cannot {verb} {_label(args, uuid)}: it is {state}")
         return _reply(uuid, dom)
+
+
+def suspend(host, args: dict) -> dict:
+    return _pause_or_resume(host, args, "suspend", "running", "paused")
 
 
 def resume(host, args: dict) -> dict:
-    uuid, dom = _require(host, args)
-    with _vm_lock(host, uuid):
-        state = vm_state(dom)
-        if state == "paused":
-            _libvirt_call(f"cannot resume {_label(args, uuid)}", dom.resume)
-        elif state != "running":
-            raise RequestError(f"cannot resume {_label(args, uuid)}: it is {state}")
-        return _reply(uuid, dom)
+    return _pause_or_resume(host, args, "resume", "paused", "running")
 
 
 def _destroy_domain(dom) -> None:

@@ -40,10 +40,18 @@ class Placement(abc.ABC):
 
     # -- providers -----------------------------------------------------------
 
-    @abc.abstractmethod
     def ensure_provider(self, name: str, *, uuid: str | None = None,
                         parent: str | None = None) -> dict:
-        """The provider called ``name``, created (with ``uuid``) if missing."""
+        """The provider called ``name``, created (with ``uuid``) if missing;
+        the name and uuid are checked here, once for every backend."""
+        if not isinstance(name, str) or not name or len(name) > 200 or "/" in name:
+            raise PlacementError(f"bad provider name {name!r}")
+        uuid = check_uuid(uuid, "provider uuid") if uuid else None
+        return self._ensure_provider(name, uuid, parent)
+
+    @abc.abstractmethod
+    def _ensure_provider(self, name: str, uuid: str | None, parent: str | None) -> dict:
+        """``ensure_provider`` once its arguments are checked."""
 
     @abc.abstractmethod
     def provider(self, ref: str) -> dict:

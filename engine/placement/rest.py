@@ -129,11 +129,7 @@ class RestPlacement(Placement):
             rps = [rp for rp in rps if fnmatch.fnmatchcase(rp["name"], name_glob)]
         return sorted((self._document(rp) for rp in rps), key=lambda d: (d["name"], d["uuid"]))
 
-    def ensure_provider(self, name: str, *, uuid: str | None = None,
-                        parent: str | None = None) -> dict:
-        if not isinstance(name, str) or not name or len(name) > 200 or "/" in name:
-            raise PlacementError(f"bad provider name {name!r}")
-        uuid = check_uuid(uuid, "provider uuid") if uuid else None
+    def _ensure_provider(self, name: str, uuid: str | None, parent: str | None) -> dict:
         for _ in range(self.retries):
             found = self._get("/resource_providers", name=name)["resource_providers"]
             if found:
