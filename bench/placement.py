@@ -18,7 +18,7 @@ The table ends with the issue's targets marked PASS or MISS: etcd claims/s at
 least 10x Placement's, and zero overcommit (per backend).
 
 Starts its own etcd (engine.core.etcd_server) and its own Placement (sqlite,
-single-threaded wsgiref; see tests/placement_server.py).  Not a test: the
+single-threaded wsgiref; see tests/support/placement_server.py).  Not a test: the
 figures depend on the machine and on what else runs on it.
 """
 from __future__ import annotations

@@ -27,6 +27,17 @@ def test_a_uri_libvirt_rejects_exits_2_with_one_line_and_no_lease(cluster, store
     assert store.range("")[0] == [], "the refused peer wrote to etcd"
 
 
+def test_a_test_driver_file_that_is_missing_is_one_line_too(cluster, store):
+    """Not a second line from libxml2 before libvirt's refusal: one line, exit 2."""
+    uri = f"test://{cluster.tmp_path / 'missing.xml'}"
+    done = cluster.cli("peer", "--host", "h1", "--libvirt", uri, "--ttl", "2", timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stderr.splitlines() == [
+        f"peerctl: libvirt rejects --libvirt {uri!r}: test driver file "
+        f"{cluster.tmp_path / 'missing.xml'} cannot be read"], done.stderr
+    assert store.range("")[0] == [], "the refused peer wrote to etcd"
+
+
 def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

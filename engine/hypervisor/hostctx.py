@@ -3,7 +3,9 @@ libvirt connection (opened on first use) and the cluster's store; and the
 check that a libvirt URI is one libvirt accepts at all."""
 from __future__ import annotations
 
+import os
 import threading
+import urllib.parse
 from dataclasses import dataclass, field
 
 import structlog
@@ -40,6 +42,12 @@ def check_libvirt_uri(uri: str) -> None:
     A hypervisor that is merely unreachable now (daemon down, host away,
     connection refused) is not an error: the peer still runs, a live peer
     that says so in its host record, and uses libvirt once it answers."""
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme == "test" and parsed.path not in ("", "/default") \
+            and not os.access(parsed.path, os.R_OK):
+        # libvirt would say so too, after libxml2 printed a line of its own
+        raise UsageError(f"libvirt rejects --libvirt {uri!r}: test driver file "
+                         f"{parsed.path} cannot be read")
     try:
         import libvirt
     except ImportError:
