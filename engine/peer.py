@@ -8,6 +8,10 @@ once and the peer starts over with a fresh session; its durable state is all
 in etcd, so it resumes where it was.  SIGTERM/SIGINT stop it gracefully:
 running requests finish, then the lease is revoked so the other members take
 over at once instead of after a TTL.
+
+This is where the rooms meet: the generic machinery (``engine.core``), the
+placement service and the hypervisor room are composed here, and only here;
+none of them imports this module.
 """
 from __future__ import annotations
 
@@ -20,18 +24,17 @@ import time
 
 import structlog
 
-from .errors import UsageError
-
 from .core import keys
 from .core.duties import Duties, Singleton, janitor
 from .core.executor import Executor
-from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
 from .core.handlers import load_request_handlers
-from .hypervisor.hostctx import HostContext, check_libvirt_uri
 from .core.registry import load_automations
 from .core.session import Session
 from .core.store import Put, Store, StoreUnavailable
 from .core.validate import parse_duration   # one check, shared with the command line
+from .errors import UsageError
+from .hypervisor.hostctx import HostContext, check_libvirt_uri
+from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
 
 __all__ = ["run_peer", "parse_duration"]
 
