@@ -159,7 +159,6 @@ def build(host, args: dict) -> dict:
         raise RequestError(f"accel must be one of {', '.join(ACCELERATORS)}, got {accel!r}")
 
     with _vm_lock(host, uuid):
-        conn = host.conn
         dom = _find(host, uuid)
         if dom is None:
             dom = _define(host, uuid, name, vcpus, memory_mb, disk_gb, image,
