@@ -25,9 +25,12 @@ __all__ = ["read_hosts", "read_vms", "ready_hosts"]
 
 def read_hosts(store) -> list[dict]:
     """Every host ever seen (``hostcfg/``), merged with its live record when
-    it is alive (``hosts/``), with ``alive``, ``enabled``, ``status`` (up,
-    disabled, down) and ``vms``; by host name, naturally sorted."""
-    cfg, live = store.txn([], [Get(keys.host_config(), True), Get(keys.host(), True)]).ranges
+    it is alive (``hosts/``), with ``alive``, ``enabled``, ``drained``,
+    ``status`` (up, drained, disabled, down) and ``vms``; by host name, naturally sorted."""
+    cfg, live, drained = store.txn([], [Get(keys.host_config(), True), Get(keys.host(), True),
+                                        Get(keys.drained(), True)]).ranges
+    drained = {keys.suffix(kv.key, keys.drained()) for kv in drained
+               if readable(kv) is not None}
     records: dict[str, dict] = {}
     for kv in cfg:
         value = readable(kv)
@@ -55,9 +58,11 @@ def read_hosts(store) -> list[dict]:
         for name, record in records.items():
             if record.get("vms") is None:
                 record["vms"] = counts.get(name, 0)
-    for record in records.values():
+    for name, record in records.items():
         record.setdefault("enabled", True)
+        record["drained"] = name in drained
         record["status"] = ("down" if not record["alive"]
+                            else "drained" if record["drained"]
                             else "up" if record["enabled"] else "disabled")
     return sorted(records.values(), key=lambda r: table.natural_key(r["host"]))
 

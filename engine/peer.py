@@ -32,6 +32,7 @@ from .core.registry import load_automations
 from .core.session import Session
 from .core.store import Put, Store, StoreUnavailable
 from .core.validate import parse_duration   # one check, shared with the command line
+from .drains import align
 from .errors import UsageError
 from .hypervisor.hostctx import HostContext, check_libvirt_uri
 from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
@@ -167,6 +168,7 @@ class Peer:
         placement = open_placement(None, self.store)
         try:
             register_host(placement, self.name, self.host.conn, state_dir=self.host.state_dir)
+            align(self.store, placement, self.name)     # drained exactly when drained/ says
             return True
         except StoreUnavailable:
             raise

@@ -91,6 +91,8 @@ def task_view(record: AutomationRecord) -> dict:
                 "time": entry.get("time")}
         if response is not None and response.value.get("error"):
             item["error"] = response.value["error"]
+        if index in record.progress and state == "running":
+            item["progress"] = record.progress[index]
         log.append(item)
     state = record.state
     return {"id": record.id, "kind": record.spec["kind"], "version": record.spec.get("version", 1),
@@ -121,17 +123,23 @@ def list_tasks(store: Store, include_finished: bool = False) -> list[dict]:
                                        else 0, r["id"]))
 
 
-def abort(store: Store, automation_id: str, wait: float = 15.0) -> dict:
-    """Ask the initiator to abort; if no member is alive to hear it, abort directly."""
+def abort(store: Store, automation_id: str, wait: float = 15.0,
+          cleanup_wait: float = 600.0) -> dict:
+    """Ask the initiator to abort; if no member is alive to hear it, abort
+    directly.  An automation that cleans up on abort (its leader logged
+    ``aborting``) is waited for up to ``cleanup_wait`` seconds in all."""
     record = _record(store, automation_id)
     if record.state in TERMINAL_STATES:
         return {"id": automation_id, "state": record.state}
     store.put(keys.abort(automation_id), {"requested": time.time()})
-    deadline = time.monotonic() + wait
+    started = time.monotonic()
+    deadline = started + wait
     while time.monotonic() < deadline:
         record = _record(store, automation_id)
         if record.state in TERMINAL_STATES:
             return {"id": automation_id, "state": record.state}
+        if record.aborting is not None:
+            deadline = max(deadline, started + cleanup_wait)
         if not record.candidates:
             status_kv = store.get(keys.status(automation_id))
             ops = [Put(keys.status(automation_id), {"state": "aborted", "error": "aborted by request",

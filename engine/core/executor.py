@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
-from . import failpoints, keys
+from . import failpoints, keys, steps
 from engine.errors import RequestError
 
 from .handlers import HANDLERS
@@ -245,7 +245,8 @@ class Executor:
                 handler = HANDLERS.get(name)
                 if handler is None:
                     raise RequestError(f"host {self.host.host} has no handler for request {name!r}")
-                value = handler(self.host, dict(entry.get("args") or {}))
+                with steps.running(self.store, automation_id, index):
+                    value = handler(self.host, dict(entry.get("args") or {}))
                 response = {"status": "ok", "value": value}
             except RequestError as exc:
                 response = {"status": "error", "error": str(exc)}

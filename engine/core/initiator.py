@@ -103,15 +103,22 @@ class Initiator:
             # around it could run something twice or never; end it, saying so.
             return self._finish("failed", None, f"unreadable key {record.unreadable[0]} "
                                 "(see peerctl scrub)", record)
-        if record.abort:
-            return self._finish("aborted", None, "aborted by request", record)
         try:
             worker = lookup(self.spec["kind"], self.spec.get("version", 1))
+            self.cleans_up = getattr(worker, "cleans_up", False)
+            if record.abort and not self.cleans_up:
+                return self._finish("aborted", None, "aborted by request", record)
             replayer = Replayer(self.id, worker, self.spec.get("args", {}),
                                 self.spec.get("version", 1), self.spec.get("created", 0.0),
                                 logged=record.logged_steps())
+            told = record.aborting.mod_revision if record.aborting is not None else None
             for index, response in record.responses_in_order():
+                if told is not None and response.revision > told:
+                    replayer.deliver_abort()
+                    told = None
                 replayer.deliver(index, response)
+            if told is not None:
+                replayer.deliver_abort()
         except UnknownAutomation as exc:
             # Older code during a rolling upgrade: a member that knows this
             # kind and version may lead it; this one must not declare it stuck.
@@ -127,6 +134,7 @@ class Initiator:
         # Unanswered requests whose fate is still ours to watch: index -> deadline.
         self.open = {i: self.entries[i]["deadline"] for i in record.pending()}
         self.claimed = {i: kv.value for i, kv in record.claims.items()}
+        self.telling_abort = record.aborting is not None
         self.next_index = max(self.entries, default=-1) + 1
         self._gone_since: dict[str, float] = {}    # target host -> first seen not alive
         self.log.info("initiator_leads", replayed=len(self.entries), pending=len(record.pending()))
@@ -148,7 +156,12 @@ class Initiator:
                 return Outcome.DEPOSED
             if replayer.finished:
                 state = "failed" if replayer.error else "done"
-                return self._finish(state, replayer.result, replayer.error, record)
+                error = replayer.error
+                if replayer.aborted:
+                    state, error = "aborted", error or "aborted by request"
+                return self._finish(state, replayer.result, error, record)
+            if record.abort and self.cleans_up and not self.telling_abort:
+                self._tell_abort()
             try:
                 new = replayer.take_new()
                 if new:
@@ -262,7 +275,11 @@ class Initiator:
                     if index not in self.answered:
                         self._mark_lost_if_abandoned(index)
             elif part == "abort" and event.kind == "put":
-                return self._finish("aborted", None, "aborted by request", record)
+                if not self.cleans_up:
+                    return self._finish("aborted", None, "aborted by request", record)
+                record.abort = event.kv.value
+            elif part == "aborting" and event.kind == "put":
+                replayer.deliver_abort()
             elif part == "status" and event.kind == "put" and \
                     (event.kv.value or {}).get("state") in keys.TERMINAL_STATES:
                 return Outcome.FINISHED
@@ -312,6 +329,16 @@ class Initiator:
             for entry in appended:
                 if entry["local"]:
                     self.run_local(self.id, entry["index"], entry, take=self._take)
+
+    def _tell_abort(self) -> None:
+        """Log the point at which the workers learn of the abort: responses
+        taken but unwritten land first, so that they come before it on
+        every replay; the workers are told when the marker comes back
+        through the watch, in revision order with everything else."""
+        self.telling_abort = True
+        compares, ops = self._with_carry([absent(keys.aborting(self.id))],
+                                         [Put(keys.aborting(self.id), {"time": time.time()})])
+        self._txn(compares, ops)
 
     def _with_carry(self, compares, ops):
         """Add the taken responses to a transaction (they land with it)."""

@@ -34,6 +34,29 @@ def abort(automation_id: str) -> str:
     return f"auto/{automation_id}/abort"
 
 
+def aborting(automation_id: str) -> str:
+    """Where the initiator logs that the workers were told of an abort."""
+    return f"auto/{automation_id}/aborting"
+
+
+def progress(automation_id: str, index: int | None = None) -> str:
+    """How far a long step got (``engine/core/steps.py``); a view, not history."""
+    if index is None:
+        return f"auto/{automation_id}/progress/"
+    return f"auto/{automation_id}/progress/{index:08d}"
+
+
+def lock(name: str = "") -> str:
+    """``locks/<name>``: one automation at a time acts on ``name``
+    (``engine/core/locks.py``)."""
+    return f"locks/{name}"
+
+
+def drained(host: str = "") -> str:
+    """``drained/<host>``: the operator drained the host (no new placements)."""
+    return f"drained/{host}"
+
+
 def elect(automation_id: str) -> str:
     return f"auto/{automation_id}/elect/"
 

@@ -27,6 +27,8 @@ class AutomationRecord:
     claims: dict[int, KV] = field(default_factory=dict)
     candidates: list[KV] = field(default_factory=list)
     abort: dict | None = None
+    aborting: KV | None = None      # the workers were told of the abort, at this revision
+    progress: dict[int, dict] = field(default_factory=dict)
     revision: int = 0
     unreadable: list[str] = field(default_factory=list)    # "key: why", skipped
 
@@ -49,6 +51,10 @@ class AutomationRecord:
                 record.status = kv.value
             elif part == "abort":
                 record.abort = kv.value
+            elif part == "aborting":
+                record.aborting = kv
+            elif part == "progress" and len(parts) == 4 and parts[3].isdigit():
+                record.progress[int(parts[3])] = kv.value
             elif part == "log":
                 record.entries[int(parts[3])] = kv.value
             elif part == "resp":

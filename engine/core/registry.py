@@ -26,8 +26,17 @@ _WORKERS: dict[tuple[str, int], Callable] = {}
 _loaded: set[str] = set()
 
 
-def automation(kind: str, version: int = 1):
+def automation(kind: str, version: int = 1, cleans_up: bool = False):
+    """Register ``fn`` as ``kind`` at ``version``.
+
+    ``abort ID`` ends an automation at once, its workers stopped where they
+    are.  With ``cleans_up`` it is handed to the workers instead:
+    ``ctx.aborted`` turns true at a point logged in etcd (the same on every
+    replay), running steps see it (``engine.core.steps.abort_requested``),
+    and the automation ends ``aborted`` once its workers have undone what
+    they must (a migration reverting its allocations, say)."""
     def register(fn):
+        fn.cleans_up = cleans_up
         _WORKERS[(kind, version)] = fn
         return fn
     return register

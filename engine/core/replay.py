@@ -181,6 +181,14 @@ class Context:
         """Time of the latest response delivered: the same on every replay."""
         return self._replayer.clock or self._created
 
+    @property
+    def aborted(self) -> bool:
+        """``abort`` was asked and this automation cleans up (see
+        :func:`engine.core.registry.automation`): the workers should undo
+        what they must and stop starting new work.  It turns true at a
+        logged point, so every replay sees it at the same place."""
+        return self._replayer.aborted
+
     def uuid(self, name: str) -> str:
         """A uuid derived from the automation, stable across replays."""
         return str(uuidlib.uuid5(_NAMESPACE, f"{self.automation_id}/{name}"))
@@ -254,6 +262,7 @@ class Replayer:
             self._note_logged(step)
         self.new: list[NewRequest] = []         # yielded, not in the log yet
         self.finished = False
+        self.aborted = False
         self.result: Any = None
         self.error: str | None = None
         self._responses: dict[int, Response] = {}
@@ -288,6 +297,11 @@ class Replayer:
         if node is not None:
             self._resolve(node, response, None)
             self._run()
+
+    def deliver_abort(self) -> None:
+        """The workers are told of an abort: ``ctx.aborted`` is true from here
+        on (fed in revision order among the responses, like them)."""
+        self.aborted = True
 
     def take_new(self) -> list[NewRequest]:
         if self.broken:

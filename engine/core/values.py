@@ -167,11 +167,15 @@ CLAIM = shape("claim", executor=str)
 INBOX_ENTRY = shape("inbox entry")
 MEMBERSHIP = shape("membership")
 HOST = shape("host record")
+LOCK = shape("lock", owner=str)
+DRAINED = shape("drained host", host=str)
 
 for _pattern, _kind in (
         ("tasks/*", TASK), ("auto/*/spec", SPEC), ("auto/*/status", STATUS),
         ("auto/*/log/*", LOG_ENTRY), ("auto/*/resp/*", RESPONSE), ("auto/*/claim/*", CLAIM),
         ("auto/*/elect/*", _ANYTHING), ("auto/*/abort", _ANYTHING),
+        ("auto/*/aborting", MAPPING), ("auto/*/progress/*", MAPPING),
+        ("locks/*", LOCK), ("drained/*", DRAINED),
         ("singleton/*", _ANYTHING), ("member/*", MEMBERSHIP),
         ("inbox/*", INBOX_ENTRY), ("hosts/*", HOST), ("hostcfg/*", HOST)):
     declare(_pattern, _kind)

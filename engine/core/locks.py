@@ -1,0 +1,84 @@
+"""One automation at a time acts on a thing: named locks in etcd.
+
+``locks/<name>`` holds ``{owner, why, time}``; the owner is an automation id.
+A lock is not bound to a lease: the automation that holds it outlives any
+one peer (another member resumes it), so it holds the lock until it
+releases it or ends.
+
+Promises:
+- :func:`take` succeeds for one owner at a time, atomically (one
+  transaction guarded by the lock's revision and the caller's extra
+  conditions), and again for the owner that already holds it (a re-sent
+  step);
+- a lock whose owner has ended (terminal state, or gone) is stale and is
+  taken over, so a crashed or aborted automation never blocks a thing for
+  ever;
+- :func:`release` drops only the caller's own lock, with the caller's
+  extra operations in the same transaction.
+"""
+from __future__ import annotations
+
+import time
+
+from engine.errors import Conflict
+
+from . import keys
+from .store import Delete, Get, Put, absent, modified_at
+from .values import readable
+
+__all__ = ["take", "release", "holder"]
+
+
+def holder(store, name: str) -> dict | None:
+    """``{owner, why, time, state}`` of the lock's live holder, or None when
+    nobody holds it (or only an automation that has ended)."""
+    kv = store.get(keys.lock(name))
+    lock = readable(kv)
+    if lock is None:
+        return None
+    state = _state(store, lock["owner"])
+    return None if state in keys.TERMINAL_STATES else {**lock, "state": state}
+
+
+def _state(store, automation_id: str) -> str:
+    status = readable(store.get(keys.status(automation_id)))
+    return (status or {}).get("state", "done" if status is None else "running")
+
+
+def take(store, name: str, owner: str, why: str, compares=(), *, tries: int = 10) -> dict:
+    """Hold lock ``name`` for automation ``owner``.  Raises :class:`Conflict`
+    (``reason`` ``locked``) naming the live holder, or (``reason``
+    ``condition``) when ``compares`` failed."""
+    for _ in range(tries):
+        kv = store.get(keys.lock(name))
+        lock = readable(kv) if kv is not None else None
+        if lock is not None and lock["owner"] == owner:
+            return lock
+        if lock is not None and _state(store, lock["owner"]) not in keys.TERMINAL_STATES:
+            raise Conflict("locked", f"{lock.get('why') or 'busy'} (automation "
+                                     f"{lock['owner']})")
+        guard = absent(keys.lock(name)) if kv is None else modified_at(kv.key, kv.mod_revision)
+        value = {"owner": owner, "why": why, "time": time.time()}
+        result = store.txn([guard, *compares], [Put(keys.lock(name), value)],
+                           [Get(keys.lock(name))])
+        if result.succeeded:
+            return value
+        now = result.ranges[0] if result.ranges else []
+        if (now[0].mod_revision if now else 0) == (kv.mod_revision if kv else 0):
+            raise Conflict("condition", "its condition does not hold")
+    raise Conflict("concurrent_update", f"lock {name} kept changing")
+
+
+def release(store, name: str, owner: str, ops=()) -> bool:
+    """Drop ``owner``'s lock ``name`` and apply ``ops`` in the same
+    transaction.  False (and nothing written) when ``owner`` does not hold
+    it; ``ops`` are then applied on their own."""
+    kv = store.get(keys.lock(name))
+    lock = readable(kv) if kv is not None else None
+    if lock is not None and lock["owner"] == owner:
+        if store.txn([modified_at(kv.key, kv.mod_revision)],
+                     [Delete(keys.lock(name)), *ops]).succeeded:
+            return True
+    if ops:
+        store.txn([], list(ops))
+    return False
