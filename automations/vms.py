@@ -19,7 +19,9 @@ runs on two hosts.
 """
 from engine.core.registry import automation
 from engine.core.replay import Request
-from engine.errors import Failed
+
+from automations._steps import finish as _finish
+from automations._steps import resend as _idempotent
 
 BUILD_DEADLINE = 300.0
 ACTION_DEADLINE = 120.0
@@ -31,25 +33,11 @@ def _traits(required) -> str | None:
     return required if isinstance(required, str) else ",".join(required)
 
 
-def _idempotent(request, tries=4):
-    """Send ``request`` again (as a new step) while its outcome is unknown.
-
-    The engine never re-runs a step whose executor died; it reports it
-    ``lost``.  For requests that are idempotent by design (claim, release),
-    the worker may ask again, and the second run finds the first one's work.
-    """
-    for _ in range(tries):
-        reply = yield request
-        if reply.status not in ("lost", "timeout"):
-            return reply
-    return reply
-
-
 def _outcome(vm, uuid, host, state, error=None):
     return {"name": vm["name"], "uuid": uuid, "host": host, "state": state, "error": error}
 
 
-def boot_one(ctx, vm, attempts, disown=False):
+def boot_one(ctx, vm, attempts, disown=False, keep_traits=False):
     uuid = ctx.uuid("vm/" + vm["name"])
     resources = vm["resources"]
     tried, reasons = [], []
@@ -67,7 +55,9 @@ def boot_one(ctx, vm, attempts, disown=False):
                                         "vcpus": resources.get("VCPU", 1),
                                         "memory_mb": resources.get("MEMORY_MB", 256),
                                         "disk_gb": resources.get("DISK_GB", 0),
-                                        "image": vm.get("image")},
+                                        "image": vm.get("image"),
+                                        **({"required": _traits(vm.get("required"))}
+                                           if keep_traits and vm.get("required") else {})},
                               target=host, deadline=BUILD_DEADLINE, label=vm["name"])
         if built.ok:
             return _outcome(vm, uuid, host, built.value.get("state", "running"))
@@ -92,8 +82,17 @@ def boot_one(ctx, vm, attempts, disown=False):
     return _outcome(vm, uuid, None, "error", "; ".join(reasons) or "no attempt left")
 
 
-@automation("boot", version=2)
+@automation("boot", version=3)
 def boot(ctx, vms, attempts=3):
+    """Since version 3 the VM's traits go to ``build``, which keeps them in
+    the domain's metadata, so that a move honours them."""
+    results = yield ctx.all([ctx.worker(boot_one, vm, attempts, True, True, label=vm["name"])
+                             for vm in vms])
+    return _finish(results, "built")
+
+
+@automation("boot", version=2)
+def boot_v2(ctx, vms, attempts=3):
     results = yield ctx.all([ctx.worker(boot_one, vm, attempts, True, label=vm["name"])
                              for vm in vms])
     return _finish(results, "built")
@@ -107,13 +106,30 @@ def boot_v1(ctx, vms, attempts=3):
     return _finish(results, "built")
 
 
-def _finish(results, verb):
-    failed = [r for r in results if r["state"] == "error"]
-    if failed:
-        raise Failed(f"{len(failed)} of {len(results)} VMs could not be {verb}: "
-                     + "; ".join(f"{r['name']}: {r['error']}" for r in failed[:5]),
-                     {"vms": results})
-    return {"vms": results}
+def _lock(ctx, vm, why, force=False):
+    """Since version 3 an action on a VM holds the VM's lock while it acts
+    (``requests/locks.py``): it never interleaves with a move."""
+    return _idempotent(Request("lock_vm", {
+        "uuid": vm["uuid"], "name": vm["name"], "host": vm["host"], "owner": ctx.automation_id,
+        "why": why, "force": force}, label=vm["name"]))
+
+
+def _unlock(ctx, vm):
+    return _idempotent(Request("unlock_vm", {"uuid": vm["uuid"], "owner": ctx.automation_id},
+                               label=vm["name"]))
+
+
+def _locked(inner):
+    """``inner`` (a VM worker) run between ``lock_vm`` and ``unlock_vm``."""
+    def worker(ctx, vm, *args, why="busy", force=False):
+        locked = yield from _lock(ctx, vm, why, force)
+        if not locked.ok:
+            return _outcome(vm, vm["uuid"], vm["host"], "error", locked.error)
+        outcome = yield from inner(ctx, vm, *args)
+        yield from _unlock(ctx, vm)
+        return outcome
+    worker.__name__ = f"locked_{inner.__name__}"
+    return worker
 
 
 def destroy_one(ctx, vm, disown=False):
@@ -147,8 +163,20 @@ def destroy_one(ctx, vm, disown=False):
     return _outcome(vm, vm["uuid"], vm["host"], state)
 
 
-@automation("destroy", version=2)
+locked_destroy_one = _locked(destroy_one)
+
+
+@automation("destroy", version=3)
 def destroy(ctx, vms):
+    """Since version 3 under the VM's lock; destroy takes over a lock that a
+    failed move left held for an operator."""
+    results = yield ctx.all([ctx.worker(locked_destroy_one, vm, True, why="being destroyed",
+                                        force=True, label=vm["name"]) for vm in vms])
+    return _finish(results, "destroyed")
+
+
+@automation("destroy", version=2)
+def destroy_v2(ctx, vms):
     results = yield ctx.all([ctx.worker(destroy_one, vm, True, label=vm["name"])
                              for vm in vms])
     return _finish(results, "destroyed")
@@ -182,24 +210,39 @@ def _act_one(ctx, vm, request, resend=True, token=False):
     return _outcome(vm, vm["uuid"], vm["host"], (done.value or {}).get("state", "running"))
 
 
-def _action(request, verb, version=2, token=False):
+locked_act_one = _locked(_act_one)
+
+
+def _action(request, verb, version=3, token=False):
     resend = version >= 2
 
     def act(ctx, vms):
-        results = yield ctx.all([ctx.worker(_act_one, vm, request, resend, token,
-                                            label=vm["name"]) for vm in vms])
+        if version >= 3:
+            workers = [ctx.worker(locked_act_one, vm, request, resend, token,
+                                  why=f"being {verb}",
+                                  label=vm["name"]) for vm in vms]
+        else:
+            workers = [ctx.worker(_act_one, vm, request, resend, token, label=vm["name"])
+                       for vm in vms]
+        results = yield ctx.all(workers)
         return _finish(results, verb)
-    act.__name__ = request if resend else f"{request}_v{version}"
+    act.__name__ = request if version == 3 else f"{request}_v{version}"
     return automation(request, version=version)(act)
 
 
+# Version 3: under the VM's lock (never interleaved with a move).
 start = _action("start", "started")
 stop = _action("stop", "stopped")
 reboot = _action("reboot", "rebooted", token=True)
 suspend = _action("suspend", "suspended")
 resume = _action("resume", "resumed")
-# Version 1 of each: no re-send of a lost step (and no reboot token); kept
-# so that automations started before version 2 replay as they began.
+# Version 2 of each: no lock; version 1: no re-send of a lost step (and no
+# reboot token).  Kept so that automations started before replay as they began.
+start_v2 = _action("start", "started", 2)
+stop_v2 = _action("stop", "stopped", 2)
+reboot_v2 = _action("reboot", "rebooted", 2, token=True)
+suspend_v2 = _action("suspend", "suspended", 2)
+resume_v2 = _action("resume", "resumed", 2)
 start_v1 = _action("start", "started", 1)
 stop_v1 = _action("stop", "stopped", 1)
 reboot_v1 = _action("reboot", "rebooted", 1)

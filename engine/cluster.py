@@ -68,14 +68,31 @@ def read_hosts(store) -> list[dict]:
 
 
 def read_vms(store) -> list[dict]:
-    """Every VM record: ``{host, name, uuid, state, vcpus, memory_mb, disk_gb}``."""
+    """Every VM record: ``{host, name, uuid, state, vcpus, memory_mb, disk_gb}``.
+
+    A VM being moved (its lock is a migration's) is listed once, on the host
+    it leaves, in state ``migrating``: the copy arriving on the destination is
+    not a second VM."""
+    records, held = store.txn([], [Get(keys.vm(), True),
+                                   Get(keys.lock("vm/"), True)]).ranges
+    moving = {}
+    for kv in held:
+        lock = readable(kv)
+        if lock is not None and lock.get("kind") == "migrate" and not lock.get("held"):
+            moving[keys.suffix(kv.key, keys.lock("vm/"))] = lock.get("host")
     vms = []
-    for kv in store.range(keys.vm())[0]:
+    for kv in records:
         vm = readable(kv)
-        if vm is not None:
-            vms.append({"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"],
-                        "state": vm["state"], "vcpus": vm.get("vcpus"),
-                        "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb")})
+        if vm is None:
+            continue
+        state = vm["state"]
+        if vm["uuid"] in moving:
+            if moving[vm["uuid"]] not in (None, vm["host"]):
+                continue
+            state = "migrating"
+        vms.append({"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"],
+                    "state": state, "vcpus": vm.get("vcpus"),
+                    "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb")})
     return vms
 
 

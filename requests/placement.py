@@ -10,6 +10,8 @@
 - ``release``: ``{consumer}`` -> ``{consumer, released: true}`` (also when it
   held nothing).
 - ``candidates``: ``{resources, required?, limit?}`` -> ``{candidates: [...]}``.
+- ``claim_move``, ``confirm_move``, ``revert_move``: a VM move's migration
+  allocations (see each).
 
 The backend is ``open_placement(None, host.store)``: etcd unless
 ``$PEERCTL_PLACEMENT`` names an OpenStack Placement URL.
@@ -20,7 +22,8 @@ import contextlib
 import fnmatch
 
 from engine.core.handlers import handler
-from engine.errors import Conflict, PlacementError, PlacementUnavailable, RequestError
+from engine.errors import (Conflict, NotFound, PlacementError, PlacementUnavailable,
+                           RequestError)
 from engine.placement import open_placement, parse_query
 
 
@@ -114,3 +117,67 @@ def candidates(host, args: dict) -> dict:
                                      limit=args.get("limit"))
         return {"candidates": [{"allocations": c["allocations"], "host": c["host"]}
                                for c in found]}
+
+
+# -- moves: migration allocations ---------------------------------------------------
+
+@handler("claim_move")
+def claim_move(host, args: dict) -> dict:
+    """``{uuid, consumer, source, hosts?, required?}``: pick a destination for
+    instance ``uuid`` (same amounts as it holds, ``required`` traits, host
+    name matching ``hosts``, never ``source``) and move its allocations
+    there in one atomic write, the source's going to migration consumer
+    ``consumer`` (:meth:`~engine.placement.api.Placement.move_to_migration`).
+    -> ``{host, allocations}``.  Idempotent: a move already made returns
+    where it went."""
+    instance, migration, source = args.get("uuid"), args.get("consumer"), args.get("source")
+    with _placement(host) as placement:
+        held = placement.allocations(migration)
+        if held["allocations"]:
+            now = placement.allocations(instance)["allocations"]
+            return {"host": _host_of(placement, now), "allocations": now}
+        current = placement.allocations(instance)["allocations"]
+        if not current:
+            raise RequestError(f"VM {instance} holds no allocations to move")
+        query = ",".join(f"{rc}:{n}" for rc, n in sorted(_totals(current).items()))
+        for _ in range(placement.retries):
+            candidates = [c for c in placement.candidates(query, required=args.get("required"))
+                          if fnmatch.fnmatchcase(c["host"], args.get("hosts") or "*")
+                          and c["host"] != source]
+            if not candidates:
+                raise RequestError(
+                    f"no host but {source} can fit {query}"
+                    + (f" with {args['required']}" if args.get("required") else "")
+                    + (f" among {args['hosts']!r}" if args.get("hosts") else ""))
+            for candidate in candidates:
+                try:
+                    doc = placement.move_to_migration(instance, migration,
+                                                      candidate["allocations"])
+                    return {"host": candidate["host"], "allocations": doc["allocations"]}
+                except Conflict as exc:
+                    if exc.reason != "capacity_exceeded":
+                        break       # re-read the candidates
+        raise RequestError(f"moving {instance} kept losing races")
+
+
+@handler("confirm_move")
+def confirm_move(host, args: dict) -> dict:
+    """``{consumer}``: the move is done; the source's allocations, held by the
+    migration consumer, are dropped.  Idempotent."""
+    with _placement(host) as placement:
+        placement.release(args.get("consumer"))
+        return {"consumer": args.get("consumer"), "confirmed": True}
+
+
+@handler("revert_move")
+def revert_move(host, args: dict) -> dict:
+    """``{uuid, consumer}``: the move is undone; the instance gets back what
+    the migration consumer holds, and the destination's allocations are
+    freed, in one write.  Idempotent: once reverted, nothing to do."""
+    with _placement(host) as placement:
+        try:
+            doc = placement.revert_migration(args.get("uuid"), args.get("consumer"))
+        except NotFound:
+            return {"uuid": args.get("uuid"), "reverted": False}
+        return {"uuid": args.get("uuid"), "reverted": True,
+                "host": _host_of(placement, doc["allocations"])}

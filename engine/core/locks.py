@@ -12,7 +12,7 @@ Promises:
   step);
 - a lock whose owner has ended (terminal state, or gone) is stale and is
   taken over, so a crashed or aborted automation never blocks a thing for
-  ever;
+  ever; unless its owner left it :func:`hold` for an operator, on purpose;
 - :func:`release` drops only the caller's own lock, with the caller's
   extra operations in the same transaction.
 """
@@ -26,7 +26,7 @@ from . import keys
 from .store import Delete, Get, Put, absent, modified_at
 from .values import readable
 
-__all__ = ["take", "release", "holder"]
+__all__ = ["take", "hold", "release", "holder"]
 
 
 def holder(store, name: str) -> dict | None:
@@ -45,20 +45,26 @@ def _state(store, automation_id: str) -> str:
     return (status or {}).get("state", "done" if status is None else "running")
 
 
-def take(store, name: str, owner: str, why: str, compares=(), *, tries: int = 10) -> dict:
-    """Hold lock ``name`` for automation ``owner``.  Raises :class:`Conflict`
-    (``reason`` ``locked``) naming the live holder, or (``reason``
-    ``condition``) when ``compares`` failed."""
+def take(store, name: str, owner: str, why: str, compares=(), *, force: bool = False,
+         tries: int = 10, **extra) -> dict:
+    """Hold lock ``name`` for automation ``owner`` (``extra``: more fields
+    for readers of the lock).  Raises :class:`Conflict` (``reason``
+    ``locked``) naming the live holder, (``held``) when an automation left it
+    held for an operator (see :func:`hold`; ``force`` takes it all the same),
+    or (``condition``) when ``compares`` failed."""
     for _ in range(tries):
         kv = store.get(keys.lock(name))
         lock = readable(kv) if kv is not None else None
-        if lock is not None and lock["owner"] == owner:
+        if lock is not None and lock["owner"] == owner and not lock.get("held"):
             return lock
-        if lock is not None and _state(store, lock["owner"]) not in keys.TERMINAL_STATES:
+        if lock is not None and lock.get("held") and not force:
+            raise Conflict("held", f"{lock.get('why') or 'held'} (automation {lock['owner']})")
+        if lock is not None and not lock.get("held") \
+                and _state(store, lock["owner"]) not in keys.TERMINAL_STATES:
             raise Conflict("locked", f"{lock.get('why') or 'busy'} (automation "
                                      f"{lock['owner']})")
         guard = absent(keys.lock(name)) if kv is None else modified_at(kv.key, kv.mod_revision)
-        value = {"owner": owner, "why": why, "time": time.time()}
+        value = {**extra, "owner": owner, "why": why, "time": time.time()}
         result = store.txn([guard, *compares], [Put(keys.lock(name), value)],
                            [Get(keys.lock(name))])
         if result.succeeded:
@@ -67,6 +73,19 @@ def take(store, name: str, owner: str, why: str, compares=(), *, tries: int = 10
         if (now[0].mod_revision if now else 0) == (kv.mod_revision if kv else 0):
             raise Conflict("condition", "its condition does not hold")
     raise Conflict("concurrent_update", f"lock {name} kept changing")
+
+
+def hold(store, name: str, owner: str, why: str, ops=()) -> bool:
+    """Leave ``owner``'s lock held when it ends, for an operator: it is no
+    longer stale once its owner has ended, only ``take(..., force=True)``
+    takes it.  ``ops`` land in the same transaction."""
+    kv = store.get(keys.lock(name))
+    lock = readable(kv) if kv is not None else None
+    if lock is None or lock["owner"] != owner:
+        return False
+    return store.txn([modified_at(kv.key, kv.mod_revision)],
+                     [Put(kv.key, {**lock, "why": why, "held": True, "time": time.time()}),
+                      *ops]).succeeded
 
 
 def release(store, name: str, owner: str, ops=()) -> bool:

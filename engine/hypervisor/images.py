@@ -37,7 +37,7 @@ from engine.hypervisor.domain_xml import pool_xml, volume_xml
 
 __all__ = ["POOL_NAME", "pool_name", "GiB", "ensure_pool", "ensure_base", "ensure_overlay",
            "ensure_blank", "ensure_capacity", "delete_volumes", "volumes_of",
-           "image_volume_name"]
+           "image_volume_name", "cached_base"]
 
 log = structlog.get_logger("peerctl.images")
 
@@ -324,6 +324,12 @@ def ensure_base(host, pool, url: str) -> tuple[libvirt.virStorageVol, str]:
             entry.update(size=stat.st_size, mtime=stat.st_mtime)
         index.update(lambda data: data["urls"].__setitem__(url, entry))
         return result
+
+
+def cached_base(host, pool, sha: str):
+    """``(volume, format)`` of this host's complete copy of base image
+    ``sha``, or None: never fetches anything."""
+    return _cached(pool, _Index(host.state_dir), sha)
 
 
 def _cached(pool, index: _Index, sha: str):

@@ -29,8 +29,9 @@ libvirtd and the domain lived on) drops the copy when it comes back:
 
 - the VM is disowned on this host (``disowned/<host>/<uuid>``, written by
   ``boot`` before it took an alternate), or
-- its allocation is held on other providers only and no running
-  automation names it (a migration in flight names it).
+- its allocation is held on other providers only, no running automation
+  names it (a migration in flight names it) and it is not locked (a move
+  whose outcome nobody could tell leaves its lock held, both copies kept).
 
 A peerctl domain without any allocation is left alone (reported by the
 cluster half).  A ``disowned/`` mark is dropped once this host holds no such
@@ -121,6 +122,13 @@ def _referenced_consumers(store: Store) -> set[str]:
                 if isinstance(args.get(field), str):
                     named.add(args[field])
     return named
+
+
+def _locked_vms(store: Store) -> set[str]:
+    """VMs an automation acts on, or that a failed move left held for an
+    operator (``locks/vm/<uuid>``): no sweep destroys a copy of those."""
+    prefix = keys.lock("vm/")
+    return {keys.suffix(kv.key, prefix) for kv in store.range(prefix, keys_only=True)[0]}
 
 
 def _ghost_records(store: Store, placement, vms, allocations) -> list:
@@ -248,7 +256,7 @@ def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
                 placement.close()
         elsewhere = {uuid for uuid, allocations in held.items() if mine not in allocations}
         if elsewhere:
-            busy = _referenced_consumers(store)
+            busy = _referenced_consumers(store) | _locked_vms(store)
             ghosts.update({uuid: "allocated on another host" for uuid in elsewhere - busy})
     failed = set()
     for uuid, why in sorted(ghosts.items()):

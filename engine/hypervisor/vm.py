@@ -13,8 +13,10 @@ done.  Without a token, twice is two reboots.
 Arguments (all of them): ``uuid`` (required), ``name`` (for messages).
 ``build`` adds ``name``, ``vcpus``, ``memory_mb``, ``disk_gb``, ``image``
 (http(s)/file URL or None) and optionally ``kernel``, ``initrd``,
-``cmdline`` (direct kernel boot from files on the host) and ``accel``
-(``kvm`` or ``tcg``; default KVM when /dev/kvm exists).  Before it
+``cmdline`` (direct kernel boot from files on the host), ``accel``
+(``kvm`` or ``tcg``; default KVM when /dev/kvm exists) and ``required``
+(the traits the VM was placed with, kept in its metadata so that a move
+honours them).  Before it
 replies, ``build`` writes the VM's ``vms/<host>/<uuid>`` record
 (:func:`engine.hypervisor.vmpublish.publish_domain`), so a finished boot is listed.
 ``stop`` takes an optional ``timeout`` in seconds for the ACPI shutdown
@@ -154,6 +156,10 @@ def build(host, args: dict) -> dict:
         raise RequestError("initrd given without kernel")
     if cmdline is not None and (not isinstance(cmdline, str) or not kernel):
         raise RequestError("cmdline must be a string and needs a kernel")
+    required = args.get("required")
+    if required is not None and (not isinstance(required, str) or len(required) > 1000):
+        raise RequestError(f"required must be a trait list like 'HW_CPU_X86_AVX2,CUSTOM_SSD', "
+                           f"got {required!r}")
     accel = args.get("accel")
     if accel is not None and accel not in ACCELERATORS:
         raise RequestError(f"accel must be one of {', '.join(ACCELERATORS)}, got {accel!r}")
@@ -162,7 +168,7 @@ def build(host, args: dict) -> dict:
         dom = _find(host, uuid)
         if dom is None:
             dom = _define(host, uuid, name, vcpus, memory_mb, disk_gb, image,
-                          kernel, initrd, cmdline, accel)
+                          kernel, initrd, cmdline, accel, required)
         if vm_state(dom) in ("shutoff", "building"):
             _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
             log.info("vm_started", vm=name, uuid=uuid)
@@ -174,7 +180,7 @@ def build(host, args: dict) -> dict:
 
 
 def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, cmdline,
-            accel):
+            accel, required=None):
     conn = host.conn
     try:
         other = conn.lookupByName(name)
@@ -205,7 +211,8 @@ def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, 
                           disk_gb=disk_gb, domain_type=dtype,
                           disk_path=disk_path, image=image, kernel=kernel,
                           initrd=initrd, cmdline=cmdline, console_log=console,
-                          owner=host.host)
+                          owner=host.host,
+                          extra_metadata={"required": required} if required else {})
         dom = _libvirt_call(f"cannot define VM {name!r}", conn.defineXML, domain_xml(spec))
     except BaseException:
         # Nothing refers to this VM's volumes yet: take them back.

@@ -361,10 +361,11 @@ class EtcdPlacement(Placement):
             for rp, res in (kv.value["allocations"] if kv else {}).items():
                 for rc, n in res.items():
                     rps[rp]["usages"][rc] = rps[rp]["usages"].get(rc, 0) - n
+        before = {rp: dict(read[RP + rp].value["usages"]) for rp in rps}
         for c, doc in want.items():
             for rp, res in (doc["allocations"] if doc else {}).items():
                 for rc, n in res.items():
-                    self._check_fits(rps[rp], rc, n)
+                    self._check_fits(rps[rp], rc, n, before[rp].get(rc, 0))
                     rps[rp]["usages"][rc] = rps[rp]["usages"].get(rc, 0) + n
             if doc:
                 generation = (old[c].value["generation"] if old[c] else 0) + 1
@@ -389,8 +390,12 @@ class EtcdPlacement(Placement):
         return docs if result.succeeded else None
 
     @staticmethod
-    def _check_fits(rp: dict, rc: str, amount: int) -> None:
-        """``rp['usages']`` holds usage without this claim's consumers."""
+    def _check_fits(rp: dict, rc: str, amount: int, before: int) -> None:
+        """``rp['usages']`` holds usage without this claim's consumers (and
+        with those of the same write checked so far); ``before``: the
+        provider's usage before the write.  A write that uses no more of a
+        provider than it did always fits there: moving a VM's allocations to
+        its migration consumer on a drained or shrunk host is not a claim."""
         inv = rp["inventories"].get(rc)
         if inv is None:
             raise Conflict("capacity_exceeded",
@@ -399,7 +404,7 @@ class EtcdPlacement(Placement):
         if problem:
             raise PlacementError(f"{amount} {rc} on provider {rp['name']}: {problem}")
         used = rp["usages"].get(rc, 0)
-        if used + amount > capacity(inv):
+        if used + amount > capacity(inv) and used + amount > before:
             raise Conflict("capacity_exceeded",
                            f"provider {rp['name']} cannot fit {amount} {rc}: "
                            f"{used} used of {capacity(inv)}")

@@ -1,0 +1,28 @@
+"""Pieces the VM automations share (not an automation: the loader skips
+files whose name starts with ``_``)."""
+from engine.errors import Failed
+
+
+def resend(request, tries=4):
+    """Send ``request`` again (as a new step) while its outcome is unknown.
+
+    The engine never re-runs a step whose executor died; it reports it
+    ``lost``.  For requests that are idempotent by design (claim, release,
+    destroy, the move steps), the worker may ask again, and the second run
+    finds the first one's work."""
+    for _ in range(tries):
+        reply = yield request
+        if reply.status not in ("lost", "timeout"):
+            return reply
+    return reply
+
+
+def finish(results, verb):
+    """The automation's result ``{vms}``; it fails, keeping that result, when
+    any VM ended in error."""
+    failed = [r for r in results if r["state"] == "error" or r.get("error")]
+    if failed:
+        raise Failed(f"{len(failed)} of {len(results)} VMs could not be {verb}: "
+                     + "; ".join(f"{r['name']}: {r['error']}" for r in failed[:5]),
+                     {"vms": results})
+    return {"vms": results}

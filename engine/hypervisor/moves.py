@@ -1,0 +1,225 @@
+"""What one host does for a VM that moves, besides the copy itself.
+
+A move is a replayed automation (``automations/moves.py``) sending these
+requests; the copy of disks and memory is :mod:`engine.hypervisor.migration`
+(QEMU/KVM).  Each function is a request handler ``fn(host, args) -> dict``
+and is idempotent by VM uuid.
+
+- :func:`describe` (source): the VM as it is now: state, driver, inactive
+  XML, disks with their virtual sizes, image, required traits, and the
+  host's libvirt URI.
+- :func:`prepare` (destination): volumes for the VM at exactly the source's
+  virtual sizes, as overlays on this host's own copy of the VM's base image
+  when it has one (``incremental``: only the top layer is copied), and the
+  destination XML: the same domain with this host's disk paths, console log
+  and owner.  A shut-off copy left by an earlier, failed move is swept first;
+  a running one is refused.
+- :func:`adopt` (destination): the VM in its final state here: defined (from
+  ``xml`` when the driver has no migration, the test driver's
+  *re-definition*), running, paused or shut off as asked, and its ``vms/``
+  record written before the reply.
+- :func:`locate`: run by any peer, asks each named libvirt URI directly what
+  state the VM is in, waiting while a migration job is still running, so
+  that an unknown outcome is decided from the hypervisors, not guessed.
+"""
+from __future__ import annotations
+
+import os
+import time
+import xml.etree.ElementTree as ET
+
+import libvirt
+import structlog
+
+from engine.core import keys
+from engine.errors import RequestError
+from engine.hypervisor import images
+from engine.hypervisor.domain_xml import NAMESPACE, read_metadata, volume_xml
+from engine.hypervisor.records import vm_state
+from engine.hypervisor.vm import _find, _label, _libvirt_call, _uuid, _vm_lock, \
+    console_log_path
+from engine.hypervisor.vmpublish import publish_domain
+
+__all__ = ["describe", "prepare", "adopt", "locate", "ACTIVE"]
+
+log = structlog.get_logger("peerctl.moves")
+
+ACTIVE = ("running", "paused")      # a QEMU process holds the VM
+
+
+def _disks(conn, root: ET.Element) -> list[dict]:
+    disks = []
+    for disk in root.findall("./devices/disk"):
+        source, target = disk.find("source"), disk.find("target")
+        if disk.get("device", "disk") != "disk" or source is None or target is None \
+                or not source.get("file"):
+            continue
+        driver = disk.find("driver")
+        path = source.get("file")
+        try:
+            vol = conn.storageVolLookupByPath(path)
+            capacity = vol.info()[1]
+            backing = ET.fromstring(vol.XMLDesc(0)).findtext("./backingStore/path")
+        except libvirt.libvirtError as exc:
+            raise RequestError(f"disk {path}: {exc.get_error_message()}") from None
+        disks.append({"dev": target.get("dev"), "path": path,
+                      "format": driver.get("type") if driver is not None else "raw",
+                      "capacity": capacity, "backing": backing})
+    return disks
+
+
+def describe(host, args: dict) -> dict:
+    uuid = _uuid(args)
+    dom = _find(host, uuid)
+    if dom is None:
+        raise RequestError(f"{_label(args, uuid)} is not on host {host.host}")
+    xml = _libvirt_call(f"cannot read {_label(args, uuid)}", dom.XMLDesc,
+                        libvirt.VIR_DOMAIN_XML_INACTIVE)
+    meta = read_metadata(dom)
+    _state, max_kib, _mem, vcpus, _cpu = dom.info()
+    return {"uuid": uuid, "name": dom.name(), "host": host.host, "state": vm_state(dom),
+            "driver": host.conn.getType(), "libvirt_uri": host.libvirt_uri, "xml": xml,
+            "image": meta.get("image") or None, "required": meta.get("required") or None,
+            "vcpus": vcpus, "memory_mb": max_kib // 1024, "disk_gb": meta.get("disk_gb", 0),
+            "disks": _disks(host.conn, ET.fromstring(xml))}
+
+
+def _base_here(host, pool, source_backing: str | None):
+    """This host's complete copy of the base image a source disk sits on,
+    named as on the source (``image-<sha256>``), and its format; or None."""
+    if not source_backing:
+        return None
+    name = os.path.basename(source_backing)
+    if not name.startswith(images.image_volume_name("")):
+        return None
+    return images.cached_base(host, pool, name[len(images.image_volume_name("")):])
+
+
+def prepare(host, args: dict) -> dict:
+    uuid = _uuid(args)
+    source = args.get("describe")
+    if not isinstance(source, dict) or not isinstance(source.get("xml"), str):
+        raise RequestError("prepare needs the source's description (move_describe)")
+    with _vm_lock(host, uuid):
+        stale = _find(host, uuid)
+        if stale is not None:
+            if vm_state(stale) in ACTIVE:
+                raise RequestError(f"{_label(args, uuid)} already runs on {host.host}")
+            _sweep(host, stale, uuid)
+        pool = images.ensure_pool(host)
+        for vol in images.volumes_of(pool, uuid):
+            vol.delete(0)               # a copy target from an earlier try: start clean
+        root = ET.fromstring(source["xml"])
+        disks, incremental = [], bool(source.get("disks"))
+        for disk in source.get("disks") or []:
+            name = os.path.basename(disk["path"])
+            base = _base_here(host, pool, disk.get("backing"))
+            if base is not None:
+                vol = pool.createXML(volume_xml(
+                    name, disk["capacity"], "qcow2", backing_path=base[0].path(),
+                    backing_format=base[1]), 0)
+            else:
+                incremental = False
+                vol = pool.createXML(volume_xml(name, disk["capacity"], "qcow2"), 0)
+            disks.append({"dev": disk["dev"], "path": vol.path(), "capacity": disk["capacity"]})
+        _retarget(root, {d["dev"]: d["path"] for d in disks}, host, uuid)
+        # the disowned mark of an earlier lost move would destroy this copy
+        if host.store is not None:
+            host.store.delete(keys.disowned(host.host, uuid))
+        log.info("move_prepared", uuid=uuid, disks=len(disks), incremental=incremental)
+        return {"uuid": uuid, "host": host.host, "libvirt_uri": host.libvirt_uri,
+                "xml": ET.tostring(root, encoding="unicode"), "disks": disks,
+                "incremental": incremental and bool(disks)}
+
+
+def _sweep(host, dom, uuid: str) -> None:
+    """A shut-off copy left here by an earlier move that did not finish."""
+    from engine.hypervisor.vm import destroy
+    log.warning("move_stale_copy_swept", uuid=uuid, host=host.host)
+    destroy(host, {"uuid": uuid})
+
+
+def _retarget(root: ET.Element, paths: dict, host, uuid: str) -> None:
+    """The source's domain XML, made this host's: disks, console log, owner."""
+    for disk in root.findall("./devices/disk"):
+        target, source = disk.find("target"), disk.find("source")
+        if target is not None and source is not None and target.get("dev") in paths:
+            source.set("file", paths[target.get("dev")])
+    for log_element in root.findall("./devices/serial/log"):
+        path = console_log_path(host, uuid)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        log_element.set("file", path)
+    owner = root.find(f"./metadata/{{{NAMESPACE}}}vm/{{{NAMESPACE}}}host")
+    if owner is not None:
+        owner.text = host.host
+
+
+def adopt(host, args: dict) -> dict:
+    uuid = _uuid(args)
+    want = args.get("state", "running")
+    if want not in ("running", "paused", "shutoff"):
+        raise RequestError(f"adopt: state must be running, paused or shutoff, got {want!r}")
+    with _vm_lock(host, uuid):
+        dom = _find(host, uuid)
+        if dom is None:
+            xml = args.get("xml")
+            if not isinstance(xml, str):
+                raise RequestError(f"{_label(args, uuid)} is not on host {host.host} "
+                                   "and no definition came with it")
+            dom = _libvirt_call(f"cannot define {_label(args, uuid)}", host.conn.defineXML,
+                                xml)
+            log.info("move_defined", uuid=uuid, host=host.host)
+        elif not dom.isPersistent():
+            _libvirt_call(f"cannot persist {_label(args, uuid)}", host.conn.defineXML,
+                          dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        state = vm_state(dom)
+        if want == "shutoff" and state != "shutoff":
+            _libvirt_call(f"cannot stop {_label(args, uuid)}", dom.destroy)
+        elif want != "shutoff" and state in ("shutoff", "building", "error"):
+            flags = libvirt.VIR_DOMAIN_START_PAUSED if want == "paused" else 0
+            _libvirt_call(f"cannot start {_label(args, uuid)}", dom.createWithFlags, flags)
+        elif want == "running" and state == "paused":
+            _libvirt_call(f"cannot resume {_label(args, uuid)}", dom.resume)
+        elif want == "paused" and state == "running":
+            _libvirt_call(f"cannot pause {_label(args, uuid)}", dom.suspend)
+        if host.store is not None:
+            publish_domain(host.store, host.host, dom)
+        return {"uuid": uuid, "host": host.host, "state": vm_state(dom)}
+
+
+def _where(uri: str, uuid: str, wait: float) -> dict:
+    """The VM's state at ``uri``, once no migration job runs there."""
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        return {"state": "unreachable", "error": exc.get_error_message()}
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                dom = conn.lookupByUUIDString(uuid)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    return {"state": "absent"}
+                return {"state": "unreachable", "error": exc.get_error_message()}
+            try:
+                job = dom.jobInfo()[0]
+            except libvirt.libvirtError:
+                job = libvirt.VIR_DOMAIN_JOB_NONE
+            if job == libvirt.VIR_DOMAIN_JOB_NONE or time.monotonic() >= deadline:
+                return {"state": vm_state(dom), "persistent": bool(dom.isPersistent()),
+                        "job": job != libvirt.VIR_DOMAIN_JOB_NONE}
+            time.sleep(0.5)
+    finally:
+        conn.close()
+
+
+def locate(host, args: dict) -> dict:
+    """``{hosts: {name: uri}, uuid, wait?}`` -> ``{name: {state, ...}}``,
+    state one of running, paused, shutoff, absent, unreachable."""
+    uuid = _uuid(args)
+    hosts = args.get("hosts")
+    if not isinstance(hosts, dict) or not hosts:
+        raise RequestError("locate needs hosts: {name: libvirt URI}")
+    wait = float(args.get("wait") or 60.0)
+    return {name: _where(uri, uuid, wait) for name, uri in sorted(hosts.items())}
