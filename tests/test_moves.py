@@ -200,3 +200,40 @@ def test_abort_stops_starting_moves_and_finishes_the_one_under_way(cluster, stor
     assert all(results[f"x{i}"]["error"] == "not moved: aborted" for i in (2, 3))
     expected = {r["uuid"]: r["host"] for r in results.values()}
     assert_each_runs_once(store, expected, ["t1", "t2"])
+
+
+def test_initiator_killed_at_every_step_boundary_still_moves_the_vm(cluster, store, tmp_path):
+    """A failpoint kills whichever member leads just before it appends the
+    next step; once the new leader has appended that step, the one after is
+    armed, and so on to the end: a crash at every step boundary of the
+    migration.  Each killed member is restarted under its
+    name.  The VM ends on the destination, exactly once, and placement
+    holds it there only."""
+    from engine.core import failpoints
+    from tests.support.vms import ENV
+    armed = str(tmp_path / "failpoints")
+    env = {failpoints.ENV: armed}
+    members = ["m1", "m2", "m3"]
+    start(cluster, store, ["t1", "t2"])
+    start(cluster, store, members, env=env)
+    vms = boot(store, ["warmup", "steady"])
+    clean = migrate(store, vms[:1], to="t*")
+    assert clean["state"] == "done", clean["error"]
+    steps = list(dict.fromkeys(e["request"] for e in clean["log"]))
+    failpoints.arm(armed, [f"append {request}" for request in steps] + ["finish"])
+    moving = run(store, "migrate", {"vms": listed(vms[1:]), "to": "t*"}, prefer=members)
+
+    def restart_the_dead():
+        for host in members:
+            if cluster.peers[host].poll() is not None:
+                cluster.start_peer(host, env={**ENV, **env})
+        task = api.get_task(store, moving)
+        return task if task["state"] in keys.TERMINAL_STATES else None
+    task = wait_for(restart_the_dead, timeout=240, interval=0.05,
+                    what="the migration to finish through the crashes")
+    fired = [point for point, _, _ in failpoints.fired(armed)]
+    assert fired == [f"append {request}" for request in steps] + ["finish"]
+    assert task["state"] == "done", task["error"]
+    (moved,) = task["result"]["vms"]
+    assert moved["host"] == "t2" and moved["state"] == "running"
+    assert_each_runs_once(store, {vms[0]["uuid"]: "t2", vms[1]["uuid"]: "t2"}, ["t1", "t2"])

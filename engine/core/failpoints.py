@@ -3,7 +3,7 @@
 A test that SIGKILLs a peer from outside cannot choose where the peer is in
 its work; a crash point can.  ``PEERCTL_FAILPOINTS`` names a file of point
 names, one a line (``append 3``: just before the transaction that appends
-log index 3; ``finish``: just before the terminal status is written;
+log index 3; ``append claim``: the first append of a step of that request; ``finish``: just before the terminal status is written;
 ``respond build``: a request of that name has run, its response not yet
 written).  The
 first process to reach a listed point removes its line, under an exclusive

@@ -316,6 +316,7 @@ class Initiator:
             compares, ops = self._with_carry(compares, ops)
             for entry in appended:
                 failpoints.crash(f"append {entry['index']}")
+                failpoints.crash(f"append {entry['request']}")
             if not self._txn(compares, ops):
                 raise _Restart()    # someone else wrote our indices: never continue blind
             for entry in appended:
