@@ -13,6 +13,8 @@
   :mod:`.placement_server` serves a real OpenStack Placement,
   :mod:`.placement_claimer` is a claiming process (run by path);
 - :mod:`.qemu_guest`: the real-QEMU tier's guest, and why it is skipped.
+- :mod:`.libvirtd_pair`: two private libvirtd daemons, two KVM hosts on this
+  machine (``libvirtd_pair`` fixture).
 
 Test modules import from here, never from each other.
 """

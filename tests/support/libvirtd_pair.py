@@ -1,0 +1,103 @@
+"""Two KVM hosts on this machine: the ``libvirtd_pair`` fixture.
+
+Two private libvirtd (:mod:`engine.hypervisor.daemons`), ``kvm1`` and
+``kvm2``, each with its own host UUID, socket, state and virtlogd, so that
+libvirt migrates between them as between two machines.  They live under a
+directory QEMU's user can reach (``/var/tmp``; pytest's ``tmp_path`` sits
+under a 0700 directory), also handed to the tests for their kernels,
+initrds and console logs.
+
+Module scope: started once per test module, in well under a second each
+when the system daemon's cache of QEMU's capabilities can be copied (else
+libvirt probes QEMU, ~8 s).  At teardown, guests the tests left are
+destroyed and undefined, then both daemons stopped.  Skips, saying why, where
+the real-QEMU tier cannot run (:func:`tests.support.qemu_guest.skip_reason`)
+or private daemons cannot (:func:`cannot_run_reason`).
+
+Import it into a test module::
+
+    from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+import pytest
+
+from engine.hypervisor.daemons import PrivateLibvirtd
+from tests.support import qemu_guest
+
+__all__ = ["libvirtd_pair", "LibvirtdPair", "cannot_run_reason", "NAMES"]
+
+NAMES = ("kvm1", "kvm2")
+
+
+@dataclass
+class LibvirtdPair:
+    """``daemons`` (two :class:`PrivateLibvirtd`, started), ``uris`` (their
+    client URIs, in the same order) and ``dir`` (their parent, world-readable,
+    for the tests' files)."""
+    daemons: list
+    dir: str
+
+    @property
+    def uris(self) -> list[str]:
+        return [daemon.uri for daemon in self.daemons]
+
+
+def cannot_run_reason() -> str | None:
+    """Why private daemons cannot run on this machine, or None."""
+    if os.geteuid() != 0:
+        return "private libvirtd daemons run as root (they bind-mount libvirt's directories)"
+    missing = [tool for tool in ("libvirtd", "virtlogd", "unshare", "mount")
+               if not shutil.which(tool)]
+    if missing:
+        return f"no {', '.join(missing)} on PATH (bash .ci/libvirtd.sh installs libvirt)"
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot make a mount namespace here: {probe.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def libvirtd_pair():
+    why = qemu_guest.skip_reason() or cannot_run_reason()
+    if why is not None:
+        pytest.skip(why)
+    base = qemu_guest.world_readable_tmpdir("peerctl-pair-")
+    daemons = [PrivateLibvirtd(base, name) for name in NAMES]
+    try:
+        for daemon in daemons:
+            daemon.start()
+        yield LibvirtdPair(daemons, base)
+    finally:
+        for daemon in daemons:
+            _destroy_guests(daemon)
+            daemon.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _destroy_guests(daemon: PrivateLibvirtd) -> None:
+    """What a failed test left on ``daemon``: destroyed and undefined."""
+    import libvirt
+    if not daemon.running():
+        return
+    try:
+        conn = libvirt.open(daemon.uri)
+    except libvirt.libvirtError:
+        return
+    try:
+        for dom in conn.listAllDomains(0):
+            try:
+                if dom.isActive():
+                    dom.destroy()
+                if dom.isPersistent():
+                    dom.undefine()
+            except libvirt.libvirtError:
+                pass
+    finally:
+        conn.close()
