@@ -13,7 +13,8 @@ from engine.placement import open_placement
 from tests.support import wait_for
 from tests.support.cluster import finished
 from tests.support.hooks import write_hook
-from tests.support.vms import allocations, booted, inventory, published, run, start
+from tests.support.vms import (allocations, big_test_host, booted, inventory, published, run,
+                               start)
 
 
 def boot(store, names, on="t1"):
@@ -157,25 +158,26 @@ def test_destination_killed_during_the_move_reverts_to_the_source(cluster, store
 
 
 def test_evacuate_survives_sigkill_of_its_initiator(cluster, store, tmp_path):
-    """Twenty VMs leave t1 while the initiator dies midway; a boot during
+    """A hundred VMs leave t1 while the initiator dies midway; a boot during
     the evacuation never lands on the drained host."""
     hooks = tmp_path / "hooks"
     write_hook(hooks, "move_adopt", "pre", "time.sleep(0.1)\n")
-    start(cluster, store, ["t1", "m1", "m2", "m3"])
-    start(cluster, store, ["t2", "t3"], hooks=str(hooks))
-    vms = boot(store, [f"e{i:02d}" for i in range(20)])
+    start(cluster, store, ["t1"], libvirt=big_test_host(tmp_path / "t1.xml"))
+    start(cluster, store, ["m1", "m2", "m3"])
+    start(cluster, store, ["t2", "t3"], hooks=str(hooks), libvirt=big_test_host(tmp_path / "t.xml"))
+    vms = boot(store, [f"e{i:03d}" for i in range(100)])
     set_drained(store, ["t1"], True)
     evacuation = run(store, "evacuate", {"hosts": ["t1"], "vms": listed(vms), "to": "t*",
-                                         "parallel": 4}, prefer=["m1", "m2", "m3"])
+                                         "parallel": 8}, prefer=["m1", "m2", "m3"])
 
     def adopted(task):
         return sum(e["request"] == "move_adopt" and e["status"] == "ok" for e in task["log"])
     task = wait_for(lambda: (lambda t: t if adopted(t) >= 4 else None)(
-        api.get_task(store, evacuation)), what="4 VMs moved")
+        api.get_task(store, evacuation)), what="4 VMs moved", timeout=60)
     cluster.kill(task["initiator"])
-    assert adopted(api.get_task(store, evacuation)) < 20, "the kill did not land midway"
+    assert adopted(api.get_task(store, evacuation)) < 100, "the kill did not land midway"
     during = boot(store, ["late1", "late2"], on="t*")
-    task = finished(store, evacuation, timeout=180)
+    task = finished(store, evacuation, timeout=300)
     assert task["state"] == "done", task["error"]
     assert {r["host"] for r in task["result"]["vms"]} <= {"t2", "t3"}
     assert {vm["host"] for vm in during} <= {"t2", "t3"}

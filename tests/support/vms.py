@@ -10,11 +10,11 @@ ENV = {"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS}
 SMALL = {"VCPU": 1, "MEMORY_MB": 64, "DISK_GB": 1}
 
 
-def start(cluster, store, names, hooks=None, env=None):
+def start(cluster, store, names, hooks=None, env=None, libvirt="test:///default"):
     for name in names:
         extra = ["--hooks", hooks[name] if isinstance(hooks, dict) else hooks] \
             if hooks and (not isinstance(hooks, dict) or name in hooks) else []
-        cluster.start_peer(name, extra_args=extra, env={**ENV, **(env or {})})
+        cluster.start_peer(name, libvirt=libvirt, extra_args=extra, env={**ENV, **(env or {})})
     wait_for(lambda: set(names) <= set(api.live_hosts(store)), what=f"{names} alive")
     placement = open_placement("etcd", store)
     wait_for(lambda: {n for n in names} <= {p["name"] for p in placement.providers()},
@@ -49,3 +49,12 @@ def allocations(store):
 def published(store):
     kvs, _ = store.range("vms/")
     return [kv.value for kv in kvs]
+
+
+def big_test_host(path, cpus=32, memory_gib=16) -> str:
+    """A test-driver host file with more room than ``test:///default``'s
+    16 CPUs and 3 GiB (a hundred small VMs fit); its URI."""
+    path.write_text(f"<node><cpu><nodes>1</nodes><sockets>1</sockets><cores>{cpus}</cores>"
+                    f"<threads>1</threads><active>{cpus}</active><mhz>2000</mhz>"
+                    f"<model>i686</model></cpu><memory>{memory_gib << 20}</memory></node>")
+    return f"test://{path}"
