@@ -104,7 +104,7 @@ def _decide(mode: str, was: str, at_source: str, at_dest: str) -> str:
     return "revert" if at_source == "shutoff" else "unknown"
 
 
-def move_one(ctx, vm, to=None, offline=False):
+def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None):
     uuid, source, name = vm["uuid"], vm["host"], vm["name"]
 
     def step(request, args, target=None, deadline=ACTION_DEADLINE):
@@ -163,7 +163,9 @@ def move_one(ctx, vm, to=None, offline=False):
             "destination": dest, "destination_uri": prepared["libvirt_uri"],
             "xml": prepared["xml"], "disks": [d["dev"] for d in prepared["disks"]],
             "incremental": prepared["incremental"], "live": mode == "live",
-            "timeout_per_gib": TIMEOUT_PER_GIB}, source, _copy_deadline(described))
+            "timeout_per_gib": TIMEOUT_PER_GIB,
+            **({"bandwidth_mib": bandwidth_mib} if bandwidth_mib else {})},
+            source, _copy_deadline(described))
         if moved.ok:
             copied = moved.value or {}
     why = None if moved.ok else f"{moved.status}: {moved.error}"
@@ -234,34 +236,37 @@ def _revert(ctx, vm, step, unlock, migration, dest, mode, stopped, why, was):
     return _result(vm, vm["host"], state, mode, "; ".join(errors))
 
 
-def _lane(ctx, vms, to, offline):
+def _lane(ctx, vms, to, offline, bandwidth_mib):
     """Move ``vms`` one after another; after an abort, start no more."""
     results = []
     for vm in vms:
         if ctx.aborted:
             results.append(_result(vm, vm["host"], vm.get("state"), error="not moved: aborted"))
             continue
-        results.append((yield ctx.worker(move_one, vm, to, offline, label=vm["name"])))
+        results.append((yield ctx.worker(move_one, vm, to, offline, bandwidth_mib,
+                                         label=vm["name"])))
     return results
 
 
-def _in_lanes(ctx, vms, to, offline, parallel):
+def _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib=None):
     lanes = max(1, min(int(parallel or 1), len(vms)))
-    done = yield ctx.all([ctx.worker(_lane, vms[i::lanes], to, offline)
+    done = yield ctx.all([ctx.worker(_lane, vms[i::lanes], to, offline, bandwidth_mib)
                           for i in range(lanes)])
     by_uuid = {r["uuid"]: r for lane in done for r in lane}
     return [by_uuid[vm["uuid"]] for vm in vms]
 
 
 @automation("migrate", version=1, cleans_up=True)
-def migrate(ctx, vms, to=None, offline=False, parallel=4):
-    results = yield from _in_lanes(ctx, vms, to, offline, parallel)
+def migrate(ctx, vms, to=None, offline=False, parallel=4, bandwidth_mib=None):
+    """``bandwidth_mib``: a cap on each copy, MiB/s (libvirt's migration
+    bandwidth), for moves that must not fill a link."""
+    results = yield from _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib)
     return finish(results, "moved")
 
 
 @automation("evacuate", version=1, cleans_up=True)
-def evacuate(ctx, hosts, vms, to=None, parallel=4):
+def evacuate(ctx, hosts, vms, to=None, parallel=4, bandwidth_mib=None):
     """The hosts are drained before this starts (by the command line): the
     VMs on them move away, live where running, cold where shut off."""
-    results = yield from _in_lanes(ctx, vms, to, False, parallel)
+    results = yield from _in_lanes(ctx, vms, to, False, parallel, bandwidth_mib)
     return finish(results, "moved")
