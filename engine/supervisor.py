@@ -5,6 +5,19 @@ Everything it knows lives in the state directory: ``up.json`` (the PID and
 command line of each process, etcd's ports and data directory), etcd's data,
 each peer's state and every process's log.
 
+``--libvirt qemu`` (:data:`QEMU`, a keyword, not a URI) makes each host a
+KVM host of its own: a private libvirtd per host
+(:mod:`engine.hypervisor.daemons`) in ``STATE_DIR/<host>/libvirtd``, all of
+them inside one network namespace for the cluster (``peerctl-<cluster>``),
+and the host's peer pointed at its daemon.  A peer's record keeps
+``libvirt: qemu`` (what was asked) and the daemon's URI as ``libvirt_uri``;
+the daemons are recorded under ``daemons``, the namespace under ``netns``.
+``down`` stops the peers, then the daemons, then deletes the namespace if
+``up`` made it and nothing runs in it any more.  Guests are left running, as
+across any libvirtd restart (QEMU is daemonised, not libvirtd's child), with
+their daemon's virtlogd (their consoles go through it) and so the namespace;
+the next ``up`` brings the daemon back and it takes them up again.
+
 Promises:
 - starting again starts only what is not running, on the ports recorded, so
   the cluster comes back with its data;
@@ -19,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,10 +43,16 @@ from engine import table
 from engine.errors import Failed
 
 __all__ = ["Started", "start", "stop", "read_up", "running_up", "is_ours", "up_file",
-           "PEERCTL"]
+           "PEERCTL", "QEMU", "netns_name"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERCTL = os.path.join(ROOT, "peerctl.py")      # what each peer runs
+QEMU = "qemu"           # --libvirt keyword: a private libvirtd per host
+
+
+def netns_name(cluster: str) -> str:
+    """The network namespace of a cluster's private daemons."""
+    return "peerctl-" + re.sub(r"[^A-Za-z0-9_.-]", "-", cluster)
 
 
 def up_file(state_dir: str) -> str:
@@ -97,16 +117,22 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
     _save_up(state_dir, up)
 
     peers = {p["host"]: p for p in up.get("peers") or []}
-    for i in range(1, max(hosts, len(peers)) + 1):
-        host = f"host{i}"
+    names = [f"host{i}" for i in range(1, max(hosts, len(peers)) + 1)]
+    # what each host was set up with; a running peer or one asked for keeps
+    # its private daemon running
+    asked = {host: (peers.get(host) or {}).get("libvirt") or libvirt for host in names}
+    wanted = [host for i, host in enumerate(names, 1)
+              if asked[host] == QEMU and (i <= hosts or is_ours(peers.get(host) or {}))]
+    uris = _start_daemons(state_dir, cluster, up, wanted, outcome) if wanted else {}
+    for i, host in enumerate(names, 1):
         peer = peers.get(host)
         if peer and is_ours(peer):
             outcome.report.append((host, "already running", peer))
             continue
         if i > hosts:
             continue
-        peers[host] = _start_peer(state_dir, etcd["url"], cluster, host,
-                                  (peer or {}).get("libvirt") or libvirt, ttl)
+        peers[host] = _start_peer(state_dir, etcd["url"], cluster, host, asked[host],
+                                  uris.get(host, asked[host]), ttl)
         outcome.started.append(host)
         outcome.report.append((host, "started", peers[host]))
     up["peers"] = sorted(peers.values(), key=lambda p: table.natural_key(p["host"]))
@@ -137,8 +163,49 @@ def _start_etcd(state_dir: str, recorded: dict) -> dict:
             "data_dir": server.data_dir, "log": server.log_path}
 
 
-def _start_peer(state_dir: str, url: str, cluster: str, host: str, libvirt: str,
-                ttl) -> dict:
+def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
+                   outcome: Started) -> dict:
+    """The private libvirtd of each of ``hosts`` running (started in
+    parallel: a daemon that must probe QEMU takes seconds), inside the
+    cluster's network namespace; ``{host: uri}``.  ``up.json`` records every
+    daemon that runs before a failure is raised, so ``down`` finds it."""
+    from concurrent.futures import ThreadPoolExecutor
+    from engine.hypervisor.daemons import PrivateLibvirtd, ensure_netns, netns_exists
+    recorded_ns = up.get("netns") or {}
+    name = recorded_ns.get("name") or netns_name(cluster)
+    existed = netns_exists(name)
+    created = ensure_netns(name)
+    # made by an earlier `up` and kept by `down` (guests ran in it): still ours
+    ours = created or (existed and recorded_ns.get("name") == name
+                       and recorded_ns.get("created", False))
+    up["netns"] = {"name": name, "created": ours}
+    records = {d["host"]: d for d in up.get("daemons") or []}
+    daemons = {}
+    for host in hosts:
+        daemon = (PrivateLibvirtd.from_record(records[host]) if host in records
+                  else PrivateLibvirtd(os.path.join(state_dir, host), "libvirtd", name))
+        daemons[host] = (daemon, daemon.running())
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        futures = {host: pool.submit(daemon.start) for host, (daemon, _) in daemons.items()}
+    for host, (daemon, was_running) in daemons.items():
+        records[host] = {"host": host, "role": "libvirtd", **daemon.record()}
+        if futures[host].exception() is None:
+            # `up` prints each process's url or libvirt: a daemon's is its URI
+            outcome.report.append((f"{host}/libvirtd",
+                                   "already running" if was_running else "started",
+                                   dict(records[host], libvirt=daemon.uri)))
+    up["daemons"] = sorted(records.values(), key=lambda d: table.natural_key(d["host"]))
+    _save_up(state_dir, up)
+    for host in hosts:
+        if futures[host].exception() is not None:
+            raise futures[host].exception()
+    return {host: daemon.uri for host, (daemon, _) in daemons.items()}
+
+
+def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
+                libvirt: str, ttl) -> dict:
+    """``asked`` is what ``up`` was given (a URI, or :data:`QEMU`), ``libvirt``
+    the URI the peer uses."""
     cmd = [sys.executable, PEERCTL, "--etcd", url, "--cluster", cluster, "peer",
            "--host", host, "--libvirt", libvirt, "--ttl", str(ttl),
            "--state-dir", os.path.join(state_dir, host)]
@@ -148,8 +215,11 @@ def _start_peer(state_dir: str, url: str, cluster: str, host: str, libvirt: str,
                                    stdin=subprocess.DEVNULL, cwd=ROOT,
                                    start_new_session=True)
     # ``cmd`` is what /proc shows for it: the interpreter path as exec'd
-    return {"host": host, "pid": process.pid, "cmd": cmd, "libvirt": libvirt,
-            "log": log_path}
+    record = {"host": host, "pid": process.pid, "cmd": cmd, "libvirt": asked,
+              "log": log_path}
+    if libvirt != asked:
+        record["libvirt_uri"] = libvirt
+    return record
 
 
 def _port_free(port: int) -> bool:
@@ -209,10 +279,13 @@ def _wait_hosts(url: str, cluster: str, peers: dict, hosts: list[str],
 
 
 def stop(state_dir: str) -> list[dict] | None:
-    """Stop the peers (in parallel: each hands over what it leads), then
-    etcd; ``[{name, pid, what}]`` with what = stopped, killed or not running;
-    None when nothing was ever started here.  ``up.json`` and the data stay,
-    for the next ``start``."""
+    """Stop the peers (in parallel: each hands over what it leads), then the
+    private daemons, then etcd; ``[{name, pid, what}]`` with what = stopped,
+    killed or not running (a daemon's virtlogd: ``kept`` while its guests
+    run); None when nothing was ever started here.  The network namespace
+    ``up`` made goes once nothing runs in it (``up.json`` says which:
+    ``netns.deleted``).  ``up.json`` and the data stay, for the next
+    ``start``."""
     up = read_up(state_dir)
     if not up:
         return None
@@ -224,10 +297,31 @@ def stop(state_dir: str) -> list[dict] | None:
     for peer in peers:
         what = _stop_process(peer) if peer in running else "not running"
         stopped.append({"name": peer["host"], "pid": peer["pid"], "what": what})
+    if up.get("daemons"):
+        stopped += _stop_daemons(state_dir, up)
     if up.get("etcd"):
         stopped.append({"name": "etcd", "pid": up["etcd"]["pid"],
                         "what": _stop_process(up["etcd"]) if is_ours(up["etcd"])
                         else "not running"})
+    return stopped
+
+
+def _stop_daemons(state_dir: str, up: dict) -> list[dict]:
+    """Each private daemon stopped by its recorded PIDs, then the namespace
+    deleted if ``up`` made it and nothing runs in it."""
+    from engine.hypervisor.daemons import PrivateLibvirtd, delete_netns
+    stopped = []
+    for record in up["daemons"]:
+        outcome = PrivateLibvirtd.from_record(record).stop()
+        pids = {"libvirtd": record.get("pid"),
+                "virtlogd": (record.get("virtlogd") or {}).get("pid")}
+        for what, pid in pids.items():
+            stopped.append({"name": f"{record['host']}/{what}", "pid": pid or 0,
+                            "what": outcome[what]})
+    netns = up.get("netns") or {}
+    if netns.get("created"):
+        netns["deleted"] = delete_netns(netns["name"])
+        _save_up(state_dir, up)
     return stopped
 
 

@@ -9,7 +9,11 @@ tier's accelerator (:data:`tests.support.qemu_guest.LINUX_ACCEL`).
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
@@ -17,8 +21,10 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
+from engine import supervisor
+from engine.hypervisor.daemons import PrivateLibvirtd, delete_netns, netns_exists, netns_pids
 from engine.hypervisor.domain_xml import DomainSpec, domain_type, domain_xml
-from tests.support import qemu_guest, wait_for
+from tests.support import PEERCTL, qemu_guest, wait_for
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture: skips saying why)
 
 LIVE_MOVE = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER
@@ -93,3 +99,117 @@ def test_a_running_guest_migrates_live_from_one_daemon_to_the_other(libvirtd_pai
         moved.undefine()
     wait_for(lambda: destination.listAllDomains(0) == [], timeout=10,
              what="the moved guest gone from the destination")
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return bool(f.read())           # a zombie has an empty command line
+    except OSError:
+        return False
+
+
+def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, kernel,
+                                                                 cluster_name):
+    """`up --libvirt qemu`: a daemon per host in the cluster's network
+    namespace, each peer on its own.  `down` stops peers and daemons; a guest
+    left running keeps running, with its daemon's virtlogd and so the
+    namespace, and the next `up` takes it up again; with none, the namespace
+    goes too."""
+    state = qemu_guest.world_readable_tmpdir("peerctl-up-")   # short: socket paths
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEERCTL_")}
+    env.update(PEERCTL_CLUSTER=cluster_name, PEERCTL_CONF=os.path.join(state, "none.conf"),
+               PYTHONUNBUFFERED="1")
+
+    def cli(*args):
+        done = subprocess.run([sys.executable, PEERCTL, "--format", "json", *args],
+                              capture_output=True, text=True, env=env, cwd=state,
+                              timeout=120, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return json.loads(done.stdout)
+
+    def up():
+        return cli("up", "--hosts", "2", "--libvirt", "qemu", "--state-dir", state)
+
+    def down():
+        return {s["name"]: s["what"] for s in cli("down", "--state-dir", state)["stopped"]}
+
+    namespace = supervisor.netns_name(cluster_name)
+    try:
+        started = time.monotonic()
+        first = up()
+        took = time.monotonic() - started
+        peers = first["peers"]
+        assert [(p["host"], p["libvirt"]) for p in peers] == [("host1", "qemu"), ("host2", "qemu")]
+        recorded = supervisor.read_up(state)
+        daemons = recorded["daemons"]
+        assert [d["host"] for d in daemons] == ["host1", "host2"]
+        assert [p["libvirt_uri"] for p in peers] == [d["uri"] for d in daemons]
+        assert all(d["dir"] == os.path.join(state, d["host"], "libvirtd") for d in daemons)
+        assert recorded["netns"] == {"name": namespace, "created": True}
+        assert {d["pid"] for d in daemons} <= set(netns_pids(namespace))
+        conns = [libvirt.open(d["uri"]) for d in daemons]
+        assert host_uuid(conns[0]) != host_uuid(conns[1])
+        hosts = cli("--etcd", first["etcd"]["url"], "hostlist")
+        assert [(h["host"], h["alive"], h["hypervisor"].split()[0]) for h in hosts] == \
+            [("host1", True, "QEMU"), ("host2", True, "QEMU")]
+        print(f"up --hosts 2 --libvirt qemu: {took:.1f} s")
+        # again: everything is found running, nothing started
+        assert not any(p["started"] for p in up()["peers"])
+        assert [d["pid"] for d in supervisor.read_up(state)["daemons"]] == \
+            [d["pid"] for d in daemons]
+
+        # down with a guest running on host1
+        dom, _console = diskless_guest(conns[0], kernel, state, "stays")
+        for conn in conns:
+            conn.close()
+        what = down()
+        assert list(what) == ["host1", "host2", "host1/libvirtd", "host1/virtlogd",
+                              "host2/libvirtd", "host2/virtlogd", "etcd"]
+        assert what.pop("host1/virtlogd") == "kept"
+        assert all(w in ("stopped", "killed") for w in what.values()), what
+        pids = [p["pid"] for p in peers] + [d["pid"] for d in daemons] \
+            + [daemons[1]["virtlogd"]["pid"]]
+        assert not any(running(pid) for pid in pids)
+        assert PrivateLibvirtd.from_record(daemons[0]).guests() == ["stays"]
+        assert netns_exists(namespace) and supervisor.read_up(state)["netns"]["deleted"] is False
+
+        # up brings the daemons back, and host1's takes its guest up again
+        assert all(p["started"] for p in up()["peers"])
+        again = supervisor.read_up(state)["daemons"]
+        assert again[0]["virtlogd"]["pid"] == daemons[0]["virtlogd"]["pid"]
+        conn = libvirt.open(again[0]["uri"])
+        try:
+            back = conn.lookupByName("stays")
+            assert back.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+            back.destroy()
+        finally:
+            conn.close()
+
+        # down with no guest left: everything goes, the namespace too
+        what = down()
+        assert all(w in ("stopped", "killed") for w in what.values()), what
+        pids = [d["pid"] for d in again] + [d["virtlogd"]["pid"] for d in again]
+        assert not any(running(pid) for pid in pids)
+        assert not netns_exists(namespace)
+        assert supervisor.read_up(state)["netns"]["deleted"] is True
+    finally:
+        subprocess.run([sys.executable, PEERCTL, "down", "--state-dir", state],
+                       capture_output=True, env=env, cwd=state, timeout=120)
+        for record in supervisor.read_up(state).get("daemons") or []:
+            daemon = PrivateLibvirtd.from_record(record)
+            if daemon.guests():         # a failure above left one: destroy it
+                _destroy_all(daemon.start())
+                daemon.stop()
+        if supervisor.read_up(state).get("netns", {}).get("created"):
+            delete_netns(namespace)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _destroy_all(daemon) -> None:
+    conn = libvirt.open(daemon.uri)
+    try:
+        for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+            dom.destroy()
+    finally:
+        conn.close()
