@@ -3,7 +3,8 @@
 
 One file, one entry point (also installed as the ``peerctl`` console script).
 It runs a peer (``peer``), starts and follows replicated automations (``boot``,
-``destroy`` ... ``ping``), lists what the cluster knows (``vmlist``,
+``destroy`` ... ``ping``, ``migrate``, ``evacuate``), drains hosts (``drain``,
+``undrain``), lists what the cluster knows (``vmlist``,
 ``hostlist``, ``hoststats``, ``tasks``, ``placement``), finds what nobody
 can read in etcd (``scrub``) and brings up an embedded local cluster (``up`` /
 ``down``).  It is the command line only: reading the cluster is
@@ -272,6 +273,7 @@ def parse_traits(text: str | None) -> list[str]:
 C = table.Column
 HOST_COLUMNS = [
     C("host", "Host"), C("status", "Status"), C("alive", "Alive"), C("enabled", "Enabled"),
+    C("drained", "Drained"),
     C("hypervisor", "Hypervisor"), C("vcpus", "CPUs", right=True),
     C("memory_mb", "Memory", table.human_mb, True),
     C("free_memory_mb", "MemFree", table.human_mb, True),
@@ -289,7 +291,7 @@ HOST_COLUMNS = [
 ]
 HOSTLIST_DEFAULT = ["host", "status", "hypervisor", "vcpus", "memory_mb", "free_memory_mb",
                     "vms", "free_disk_gb", "kernel", "cpu_model"]
-HOSTLIST_JSON = ["host", "alive", "enabled", "vcpus", "memory_mb", "free_memory_mb",
+HOSTLIST_JSON = ["host", "alive", "enabled", "drained", "vcpus", "memory_mb", "free_memory_mb",
                  "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model"]
 HOSTSTATS_DEFAULT = ["host", "status", "vcpus", "cpu_usage", "memory_mb", "used_memory_mb",
                      "memory_usage", "vms", "disk_gb", "used_disk_gb", "disk_usage",
@@ -326,13 +328,15 @@ def host_totals(hosts: list[dict]) -> str:
         return sum(h.get(key) or 0 for h in alive)
     cores, vms = total("vcpus"), total("vms")
     enabled = sum(1 for h in alive if h.get("enabled"))
+    drained = sum(1 for h in alive if h.get("drained"))
     busy = sum(1 for h in alive if (h.get("cpu_usage") or 0) >= BUSY_CPU)
     cpu = (sum((h.get("cpu_usage") or 0) * (h.get("vcpus") or 0) for h in alive) / cores
            if cores else 0.0)
     mem, mem_free = total("memory_mb"), total("free_memory_mb")
     disk, disk_free = total("disk_gb"), total("free_disk_gb")
     lines = [f"{len(alive)} host{'s' if len(alive) != 1 else ''} responded "
-             f"({enabled} enabled, {busy} busy) for a total of {cores} cores "
+             f"({enabled} enabled, {f'{drained} drained, ' if drained else ''}{busy} busy) "
+             f"for a total of {cores} cores "
              f"hosting {vms} VM{'s' if vms != 1 else ''}",
              f"CPU: {cpu:.0f}% used, {100 - cpu:.0f}% free",
              f"Memory: {table.human_mb(mem_free)} free, "
@@ -484,20 +488,29 @@ def start(ctx: Context, kind: str, args: dict) -> str:
         raise Failed(exc.args[0] if exc.args else str(exc), result=failed) from None
 
 
-def vm_outcome(ctx: Context, automation: str, task: dict) -> int:
-    vms = [{"name": vm.get("name"), "uuid": vm.get("uuid"), "host": vm.get("host"),
-            "state": vm.get("state"), "error": vm.get("error")}
-           for vm in (task.get("result") or {}).get("vms") or []]
+VM_RESULT_FIELDS = ["name", "uuid", "host", "state", "error"]
+VM_RESULT_COLUMNS = [C("name", "Name"), C("host", "Host"), C("state", "State"),
+                     C("uuid", "UUID")]
+
+
+def vm_outcome(ctx: Context, automation: str, task: dict, fields=VM_RESULT_FIELDS,
+               columns=VM_RESULT_COLUMNS, verb: str | None = None) -> int:
+    """A VM automation's result, ``{automation, state, vms: [{FIELDS}]}``, as
+    JSON or a table (with an Error column when any VM has one, and ``N of M
+    VMs VERB`` when a verb is given); exit 1 unless done with no VM in error."""
+    vms = [{f: vm.get(f) for f in fields} for vm in (task.get("result") or {}).get("vms") or []]
     doc = {"automation": automation, "state": task.get("state"), "vms": vms}
     if task.get("error"):
         doc["error"] = task["error"]
-    columns = [C("name", "Name"), C("host", "Host"), C("state", "State"), C("uuid", "UUID")]
+    columns = list(columns)
     if any(vm.get("error") for vm in vms):
         columns.append(C("error", "Error"))
+    failed = [vm for vm in vms if vm.get("error") or vm.get("state") == "error"]
     text = table.render(vms, columns)
     text = (text + "\n" if text else "") + f"automation {automation} {task.get('state')}"
+    if verb:
+        text += f": {len(vms) - len(failed)} of {len(vms)} VMs {verb}"
     ctx.emit(doc, text)
-    failed = [vm for vm in vms if vm.get("error") or vm.get("state") == "error"]
     if task.get("state") != "done" or failed:
         why = task.get("error") or ", ".join(f"{vm['name']}: {vm.get('error') or 'error'}"
                                              for vm in failed)
@@ -628,6 +641,159 @@ def cmd_ping(ctx: Context) -> int:
                      result={"automation": None, "state": "failed", "replies": []})
     return run_automation(ctx, "ping", {"hosts": hosts, "rounds": ctx.args.rounds},
                           ping_outcome)
+
+
+# -- moving VMs: migrate, drain, undrain, evacuate ---------------------------------
+
+MOVE_COLUMNS = [C("name", "Name"), C("from", "From"), C("host", "Host"), C("mode", "Mode"),
+                C("state", "State"), C("downtime_ms", "Downtime (ms)", right=True)]
+MOVE_FIELDS = ["name", "uuid", "from", "host", "state", "mode", "downtime_ms", "bytes", "error"]
+
+
+def move_outcome(ctx: Context, automation: str, task: dict) -> int:
+    """A move's result: ``{automation, state, vms: [{name, uuid, from, host,
+    state, mode, downtime_ms, bytes, error}]}``; exit 1 unless every VM moved."""
+    return vm_outcome(ctx, automation, task, MOVE_FIELDS, MOVE_COLUMNS, "moved")
+
+
+def _takers(hosts: list[dict], glob: str) -> set[str]:
+    """Hosts matching ``glob`` that can take a moved VM: alive, not drained,
+    not disabled (placement refuses the others anyway; this says so first)."""
+    return {h["host"] for h in hosts
+            if h.get("status") == "up" and fnmatch.fnmatchcase(h["host"], glob)}
+
+
+def _nowhere(what: str, to: str | None, hosts: list[dict], why_own: str) -> str:
+    """The one line saying why ``what`` has no destination: ``--to`` (or
+    the cluster) offers no live, undrained host but those it leaves."""
+    where = f"--to {to!r}" if to is not None else "the cluster"
+    matched = [h for h in hosts if fnmatch.fnmatchcase(h["host"], to or "*")]
+    if not matched:
+        return f"nowhere to move {what}: {where} matches no host"
+    up = [h["host"] for h in matched if h.get("status") == "up"]
+    if not up:
+        return (f"nowhere to move {what}: {where} has no live, undrained host ("
+                + ", ".join(f"{h['host']} {h.get('status')}" for h in matched) + ")")
+    return (f"nowhere to move {what}: {where} offers only {', '.join(up)}, "
+            f"{why_own}")
+
+
+def _move_target(vm: dict) -> dict:
+    return {"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"], "state": vm.get("state")}
+
+
+def cmd_migrate(ctx: Context) -> int:
+    args = ctx.args
+    failed = {"automation": None, "state": "failed", "vms": []}
+    for text in args.patterns:
+        vm_pattern(text)        # bad patterns are usage errors before anything is read
+    to = host_pattern(args.to) if args.to is not None else None
+    from engine.cluster import read_hosts, read_vms
+    store = ctx.store()
+    vms, unmatched = match_vms(read_vms(store), args.patterns)
+    if unmatched:
+        raise Failed("no VM matches " + ", ".join(repr(p) for p in unmatched), result=failed)
+    vms.sort(key=lambda vm: (table.natural_key(vm["host"]), table.natural_key(vm["name"])))
+    hosts = read_hosts(store)
+    takers = _takers(hosts, to or "*")
+    stuck = [vm for vm in vms if not takers - {vm["host"]}]
+    if stuck:
+        raise Failed(_nowhere(", ".join(repr(vm["name"]) for vm in stuck), to, hosts,
+                              "where it is" if len(stuck) == 1 else "where they are"),
+                     result=failed)
+    if args.dry_run:
+        rows = [{"name": vm["name"], "uuid": vm["uuid"], "from": vm["host"], "host": None,
+                 "state": vm.get("state")} for vm in vms]
+        ctx.emit({"automation": None, "state": "dry-run", "vms": rows},
+                 table.render(rows, [C("name", "Name"), C("from", "From"), C("state", "State"),
+                                     C("uuid", "UUID")])
+                 + f"\nmigrate would move {len(rows)} VM{'s' if len(rows) != 1 else ''}"
+                 + f" to {'hosts matching ' + repr(to) if to else 'any other host'}")
+        return EXIT_OK
+    if len(vms) > 1 and not args.yes:
+        confirm(ctx, "migrate", vms)
+    return run_automation(ctx, "migrate", {
+        "vms": [_move_target(vm) for vm in vms], "to": to, "offline": bool(args.offline),
+        "parallel": args.parallel}, move_outcome)
+
+
+def _operator() -> str:
+    """Who drains, for ``drained/<host>``: user@machine."""
+    import getpass
+    import socket
+    try:
+        user = getpass.getuser()
+    except Exception:       # no name for this uid
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def _set_drained(ctx: Context, names: list[str], drained: bool) -> list[dict]:
+    configure_logging("DEBUG" if _DEBUG else "WARNING")
+    from engine.drains import set_drained
+    try:
+        return set_drained(ctx.store(), names, drained, by=_operator())
+    except PlacementError as exc:
+        raise Failed(f"placement: {exc}", result={"hosts": []}) from None
+
+
+def cmd_drain(ctx: Context) -> int:
+    """drain / undrain: two quick writes per host, no automation."""
+    drained = ctx.args.command == "drain"
+    glob = host_pattern(ctx.args.hostglob)
+    from engine.cluster import read_hosts, read_vms
+    hosts = [h for h in read_hosts(ctx.store()) if fnmatch.fnmatchcase(h["host"], glob)]
+    if not hosts:
+        raise Failed(f"no host matches {glob!r}", result={"hosts": []})
+    done = _set_drained(ctx, [h["host"] for h in hosts], drained)
+    vms: dict[str, int] = {}
+    if drained:     # what stays there, as vmlist shows it now
+        for vm in read_vms(ctx.store()):
+            vms[vm["host"]] = vms.get(vm["host"], 0) + 1
+    lines = []
+    for row in done:
+        line = f"{row['host']} {'drained' if row['drained'] else 'undrained'}"
+        if row["drained"] and vms.get(row["host"]):
+            n = vms[row["host"]]
+            line += f" ({n} VM{'s' if n != 1 else ''} stay{'s' if n == 1 else ''} on it)"
+        lines.append(line)
+    ctx.emit({"hosts": done}, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_evacuate(ctx: Context) -> int:
+    args = ctx.args
+    failed = {"automation": None, "state": "failed", "vms": []}
+    glob = host_pattern(args.hostglob)
+    to = host_pattern(args.to) if args.to is not None else None
+    from engine.cluster import read_hosts, read_vms
+    store = ctx.store()
+    hosts = read_hosts(store)
+    leaving = [h["host"] for h in hosts if fnmatch.fnmatchcase(h["host"], glob)]
+    if not leaving:
+        raise Failed(f"no host matches {glob!r}", result=failed)
+
+    def on_them():
+        found = [vm for vm in read_vms(store) if vm["host"] in leaving]
+        return sorted(found, key=lambda vm: (table.natural_key(vm["host"]),
+                                             table.natural_key(vm["name"])))
+    vms = on_them()
+    if (vms or to is not None) and not _takers(hosts, to or "*") - set(leaving):
+        raise Failed(_nowhere(f"the VMs of {', '.join(leaving)}", to, hosts,
+                              "which " + ("is" if len(leaving) == 1 else "are")
+                              + " being evacuated"), result=failed)
+    if len(vms) > 1 and not args.yes:
+        confirm(ctx, "evacuate", vms)
+    # Drained first, so that nothing new lands there while the VMs leave.
+    _set_drained(ctx, leaving, True)
+    vms = on_them()       # what is there now, booted since the listing or not
+    if not vms:
+        ctx.emit({"automation": None, "state": "done", "vms": []},
+                 f"{', '.join(leaving)} drained; no VMs to move")
+        return EXIT_OK
+    return run_automation(ctx, "evacuate", {
+        "hosts": leaving, "vms": [_move_target(vm) for vm in vms], "to": to,
+        "parallel": args.parallel}, move_outcome)
 
 
 def _when(value) -> str:
@@ -985,6 +1151,8 @@ examples:
   python peerctl.py vmlist 'host1/*'
   python peerctl.py --format json hostlist
   python peerctl.py stop 'host17/*sql*' --yes
+  python peerctl.py migrate db1 --to host2
+  python peerctl.py evacuate host1 --yes
   python peerctl.py tasks
 
 Patterns: a VM pattern is HOSTGLOB/VMGLOB or VMGLOB (shell globs, quote them);
@@ -1111,6 +1279,64 @@ def build_parser() -> Parser:
                          help="only list the VMs that would be acted on")
         sub.add_argument("--detach", action="store_true",
                          help="print the automation id and return at once")
+
+    sub = command("migrate", "move VMs to other hosts, live where they run",
+                  "python peerctl.py migrate db1 --to 'host2*'\n"
+                  "python peerctl.py migrate 'host1/*web*' --yes --parallel 2\n"
+                  "python peerctl.py migrate 'host1/*' --dry-run", cmd_migrate,
+                  "Move every VM matching any PATTERN to another live, undrained host "
+                  "that fits it (placement picks; --to narrows the choice), all in one "
+                  "automation, N at a time (--parallel). Each VM's Mode says how it moved: "
+                  "'live' (it ran on, memory and disks copied), 'cold' (shut off, or "
+                  "stopped first with --offline: disks copied, left as it was), or "
+                  "'redefine' (libvirt's test driver: the domain is defined anew on the "
+                  "destination, no disk is copied). A VM that could not move says why in "
+                  "the Error column and the command exits 1. On more than one "
+                  "VM it lists them and asks for --yes. A pattern matching nothing, or "
+                  "--to offering no host but the VM's own, exits 1 with nothing started.")
+    sub.add_argument("patterns", nargs="+", metavar="PATTERN", help="HOSTGLOB/VMGLOB or VMGLOB")
+    sub.add_argument("--to", metavar="HOSTGLOB", help="only move to hosts matching this")
+    sub.add_argument("--offline", action="store_true",
+                     help="stop a running VM, move it cold, start it again there")
+    sub.add_argument("--parallel", type=_positive, default=4, metavar="N",
+                     help="VMs moved at the same time (default 4)")
+    sub.add_argument("--yes", "-y", action="store_true",
+                     help="do not ask when several VMs match")
+    sub.add_argument("--dry-run", action="store_true",
+                     help="only list the VMs that would move")
+    sub.add_argument("--detach", action="store_true",
+                     help="print the automation id and return at once")
+
+    for name, summary, what in (
+            ("drain", "place no new VM on hosts; their VMs stay",
+             "Drain every host matching HOSTGLOB, down ones too: no new VM is placed "
+             "there (boot, migrate and evacuate skip it); the VMs on it stay. hostlist "
+             "shows it drained. Two writes per host, no automation."),
+            ("undrain", "let hosts take new VMs again",
+             "Undrain every host matching HOSTGLOB: it takes new VMs again. No VM "
+             "moves back.")):
+        sub = command(name, summary, f"python peerctl.py {name} 'host1*'", cmd_drain, what)
+        sub.add_argument("hostglob", metavar="HOSTGLOB")
+
+    sub = command("evacuate", "drain hosts and move every VM off them",
+                  "python peerctl.py evacuate host1 --yes\n"
+                  "python peerctl.py evacuate 'rack3-*' --to 'rack4-*' --parallel 8 --detach",
+                  cmd_evacuate,
+                  "Drain every host matching HOSTGLOB, then move all its VMs to other "
+                  "live, undrained hosts in one automation, N at a time (--parallel): live "
+                  "where running, cold where shut off ('redefine' on libvirt's test "
+                  "driver); see migrate. With more than one VM it lists them and asks "
+                  "for --yes first (nothing is drained before that). With no VM, it only "
+                  "drains. A VM that could not move says why and the command exits 1; "
+                  "the hosts stay drained either way.")
+    sub.add_argument("hostglob", metavar="HOSTGLOB")
+    sub.add_argument("--to", metavar="HOSTGLOB", help="only move to hosts matching this")
+    sub.add_argument("--parallel", type=_positive, default=4, metavar="N",
+                     help="VMs moved at the same time (default 4)")
+    sub.add_argument("--yes", "-y", action="store_true",
+                     help="do not ask when several VMs would move")
+    sub.add_argument("--detach", action="store_true",
+                     help="print the automation id and return at once")
 
     sub = command("ping", "round trips through the automation machinery to live hosts",
                   "python peerctl.py ping 'host*' --rounds 3", cmd_ping)

@@ -3,6 +3,12 @@ per VM or host with its current step and a summary bar, redrawn in place;
 otherwise (a pipe, a log file) plain lines, one per change, that read well
 in a CI log.
 
+A long step (a VM's copy during a move) may carry ``progress: {phase,
+percent, ...}`` in its log entry while it runs: the terminal line shows it
+(``move_migrate running on host1  disk 42%``) and the plain lines repeat it
+only when the phase changes or the percent has moved by ``PLAIN_STEP`` or
+more, so that a CI log gets a handful of lines per copy, not one per poll.
+
 Pure presentation: it is given each new state of the automation (what
 ``engine.core.api.follow`` yields) and writes to a stream; it reads nothing.
 """
@@ -17,6 +23,27 @@ __all__ = ["ProgressView", "FINISHED_STEP"]
 
 # step statuses that count as finished in the summary bar
 FINISHED_STEP = ("ok", "error", "timeout", "lost", "failed", "done", "skipped")
+# percent points a step's progress must move before plain mode prints it again
+PLAIN_STEP = 10
+
+
+def _progress(entry: dict) -> tuple[str | None, int | None]:
+    """A running step's ``(phase, percent)``, or ``(None, None)``."""
+    progress = entry.get("progress")
+    if not isinstance(progress, dict):
+        return None, None
+    phase = progress.get("phase")
+    percent = progress.get("percent")
+    if not isinstance(percent, (int, float)) or isinstance(percent, bool):
+        percent = None
+    return (str(phase) if phase is not None else None,
+            None if percent is None else int(percent))
+
+
+def _progress_text(phase: str | None, percent: int | None) -> str:
+    shown = " ".join(part for part in (phase, None if percent is None else f"{percent}%")
+                     if part)
+    return f"  {shown}" if shown else ""
 
 
 def _latest_by_label(task: dict) -> list[tuple[str, dict]]:
@@ -44,6 +71,7 @@ class ProgressView:
         self.started = time.monotonic()
         self.drawn = 0
         self.seen: dict[str, tuple] = {}
+        self.shown: dict[str, tuple] = {}     # label -> (phase, percent) last printed
         self.state = None
 
     def update(self, task: dict) -> None:
@@ -57,15 +85,29 @@ class ProgressView:
         stamp = time.strftime("%H:%M:%S")
         for label, entry in _latest_by_label(task):
             key = (entry.get("request"), entry.get("status"), entry.get("index"))
-            if self.seen.get(label) != key:
+            phase, percent = _progress(entry)
+            if self.seen.get(label) != key or self._moved(label, phase, percent):
                 self.seen[label] = key
+                self.shown[label] = (phase, percent)
                 where = f" on {entry['executor']}" if entry.get("executor") else ""
                 self.stream.write(f"{stamp} {label}: {entry.get('request')} "
-                                  f"{entry.get('status') or 'pending'}{where}\n")
+                                  f"{entry.get('status') or 'pending'}{where}"
+                                  f"{_progress_text(phase, percent)}\n")
         if task.get("state") != self.state and (self.state or task.get("state") != "running"):
             self.stream.write(f"{stamp} automation {self.automation} {task.get('state')}"
                               + (f": {task['error']}" if task.get("error") else "") + "\n")
         self.stream.flush()
+
+    def _moved(self, label: str, phase, percent) -> bool:
+        """Whether a step's progress changed enough for another plain line."""
+        if phase is None and percent is None:
+            return False
+        last_phase, last_percent = self.shown.get(label, (None, None))
+        if phase != last_phase:
+            return True
+        if percent is None or last_percent is None:
+            return percent != last_percent
+        return abs(percent - last_percent) >= PLAIN_STEP
 
     def lines(self, task: dict, width: int, height: int) -> list[str]:
         rows = _latest_by_label(task)
@@ -77,6 +119,7 @@ class ProgressView:
             line = f"  {label:<{label_width}}  {str(entry.get('request')):<8} {status:<8}"
             if entry.get("executor"):
                 line += f" on {entry['executor']}"
+            line += _progress_text(*_progress(entry))
             vm = results.get(label)
             if vm:
                 line += f"  -> {vm.get('state')}" + (f" ({vm['error']})" if vm.get("error") else "")

@@ -14,7 +14,7 @@ import pytest
 from engine.core.store import Put
 from tests.support import PEERCTL, ROOT
 
-HOSTLIST_KEYS = {"host", "alive", "enabled", "vcpus", "memory_mb", "free_memory_mb",
+HOSTLIST_KEYS = {"host", "alive", "enabled", "drained", "vcpus", "memory_mb", "free_memory_mb",
                  "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model"}
 HOSTSTATS_KEYS = {"host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb",
                   "free_memory_mb", "vms", "disk_gb", "free_disk_gb"}

@@ -1,0 +1,250 @@
+"""Moving VMs through the real command line (issue 10): ``drain``,
+``undrain``, ``migrate`` and ``evacuate`` on real peers (libvirt's test
+driver, so moves are ``redefine``) and a real etcd; ``hostlist`` showing a
+drained host; the refusals that start nothing; and the progress view of a
+long step (pure, no etcd)."""
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from engine.progress import ProgressView
+from tests.support import wait_for
+from tests.support.cluster import start_peers
+
+SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
+MOVE_KEYS = {"name", "uuid", "from", "host", "state", "mode", "downtime_ms", "bytes", "error"}
+
+
+# -- helpers ------------------------------------------------------------------------
+
+@pytest.fixture
+def two_hosts(cluster, store):
+    """host1 and host2 alive, each with a placement provider (ready for boots)."""
+    start_peers(cluster, store, ["host1", "host2"])
+    wait_for(lambda: {"host1", "host2"} <= {p["name"] for p in cluster.cli_json(
+        "placement", "providers")}, what="providers of host1 and host2")
+    return ["host1", "host2"]
+
+
+def boot(cluster, *names, on="host1"):
+    doc = cluster.cli_json("boot", *names, "--resources", SPEC, "--on", on)
+    assert doc["state"] == "done", doc
+    return {vm["name"]: vm for vm in doc["vms"]}
+
+
+def vms(cluster):
+    """The VMs vmlist shows, by name."""
+    return {vm["name"]: vm for vm in cluster.cli_json("vmlist")}
+
+
+def task_ids(cluster):
+    return {t["id"] for t in cluster.cli_json("tasks", "--all")}
+
+
+def hosts(cluster):
+    return {h["host"]: h for h in cluster.cli_json("hostlist")}
+
+
+def refused(cluster, args, rc, said):
+    """``args`` exits ``rc`` with one ``peerctl:`` line saying ``said``."""
+    done = cluster.cli(*args, input="")
+    assert done.returncode == rc, (args, done.returncode, done.stdout, done.stderr)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("peerctl:")]
+    assert len(errors) == 1 and said in errors[0], (args, done.stderr)
+    return done
+
+
+# -- drain, undrain, hostlist, boot --------------------------------------------------
+
+def test_drain_shows_in_hostlist_and_boot_never_lands_there(cluster, two_hosts):
+    doc = cluster.cli_json("drain", "host2")
+    assert doc == {"hosts": [{"host": "host2", "drained": True}]}
+    listed = hosts(cluster)
+    assert listed["host2"]["drained"] is True and listed["host1"]["drained"] is False
+    table = cluster.cli("hostlist", "-o", "host,status", "--no-headers", "--separator", " ")
+    assert table.stdout.splitlines() == ["host1 up", "host2 drained"]
+    assert re.search(r"\(2 enabled, 1 drained, \d busy\)", cluster.cli("hostlist").stdout)
+
+    booted = boot(cluster, *[f"d{i}" for i in range(4)], on="host*")
+    assert {vm["host"] for vm in booted.values()} == {"host1"}
+
+    wait_for(lambda: set(booted) <= set(vms(cluster)), what="the VMs listed")
+    on = {h: sum(vm["host"] == h for vm in cluster.cli_json("vmlist")) for h in two_hosts}
+    again = cluster.cli("drain", "host*")      # harmless to repeat; one line per host
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == [
+        f"{h} drained" + (f" ({on[h]} VM{'s stay' if on[h] > 1 else ' stays'} on it)"
+                          if on[h] else "") for h in two_hosts]
+    assert on["host1"] >= 4
+    refused(cluster, ["boot", "late", "--resources", SPEC], 1, "late")
+
+    assert cluster.cli_json("undrain", "host*") == {"hosts": [
+        {"host": "host1", "drained": False}, {"host": "host2", "drained": False}]}
+    assert all(h["status"] == "up" for h in cluster.cli_json(
+        "hostlist", "-o", "host,status"))
+    assert {vm["host"] for vm in vms(cluster).values()} == {"host1"}     # nothing moved back
+    assert cluster.cli("undrain", "host1").stdout == "host1 undrained\n"
+
+    refused(cluster, ["drain", "nosuch*"], 1, "no host matches 'nosuch*'")
+    assert cluster.cli_json("drain", "nosuch*", expect_rc=1) == {"hosts": []}
+    refused(cluster, ["drain", "a/b"], 2, "bad host pattern 'a/b'")
+
+
+# -- refusals: nothing started ------------------------------------------------------
+
+def test_bad_moves_are_refused_in_one_line_and_start_nothing(cluster, two_hosts):
+    boot(cluster, "web1", "web2")
+    before = task_ids(cluster)
+    refused(cluster, ["migrate", "web1", "--to", "host[2"], 2, "unclosed '['")
+    refused(cluster, ["migrate", "web1", "--to", "a/b"], 2, "bad host pattern 'a/b'")
+    refused(cluster, ["migrate", "web1", "--parallel", "0"], 2, "must be at least 1")
+    refused(cluster, ["migrate", "host1/web1/x"], 2, "bad VM pattern")
+    refused(cluster, ["migrate", "nosuch"], 1, "no VM matches 'nosuch'")
+    refused(cluster, ["migrate", "web1", "--to", "nosuch*"], 1,
+            "nowhere to move 'web1': --to 'nosuch*' matches no host")
+    refused(cluster, ["migrate", "web1", "--to", "host1"], 1,
+            "nowhere to move 'web1': --to 'host1' offers only host1, where it is")
+    refused(cluster, ["migrate", "web*"], 2, "add --yes")       # no terminal to ask on
+    refused(cluster, ["evacuate", "host1", "--to", "host1"], 1, "being evacuated")
+    done = refused(cluster, ["evacuate", "host1"], 2, "add --yes")
+    assert "host1/web1" in done.stderr
+    assert hosts(cluster)["host1"]["drained"] is False, "nothing is drained before --yes"
+    failed = cluster.cli_json("migrate", "web1", "--to", "nosuch", expect_rc=1)
+    assert failed == {"automation": None, "state": "failed", "vms": []}
+
+    cluster.cli_json("drain", "host2")
+    refused(cluster, ["migrate", "web1"], 1,
+            "nowhere to move 'web1': the cluster offers only host1, where it is")
+    refused(cluster, ["migrate", "web1", "--to", "host2"], 1,
+            "--to 'host2' has no live, undrained host (host2 drained)")
+    assert task_ids(cluster) == before
+    assert {vm["host"] for vm in vms(cluster).values()} == {"host1"}
+
+
+@pytest.mark.parametrize("command", [
+    ["migrate", "vm1", "--to", "a/b"], ["migrate", "a/b/c"], ["evacuate", "a/b"],
+    ["evacuate", "host1", "--to", "h["], ["evacuate", "host1", "--parallel", "x"],
+    ["drain", "a/b"], ["undrain"], ["migrate"]])
+def test_usage_errors_come_before_etcd(cluster, command):
+    done = cluster.cli("--etcd", "http://127.0.0.1:1", *command, input="")
+    assert done.returncode == 2, (command, done.stderr)
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
+
+
+@pytest.mark.parametrize("command", [["migrate", "vm1"], ["drain", "h*"], ["undrain", "h*"],
+                                     ["evacuate", "h1", "--yes"]])
+def test_etcd_unreachable_exits_3_in_one_line(cluster, command):
+    done = cluster.cli("--etcd", "http://127.0.0.1:1", *command, input="")
+    assert done.returncode == 3, (command, done.stderr)
+    assert done.stderr == "peerctl: etcd unreachable at http://127.0.0.1:1\n"
+
+
+def test_migrate_dry_run_lists_what_would_move(cluster, two_hosts):
+    booted = boot(cluster, "db1", "db2")
+    before = task_ids(cluster)
+    doc = cluster.cli_json("migrate", "db*", "--to", "host2", "--dry-run")
+    assert doc == {"automation": None, "state": "dry-run", "vms": [
+        {"name": name, "uuid": booted[name]["uuid"], "from": "host1", "host": None,
+         "state": "running"} for name in ("db1", "db2")]}
+    done = cluster.cli("migrate", "db*", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].split() == ["Name", "From", "State", "UUID"]
+    assert done.stdout.splitlines()[-1] == "migrate would move 2 VMs to any other host"
+    assert task_ids(cluster) == before
+
+
+# -- moves, end to end (automations/moves.py) -----------------------------------------
+
+def test_migrate_moves_a_vm_to_host2(cluster, two_hosts):
+    booted = boot(cluster, "vmx", "vmy")
+    doc = cluster.cli_json("migrate", "vmx", "--to", "host2")
+    assert doc["state"] == "done", doc
+    assert set(doc) == {"automation", "state", "vms"}
+    (moved,) = doc["vms"]
+    assert set(moved) == MOVE_KEYS
+    assert moved == {"name": "vmx", "uuid": booted["vmx"]["uuid"], "from": "host1",
+                     "host": "host2", "state": "running", "mode": "redefine",
+                     "downtime_ms": None, "bytes": None, "error": None}
+    wait_for(lambda: vms(cluster)["vmx"]["host"] == "host2", what="vmlist shows vmx on host2")
+    assert vms(cluster)["vmx"]["state"] == "running"
+    task = cluster.cli_json("task", doc["automation"])
+    assert task["kind"] == "migrate" and "move_adopt" in {e["request"] for e in task["log"]}
+
+    # the table form, with plain progress on stderr (no terminal)
+    done = cluster.cli("migrate", "host1/vmy", "--parallel", "1", input="")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["Name", "From", "Host", "Mode", "State", "Downtime", "(ms)"]
+    assert lines[1].split()[:5] == ["vmy", "host1", "host2", "redefine", "running"]
+    assert lines[-1].endswith("done: 1 of 1 VMs moved")
+    assert "vmy: " in done.stderr and "\x1b[" not in done.stderr     # plain lines
+    wait_for(lambda: vms(cluster)["vmy"]["host"] == "host2", what="vmlist shows vmy on host2")
+
+
+def test_evacuate_moves_every_vm_off_the_host_and_leaves_it_drained(cluster, two_hosts):
+    booted = boot(cluster, "e1", "e2", "e3")
+    stopped = cluster.cli_json("stop", "e3")
+    assert stopped["state"] == "done"
+    doc = cluster.cli_json("evacuate", "host1", "--yes", "--parallel", "2")
+    assert doc["state"] == "done", doc
+    assert sorted((vm["name"], vm["from"], vm["host"], vm["state"], vm["mode"])
+                  for vm in doc["vms"]) == [("e1", "host1", "host2", "running", "redefine"),
+                                            ("e2", "host1", "host2", "running", "redefine"),
+                                            ("e3", "host1", "host2", "shutoff", "redefine")]
+    assert {vm["uuid"] for vm in doc["vms"]} == {vm["uuid"] for vm in booted.values()}
+    wait_for(lambda: {vm["host"] for vm in cluster.cli_json("vmlist", "e*")} == {"host2"},
+             what="vmlist to show every VM on host2")
+    assert cluster.cli_json("vmlist", "host1/*", expect_rc=1) == []
+    assert hosts(cluster)["host1"]["drained"] is True
+    assert cluster.cli_json("task", doc["automation"])["kind"] == "evacuate"
+
+    # nothing left: it only drains, and says so
+    before = task_ids(cluster)
+    assert cluster.cli_json("evacuate", "host1") == {"automation": None, "state": "done",
+                                                     "vms": []}
+    assert task_ids(cluster) == before
+
+
+# -- the progress of a long step (no etcd) --------------------------------------------
+
+def migrating(status="running", **progress):
+    entry = {"index": 7, "request": "move_migrate", "target": "host1", "status": status,
+             "executor": "host1", "label": "db1"}
+    if progress:
+        entry["progress"] = progress
+    return {"state": "running", "log": [entry]}
+
+
+def test_plain_progress_prints_phase_changes_and_steps_of_ten_percent():
+    out = io.StringIO()
+    view = ProgressView(out, "a1", tty=False)
+    for task in (migrating(), migrating(phase="disk", percent=0),
+                 migrating(phase="disk", percent=5), migrating(phase="disk", percent=9),
+                 migrating(phase="disk", percent=10), migrating(phase="disk", percent=42),
+                 migrating(phase="disk", percent=50), migrating(phase="memory", percent=51),
+                 migrating(phase="memory", percent=60, bytes=1 << 30),
+                 migrating(phase="memory", percent=61),
+                 migrating(phase="switch-over", percent=99), migrating("ok")):
+        view.update(task)
+    lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines == ["db1: move_migrate running on host1",
+                     "db1: move_migrate running on host1  disk 0%",
+                     "db1: move_migrate running on host1  disk 10%",
+                     "db1: move_migrate running on host1  disk 42%",
+                     "db1: move_migrate running on host1  memory 51%",
+                     "db1: move_migrate running on host1  memory 61%",
+                     "db1: move_migrate running on host1  switch-over 99%",
+                     "db1: move_migrate ok on host1"]
+
+
+def test_terminal_progress_line_shows_phase_and_percent():
+    view = ProgressView(io.StringIO(), "a1", tty=True)
+    lines = view.lines(migrating(phase="disk", percent=42), 120, 40)
+    assert lines[0].rstrip().endswith("move_migrate running  on host1  disk 42%")
+    assert "%" not in view.lines(migrating(), 120, 40)[0]
+    odd = migrating(phase="disk", percent="lots")       # a value it cannot show: phase only
+    assert view.lines(odd, 120, 40)[0].rstrip().endswith("on host1  disk")
+
