@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 
 import pytest
 
 from engine.progress import ProgressView
-from tests.support import wait_for
+from tests.support import PEERCTL, wait_for
 from tests.support.cluster import start_peers
+from tests.support.terminal import Terminal
 
 SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
 MOVE_KEYS = {"name", "uuid", "from", "host", "state", "mode", "downtime_ms", "bytes", "error"}
@@ -122,6 +124,27 @@ def test_bad_moves_are_refused_in_one_line_and_start_nothing(cluster, two_hosts)
             "--to 'host2' has no live, undrained host (host2 drained)")
     assert task_ids(cluster) == before
     assert {vm["host"] for vm in vms(cluster).values()} == {"host1"}
+
+
+def test_on_a_terminal_moves_of_several_vms_ask_first(cluster, two_hosts):
+    boot(cluster, "w1", "w2")
+    before = task_ids(cluster)
+    terminal = Terminal([sys.executable, PEERCTL, "evacuate", "host1"], cluster.env)
+    terminal.wait_for_text(r"Evacuate these 2 VMs\? \[y/N\]")
+    assert "host1/w1 (running)" in terminal.text()
+    terminal.type(b"n\n")
+    assert terminal.finish() == 1
+    assert "peerctl: nothing done" in terminal.text()
+    assert hosts(cluster)["host1"]["drained"] is False and task_ids(cluster) == before
+
+    terminal = Terminal([sys.executable, PEERCTL, "migrate", "w*", "--to", "host2"],
+                        cluster.env)
+    terminal.wait_for_text(r"Migrate these 2 VMs\? \[y/N\]")
+    terminal.type(b"y\n")
+    assert terminal.finish(timeout=90) == 0, terminal.text()
+    assert "done: 2 of 2 VMs moved" in terminal.text()
+    wait_for(lambda: {vm["host"] for vm in vms(cluster).values()} == {"host2"},
+             what="vmlist shows w1 and w2 on host2")
 
 
 @pytest.mark.parametrize("command", [
