@@ -113,10 +113,13 @@ class ProgressView:
         rows = _latest_by_label(task)
         results = _result_by_name(task) if task.get("state") != "running" else {}
         label_width = min(max([len(label) for label, _ in rows] + [4]), 32)
+        # the moves' steps (move_describe, confirm_move...) are longer than 8
+        request_width = min(max([len(str(e.get("request"))) for _, e in rows] + [8]), 16)
         out = []
         for label, entry in rows:
             status = entry.get("status") or "pending"
-            line = f"  {label:<{label_width}}  {str(entry.get('request')):<8} {status:<8}"
+            line = (f"  {label:<{label_width}}  {str(entry.get('request')):<{request_width}} "
+                    f"{status:<8}")
             if entry.get("executor"):
                 line += f" on {entry['executor']}"
             line += _progress_text(*_progress(entry))
