@@ -86,7 +86,11 @@ def _locate(ctx, vm, source, dest, described, prepared):
         deadline=_copy_deadline(described) + 60, label=vm["name"]))
     if not found.ok:
         return "unreachable", "unreachable"
-    return found.value["source"]["state"], found.value["dest"]["state"]
+    return tuple(_seen(found.value[side]) for side in ("source", "dest"))
+
+
+def _seen(where: dict) -> str:
+    return where["state"] + (f" ({where['error']})" if where.get("error") else "")
 
 
 def _decide(mode: str, was: str, at_source: str, at_dest: str) -> str:

@@ -203,12 +203,21 @@ def _where(uri: str, uuid: str, wait: float) -> dict:
                     return {"state": "absent"}
                 return {"state": "unreachable", "error": exc.get_error_message()}
             try:
-                job = dom.jobInfo()[0]
-            except libvirt.libvirtError:
-                job = libvirt.VIR_DOMAIN_JOB_NONE
-            if job == libvirt.VIR_DOMAIN_JOB_NONE or time.monotonic() >= deadline:
-                return {"state": vm_state(dom), "persistent": bool(dom.isPersistent()),
-                        "job": job != libvirt.VIR_DOMAIN_JOB_NONE}
+                state, reason = dom.state()
+                busy = state == libvirt.VIR_DOMAIN_PAUSED and \
+                    reason == libvirt.VIR_DOMAIN_PAUSED_MIGRATION
+                try:
+                    busy = busy or dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE
+                except libvirt.libvirtError as exc:
+                    if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                        raise
+                if not busy or time.monotonic() >= deadline:
+                    return {"state": vm_state(dom), "persistent": bool(dom.isPersistent()),
+                            "job": busy}
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                    return {"state": "unreachable", "error": exc.get_error_message()}
+                continue        # it just left (a migration ended): look again
             time.sleep(0.5)
     finally:
         conn.close()

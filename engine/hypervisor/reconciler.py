@@ -237,8 +237,10 @@ def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
         except libvirt.libvirtError as exc:
             if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                 raise
+    # Every mark, with a domain here or not: a move that died here may have
+    # left only volumes (libvirt drops an incoming domain whose copy failed).
     ghosts = {uuid: f"disowned by automation {marks[uuid].get('automation')}"
-              for uuid in domains & set(marks)}
+              for uuid in marks}
     rest = domains - set(marks)
     if rest:
         from engine.placement import open_placement

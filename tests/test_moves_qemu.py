@@ -1,0 +1,210 @@
+"""Moving real guests between two KVM hosts on this machine (QEMU/KVM tier).
+
+Two private libvirtd (the ``libvirtd_pair`` fixture: own host UUIDs,
+sockets, virtlogd), a peer on each (host1 on kvm1, host2 on kvm2), real
+etcd, the real command line.  The guest is the tier's busybox Linux booted
+from a disk image through the image cache; it prints its ready marker on
+the serial console once per boot and powers off on the ACPI button.
+
+After every scenario the VM runs on exactly one hypervisor, its volumes are
+on that host only, and placement holds it there only.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import libvirt
+import pytest
+
+from engine.core import api, keys
+from engine.placement import open_placement
+from tests.support import qemu_guest, wait_for
+from tests.support.cluster import finished, start_automation
+from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
+from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
+
+BOOT_TIMEOUT = 120.0
+HOSTS = ("host1", "host2")
+
+
+@pytest.fixture
+def kvm(cluster, store, libvirtd_pair, guest_dir):
+    """Peers host1 and host2 on the two private daemons; ``kvm.boot(name)``
+    boots the test guest on host1 and waits for its console."""
+    kvm = _Kvm(cluster, store, libvirtd_pair, guest_dir)
+    yield kvm
+    shutil.rmtree(kvm.work, ignore_errors=True)
+
+
+class _Kvm:
+    def __init__(self, cluster, store, pair, guest_dir):
+        self.cluster, self.store, self.pair = cluster, store, pair
+        self.work = qemu_guest.world_readable_tmpdir("peerctl-moves-")
+        self.image = qemu_guest.build_disk_image(os.path.join(self.work, "guest.img"),
+                                                 guest_dir, self.work)
+        self.uri = dict(zip(HOSTS, pair.uris))
+        self.state = {h: os.path.join(self.work, f"state-{h}") for h in HOSTS}
+        for host in HOSTS:
+            self.start_peer(host)
+        wait_for(lambda: set(HOSTS) <= set(api.live_hosts(store)), timeout=60,
+                 interval=0.2, what="both peers alive")
+        placement = open_placement("etcd", store)
+        wait_for(lambda: set(HOSTS) <= {p["name"] for p in placement.providers()},
+                 timeout=30, interval=0.2, what="both hosts registered")
+
+    def start_peer(self, host):
+        self.cluster.start_peer(host, libvirt=self.uri[host],
+                                env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL},
+                                extra_args=["--state-dir", self.state[host]])
+
+    def boot(self, name):
+        booted = self.cluster.cli_json(
+            "boot", name, "--on", "host1", "--resources", "VCPU:1,MEMORY_MB:128,DISK_GB:1",
+            "--image", f"file://{self.image}", timeout=BOOT_TIMEOUT)
+        (vm,) = booted["vms"]
+        assert booted["state"] == "done" and vm["host"] == "host1", booted
+        assert qemu_guest.wait_for_console(self.console("host1", vm["uuid"]),
+                                           qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
+            "the guest did not come up"
+        return vm
+
+    def console(self, host, uuid):
+        return os.path.join(self.state[host], "console", f"{uuid}.log")
+
+    def boots_seen(self, host, uuid):
+        try:
+            with open(self.console(host, uuid), errors="replace") as f:
+                return f.read().count(qemu_guest.READY_MARKER)
+        except FileNotFoundError:
+            return 0
+
+    def where(self, uuid) -> dict:
+        """host -> the domain's state on that host's hypervisor."""
+        found = {}
+        for host in HOSTS:
+            conn = libvirt.open(self.uri[host])
+            try:
+                dom = conn.lookupByUUIDString(uuid)
+                found[host] = {1: "running", 3: "paused", 5: "shutoff"}.get(
+                    dom.state()[0], str(dom.state()[0]))
+            except libvirt.libvirtError:
+                pass
+            finally:
+                conn.close()
+        return found
+
+    def volumes(self, uuid) -> dict:
+        found = {}
+        for host in HOSTS:
+            conn = libvirt.open(self.uri[host])
+            try:
+                pool = conn.storagePoolLookupByName(f"peerctl-{host}")
+                pool.refresh(0)
+                names = [v.name() for v in pool.listAllVolumes(0) if v.name().startswith(uuid)]
+                if names:
+                    found[host] = names
+            except libvirt.libvirtError:
+                pass
+            finally:
+                conn.close()
+        return found
+
+    def assert_on(self, uuid, host, state="running"):
+        assert self.where(uuid) == {host: state}
+        wait_for(lambda: list(self.volumes(uuid)) == [host], timeout=30, interval=0.5,
+                 what=f"volumes of {uuid} on {host} only (have {self.volumes(uuid)})")
+        placement = open_placement("etcd", self.store)
+        names = {p["uuid"]: p["name"] for p in placement.providers()}
+        held = {a["consumer"]: a["allocations"] for a in placement.all_allocations()
+                if a["allocations"]}
+        assert list(held) == [uuid], f"orphan or missing allocations: {held}"
+        assert [names[rp] for rp in held[uuid]] == [host]
+        assert self.store.range(keys.lock("vm/"))[0] == []
+
+    def migrate(self, uuid, name, **args):
+        return start_automation(self.store, "migrate", {
+            "vms": [{"name": name, "uuid": uuid, "host": "host1", "state": "running"}],
+            **args})
+
+
+def test_a_running_guest_moves_live_keeps_running_and_comes_back_cold(kvm):
+    vm = kvm.boot("mover")
+    moved = kvm.cluster.cli_json("migrate", "mover", "--to", "host2", "--yes",
+                                 timeout=300)
+    assert moved["state"] == "done", moved
+    (result,) = moved["vms"]
+    assert (result["from"], result["host"], result["mode"], result["state"]) == \
+        ("host1", "host2", "live", "running"), result
+    assert result["downtime_ms"] > 0 and result["bytes"] > 0, result
+    kvm.assert_on(vm["uuid"], "host2")
+    assert kvm.boots_seen("host2", vm["uuid"]) == 0, "the guest booted again on host2"
+    listed = [v for v in kvm.cluster.cli_json("vmlist") if v["name"] == "mover"]
+    assert [(v["host"], v["state"]) for v in listed] == [("host2", "running")]
+    # Still the same guest, alive: it powers off on the ACPI button.
+    stopped = kvm.cluster.cli_json("stop", "mover", timeout=120)
+    assert stopped["state"] == "done", stopped
+
+    back = kvm.cluster.cli_json("migrate", "mover", "--to", "host1", "--yes", timeout=300)
+    assert back["state"] == "done", back
+    assert (back["vms"][0]["mode"], back["vms"][0]["state"]) == ("cold", "shutoff")
+    kvm.assert_on(vm["uuid"], "host1", "shutoff")
+    started = kvm.cluster.cli_json("start", "mover", timeout=120)
+    assert started["state"] == "done", started
+    assert qemu_guest.wait_for_console(kvm.console("host1", vm["uuid"]),
+                                       qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
+        "the disk moved back must boot again"
+    kvm.cluster.cli_json("destroy", "mover", "--yes", timeout=120)
+
+
+def _copying(store, automation):
+    """The task once its move_migrate step reports a copy in progress."""
+    task = api.get_task(store, automation)
+    return task if any(e["request"] == "move_migrate" and e.get("progress")
+                       for e in task["log"]) else None
+
+
+def slow_move_under_way(kvm, name, bandwidth_mib):
+    """Boot ``name`` on host1, start moving it to host2 with the copy capped
+    at ``bandwidth_mib`` MiB/s, and wait until the copy reports progress."""
+    vm = kvm.boot(name)
+    moving = kvm.migrate(vm["uuid"], name, to="host2", bandwidth_mib=bandwidth_mib)
+    wait_for(lambda: _copying(kvm.store, moving), timeout=120, interval=0.2,
+             what="the copy to be under way")
+    return vm, moving
+
+
+def test_destination_peer_killed_during_the_copy_reverts(kvm):
+    vm, moving = slow_move_under_way(kvm, "victim", 2)
+    kvm.cluster.kill("host2")
+    task = finished(kvm.store, moving, timeout=300)
+    assert task["state"] == "failed"
+    (result,) = task["result"]["vms"]
+    assert (result["host"], result["state"]) == ("host1", "running"), result
+    assert kvm.where(vm["uuid"]) == {"host1": "running"}
+    kvm.start_peer("host2")        # back: it drops what the move left there
+    kvm.assert_on(vm["uuid"], "host1")
+    assert kvm.boots_seen("host1", vm["uuid"]) == 1, "the source must never have stopped"
+    kvm.cluster.cli_json("destroy", "victim", "--yes", timeout=120)
+
+
+def test_source_peer_killed_during_the_copy_is_decided_from_both_hypervisors(kvm):
+    vm, moving = slow_move_under_way(kvm, "orphan", 64)
+    kvm.cluster.kill("host1")       # libvirtd carries on with the migration
+    task = finished(kvm.store, moving, timeout=300)
+    (result,) = task["result"]["vms"]
+    assert result["host"] in HOSTS and result["state"] == "running", result["error"]
+    kvm.start_peer("host1")
+    kvm.assert_on(vm["uuid"], result["host"])
+    kvm.cluster.cli_json("destroy", "orphan", "--yes", timeout=120)
+
+
+def test_abort_during_the_copy_keeps_the_source_running(kvm):
+    vm, moving = slow_move_under_way(kvm, "stayer", 2)
+    assert api.abort(kvm.store, moving)["state"] == "aborted"
+    (result,) = api.get_task(kvm.store, moving)["result"]["vms"]
+    assert (result["host"], result["state"]) == ("host1", "running"), result
+    assert "abort" in result["error"]
+    kvm.assert_on(vm["uuid"], "host1")
+    assert kvm.boots_seen("host1", vm["uuid"]) == 1
+    kvm.cluster.cli_json("destroy", "stayer", "--yes", timeout=120)
