@@ -208,3 +208,39 @@ def test_abort_during_the_copy_keeps_the_source_running(kvm):
     kvm.assert_on(vm["uuid"], "host1")
     assert kvm.boots_seen("host1", vm["uuid"]) == 1
     kvm.cluster.cli_json("destroy", "stayer", "--yes", timeout=120)
+
+
+def test_initiator_killed_at_every_step_boundary_of_a_live_move(kvm, tmp_path):
+    """The migration's only member, m1 (a test-driver peer that hosts
+    nothing here), is killed by a failpoint just before it first appends each
+    kind of step of a live move, and before the final status; it is
+    restarted each time.  The guest still moves live, once, and keeps
+    running."""
+    from engine.core import failpoints
+    armed = str(tmp_path / "failpoints")
+    env = {failpoints.ENV: armed}
+    kvm.cluster.start_peer("m1", env=env)
+    wait_for(lambda: "m1" in api.live_hosts(kvm.store), what="m1 alive")
+    vm = kvm.boot("hopper")
+    steps = ["lock_vm", "move_describe", "claim_move", "move_prepare", "move_migrate",
+             "move_locate", "move_adopt", "destroy", "confirm_move", "unlock_vm"]
+    failpoints.arm(armed, [f"append {step}" for step in steps] + ["finish"])
+    moving = start_automation(kvm.store, "migrate", {
+        "vms": [{"name": "hopper", "uuid": vm["uuid"], "host": "host1", "state": "running"}],
+        "to": "host2"}, prefer=["m1"], members=1)
+
+    def restart_m1():
+        if kvm.cluster.peers["m1"].poll() is not None:
+            kvm.cluster.start_peer("m1", env=env)
+        task = api.get_task(kvm.store, moving)
+        return task if task["state"] in keys.TERMINAL_STATES else None
+    task = wait_for(restart_m1, timeout=300, interval=0.1,
+                    what="the move to finish through the crashes")
+    assert [point for point, _, _ in failpoints.fired(armed)] == \
+        [f"append {step}" for step in steps] + ["finish"]
+    assert task["state"] == "done", task["error"]
+    (result,) = task["result"]["vms"]
+    assert (result["host"], result["mode"], result["state"]) == ("host2", "live", "running")
+    kvm.assert_on(vm["uuid"], "host2")
+    assert kvm.boots_seen("host2", vm["uuid"]) == 0, "the guest booted again on host2"
+    kvm.cluster.cli_json("destroy", "hopper", "--yes", timeout=120)
