@@ -635,3 +635,21 @@ def test_finished_automations_are_compacted_after_the_retention(cluster, store, 
     with pytest.raises(api.UnknownTask):
         api.get_task(store, done)
     assert api.get_task(store, running)["state"] == "running"
+
+
+def test_a_peer_paused_past_its_ttl_starts_a_new_session_when_it_wakes(cluster, store):
+    """SIGSTOP a peer until its lease expires, then SIGCONT it: whichever
+    notices first (its keepalive, or a lease-bound write refused with
+    'lease not found', now a StoreUnavailable) ends the session; the same
+    process makes a new one and is alive again."""
+    start_peers(cluster, store, ["h1"], ttl=2)
+    process = cluster.peers["h1"]
+    process.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: "h1" not in api.live_hosts(store), timeout=30,
+                 what="the paused peer's lease to expire")
+    finally:
+        process.send_signal(signal.SIGCONT)
+    wait_for(lambda: api.live_hosts(store).get("h1", {}).get("pid") == process.pid,
+             timeout=30, what="the same process alive again in hosts/")
+    assert process.poll() is None, cluster.log("h1")[-2000:]

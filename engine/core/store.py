@@ -39,6 +39,15 @@ __all__ = [
 ]
 
 
+class LeaseGone(StoreUnavailable, KeyError):
+    """A write bound to a lease that etcd no longer has (it expired while
+    this process was paused or cut off): whoever holds a session must start
+    a new one, as for any interruption of the store."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else "lease not found"
+
+
 class WatchBroken(Exception):
     """A watch stream ended; resume from the last revision seen."""
 
@@ -181,7 +190,7 @@ class Store:
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             if code == grpc.StatusCode.NOT_FOUND:
-                raise KeyError(exc.details()) from None
+                raise LeaseGone(f"etcd: {exc.details()}") from None
             if len(self._client.endpoints) > 1:
                 self._client.endpoint_in_use.fail()     # fail over to the next one
                 self._client._clear_old_stubs()
@@ -297,7 +306,7 @@ class Store:
     def revoke(self, lease: int) -> None:
         try:
             self._call("leasestub", "LeaseRevoke", etcdrpc.LeaseRevokeRequest(ID=lease))
-        except KeyError:
+        except LeaseGone:
             pass    # already gone
 
     def lease_alive(self, lease: int) -> bool:
