@@ -1030,10 +1030,12 @@ def cmd_up(ctx: Context) -> int:
            "peers": [dict(_public(p), started=p["host"] in outcome.started)
                      for p in up["peers"]],
            "hosts": len(running)}
+    if up.get("daemons"):
+        doc.update(daemons=[_public(d) for d in up["daemons"]], netns=up.get("netns"))
     lines = []
     for name, what, record in outcome.report:
-        where = record.get("url") or record.get("libvirt")
-        lines.append(f"{name:<8} {what:<16} pid {record['pid']:<8} {where}  "
+        where = record.get("url") or record.get("libvirt_uri") or record.get("libvirt")
+        lines.append(f"{name:<14} {what:<16} pid {record['pid']:<8} {where}  "
                      f"log {_short(record['log'])}")
     default_dir = state_dir == os.path.abspath(DEFAULTS["state_dir"])
     lines += ["", f"{len(running)} peer{'s' if len(running) != 1 else ''} up in cluster "
@@ -1425,7 +1427,10 @@ def build_parser() -> Parser:
                   "by default), all detached, with PIDs in STATE_DIR/up.json. Running it "
                   "again reports what is up and starts what is missing.")
     sub.add_argument("--hosts", type=_positive, metavar="N", help="number of peers (default 3)")
-    sub.add_argument("--libvirt", metavar="URI", help="libvirt URI (default test:///default)")
+    sub.add_argument("--libvirt", metavar="URI",
+                     help="libvirt URI, or 'qemu': a private libvirtd per host inside a "
+                          "network namespace for the cluster, so that VMs can migrate "
+                          "between hosts (default test:///default; docs/local-kvm.md)")
     sub.add_argument("--state-dir", metavar="DIR", help="default ./state")
 
     sub = command("down", "stop what `up` started, by PID",
