@@ -714,7 +714,9 @@ def cmd_migrate(ctx: Context) -> int:
         confirm(ctx, "migrate", vms)
     return run_automation(ctx, "migrate", {
         "vms": [_move_target(vm) for vm in vms], "to": to, "offline": bool(args.offline),
-        "parallel": args.parallel}, move_outcome)
+        "parallel": args.parallel,
+        **({"bandwidth_mib": args.bandwidth} if args.bandwidth else {}),
+        **({"postcopy": True} if args.postcopy else {})}, move_outcome)
 
 
 def _operator() -> str:
@@ -1302,6 +1304,11 @@ def build_parser() -> Parser:
                      help="stop a running VM, move it cold, start it again there")
     sub.add_argument("--parallel", type=_positive, default=4, metavar="N",
                      help="VMs moved at the same time (default 4)")
+    sub.add_argument("--bandwidth", type=_positive, metavar="MIB",
+                     help="cap each copy at MIB MiB/s (default: as fast as it goes)")
+    sub.add_argument("--postcopy", action="store_true",
+                     help="a live move that has not converged within its time (120 s per "
+                          "GiB of RAM and disk) switches to post-copy instead of aborting")
     sub.add_argument("--yes", "-y", action="store_true",
                      help="do not ask when several VMs match")
     sub.add_argument("--dry-run", action="store_true",

@@ -108,7 +108,7 @@ def _decide(mode: str, was: str, at_source: str, at_dest: str) -> str:
     return "revert" if at_source == "shutoff" else "unknown"
 
 
-def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None):
+def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False):
     uuid, source, name = vm["uuid"], vm["host"], vm["name"]
 
     def step(request, args, target=None, deadline=ACTION_DEADLINE):
@@ -168,7 +168,8 @@ def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None):
             "xml": prepared["xml"], "disks": [d["dev"] for d in prepared["disks"]],
             "incremental": prepared["incremental"], "live": mode == "live",
             "timeout_per_gib": TIMEOUT_PER_GIB,
-            **({"bandwidth_mib": bandwidth_mib} if bandwidth_mib else {})},
+            **({"bandwidth_mib": bandwidth_mib} if bandwidth_mib else {}),
+            **({"postcopy": True} if postcopy else {})},
             source, _copy_deadline(described))
         if moved.ok:
             copied = moved.value or {}
@@ -240,31 +241,34 @@ def _revert(ctx, vm, step, unlock, migration, dest, mode, stopped, why, was):
     return _result(vm, vm["host"], state, mode, "; ".join(errors))
 
 
-def _lane(ctx, vms, to, offline, bandwidth_mib):
+def _lane(ctx, vms, to, offline, bandwidth_mib, postcopy=False):
     """Move ``vms`` one after another; after an abort, start no more."""
     results = []
     for vm in vms:
         if ctx.aborted:
             results.append(_result(vm, vm["host"], vm.get("state"), error="not moved: aborted"))
             continue
-        results.append((yield ctx.worker(move_one, vm, to, offline, bandwidth_mib,
+        results.append((yield ctx.worker(move_one, vm, to, offline, bandwidth_mib, postcopy,
                                          label=vm["name"])))
     return results
 
 
-def _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib=None):
+def _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib=None, postcopy=False):
     lanes = max(1, min(int(parallel or 1), len(vms)))
-    done = yield ctx.all([ctx.worker(_lane, vms[i::lanes], to, offline, bandwidth_mib)
-                          for i in range(lanes)])
+    done = yield ctx.all([ctx.worker(_lane, vms[i::lanes], to, offline, bandwidth_mib,
+                                     postcopy) for i in range(lanes)])
     by_uuid = {r["uuid"]: r for lane in done for r in lane}
     return [by_uuid[vm["uuid"]] for vm in vms]
 
 
 @automation("migrate", version=1, cleans_up=True)
-def migrate(ctx, vms, to=None, offline=False, parallel=4, bandwidth_mib=None):
+def migrate(ctx, vms, to=None, offline=False, parallel=4, bandwidth_mib=None,
+            postcopy=False):
     """``bandwidth_mib``: a cap on each copy, MiB/s (libvirt's migration
-    bandwidth), for moves that must not fill a link."""
-    results = yield from _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib)
+    bandwidth), for moves that must not fill a link; ``postcopy``: a live
+    copy that has not converged in time switches to post-copy instead of
+    being aborted."""
+    results = yield from _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib, postcopy)
     return finish(results, "moved")
 
 

@@ -195,6 +195,13 @@ def test_migrate_moves_a_vm_to_host2(cluster, two_hosts):
     assert vms(cluster)["vmx"]["state"] == "running"
     task = cluster.cli_json("task", doc["automation"])
     assert task["kind"] == "migrate" and "move_adopt" in {e["request"] for e in task["log"]}
+    assert "bandwidth_mib" not in task["args"] and "postcopy" not in task["args"]
+    capped = cluster.cli_json("migrate", "vmx", "--to", "host1", "--bandwidth", "50",
+                              "--postcopy", "--detach")
+    args = cluster.cli_json("wait", capped["automation"])["args"]
+    assert (args["bandwidth_mib"], args["postcopy"]) == (50, True)
+    wait_for(lambda: vms(cluster)["vmx"]["host"] == "host1", what="vmx back on host1")
+    cluster.cli_json("migrate", "vmx", "--to", "host2")
 
     # the table form, with plain progress on stderr (no terminal)
     done = cluster.cli("migrate", "host1/vmy", "--parallel", "1", input="")
