@@ -84,23 +84,35 @@ def claim(host, args: dict) -> dict:
         if held["allocations"] and _totals(held["allocations"]) == wanted:
             return {"consumer": consumer, "allocations": held["allocations"],
                     "host": _host_of(placement, held["allocations"])}
-        for _ in range(placement.retries):
-            excluded = set(args.get("exclude") or ())
-            candidates = [c for c in placement.candidates(query, required=args.get("required"))
-                          if fnmatch.fnmatchcase(c["host"], args.get("hosts") or "*")
-                          and c["host"] not in excluded]
-            if not candidates:
-                raise RequestError(f"no host can fit {query}"
-                                   + (f" with {args['required']}" if args.get("required") else ""))
-            for candidate in candidates:
-                try:
-                    doc = placement.claim(consumer, candidate["allocations"], **owner)
-                    return {"consumer": consumer, "allocations": doc["allocations"],
-                            "host": candidate["host"]}
-                except Conflict as exc:
-                    if exc.reason != "capacity_exceeded":
-                        break       # re-read the candidates
-        raise RequestError(f"claim for {consumer} kept losing races")
+        excluded = set(args.get("exclude") or ())
+
+        def claimed(candidate):
+            doc = placement.claim(consumer, candidate["allocations"], **owner)
+            return {"consumer": consumer, "allocations": doc["allocations"],
+                    "host": candidate["host"]}
+        return _first_fit(placement, query, args, lambda host: host not in excluded, claimed,
+                          f"no host can fit {query}", f"claim for {consumer}")
+
+
+def _first_fit(placement, query: str, args: dict, allowed, write, none: str, what: str):
+    """``write(candidate)`` for the best candidate whose host matches
+    ``args['hosts']`` and ``allowed(host)``; the next one when it no longer
+    fits, the candidates read again after a lost race."""
+    required = args.get("required")
+    for _ in range(placement.retries):
+        candidates = [c for c in placement.candidates(query, required=required)
+                      if fnmatch.fnmatchcase(c["host"], args.get("hosts") or "*")
+                      and allowed(c["host"])]
+        if not candidates:
+            raise RequestError(none + (f" with {required}" if required else "")
+                               + (f" among {args['hosts']!r}" if args.get("hosts") else ""))
+        for candidate in candidates:
+            try:
+                return write(candidate)
+            except Conflict as exc:
+                if exc.reason != "capacity_exceeded":
+                    break       # re-read the candidates
+    raise RequestError(f"{what} kept losing races")
 
 
 @handler("release")
@@ -140,24 +152,12 @@ def claim_move(host, args: dict) -> dict:
         if not current:
             raise RequestError(f"VM {instance} holds no allocations to move")
         query = ",".join(f"{rc}:{n}" for rc, n in sorted(_totals(current).items()))
-        for _ in range(placement.retries):
-            candidates = [c for c in placement.candidates(query, required=args.get("required"))
-                          if fnmatch.fnmatchcase(c["host"], args.get("hosts") or "*")
-                          and c["host"] != source]
-            if not candidates:
-                raise RequestError(
-                    f"no host but {source} can fit {query}"
-                    + (f" with {args['required']}" if args.get("required") else "")
-                    + (f" among {args['hosts']!r}" if args.get("hosts") else ""))
-            for candidate in candidates:
-                try:
-                    doc = placement.move_to_migration(instance, migration,
-                                                      candidate["allocations"])
-                    return {"host": candidate["host"], "allocations": doc["allocations"]}
-                except Conflict as exc:
-                    if exc.reason != "capacity_exceeded":
-                        break       # re-read the candidates
-        raise RequestError(f"moving {instance} kept losing races")
+
+        def moved(candidate):
+            doc = placement.move_to_migration(instance, migration, candidate["allocations"])
+            return {"host": candidate["host"], "allocations": doc["allocations"]}
+        return _first_fit(placement, query, args, lambda host: host != source, moved,
+                          f"no host but {source} can fit {query}", f"moving {instance}")
 
 
 @handler("confirm_move")
