@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from engine import table
 from engine.errors import Failed
+from engine.hypervisor.daemons import cmdline   # stdlib only: still cheap to import
 
 __all__ = ["Started", "start", "stop", "read_up", "running_up", "is_ours", "up_file",
            "PEERCTL", "QEMU", "netns_name"]
@@ -75,18 +76,10 @@ def running_up(state_dir: str) -> dict | None:
     return up if is_ours(up.get("etcd") or {}) else None
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [p.decode(errors="replace") for p in f.read().split(b"\0") if p]
-    except OSError:
-        return []       # gone (a zombie has an empty cmdline too)
-
-
 def is_ours(record: dict) -> bool:
     """The recorded process is alive and still runs the recorded command."""
     pid = record.get("pid")
-    return bool(pid) and _cmdline(pid) == record.get("cmd")
+    return bool(pid) and cmdline(pid) == record.get("cmd")
 
 
 @dataclass

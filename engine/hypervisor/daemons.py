@@ -49,7 +49,8 @@ from urllib.parse import quote
 
 from engine.errors import Failed
 
-__all__ = ["PrivateLibvirtd", "ensure_netns", "delete_netns", "netns_exists", "netns_pids"]
+__all__ = ["PrivateLibvirtd", "ensure_netns", "delete_netns", "netns_exists", "netns_pids",
+           "cmdline"]
 
 # The directories a root libvirtd and virtlogd use, and what each is bound to.
 MOUNTS = (("etc", "/etc/libvirt"), ("run", "/run/libvirt"), ("lib", "/var/lib/libvirt"),
@@ -128,7 +129,7 @@ class PrivateLibvirtd:
         except (OSError, ValueError):
             pass
         for pid in candidates:
-            if pid and _cmdline(pid) == self._command(what):
+            if pid and cmdline(pid) == self._command(what):
                 return pid
         return None
 
@@ -248,7 +249,7 @@ class PrivateLibvirtd:
                 pid = int(ET.parse(status).getroot().get("pid") or 0)
             except (OSError, ET.ParseError, ValueError):
                 continue
-            if pid and "qemu" in os.path.basename((_cmdline(pid) or [""])[0]):
+            if pid and "qemu" in os.path.basename((cmdline(pid) or [""])[0]):
                 names.append(os.path.basename(status)[:-len(".xml")])
         return sorted(names)
 
@@ -275,10 +276,10 @@ class PrivateLibvirtd:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             self._reap(pid)
-            if _cmdline(pid) != command:
+            if cmdline(pid) != command:
                 return "stopped"
             time.sleep(0.05)
-        if _cmdline(pid) == command:
+        if cmdline(pid) == command:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -375,7 +376,8 @@ def _binary(name: str) -> str:
     return os.path.join("/usr/sbin", name)
 
 
-def _cmdline(pid: int) -> list[str]:
+def cmdline(pid: int) -> list[str]:
+    """The command line process ``pid`` runs ([] when it is gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return [p.decode(errors="replace") for p in f.read().split(b"\0") if p]
