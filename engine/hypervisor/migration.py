@@ -319,19 +319,21 @@ def _watch(host, dom, move: _Move, thread, timeout: float) -> tuple[str | None, 
                 return why, last
         else:
             time.sleep(poll)
-        stats = _stats(dom)
-        if stats is None:
-            if thread is None:
-                return why, last
-            continue
-        # The disk figures drop to 0 once libvirt ends the mirror jobs,
-        # before the job itself ends: keep the largest seen.
-        stats["disk_total"] = max(stats.get("disk_total", 0), last.get("disk_total", 0))
-        last = stats
-        if not tuned and move.max_downtime_ms and thread is not None:
-            tuned = _try(dom.migrateSetMaxDowntime, move.max_downtime_ms, 0)
-        steps.progress(_progress(stats, bool(move.disks),
-                                 move.live and _paused_for_migration(dom)))
+        stats = _stats(dom, move)
+        if stats is None and thread is None:
+            return why, last
+        if stats is not None:
+            # The disk figures drop to 0 once libvirt ends the mirror jobs,
+            # before the job itself ends: keep the largest seen.
+            stats["disk_total"] = max(stats.get("disk_total", 0),
+                                      last.get("disk_total", 0))
+            last = stats
+            if not tuned and move.max_downtime_ms and thread is not None:
+                tuned = _try(dom.migrateSetMaxDowntime, move.max_downtime_ms, 0)
+            steps.progress(_progress(stats, bool(move.disks),
+                                     move.live and _paused_for_migration(dom)))
+        # The reasons to abort are checked whether or not libvirt answered
+        # for statistics: a busy daemon may refuse them for a long while.
         if why is not None or postcopy_started:
             continue
         if steps.abort_requested():
@@ -344,7 +346,7 @@ def _watch(host, dom, move: _Move, thread, timeout: float) -> tuple[str | None, 
             else:
                 gone_since = None
         if why is None and time.monotonic() > deadline:
-            if move.postcopy and _phase(stats, bool(move.disks)) == "memory" \
+            if move.postcopy and _phase(last, bool(move.disks)) == "memory" \
                     and _try(dom.migrateStartPostCopy, 0):
                 postcopy_started = True
                 log.info("migration_postcopy_started", uuid=move.uuid)
@@ -356,11 +358,14 @@ def _watch(host, dom, move: _Move, thread, timeout: float) -> tuple[str | None, 
             _try(dom.abortJob)
 
 
-def _stats(dom) -> dict | None:
-    """The running job's statistics, or None when no job runs."""
+def _stats(dom, move: _Move | None = None) -> dict | None:
+    """The running job's statistics, or None when no job runs or libvirt
+    cannot say (logged: it may hold the domain's job lock for a while)."""
     try:
         stats = dom.jobStats(0)
-    except libvirt.libvirtError:
+    except libvirt.libvirtError as exc:
+        if move is not None:
+            log.info("migration_stats_unavailable", uuid=move.uuid, error=_line(exc))
         return None
     if stats.get("type", libvirt.VIR_DOMAIN_JOB_NONE) == libvirt.VIR_DOMAIN_JOB_NONE:
         return None
