@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import configparser
 import fnmatch
+import functools
 import json
 import math
 import os
@@ -51,7 +52,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED = 0, 1, 2, 3, 
 
 DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "table",
             "ttl": "5", "workers": "8", "retention": "7d", "state_dir": "state",
-            "libvirt": "test:///default", "hosts": "3"}
+            "libvirt": "test:///default", "hosts": "3", "network": "default",
+            "networks": "default"}
 
 VM_ACTIONS = ("destroy", "start", "stop", "reboot", "suspend", "resume")
 # Actions that take a service down: on more than one VM they need --yes.
@@ -109,6 +111,9 @@ def settings_for(args) -> dict:
         settings["etcd"], settings["cluster"] = up["etcd"]["url"], up.get("cluster", "default")
         where = f"in {supervisor.up_file(settings['state_dir'])}"
         source.update(etcd=where, cluster=where)
+    for key in ("network", "networks"):         # set, even empty: "" offers none
+        if os.environ.get("PEERCTL_" + key.upper()) is not None:
+            settings[key] = os.environ["PEERCTL_" + key.upper()]
     for key in ("etcd", "cluster", "format"):
         if os.environ.get("PEERCTL_" + key.upper()):     # set but empty: unset
             settings[key] = os.environ["PEERCTL_" + key.upper()]
@@ -288,11 +293,13 @@ HOST_COLUMNS = [
     C("net_rx_bytes", "NetRx", table.human_bytes, True),
     C("net_tx_bytes", "NetTx", table.human_bytes, True),
     C("libvirt_uri", "Libvirt"), C("provider_uuid", "Provider"),
+    C("networks", "Networks", lambda names: ",".join(names) or "-"),
 ]
 HOSTLIST_DEFAULT = ["host", "status", "hypervisor", "vcpus", "memory_mb", "free_memory_mb",
                     "vms", "free_disk_gb", "kernel", "cpu_model"]
 HOSTLIST_JSON = ["host", "alive", "enabled", "drained", "vcpus", "memory_mb", "free_memory_mb",
-                 "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model"]
+                 "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model",
+                 "networks"]
 HOSTSTATS_DEFAULT = ["host", "status", "vcpus", "cpu_usage", "memory_mb", "used_memory_mb",
                      "memory_usage", "vms", "disk_gb", "used_disk_gb", "disk_usage",
                      "net_rx_bytes", "net_tx_bytes"]
@@ -302,9 +309,12 @@ HOSTSTATS_JSON = ["host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb",
 VM_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
               C("vcpus", "VCPUs", right=True),
               C("memory_mb", "Memory", table.human_mb, True), C("state", "State"),
-              C("disk_gb", "Disk", table.human_gb, True)]
-VMLIST_DEFAULT = ["host", "name", "vcpus", "memory_mb", "state"]
-VMLIST_JSON = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb"]
+              C("disk_gb", "Disk", table.human_gb, True), C("ip", "IP"),
+              C("addresses", "Addresses", lambda a: " ".join(
+                  f"{x['addr']}/{x['prefix']}" for x in a or []) or "-")]
+VMLIST_DEFAULT = ["host", "name", "vcpus", "memory_mb", "state", "ip"]
+VMLIST_JSON = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
+               "addresses"]
 BUSY_CPU = 90     # a host at or above this CPU usage counts as busy in the totals
 
 
@@ -315,6 +325,9 @@ def _ratio(used, total):
 def _host_derived(record: dict) -> dict:
     def used(total, free):
         return None if total is None or free is None else max(total - free, 0)
+    networks = record.get("networks")
+    record["networks"] = [n for n in networks if isinstance(n, str)] \
+        if isinstance(networks, list) else []
     record["used_memory_mb"] = used(record.get("memory_mb"), record.get("free_memory_mb"))
     record["used_disk_gb"] = used(record.get("disk_gb"), record.get("free_disk_gb"))
     record["memory_usage"] = _ratio(record["used_memory_mb"] or 0, record.get("memory_mb"))
@@ -561,9 +574,91 @@ def cmd_boot(ctx: Context) -> int:
     if clash:
         raise Failed("VM name already in use: " + ", ".join(clash),
                      result={"automation": None, "state": "failed", "vms": []})
+    networks, seed = _boot_networks(ctx, args), _boot_seed(args)
+    required = required + [t for t in _network_traits(networks) if t not in required]
     vms = [{"name": name, "resources": resources, "required": required,
-            "image": args.image, "on": on} for name in args.names]
-    return run_automation(ctx, "boot", {"vms": vms}, vm_outcome)
+            "image": args.image, "on": on,
+            **({"networks": networks} if networks else {}),
+            **({"seed": {**seed, "hostname": seed["hostname"] or _hostname_of(name)}}
+               if seed else {})} for name in args.names]
+    outcome = vm_outcome
+    if args.wait_ip:
+        outcome = functools.partial(boot_outcome, timeout=args.ip_timeout)
+    return run_automation(ctx, "boot", {"vms": vms}, outcome)
+
+
+def _boot_networks(ctx: Context, args) -> list[str]:
+    """``--network`` (else the ``network`` setting) as names some live host
+    offers; ``none``: no interface."""
+    from engine.hypervisor.networks import parse_names
+    given = args.network if args.network else [ctx.settings["network"]]
+    where = "in --network" if args.network else "in the network setting"
+    networks = parse_names(given, where)
+    if not networks:
+        return []
+    from engine.cluster import read_hosts
+    hosts = read_hosts(ctx.store())
+    offered = {name for host in hosts for name in host.get("networks") or []
+               if isinstance(name, str)}
+    unknown = [name for name in dict.fromkeys(networks) if name not in offered]
+    if unknown and hosts:   # no host known at all: the boot says so itself
+        hint = (f"hosts offer: {', '.join(sorted(offered))}" if offered
+                else "no host offers any network")
+        none = "" if args.network else "; boot --network none for a VM without one"
+        raise UsageError(f"unknown network {', '.join(unknown)} ({hint}{none})")
+    return networks
+
+
+def _network_traits(networks: list[str]) -> list[str]:
+    from engine.hypervisor.networks import network_trait
+    return list(dict.fromkeys(network_trait(name) for name in networks))
+
+
+def _boot_seed(args) -> dict | None:
+    """``--user-data``, ``--ssh-key``, ``--hostname`` read and checked: the
+    cloud-init seed's inputs, or None when none is given."""
+    if not (args.user_data or args.ssh_key or args.hostname):
+        return None
+    from engine.hypervisor import seed
+    keys = [key for path in args.ssh_key or [] for key in seed.read_ssh_keys(path)]
+    if len(keys) > seed.MAX_SSH_KEYS:
+        raise UsageError(f"{len(keys)} SSH keys; at most {seed.MAX_SSH_KEYS}")
+    return {"hostname": seed.check_hostname(args.hostname) if args.hostname else None,
+            "user_data": seed.read_user_data(args.user_data) if args.user_data else None,
+            "ssh_keys": keys}
+
+
+def _hostname_of(name: str) -> str:
+    """A VM name made a hostname: lower case, other characters as '-'."""
+    label = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")[:63].strip("-")
+    return label or "vm"
+
+
+def boot_outcome(ctx: Context, automation: str, task: dict, timeout: float) -> int:
+    """``boot --wait-ip``: once built, wait until every built VM's record has
+    an address (its guest got one), then report with an IP column."""
+    vms = (task.get("result") or {}).get("vms") or []
+    waiting = {vm["uuid"]: vm for vm in vms if vm.get("host") and not vm.get("error")}
+    missing = []
+    if task.get("state") == "done" and waiting:
+        say(f"waiting up to {timeout:g} s for the address of {len(waiting)} "
+            f"VM{'s' if len(waiting) != 1 else ''}")
+        from engine.cluster import read_vms
+        deadline = time.monotonic() + timeout
+        while True:
+            ips = {vm["uuid"]: vm["ip"] for vm in read_vms(ctx.store()) if vm.get("ip")}
+            for uuid, vm in waiting.items():
+                vm["ip"] = ips.get(uuid)
+            missing = [vm["name"] for vm in waiting.values() if not vm["ip"]]
+            if not missing or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+    status = vm_outcome(ctx, automation, task, VM_RESULT_FIELDS + ["ip"],
+                        VM_RESULT_COLUMNS + [C("ip", "IP")])
+    if missing:
+        raise Failed(f"no address within {timeout:g} s for: {', '.join(missing)} "
+                     "(the VMs run; vmlist shows their address once they have one)")
+    return status
 
 
 def confirm(ctx: Context, kind: str, vms: list[dict]) -> None:
@@ -1006,7 +1101,11 @@ def cmd_peer(ctx: Context) -> int:
     from engine.peer import run_peer
     kwargs = {"ttl": args.ttl or int(settings["ttl"]), "hooks_dir": args.hooks,
               "workers": args.workers or int(settings["workers"]),
-              "state_dir": args.state_dir, "retention": settings.get("retention")}
+              "state_dir": args.state_dir, "retention": settings.get("retention"),
+              "networks": args.networks if args.networks is not None else settings["networks"]}
+    from engine.hypervisor.networks import parse_offer
+    parse_offer(kwargs["networks"], "in --networks" if args.networks is not None
+                else "in the networks setting")
     accepted = inspect.signature(run_peer).parameters
     if not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}
@@ -1264,6 +1363,21 @@ def build_parser() -> Parser:
                      help="disk image to boot from: http(s):// or file:// URL, cached per "
                           "host; end it with #sha256=HEX to have the download checked")
     sub.add_argument("--on", metavar="HOSTGLOB", help="only place on hosts matching this")
+    sub.add_argument("--network", action="append", metavar="NAME",
+                     help="a network interface on NAME (repeatable, in order; MACs derive "
+                          "from the VM's uuid); 'none' for no interface (default: the "
+                          "network setting, 'default')")
+    sub.add_argument("--user-data", metavar="FILE",
+                     help="cloud-init user-data (at most 64 KiB), on a NoCloud seed CD-ROM")
+    sub.add_argument("--ssh-key", action="append", metavar="FILE",
+                     help="an OpenSSH public key file for the guest (repeatable; default: "
+                          "none), in the seed's meta-data public-keys")
+    sub.add_argument("--hostname", metavar="NAME",
+                     help="the guest's hostname in the seed (default: the VM name)")
+    sub.add_argument("--wait-ip", action="store_true",
+                     help="after the build, wait for each VM's guest address and print it")
+    sub.add_argument("--ip-timeout", type=_positive, default=300, metavar="SECONDS",
+                     help="how long --wait-ip waits (default 300)")
     sub.add_argument("--detach", action="store_true",
                      help="print the automation id and return at once")
 
@@ -1426,6 +1540,10 @@ def build_parser() -> Parser:
     sub.add_argument("--workers", type=_positive, metavar="N",
                      help="requests executed in parallel (default 8)")
     sub.add_argument("--state-dir", metavar="DIR", help="local state of this peer")
+    sub.add_argument("--networks", metavar="LIST",
+                     help="networks this host offers VMs: NAME (a libvirt network) or "
+                          "NAME=BRIDGE, comma-separated; 'none' for none (default: the "
+                          "networks setting, 'default')")
 
     sub = command("up", "start a local etcd and N peers on this machine",
                   "python peerctl.py up --hosts 3\npython peerctl.py up --libvirt qemu:///system",

@@ -16,6 +16,11 @@ outlived a killed peer, bring back) a copy of the VM.  Since version 2, boot
 ``disowned/<host>/<uuid>`` mark that the host's peer acts on whenever it
 runs (see ``engine/hypervisor/reconciler.py``, ``sweep_ghosts``), so one uuid never
 runs on two hosts.
+
+A VM's ``networks`` and cloud-init ``seed`` (``boot --network``,
+``--user-data``, ``--ssh-key``, ``--hostname``) go to ``build`` as they are;
+the networks' placement traits are among its ``required`` traits (the
+command line adds them), so a host without a network is never picked.
 """
 from engine.core.registry import automation
 from engine.core.replay import Request
@@ -57,7 +62,9 @@ def boot_one(ctx, vm, attempts, disown=False, keep_traits=False):
                                         "disk_gb": resources.get("DISK_GB", 0),
                                         "image": vm.get("image"),
                                         **({"required": _traits(vm.get("required"))}
-                                           if keep_traits and vm.get("required") else {})},
+                                           if keep_traits and vm.get("required") else {}),
+                                        **{key: vm[key] for key in ("networks", "seed")
+                                           if vm.get(key)}},
                               target=host, deadline=BUILD_DEADLINE, label=vm["name"])
         if built.ok:
             return _outcome(vm, uuid, host, built.value.get("state", "running"))

@@ -13,7 +13,9 @@ Promises:
 """
 from __future__ import annotations
 
-import engine.hypervisor.shapes  # noqa: F401  (declares the shape of vms/ records)
+import ipaddress
+
+from engine.hypervisor.shapes import first_ip   # also declares the shape of vms/ records
 import engine.placement.etcd  # noqa: F401  (declares the shapes of placement/ keys)
 from engine import table
 from engine.core import keys
@@ -68,7 +70,8 @@ def read_hosts(store) -> list[dict]:
 
 
 def read_vms(store) -> list[dict]:
-    """Every VM record: ``{host, name, uuid, state, vcpus, memory_mb, disk_gb}``.
+    """Every VM record: ``{host, name, uuid, state, vcpus, memory_mb, disk_gb,
+    ip, addresses}``.
 
     A VM being moved (its lock is a migration's) is listed once, on the host
     it leaves, in state ``migrating``: the copy arriving on the destination is
@@ -90,10 +93,30 @@ def read_vms(store) -> list[dict]:
             if moving[vm["uuid"]] not in (None, vm["host"]):
                 continue
             state = "migrating"
+        addresses = _addresses(vm.get("addresses"))
         vms.append({"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"],
                     "state": state, "vcpus": vm.get("vcpus"),
-                    "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb")})
+                    "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb"),
+                    "ip": first_ip(addresses), "addresses": addresses})
     return vms
+
+
+_ADDRESS_FIELDS = {"interface": str, "mac": str, "addr": str, "prefix": int}
+
+
+def _addresses(value) -> list[dict]:
+    """A record's ``addresses``, keeping only well-formed entries (a bad
+    value in etcd costs that entry, never the listing)."""
+    kept = []
+    for entry in value if isinstance(value, list) else []:
+        if isinstance(entry, dict) and all(isinstance(entry.get(k), t)
+                                           for k, t in _ADDRESS_FIELDS.items()):
+            try:
+                ipaddress.ip_address(entry["addr"])
+            except ValueError:
+                continue
+            kept.append({k: entry[k] for k in _ADDRESS_FIELDS})
+    return kept
 
 
 def ready_hosts(store, hosts: list[str]) -> set[str]:

@@ -45,6 +45,17 @@ STATS_INTERVAL = 5.0
 RETENTION = 24 * 3600.0
 
 
+def _offered(host: HostContext) -> tuple[dict, list[str]]:
+    """The configured networks this hypervisor has now, and why others not."""
+    if not host.offer:
+        return {}, []
+    try:
+        from .hypervisor.networks import offered
+        return offered(host.conn, host.offer)
+    except Exception as exc:        # the hypervisor is down: none for now
+        return {}, [str(exc)]
+
+
 def _host_record(host: HostContext) -> dict:
     try:
         from .hypervisor.hostinfo import host_facts
@@ -54,21 +65,25 @@ def _host_record(host: HostContext) -> dict:
     except Exception as exc:    # the hypervisor is down: still be a live peer
         log.warning("host_facts_failed", error=str(exc))
         facts = {"kernel": platform.release(), "error": str(exc)}
+    networks, missing = _offered(host)
     return {"host": host.host, "libvirt_uri": host.libvirt_uri, "pid": os.getpid(),
-            "updated": time.time(), **facts}
+            "updated": time.time(), **facts, "networks": sorted(networks),
+            **({"networks_missing": missing} if missing else {})}
 
 
 class Peer:
     def __init__(self, store: Store, host: str, libvirt_uri: str, ttl: int = 5,
                  hooks_dir: str | None = None, workers: int = 8, state_dir: str | None = None,
-                 retention: float = RETENTION):
+                 retention: float = RETENTION, networks: str = "default"):
         self.store = store
         self.name = host
         self.ttl = ttl
         self.retention = retention
         state_dir = state_dir or os.path.join("/tmp", "peerctl", store.cluster, host)
         os.makedirs(state_dir, exist_ok=True)
-        self.host = HostContext(host, libvirt_uri, store, state_dir)
+        from .hypervisor.networks import parse_offer
+        self.host = HostContext(host, libvirt_uri, store, state_dir,
+                                offer=parse_offer(networks, "in the peer's networks setting"))
         self.executor = Executor(store, self.host, hooks_dir, workers)
         self.stopping = threading.Event()
         self.extras = []                # per-session components started by plugins
@@ -117,7 +132,7 @@ class Peer:
         enabled = (cfg.value or {}).get("enabled", True) if cfg else True
         self.store.txn([], [Put(keys.host(self.name), {**record, "enabled": enabled}, session.lease),
                             Put(keys.host_config(self.name), {**record, "enabled": enabled})])
-        registered = self._register_provider()
+        registered = self._register_provider(record["networks"])
         # Before publishing: a copy of a VM the cluster placed elsewhere while
         # this host was away (its libvirtd kept the domain) never shows up.
         self._sweep_ghosts()
@@ -145,7 +160,7 @@ class Peer:
                                session.lease)
                 self.executor.rescan()
                 if not registered:
-                    registered = self._register_provider()
+                    registered = self._register_provider(record["networks"])
                 if publisher is None:
                     publisher = self._start_publisher()
                 if time.monotonic() - swept >= GHOST_INTERVAL:
@@ -159,15 +174,19 @@ class Peer:
             if publisher is not None:
                 publisher.stop()
 
-    def _register_provider(self) -> bool:
-        """The host as a placement provider: same provider across restarts.
-        The hypervisor being unreachable is not fatal (a live peer still,
-        as for its host facts): False, and the stats tick tries again."""
+    def _register_provider(self, networks: list[str]) -> bool:
+        """The host as a placement provider: same provider across restarts,
+        with one trait per network it offers.  The hypervisor being
+        unreachable is not fatal (a live peer still, as for its host facts):
+        False, and the stats tick tries again."""
+        from .hypervisor.networks import NETWORK_TRAIT_PREFIX, network_trait
         from .placement import open_placement
-        from .placement.host import register_host
+        from .placement.host import own_traits, register_host
         placement = open_placement(None, self.store)
         try:
             register_host(placement, self.name, self.host.conn, state_dir=self.host.state_dir)
+            own_traits(placement, self.name, NETWORK_TRAIT_PREFIX,
+                       [network_trait(name) for name in networks])
             align(self.store, placement, self.name)     # drained exactly when drained/ says
             return True
         except StoreUnavailable:
@@ -206,11 +225,14 @@ class Peer:
 
 def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
              hooks_dir: str | None = None, workers: int = 8,
-             state_dir: str | None = None, retention=RETENTION) -> int:
+             state_dir: str | None = None, retention=RETENTION,
+             networks: str = "default") -> int:
     """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
-    automations are kept for ``retention`` (seconds or ``7d``-style)."""
+    automations are kept for ``retention`` (seconds or ``7d``-style);
+    ``networks`` is what the host offers (``default, lan=br0``: see
+    :mod:`engine.hypervisor.networks`)."""
     peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir,
-                parse_duration(retention if retention is not None else RETENTION))
+                parse_duration(retention if retention is not None else RETENTION), networks)
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)

@@ -15,10 +15,12 @@ from engine.core.store import Put
 from tests.support import PEERCTL, ROOT
 
 HOSTLIST_KEYS = {"host", "alive", "enabled", "drained", "vcpus", "memory_mb", "free_memory_mb",
-                 "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model"}
+                 "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model",
+                 "networks"}
 HOSTSTATS_KEYS = {"host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb",
                   "free_memory_mb", "vms", "disk_gb", "free_disk_gb"}
-VMLIST_KEYS = {"host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb"}
+VMLIST_KEYS = {"host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
+               "addresses"}
 
 
 def host_record(name, vcpus=8, cpu=10.0, vms=0, enabled=True):
@@ -132,7 +134,7 @@ def test_vmlist_fields_sorting_separator(cluster, small):
     assert rows[-1] == {"name": "db-sql1", "state": "shutoff"}
     done = cluster.cli("vmlist", "-o", "+uuid")
     assert done.stdout.splitlines()[0].split() == ["Host", "Name", "VCPUs", "Memory",
-                                                   "State", "UUID"]
+                                                   "State", "IP", "UUID"]
     assert "5 VMs (4 running, 1 shutoff) on 2 hosts" in done.stdout
 
 
@@ -207,7 +209,7 @@ def test_vmlist_of_10000_vms_on_100_hosts(cluster, store):
     assert lines[-1].startswith("10000 VMs (10000 running) on 100 hosts using 10000 vCPUs")
     listed = cluster.cli_json("vmlist", timeout=60)
     assert len(listed) == 10000 and len({vm["uuid"] for vm in listed}) == 10000
-    assert set(listed[0]) == {"host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb"}
+    assert set(listed[0]) == VMLIST_KEYS
 
 
 def test_help_explains_every_command_with_an_example(cluster):

@@ -281,8 +281,27 @@ def test_a_vm_record_without_its_fields_is_skipped(warnings):
         keys.vm(host, "u2"): {"name": "web2"}})
     assert cluster.read_vms(store) == [{"host": host, "name": "web1", "uuid": "u1",
                                         "state": "running", "vcpus": 1, "memory_mb": 256,
-                                        "disk_gb": 1}]
+                                        "disk_gb": 1, "ip": None, "addresses": []}]
     assert [key for key, _ in warnings] == [keys.vm(host, "u2")]
+
+
+def test_bad_addresses_in_a_vm_record_cost_only_those_entries(warnings):
+    """Garbage in a record's addresses is dropped entry by entry; ip is the
+    first IPv4 of what is left, else the first IPv6."""
+    host = fresh("host1")
+    good4 = {"interface": "vnet0", "mac": "52:00:00:00:00:01", "addr": "10.9.0.5", "prefix": 24}
+    good6 = {"interface": "vnet0", "mac": "52:00:00:00:00:01", "addr": "fd00::5", "prefix": 64}
+    store = MemoryStore({
+        keys.vm(host, "u1"): {"host": host, "name": "web1", "uuid": "u1", "state": "running",
+                              "addresses": [good6, {"addr": "x"}, 7,
+                                            {**good4, "addr": "not-an-ip"}, good4]},
+        keys.vm(host, "u2"): {"host": host, "name": "web2", "uuid": "u2", "state": "running",
+                              "addresses": "10.0.0.1"}})
+    vms = {vm["name"]: vm for vm in cluster.read_vms(store)}
+    assert vms["web1"]["addresses"] == [good6, good4] and vms["web1"]["ip"] == "10.9.0.5"
+    assert vms["web2"]["addresses"] == [] and vms["web2"]["ip"] is None
+    assert warnings == []
+
 
 
 def test_a_host_is_ready_once_alive_with_a_stocked_provider():

@@ -18,11 +18,14 @@ import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
+from engine.hypervisor.networks import interface_elements
+
 __all__ = ["NAMESPACE", "DomainSpec", "domain_xml", "pool_xml", "volume_xml",
            "read_metadata", "read_reboot_token", "record_reboot_token", "disk_paths",
-           "domain_type", "ACCELERATORS"]
+           "domain_type", "ACCELERATORS", "seed_path", "SEED_DEV"]
 
 NAMESPACE = "https://peerctl.dev/xmlns/vm/1"
+SEED_DEV = "hdc"                # the seed CD-ROM's target
 # The last reboot done, on the running domain only (live metadata).
 REBOOT_NAMESPACE = "https://peerctl.dev/xmlns/reboot/1"
 _PREFIX = "peerctl"
@@ -45,6 +48,9 @@ class DomainSpec:
     console_log: str | None = None
     owner: str = ""                     # the peerctl host the VM belongs to
     extra_metadata: dict = field(default_factory=dict)
+    networks: tuple = ()                # network names, one interface each
+    offer: dict = field(default_factory=dict)   # this host's meaning of them
+    seed_path: str | None = None        # a cloud-init NoCloud seed (raw ISO)
 
 
 ACCELERATORS = ("kvm", "tcg")
@@ -76,7 +82,9 @@ def _sub(parent: ET.Element, tag: str, text=None, **attrs) -> ET.Element:
 
 def _metadata(spec: DomainSpec) -> ET.Element:
     vm = ET.Element(f"{{{NAMESPACE}}}vm")
-    values = {"host": spec.owner, "disk_gb": spec.disk_gb, "image": spec.image or "", **spec.extra_metadata}
+    values = {"host": spec.owner, "disk_gb": spec.disk_gb, "image": spec.image or "",
+              **({"networks": ",".join(spec.networks)} if spec.networks else {}),
+              **spec.extra_metadata}
     for key, value in values.items():
         _sub(vm, f"{{{NAMESPACE}}}{key}", value)
     return vm
@@ -114,6 +122,11 @@ def domain_xml(spec: DomainSpec) -> str:
         _sub(disk, "driver", name="qemu", type="qcow2")
         _sub(disk, "source", file=spec.disk_path)
         _sub(disk, "target", dev="vda", bus="virtio")
+    if spec.seed_path:
+        _seed_cdrom(devices, spec.seed_path, spec.domain_type)
+    for interface in interface_elements(spec.uuid, list(spec.networks), spec.offer,
+                                        virtio=spec.domain_type != "test"):
+        devices.append(interface)
     # A pty serial console, logged by virtlogd: QEMU never opens the log file
     # itself, so the state directory need not be reachable by its user.
     serial = _sub(devices, "serial", type="pty")
@@ -123,9 +136,35 @@ def domain_xml(spec: DomainSpec) -> str:
     console = _sub(devices, "console", type="pty")
     _sub(console, "target", type="serial", port=0)
     if spec.domain_type != "test":
+        # The guest agent's channel: addresses from the agent when it runs.
+        channel = _sub(devices, "channel", type="unix")
+        _sub(channel, "target", type="virtio", name="org.qemu.guest_agent.0")
         _sub(devices, "memballoon", model="none")
     # No <graphics>: these are headless servers (and type='none' is invalid).
     return ET.tostring(domain, encoding="unicode")
+
+
+def _seed_cdrom(devices: ET.Element, path: str, dtype: str) -> None:
+    """The NoCloud seed as a read-only CD-ROM (IDE: every x86 machine type
+    QEMU defaults to has it, and guests find it by its ``cidata`` label)."""
+    cdrom = _sub(devices, "disk", type="file", device="cdrom")
+    if dtype != "test":
+        _sub(cdrom, "driver", name="qemu", type="raw")
+    _sub(cdrom, "source", file=path)
+    _sub(cdrom, "target", dev=SEED_DEV, bus="ide")
+    _sub(cdrom, "readonly")
+
+
+def seed_path(xml: str) -> str | None:
+    """The seed CD-ROM's file in a domain's XML, or None."""
+    root = ET.fromstring(xml)
+    for disk in root.findall("./devices/disk"):
+        target = disk.find("target")
+        source = disk.find("source")
+        if disk.get("device") == "cdrom" and target is not None \
+                and target.get("dev") == SEED_DEV and source is not None:
+            return source.get("file")
+    return None
 
 
 def read_metadata(dom) -> dict:

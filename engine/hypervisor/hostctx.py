@@ -23,6 +23,9 @@ class HostContext:
     libvirt_uri: str
     store: "object"                 # engine.core.store.Store of the cluster
     state_dir: str = "/tmp/peerctl"
+    # The networks this host offers, as configured: {name: {kind, source}}
+    # (engine.hypervisor.networks.parse_offer).
+    offer: dict = field(default_factory=dict)
     _conn: object = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -19,6 +19,7 @@ place each can fail (see :func:`_upload` and :func:`ensure_capacity`).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import struct
@@ -37,7 +38,7 @@ from engine.hypervisor.domain_xml import pool_xml, volume_xml
 
 __all__ = ["POOL_NAME", "pool_name", "GiB", "ensure_pool", "ensure_base", "ensure_overlay",
            "ensure_blank", "ensure_capacity", "delete_volumes", "volumes_of",
-           "image_volume_name", "cached_base"]
+           "image_volume_name", "cached_base", "ensure_seed"]
 
 log = structlog.get_logger("peerctl.images")
 
@@ -258,7 +259,11 @@ def _probe(path: str) -> tuple[str, int]:
 def _upload(conn, vol, path: str) -> bool:
     """Copy ``path`` into ``vol`` through a libvirt stream.  False when the
     driver keeps no volume content (test:///default)."""
-    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        return _upload_from(conn, vol, f, os.path.getsize(path))
+
+
+def _upload_from(conn, vol, f, size: int) -> bool:
     stream = conn.newStream(0)
     try:
         vol.upload(stream, 0, size, 0)
@@ -267,8 +272,7 @@ def _upload(conn, vol, path: str) -> bool:
             return False
         raise
     try:
-        with open(path, "rb") as f:
-            stream.sendAll(lambda _stream, nbytes, src: src.read(min(nbytes, _CHUNK)), f)
+        stream.sendAll(lambda _stream, nbytes, src: src.read(min(nbytes, _CHUNK)), f)
         stream.finish()
     except BaseException:
         try:
@@ -393,6 +397,19 @@ def ensure_overlay(host, pool, name: str, base_vol, base_format: str,
                                         backing_path=base_vol.path(),
                                         backing_format=base_format), 0)
     return ensure_capacity(pool, vol, disk_gb * GiB)
+
+
+def ensure_seed(host, pool, name: str, data: bytes) -> libvirt.virStorageVol:
+    """Volume ``name``: a raw file holding exactly ``data`` (a NoCloud seed
+    ISO), written again on every call (the same inputs make the same seed)."""
+    vol = _lookup(pool, name)
+    if vol is not None and vol.info()[1] != len(data):
+        vol.delete(0)
+        vol = None
+    if vol is None:
+        vol = pool.createXML(volume_xml(name, len(data), "raw"), 0)
+    _upload_from(host.conn, vol, io.BytesIO(data), len(data))
+    return vol
 
 
 def ensure_blank(pool, name: str, disk_gb: int) -> libvirt.virStorageVol:

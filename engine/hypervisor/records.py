@@ -9,6 +9,7 @@ from __future__ import annotations
 import libvirt
 
 from engine.hypervisor.domain_xml import read_metadata
+from engine.hypervisor.networks import first_ip, guest_addresses, mac_for
 
 __all__ = ["vm_state", "vm_record", "owned_by"]
 
@@ -30,11 +31,23 @@ def vm_state(dom) -> str:
 
 
 def vm_record(host_name: str, dom) -> dict:
-    """What ``vms/<host>/<uuid>`` holds for a domain."""
+    """What ``vms/<host>/<uuid>`` holds for a domain.  A VM with interfaces
+    also has ``networks``, and, while it runs, the ``addresses`` its guest
+    got and ``ip`` (the first IPv4, else IPv6, else None)."""
     _state, max_kib, _mem, vcpus, _cpu = dom.info()
-    return {"host": host_name, "name": dom.name(), "uuid": dom.UUIDString(),
-            "state": vm_state(dom), "vcpus": vcpus, "memory_mb": max_kib // 1024,
-            "disk_gb": read_metadata(dom).get("disk_gb", 0)}
+    meta = read_metadata(dom)
+    state = vm_state(dom)
+    record = {"host": host_name, "name": dom.name(), "uuid": dom.UUIDString(),
+              "state": state, "vcpus": vcpus, "memory_mb": max_kib // 1024,
+              "disk_gb": meta.get("disk_gb", 0)}
+    names = [n for n in (meta.get("networks") or "").split(",") if n]
+    if names:
+        addresses = []
+        if state in ("running", "paused"):
+            addresses = guest_addresses(dom, [mac_for(record["uuid"], index)
+                                              for index in range(len(names))])
+        record.update(networks=names, addresses=addresses, ip=first_ip(addresses))
+    return record
 
 
 def owned_by(dom, host_name: str) -> bool:

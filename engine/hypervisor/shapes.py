@@ -1,10 +1,12 @@
 """The shapes of the keys the hypervisor room writes (see
 ``engine/core/values.py``).  Free of libvirt, so that listings can check
 ``vms/`` records without loading it."""
+import ipaddress
+
 from engine.core import keys
 from engine.core.values import declare, shape
 
-__all__ = ["VM", "DISOWNED", "RECONCILE_REPORT"]
+__all__ = ["VM", "DISOWNED", "RECONCILE_REPORT", "first_ip"]
 
 VM = shape("VM record", host=str, name=str, uuid=str, state=str)
 DISOWNED = shape("disowned mark", uuid=str, host=str)
@@ -13,3 +15,13 @@ RECONCILE_REPORT = shape("reconcile report")
 declare(keys.vm() + "*", VM)
 declare(keys.disowned() + "*", DISOWNED)
 declare(keys.RECONCILE_REPORT, RECONCILE_REPORT)
+
+
+def first_ip(addresses: list[dict]) -> str | None:
+    """A VM record's ``ip``: the first IPv4 of its ``addresses``, else the
+    first IPv6, else None."""
+    for version in (4, 6):
+        for entry in addresses or []:
+            if ipaddress.ip_address(entry["addr"]).version == version:
+                return entry["addr"]
+    return None

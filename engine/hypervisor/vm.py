@@ -16,7 +16,11 @@ Arguments (all of them): ``uuid`` (required), ``name`` (for messages).
 ``cmdline`` (direct kernel boot from files on the host), ``accel``
 (``kvm`` or ``tcg``; default KVM when /dev/kvm exists) and ``required``
 (the traits the VM was placed with, kept in its metadata so that a move
-honours them).  Before it
+honours them), ``networks`` (names of networks this host offers, one
+interface each, MACs derived from the uuid) and ``seed`` (``{hostname,
+user_data, ssh_keys}``: a cloud-init NoCloud seed, built here as a
+read-only CD-ROM volume ``<uuid>-seed.iso`` and kept in the domain's
+metadata so that a move rebuilds it).  Before it
 replies, ``build`` writes the VM's ``vms/<host>/<uuid>`` record
 (:func:`engine.hypervisor.vmpublish.publish_domain`), so a finished boot is listed.
 ``stop`` takes an optional ``timeout`` in seconds for the ACPI shutdown
@@ -24,6 +28,8 @@ before it destroys.
 """
 from __future__ import annotations
 
+import base64
+import json
 import math
 import os
 import threading
@@ -36,7 +42,8 @@ import structlog
 
 from engine.core import keys
 from engine.errors import RequestError
-from engine.hypervisor import images
+from engine.hypervisor import images, seed
+from engine.hypervisor.networks import mac_for
 from engine.hypervisor.records import vm_record, vm_state
 from engine.hypervisor.vmpublish import publish_domain
 from engine.hypervisor.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
@@ -49,6 +56,8 @@ __all__ = ["build", "start", "stop", "reboot", "suspend", "resume", "destroy", "
 log = structlog.get_logger("peerctl.vm")
 
 DEFAULT_STOP_TIMEOUT = 60.0
+MAX_INTERFACES = 8
+SEED_SUFFIX = "-seed.iso"
 
 _guard = threading.Lock()
 _vm_locks: dict[tuple, threading.Lock] = defaultdict(threading.Lock)
@@ -163,12 +172,14 @@ def build(host, args: dict) -> dict:
     accel = args.get("accel")
     if accel is not None and accel not in ACCELERATORS:
         raise RequestError(f"accel must be one of {', '.join(ACCELERATORS)}, got {accel!r}")
+    nets = _networks(host, args)
+    seed_args = seed.check_seed_args(args.get("seed"))
 
     with _vm_lock(host, uuid):
         dom = _find(host, uuid)
         if dom is None:
             dom = _define(host, uuid, name, vcpus, memory_mb, disk_gb, image,
-                          kernel, initrd, cmdline, accel, required)
+                          kernel, initrd, cmdline, accel, required, nets, seed_args)
         if vm_state(dom) in ("shutoff", "building"):
             _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
             log.info("vm_started", vm=name, uuid=uuid)
@@ -179,8 +190,48 @@ def build(host, args: dict) -> dict:
         return {"uuid": uuid, "name": dom.name(), "host": host.host, "state": vm_state(dom)}
 
 
+def _networks(host, args: dict) -> list[str]:
+    """The ``networks`` argument: names this host offers."""
+    names = args.get("networks") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) \
+            or len(names) > MAX_INTERFACES:
+        raise RequestError(f"networks must be a list of at most {MAX_INTERFACES} names, "
+                           f"got {names!r}")
+    missing = sorted(set(names) - set(host.offer))
+    if missing:
+        raise RequestError(f"host {host.host} does not offer network"
+                           f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    return names
+
+
+def seed_metadata(seed_args: dict) -> str:
+    """The seed's inputs as kept in the domain's metadata (JSON)."""
+    return json.dumps({"hostname": seed_args["hostname"],
+                       "user_data": base64.b64encode(seed_args["user_data"] or b"").decode(),
+                       "ssh_keys": seed_args["ssh_keys"]}, sort_keys=True)
+
+
+def seed_from_metadata(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+        value["user_data"] = base64.b64decode(value.get("user_data") or "") or None
+    except (ValueError, TypeError, AttributeError):
+        raise RequestError("the VM's seed metadata is unreadable") from None
+    return seed.check_seed_args(value)
+
+
+def make_seed(host, pool, uuid: str, seed_args: dict, networks: list[str]):
+    """Volume ``<uuid>-seed.iso`` holding the NoCloud seed; its path."""
+    macs = [mac_for(uuid, index) for index in range(len(networks))]
+    iso = seed.build_iso(seed.seed_files(uuid, seed_args["hostname"], seed_args["user_data"],
+                                         seed_args["ssh_keys"], macs))
+    return images.ensure_seed(host, pool, f"{uuid}{SEED_SUFFIX}", iso).path()
+
+
 def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, cmdline,
-            accel, required=None):
+            accel, required=None, nets=(), seed_args=None):
     conn = host.conn
     try:
         other = conn.lookupByName(name)
@@ -205,14 +256,18 @@ def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, 
             disk_path = disk.path()
         elif disk_gb:
             disk_path = images.ensure_blank(pool, f"{uuid}.qcow2", disk_gb).path()
+        seed_file = make_seed(host, pool, uuid, seed_args, list(nets)) if seed_args else None
         console = console_log_path(host, uuid)
         os.makedirs(os.path.dirname(console), exist_ok=True)
         spec = DomainSpec(uuid=uuid, name=name, vcpus=vcpus, memory_mb=memory_mb,
                           disk_gb=disk_gb, domain_type=dtype,
                           disk_path=disk_path, image=image, kernel=kernel,
                           initrd=initrd, cmdline=cmdline, console_log=console,
-                          owner=host.host,
-                          extra_metadata={"required": required} if required else {})
+                          owner=host.host, networks=tuple(nets), offer=host.offer,
+                          seed_path=seed_file,
+                          extra_metadata={**({"required": required} if required else {}),
+                                          **({"seed": seed_metadata(seed_args)}
+                                             if seed_args else {})})
         dom = _libvirt_call(f"cannot define VM {name!r}", conn.defineXML, domain_xml(spec))
     except BaseException:
         # Nothing refers to this VM's volumes yet: take them back.

@@ -15,6 +15,10 @@ Promises:
 - once started, a libvirt lifecycle event (start, stop, suspend, undefine...)
   reaches etcd within a reconcile's time, and a periodic reconcile repairs
   whatever an event could not (etcd away, libvirtd restarted, events lost);
+- a running VM with interfaces but no address yet is looked at every
+  :data:`ADDRESS_INTERVAL` seconds until its guest has one (DHCP takes a
+  few seconds after the start event), so ``boot --wait-ip`` is not held up
+  by the period;
 - libvirt's event loop is registered once per process
   (:func:`ensure_event_loop`); each publisher listens on a connection of its
   own, opened after that registration, because a remote connection opened
@@ -42,6 +46,7 @@ DEFAULT_INTERVAL = float(os.environ.get("PEERCTL_PUBLISH_INTERVAL", "10"))
 # "0": no lifecycle events, the period only (tests use it to show that a
 # finished boot does not depend on the publisher; see publish_domain).
 EVENTS = os.environ.get("PEERCTL_PUBLISH_EVENTS", "1") != "0"
+ADDRESS_INTERVAL = 1.0
 _BATCH = 64                 # etcd allows 128 operations per transaction
 _TRIES = 20                 # fenced writes refused in a row before giving up
 
@@ -109,6 +114,7 @@ class VmPublisher:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.reconciles = 0
+        self.awaiting_address = False
 
     # -- one pass ----------------------------------------------------------
 
@@ -145,6 +151,9 @@ class VmPublisher:
             else:
                 raise StoreUnavailable(f"{self.prefix}: reconcile refused {_TRIES} times")
             self.reconciles += 1
+            self.awaiting_address = any(
+                record.get("networks") and record["state"] == "running"
+                and not record.get("addresses") for record in wanted.values())
             if changed:
                 log.info("vms_published", host=self.host, changed=changed, vms=len(wanted))
             return changed
@@ -218,7 +227,8 @@ class VmPublisher:
             self._listen()
             try:
                 self.reconcile()
-                delay = self.interval
+                delay = (min(ADDRESS_INTERVAL, self.interval) if self.awaiting_address
+                         else self.interval)
             except (StoreUnavailable, libvirt.libvirtError) as exc:
                 log.warning("vm_reconcile_failed", host=self.host, error=str(exc))
                 delay = min(1.0, self.interval)

@@ -27,9 +27,9 @@ import os
 import uuid as uuidlib
 
 from engine.placement.api import Placement
-from engine.placement.model import DISABLED_TRAIT, NotFound
+from engine.placement.model import DISABLED_TRAIT, Conflict, NotFound
 
-__all__ = ["register_host", "drain", "measure", "host_provider_uuid"]
+__all__ = ["register_host", "drain", "measure", "host_provider_uuid", "own_traits"]
 
 _NAMESPACE = uuidlib.UUID("5b1d3c52-6f0e-4c39-9d7a-4f3c7c1c7e10")
 # nova's initial_*_allocation_ratio defaults
@@ -94,6 +94,24 @@ def register_host(placement: Placement, host: str, source=None, *, state_dir: st
     if inventories != rp["inventories"]:
         rp = placement.set_inventory(rp["uuid"], inventories)
     return rp
+
+
+def own_traits(placement: Placement, host: str, prefix: str, traits) -> dict:
+    """Make ``host``'s traits that start with ``prefix`` exactly ``traits``
+    (the others, an operator's or a drain's, are kept); written only when
+    they differ, guarded by the provider's generation and retried."""
+    wanted = set(traits)
+    for _ in range(10):
+        rp = placement.provider(host)
+        current = set(rp["traits"])
+        new = {t for t in current if not t.startswith(prefix)} | wanted
+        if new == current:
+            return rp
+        try:
+            return placement.set_traits(rp["uuid"], sorted(new), generation=rp["generation"])
+        except Conflict:
+            continue
+    raise Conflict(f"traits of {host}: changed by others 10 times in a row")
 
 
 def drain(placement: Placement, host: str, drained: bool = True) -> dict:

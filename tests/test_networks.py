@@ -1,0 +1,176 @@
+"""Networks, addresses and the cloud-init seed on libvirt's test driver.
+
+Handlers run in this process for what only libvirt shows (the domain XML,
+the pool's volumes); real peers and the real command line for the rest:
+placement by network, the addresses in ``vmlist``, and bad input refused
+with one line before anything is written.
+"""
+from __future__ import annotations
+
+import json
+import uuid as uuidlib
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from engine.core import keys
+from engine.errors import RequestError
+from engine.hypervisor import images
+from engine.hypervisor.domain_xml import SEED_DEV, read_metadata
+from engine.hypervisor.networks import mac_for, network_trait, parse_offer
+from engine.placement import open_placement
+from tests.support import wait_for
+from tests.support.handlers import call, new_host
+from tests.support.vms import start
+
+ED25519 = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGgmb3+8B7OVaxYNxyNS0aQbwlTPOI3ZyUb0AGf0G9lL "
+           "alice@laptop")
+
+
+def vm_args(**overrides):
+    args = {"uuid": str(uuidlib.uuid4()), "name": "vm-" + uuidlib.uuid4().hex[:8],
+            "vcpus": 1, "memory_mb": 64, "disk_gb": 1, "image": None}
+    args.update(overrides)
+    return args
+
+
+def interfaces(dom) -> list[tuple]:
+    root = ET.fromstring(dom.XMLDesc(0))
+    return [(i.get("type"), i.find("mac").get("address"),
+             i.find("source").get(i.get("type"))) for i in root.findall("./devices/interface")]
+
+
+@pytest.fixture
+def lan_host(tmp_path):
+    host = new_host(tmp_path / "state")
+    host.offer = parse_offer("default, lan=br-lan")
+    return host
+
+
+# -- the domain ----------------------------------------------------------------
+
+def test_one_interface_per_network_in_order_with_macs_from_the_uuid(lan_host):
+    args = vm_args(networks=["lan", "default", "lan"])
+    call(lan_host, "build", **args)
+    dom = lan_host.conn.lookupByUUIDString(args["uuid"])
+    assert interfaces(dom) == [("bridge", mac_for(args["uuid"], 0), "br-lan"),
+                               ("network", mac_for(args["uuid"], 1), "default"),
+                               ("bridge", mac_for(args["uuid"], 2), "br-lan")]
+    assert read_metadata(dom)["networks"] == "lan,default,lan"
+    # the same uuid and index give the same MAC; another index or VM another
+    macs = {mac_for(args["uuid"], i) for i in range(3)} | {mac_for(str(uuidlib.uuid4()), 0)}
+    assert len(macs) == 4 and all(int(m[:2], 16) & 0b11 == 0b10 for m in macs)
+    # a rebuild of the same VM (same uuid) keeps them
+    call(lan_host, "destroy", uuid=args["uuid"])
+    call(lan_host, "build", **args)
+    assert interfaces(lan_host.conn.lookupByUUIDString(args["uuid"])) == interfaces(dom)
+    call(lan_host, "destroy", uuid=args["uuid"])
+
+
+def test_a_network_the_host_does_not_offer_is_refused_and_nothing_is_built(lan_host):
+    args = vm_args(networks=["default", "storage"])
+    with pytest.raises(RequestError, match=f"host {lan_host.host} does not offer network "
+                                           "storage"):
+        call(lan_host, "build", **args)
+    assert lan_host.conn.listAllDomains(0) == [] or all(
+        d.UUIDString() != args["uuid"] for d in lan_host.conn.listAllDomains(0))
+    assert images.volumes_of(images.ensure_pool(lan_host), args["uuid"]) == []
+
+
+def test_the_seed_is_a_read_only_cdrom_made_with_the_disk_and_deleted_with_the_vm(lan_host):
+    seed = {"hostname": "web-1", "user_data": b"#!/bin/sh\necho hi\n", "ssh_keys": [ED25519]}
+    args = vm_args(networks=["default"], seed=seed)
+    call(lan_host, "build", **args)
+    dom = lan_host.conn.lookupByUUIDString(args["uuid"])
+    root = ET.fromstring(dom.XMLDesc(0))
+    cdrom = [d for d in root.findall("./devices/disk") if d.get("device") == "cdrom"]
+    assert len(cdrom) == 1 and cdrom[0].find("target").get("dev") == SEED_DEV
+    assert cdrom[0].find("readonly") is not None
+    pool = images.ensure_pool(lan_host)
+    assert sorted(v.name() for v in images.volumes_of(pool, args["uuid"])) == [
+        f"{args['uuid']}-seed.iso", f"{args['uuid']}.qcow2"]
+    assert cdrom[0].find("source").get("file") == \
+        pool.storageVolLookupByName(f"{args['uuid']}-seed.iso").path()
+    kept = json.loads(read_metadata(dom)["seed"])       # a move rebuilds it from this
+    assert kept["hostname"] == "web-1" and kept["ssh_keys"] == [ED25519]
+    call(lan_host, "destroy", uuid=args["uuid"])
+    assert images.volumes_of(pool, args["uuid"]) == []
+
+
+@pytest.mark.parametrize("seed, why", [
+    ({"hostname": "-bad-", "user_data": None, "ssh_keys": []}, "hostname"),
+    ({"hostname": "ok", "user_data": b"x" * (64 * 1024 + 1), "ssh_keys": []}, "user"),
+    ({"hostname": "ok", "user_data": None, "ssh_keys": ["ssh-rsa AAAAnope"]}, "key"),
+    ("a string", "seed")])
+def test_a_bad_seed_in_a_request_is_one_line_and_builds_nothing(lan_host, seed, why):
+    args = vm_args(seed=seed)
+    with pytest.raises(RequestError) as raised:
+        call(lan_host, "build", **args)
+    assert why in str(raised.value).lower() and "\n" not in str(raised.value)
+    assert images.volumes_of(images.ensure_pool(lan_host), args["uuid"]) == []
+
+
+# -- the cluster ---------------------------------------------------------------
+
+def start_hosts(cluster, store):
+    """host1 and host2 offer the default network; host3 also offers lan."""
+    start(cluster, store, ["host1", "host2"])
+    start(cluster, store, ["host3"], env={"PEERCTL_NETWORKS": "default,lan=br-lan"})
+    wait_for(lambda: network_trait("lan") in open_placement("etcd", store).provider(
+        "host3")["traits"], what="host3's lan trait")
+
+
+def test_vms_go_only_where_their_networks_are_and_list_their_addresses(cluster, store):
+    start_hosts(cluster, store)
+    hosts = {h["host"]: h for h in cluster.cli_json("hostlist")}
+    assert hosts["host1"]["networks"] == ["default"]
+    assert hosts["host3"]["networks"] == ["default", "lan"]
+
+    doc = cluster.cli_json("boot", "a1", "a2", "a3", "--resources", "VCPU:1,MEMORY_MB:64",
+                           "--network", "default", "--network", "lan", "--wait-ip",
+                           "--ip-timeout", "60")
+    assert {vm["host"] for vm in doc["vms"]} == {"host3"}
+    assert all(vm["ip"] for vm in doc["vms"]), doc
+    plain = cluster.cli_json("boot", "b1", "--resources", "VCPU:1,MEMORY_MB:64")
+    assert plain["vms"][0]["state"] == "running"
+
+    listed = {vm["name"]: vm for vm in cluster.cli_json("vmlist")}
+    for name in ("a1", "a2", "a3"):
+        vm = listed[name]
+        assert [a["mac"] for a in vm["addresses"]] == [mac_for(vm["uuid"], 0),
+                                                       mac_for(vm["uuid"], 1)]
+        assert vm["ip"] == vm["addresses"][0]["addr"]
+        assert set(vm["addresses"][0]) == {"interface", "mac", "addr", "prefix"}
+    assert [a["mac"] for a in listed["b1"]["addresses"]] == [mac_for(listed["b1"]["uuid"], 0)]
+    table = cluster.cli("vmlist", "a1")
+    assert "IP" in table.stdout.splitlines()[0] and listed["a1"]["ip"] in table.stdout
+
+    none = cluster.cli_json("boot", "c1", "--resources", "VCPU:1,MEMORY_MB:64",
+                            "--network", "none")
+    c1 = [vm for vm in cluster.cli_json("vmlist", "c1")][0]
+    assert none["vms"][0]["state"] == "running" and c1["addresses"] == [] and c1["ip"] is None
+
+
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(cluster, store, tmp_path):
+    start(cluster, store, ["host1"])
+    big = tmp_path / "big"
+    big.write_bytes(b"#cloud-config\n" + b"x" * (64 * 1024))
+    key = tmp_path / "key.pub"
+    key.write_text("ssh-ed25519 not-base64!! me\n")
+    before, _ = store.range(keys.auto(""), keys_only=True)
+    for flags, says in [
+            (["--network", "storage"], "unknown network storage"),
+            (["--network", "bad name"], "bad network name"),
+            (["--user-data", str(tmp_path / "missing")], "--user-data"),
+            (["--user-data", str(tmp_path)], "directory"),
+            (["--user-data", str(big)], "at most 65536"),
+            (["--ssh-key", str(key)], "line 1"),
+            (["--hostname", "no_underscores"], "hostname")]:
+        done = cluster.cli("boot", "x1", "--resources", "VCPU:1,MEMORY_MB:64", *flags)
+        assert done.returncode == 2, (flags, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0], (flags, done.stderr)
+        assert "Traceback" not in done.stderr
+    after, _ = store.range(keys.auto(""), keys_only=True)
+    assert len(after) == len(before)
+    assert cluster.cli_json("vmlist") == []
