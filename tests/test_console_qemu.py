@@ -1,0 +1,225 @@
+"""`console NAME` on a real guest: a real peer on this machine's libvirtd
+(``qemu:///system``) boots the busybox guest of :mod:`tests.support.qemu_guest`
+through the command line, then the command line attaches to its serial
+console, through a pipe (``--no-tty``) and on a pty of its own.
+
+One guest for the module (it boots in tens of seconds under TCG); the tests
+run in file order and the last one shuts it down.  Skipped, saying why,
+where no libvirtd runs QEMU (:func:`qemu_guest.skip_reason`).
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import termios
+import time
+
+import libvirt
+import pytest
+
+from engine.core import api
+from engine.placement import open_placement
+from tests.support import PEERCTL, ROOT, qemu_guest, wait_for
+from tests.support.cluster import Cluster
+from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
+
+BOOT_TIMEOUT = 120.0
+ANSWER_TIMEOUT = 30.0
+
+
+class Guest:
+    def __init__(self, cluster, name, host, uuid, console_log):
+        self.cluster, self.name, self.host, self.uuid = cluster, name, host, uuid
+        self.console_log = console_log
+
+    def console(self, *args, **popen) -> subprocess.Popen:
+        """``python peerctl.py console NAME ARGS`` on pipes (unless ``popen`` says else)."""
+        popen = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE,
+                 "stderr": subprocess.PIPE, **popen}
+        return subprocess.Popen([sys.executable, PEERCTL, "console", self.name, *args],
+                                env=self.cluster.env, cwd=ROOT, **popen)
+
+
+def _cleanup(conn, host, name):
+    """Whatever a failed run left in the shared libvirtd: the domain, the pool."""
+    for dom in conn.listAllDomains(0):
+        if dom.name() == name:
+            try:
+                if dom.isActive():
+                    dom.destroy()
+                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+            except libvirt.libvirtError:
+                pass
+    try:
+        pool = conn.storagePoolLookupByName(f"peerctl-{host}")
+        for vol in pool.listAllVolumes(0):
+            vol.delete(0)
+        if pool.isActive():
+            pool.destroy()
+        pool.undefine()
+    except libvirt.libvirtError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def guest(guest_dir, etcd, tmp_path_factory):
+    """A running guest booted by `boot` on peer ``qc<pid>``, its shell up."""
+    workdir = qemu_guest.world_readable_tmpdir("peerctl-console-")
+    tag = os.getpid()
+    host, name = f"qc{tag}", f"console{tag}"     # unique: the libvirtd is shared
+    cluster = Cluster(etcd.url, f"console{tag}", tmp_path_factory.mktemp("console"))
+    conn = libvirt.open(qemu_guest.QEMU_URI)
+    state_dir = os.path.join(workdir, f"state-{host}")
+    try:
+        image = qemu_guest.build_disk_image(os.path.join(workdir, "guest.img"), guest_dir,
+                                            workdir)
+        cluster.start_peer(host, libvirt=qemu_guest.QEMU_URI,
+                           env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL},
+                           extra_args=["--state-dir", state_dir])
+        from engine.core.store import Store
+        store = Store(etcd.url, cluster.name)
+        try:
+            wait_for(lambda: host in api.live_hosts(store), timeout=60, interval=0.2,
+                     what=f"{host} alive")
+            placement = open_placement("etcd", store)
+            wait_for(lambda: host in {p["name"] for p in placement.providers()},
+                     timeout=30, interval=0.2, what=f"{host} registered as a provider")
+        finally:
+            store.close()
+        booted = cluster.cli_json("boot", name, "--resources", "VCPU:1,MEMORY_MB:128,DISK_GB:1",
+                                  "--image", f"file://{image}", "--network", "none",
+                                  timeout=BOOT_TIMEOUT)
+        assert booted["state"] == "done", booted
+        (vm,) = booted["vms"]
+        log = os.path.join(state_dir, "console", f"{vm['uuid']}.log")
+        assert qemu_guest.wait_for_console(log, qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
+            "guest did not come up; console:\n" + (
+                open(log, errors="replace").read() if os.path.exists(log) else "")
+        yield Guest(cluster, name, host, vm["uuid"], log)
+    finally:
+        cluster.cli("destroy", name, "--yes", timeout=60)
+        cluster.close()
+        _cleanup(conn, host, name)
+        conn.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def read_until(fd, wanted: bytes, timeout: float, seen: bytearray) -> bytes:
+    """Read ``fd`` into ``seen`` until it holds ``wanted`` (returns all of
+    it) or ``timeout`` passes (AssertionError showing what came)."""
+    deadline = time.monotonic() + timeout
+    while wanted not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {wanted!r} within {timeout}s; got {bytes(seen)!r}"
+        if select.select([fd], [], [], left)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:         # EIO: the pty's other side is gone
+                chunk = b""
+            assert chunk, f"end of output before {wanted!r}; got {bytes(seen)!r}"
+            seen += chunk
+    return bytes(seen)
+
+
+def stderr_lines(process) -> list[str]:
+    return [line for line in process.stderr.read().decode().splitlines() if line.strip()]
+
+
+def test_no_tty_pipes_a_command_in_and_its_answer_out_and_stays_after_eof(guest):
+    console = guest.console("--no-tty")
+    try:
+        read_until(console.stderr.fileno(), b"Plain byte stream", ANSWER_TIMEOUT, bytearray())
+        console.stdin.write(b"echo hello-$((6*7))\n")
+        console.stdin.close()               # a script's stdin ends at once...
+        out = read_until(console.stdout.fileno(), b"hello-42", ANSWER_TIMEOUT, bytearray())
+        assert b"echo hello-$((6*7))" in out        # the guest's tty echoed the line
+        # ... and the answer still came, the session still on: EOF did not end it.
+        assert console.poll() is None
+        console.send_signal(signal.SIGINT)
+        assert console.wait(30) == 128 + signal.SIGINT
+        assert stderr_lines(console)[-1] == \
+            f"Left the console on signal {int(signal.SIGINT)} (VM {guest.name} on {guest.host})"
+    finally:
+        if console.poll() is None:
+            console.kill()
+            console.wait()
+
+
+def test_timeout_leaves_with_exit_0(guest):
+    console = guest.console("--no-tty", "--timeout", "2", stdin=subprocess.DEVNULL)
+    assert console.wait(30) == 0
+    lines = stderr_lines(console)
+    assert lines[0] == (f"Connected to VM {guest.name} on {guest.host} "
+                        f"({qemu_guest.QEMU_URI}). Plain byte stream: it ends with the "
+                        "console, a signal or --timeout 2")
+    assert lines[-1] == f"Left the console: --timeout reached (VM {guest.name} on {guest.host})"
+
+
+def test_on_a_terminal_it_is_raw_and_ctrl_bracket_leaves_restoring_the_terminal(guest):
+    master, slave = pty.openpty()
+    cooked = termios.tcgetattr(slave)
+
+    def controlling_terminal():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    console = guest.console(stdin=slave, stdout=slave, stderr=slave,
+                            preexec_fn=controlling_terminal)
+    os.close(slave)
+    seen = bytearray()
+    try:
+        read_until(master, b"Escape character is ^]", ANSWER_TIMEOUT, seen)
+        wait_for(lambda: not termios.tcgetattr(master)[3] & (
+            termios.ICANON | termios.ECHO | termios.ISIG), timeout=10, what="a raw terminal")
+        os.write(master, b"echo pty-$((6*7))\r")        # Enter on a raw terminal is CR
+        read_until(master, b"pty-42", ANSWER_TIMEOUT, seen)
+        assert b"echo pty-$((6*7))" in seen            # echoed by the guest, not by us
+        os.write(master, b"\x1d")
+        assert console.wait(30) == 0
+        read_until(master, b"Left the console", ANSWER_TIMEOUT, seen)
+        assert termios.tcgetattr(master) == cooked      # the terminal is as it was
+    finally:
+        if console.poll() is None:
+            console.kill()
+            console.wait()
+        os.close(master)
+
+
+def test_a_second_console_takes_over_and_the_first_says_so(guest):
+    first = guest.console("--no-tty")
+    second = None
+    try:
+        read_until(first.stderr.fileno(), b"Connected to VM", ANSWER_TIMEOUT, bytearray())
+        second = guest.console("--no-tty", "--timeout", "3", stdin=subprocess.DEVNULL)
+        assert first.wait(30) == 1
+        assert stderr_lines(first) == [
+            f"peerctl: the console of VM {guest.name} on {guest.host} closed while the VM "
+            "runs (another client may have taken it over)"]
+        assert second.wait(30) == 0
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_the_session_ends_with_exit_0_when_the_vm_stops(guest):
+    """Last: the guest is gone afterwards."""
+    console = guest.console("--no-tty")
+    try:
+        read_until(console.stderr.fileno(), b"Connected to VM", ANSWER_TIMEOUT, bytearray())
+        stopped = guest.cluster.cli_json("stop", guest.name, timeout=120)  # ACPI: a real shutdown
+        assert stopped["state"] == "done", stopped
+        code, lines = console.wait(30), stderr_lines(console)
+        assert code == 0, lines
+        assert lines[-1] == f"Console closed: the VM stopped (VM {guest.name} on {guest.host})"
+    finally:
+        if console.poll() is None:
+            console.kill()
+            console.wait()
