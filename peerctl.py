@@ -705,6 +705,40 @@ def cmd_vm_action(ctx: Context) -> int:
     return run_automation(ctx, kind, {"vms": targets}, vm_outcome)
 
 
+def cmd_console(ctx: Context) -> int:
+    args = ctx.args
+    vm_pattern(args.name)
+    from engine.cluster import read_hosts, read_vms
+    store = ctx.store()
+    vms, unmatched = match_vms(read_vms(store), [args.name])
+    if unmatched:
+        raise Failed(f"no VM matches {args.name!r}")
+    vms.sort(key=lambda vm: (table.natural_key(vm["host"]), table.natural_key(vm["name"])))
+    if len(vms) > 1:
+        raise UsageError(f"{args.name!r} matches {len(vms)} VMs ("
+                         + ", ".join(f"{vm['host']}/{vm['name']}" for vm in vms[:5])
+                         + (", ..." if len(vms) > 5 else "") + "): console needs one")
+    vm = vms[0]
+    record = {h["host"]: h for h in read_hosts(store)}.get(vm["host"]) or {}
+    if not record.get("libvirt_uri"):
+        raise Failed(f"no host record for {vm['host']}, the host of VM {vm['name']}: "
+                     "its libvirt URI is unknown")
+    from engine.hypervisor import console
+    tty = not args.no_tty and os.isatty(0)
+    attached = console.attach(record["libvirt_uri"], vm["uuid"], vm["name"], vm["host"])
+    say(f"Connected to VM {vm['name']} on {vm['host']} ({attached.uri}). "
+        + ("Escape character is ^]" if tty else
+           "Plain byte stream: it ends with the console, a signal"
+           + (f" or --timeout {args.timeout:g}" if args.timeout is not None else "")))
+    ended = attached.run(tty=tty, timeout=args.timeout)
+    say({"escape": "\nLeft the console", "closed": "Console closed: the VM stopped",
+         "timeout": "Left the console: --timeout reached",
+         "stdin": "Left the console: the terminal closed"}.get(
+        ended.reason, f"Left the console on signal {ended.signum}")
+        + f" (VM {vm['name']} on {vm['host']})")
+    return ended.exit_code
+
+
 def ping_outcome(ctx: Context, automation: str, task: dict) -> int:
     replies = (task.get("result") or {}).get("replies") or []
     doc = {"automation": automation, "state": task.get("state"), "replies": replies}
@@ -1397,6 +1431,30 @@ def build_parser() -> Parser:
                          help="only list the VMs that would be acted on")
         sub.add_argument("--detach", action="store_true",
                          help="print the automation id and return at once")
+
+    sub = command("console", "an interactive serial console to a VM",
+                  "python peerctl.py console web1\n"
+                  "printf 'uname -a\\n' | python peerctl.py console web1 --no-tty --timeout 5",
+                  cmd_console,
+                  "Attach this terminal to the serial console of one VM, through its host's "
+                  "libvirt (the URI in the host's record), from any machine that reaches it. "
+                  "The console is forced: a client holding it already is cut off. On a "
+                  "terminal, the terminal is raw and Ctrl-] leaves (exit 0). With --no-tty, or "
+                  "when stdin is not a terminal, stdin is passed to the guest byte for byte "
+                  "(Ctrl-] too) and its end does not leave: the session ends when the console "
+                  "closes, on SIGINT/SIGTERM (exit 128+signal) or after --timeout (exit 0). "
+                  "The guest's output is on stdout, peerctl's lines on stderr. The session "
+                  "ends with exit 0 when the VM stops; a VM that is not running, a host that "
+                  "does not answer (exit 3) or a hypervisor offering no console fail with one "
+                  "line.")
+    sub.add_argument("name", metavar="NAME", help="the VM: VMGLOB or HOSTGLOB/VMGLOB, "
+                                                  "matching exactly one VM")
+    sub.add_argument("--no-tty", action="store_true",
+                     help="a plain byte stream even on a terminal: no raw mode, no escape")
+    sub.add_argument("--timeout", metavar="SECONDS",
+                     type=lambda text: parse_duration(text, "--timeout"),
+                     help="leave after this long (exit 0); for scripts that pipe a command "
+                          "in and read its output")
 
     sub = command("migrate", "move VMs to other hosts, live where they run",
                   "python peerctl.py migrate db1 --to 'host2*'\n"

@@ -12,6 +12,8 @@ them inside one network namespace for the cluster (``peerctl-<cluster>``),
 and the host's peer pointed at its daemon.  A peer's record keeps
 ``libvirt: qemu`` (what was asked) and the daemon's URI as ``libvirt_uri``;
 the daemons are recorded under ``daemons``, the namespace under ``netns``.
+The daemons share one guest network, ``default``, inside the namespace
+(:mod:`engine.hypervisor.localnet`).
 ``down`` stops the peers, then the daemons, then deletes the namespace if
 ``up`` made it and nothing runs in it any more.  Guests are left running, as
 across any libvirtd restart (QEMU is daemonised, not libvirtd's child), with
@@ -192,7 +194,11 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
     for host in hosts:
         if futures[host].exception() is not None:
             raise futures[host].exception()
-    return {host: daemon.uri for host, (daemon, _) in daemons.items()}
+    uris = {host: daemon.uri for host, (daemon, _) in daemons.items()}
+    # The VMs' "default" network: one bridge with DHCP inside the namespace.
+    from engine.hypervisor.localnet import ensure_local_network
+    ensure_local_network([uris[host] for host in sorted(uris, key=table.natural_key)])
+    return uris
 
 
 def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
@@ -300,9 +306,16 @@ def stop(state_dir: str) -> list[dict] | None:
 
 
 def _stop_daemons(state_dir: str, up: dict) -> list[dict]:
-    """Each private daemon stopped by its recorded PIDs, then the namespace
-    deleted if ``up`` made it and nothing runs in it."""
+    """Each private daemon stopped by its recorded PIDs (their guest network
+    first when no guest runs), then the namespace deleted if ``up`` made it
+    and nothing runs in it."""
     from engine.hypervisor.daemons import PrivateLibvirtd, delete_netns
+    from engine.hypervisor.localnet import stop_local_network
+    daemons = [PrivateLibvirtd.from_record(record) for record in up["daemons"]]
+    running = [daemon for daemon in daemons if daemon.running()]
+    if not any(daemon.guests() for daemon in running):
+        # No guest needs it: its DHCP server would keep the namespace alive.
+        stop_local_network([daemon.uri for daemon in running])
     stopped = []
     for record in up["daemons"]:
         outcome = PrivateLibvirtd.from_record(record).stop()

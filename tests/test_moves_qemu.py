@@ -11,121 +11,12 @@ on that host only, and placement holds it there only.
 """
 from __future__ import annotations
 
-import os
-import shutil
-
-import libvirt
-import pytest
-
 from engine.core import api, keys
-from engine.placement import open_placement
 from tests.support import qemu_guest, wait_for
 from tests.support.cluster import finished, start_automation
+from tests.support.kvm import BOOT_TIMEOUT, HOSTS, kvm  # noqa: F401  (kvm: a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
-
-BOOT_TIMEOUT = 120.0
-HOSTS = ("host1", "host2")
-
-
-@pytest.fixture
-def kvm(cluster, store, libvirtd_pair, guest_dir):
-    """Peers host1 and host2 on the two private daemons; ``kvm.boot(name)``
-    boots the test guest on host1 and waits for its console."""
-    kvm = _Kvm(cluster, store, libvirtd_pair, guest_dir)
-    yield kvm
-    shutil.rmtree(kvm.work, ignore_errors=True)
-
-
-class _Kvm:
-    def __init__(self, cluster, store, pair, guest_dir):
-        self.cluster, self.store, self.pair = cluster, store, pair
-        self.work = qemu_guest.world_readable_tmpdir("peerctl-moves-")
-        self.image = qemu_guest.build_disk_image(os.path.join(self.work, "guest.img"),
-                                                 guest_dir, self.work)
-        self.uri = dict(zip(HOSTS, pair.uris))
-        self.state = {h: os.path.join(self.work, f"state-{h}") for h in HOSTS}
-        for host in HOSTS:
-            self.start_peer(host)
-        wait_for(lambda: set(HOSTS) <= set(api.live_hosts(store)), timeout=60,
-                 interval=0.2, what="both peers alive")
-        placement = open_placement("etcd", store)
-        wait_for(lambda: set(HOSTS) <= {p["name"] for p in placement.providers()},
-                 timeout=30, interval=0.2, what="both hosts registered")
-
-    def start_peer(self, host):
-        self.cluster.start_peer(host, libvirt=self.uri[host],
-                                env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL},
-                                extra_args=["--state-dir", self.state[host]])
-
-    def boot(self, name):
-        booted = self.cluster.cli_json(
-            "boot", name, "--on", "host1", "--resources", "VCPU:1,MEMORY_MB:128,DISK_GB:1",
-            "--image", f"file://{self.image}", timeout=BOOT_TIMEOUT)
-        (vm,) = booted["vms"]
-        assert booted["state"] == "done" and vm["host"] == "host1", booted
-        assert qemu_guest.wait_for_console(self.console("host1", vm["uuid"]),
-                                           qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
-            "the guest did not come up"
-        return vm
-
-    def console(self, host, uuid):
-        return os.path.join(self.state[host], "console", f"{uuid}.log")
-
-    def boots_seen(self, host, uuid):
-        try:
-            with open(self.console(host, uuid), errors="replace") as f:
-                return f.read().count(qemu_guest.READY_MARKER)
-        except FileNotFoundError:
-            return 0
-
-    def where(self, uuid) -> dict:
-        """host -> the domain's state on that host's hypervisor."""
-        found = {}
-        for host in HOSTS:
-            conn = libvirt.open(self.uri[host])
-            try:
-                dom = conn.lookupByUUIDString(uuid)
-                found[host] = {1: "running", 3: "paused", 5: "shutoff"}.get(
-                    dom.state()[0], str(dom.state()[0]))
-            except libvirt.libvirtError:
-                pass
-            finally:
-                conn.close()
-        return found
-
-    def volumes(self, uuid) -> dict:
-        found = {}
-        for host in HOSTS:
-            conn = libvirt.open(self.uri[host])
-            try:
-                pool = conn.storagePoolLookupByName(f"peerctl-{host}")
-                pool.refresh(0)
-                names = [v.name() for v in pool.listAllVolumes(0) if v.name().startswith(uuid)]
-                if names:
-                    found[host] = names
-            except libvirt.libvirtError:
-                pass
-            finally:
-                conn.close()
-        return found
-
-    def assert_on(self, uuid, host, state="running"):
-        assert self.where(uuid) == {host: state}
-        wait_for(lambda: list(self.volumes(uuid)) == [host], timeout=30, interval=0.5,
-                 what=f"volumes of {uuid} on {host} only (have {self.volumes(uuid)})")
-        placement = open_placement("etcd", self.store)
-        names = {p["uuid"]: p["name"] for p in placement.providers()}
-        held = {a["consumer"]: a["allocations"] for a in placement.all_allocations()
-                if a["allocations"]}
-        assert list(held) == [uuid], f"orphan or missing allocations: {held}"
-        assert [names[rp] for rp in held[uuid]] == [host]
-        assert self.store.range(keys.lock("vm/"))[0] == []
-
-    def migrate(self, uuid, name, **args):
-        return start_automation(self.store, "migrate", {
-            "vms": [{"name": name, "uuid": uuid, "host": "host1", "state": "running"}],
-            **args})
 
 
 def test_a_running_guest_moves_live_keeps_running_and_comes_back_cold(kvm):

@@ -174,3 +174,59 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(cluster, store, tmp_pa
     after, _ = store.range(keys.auto(""), keys_only=True)
     assert len(after) == len(before)
     assert cluster.cli_json("vmlist") == []
+
+
+# -- moves ---------------------------------------------------------------------
+
+def test_a_move_keeps_the_macs_and_rebuilds_the_seed_on_the_destination(tmp_path):
+    """Source offers lan as a bridge, the destination as a libvirt network:
+    the destination's XML has its own meaning of lan, the same MACs, and a
+    seed of its own in its pool; the test driver's move is a re-definition."""
+    source = new_host(tmp_path / "src")
+    source.offer = parse_offer("default, lan=br-lan")
+    dest = new_host(tmp_path / "dst")
+    dest.offer = parse_offer("default, lan")
+    seed = {"hostname": "mover", "user_data": b"#!/bin/sh\necho moved\n", "ssh_keys": [ED25519]}
+    args = vm_args(networks=["lan", "default"], seed=seed)
+    call(source, "build", **args)
+    described = call(source, "move_describe", uuid=args["uuid"])
+    gone = source.conn.lookupByUUIDString(args["uuid"])     # one hypervisor here:
+    gone.destroy()                                          # the source's copy leaves
+    gone.undefine()
+    prepared = call(dest, "move_prepare", uuid=args["uuid"], describe=described)
+    call(dest, "move_adopt", uuid=args["uuid"], xml=prepared["xml"], state="running")
+    dom = dest.conn.lookupByUUIDString(args["uuid"])
+    assert read_metadata(dom)["host"] == dest.host
+    assert interfaces(dom) == [("network", mac_for(args["uuid"], 0), "lan"),
+                               ("network", mac_for(args["uuid"], 1), "default")]
+    pool = images.ensure_pool(dest)
+    iso = pool.storageVolLookupByName(f"{args['uuid']}-seed.iso")
+    root = ET.fromstring(dom.XMLDesc(0))
+    assert [d.find("source").get("file") for d in root.findall("./devices/disk")
+            if d.get("device") == "cdrom"] == [iso.path()]
+
+    nowhere = new_host(tmp_path / "bare")
+    nowhere.offer = parse_offer("default")
+    with pytest.raises(RequestError, match="does not offer network lan"):
+        call(nowhere, "move_prepare", uuid=args["uuid"], describe=described)
+    call(dest, "destroy", uuid=args["uuid"])
+    call(source, "destroy", uuid=args["uuid"])
+
+
+def test_a_migrated_vm_keeps_its_macs_in_the_listing(cluster, store):
+    start_hosts(cluster, store)
+    cluster.cli_json("boot", "m1", "--resources", "VCPU:1,MEMORY_MB:64", "--on", "host1",
+                     "--hostname", "m1")
+    before = cluster.cli_json("vmlist", "m1")[0]
+    doc = cluster.cli_json("migrate", "m1", "--to", "host2")
+    assert doc["vms"][0]["host"] == "host2", doc
+    after = wait_for(lambda: [vm for vm in cluster.cli_json("vmlist", "m1")
+                              if vm["host"] == "host2" and vm["addresses"]],
+                     what="m1's record on host2")[0]
+    assert [a["mac"] for a in after["addresses"]] == [a["mac"] for a in before["addresses"]] \
+        == [mac_for(before["uuid"], 0)]
+    # lan is only on host3: a VM on lan can go nowhere else
+    cluster.cli_json("boot", "m2", "--resources", "VCPU:1,MEMORY_MB:64", "--network", "lan")
+    refused = cluster.cli("migrate", "m2")
+    assert refused.returncode == 1 and "m2" in refused.stdout + refused.stderr
+    assert cluster.cli_json("vmlist", "m2")[0]["host"] == "host3"

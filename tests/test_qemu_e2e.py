@@ -108,7 +108,9 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
         # boot: placement claim + build on the chosen host, one automation.
         booted = cluster.cli_json(
             "boot", name, "--resources", f"VCPU:1,MEMORY_MB:{MEMORY_MB},DISK_GB:{DISK_GB}",
-            "--image", f"file://{image}", timeout=BOOT_TIMEOUT)
+            "--image", f"file://{image}",
+            # the system daemon's own networks are the machine's: none for tests
+            "--network", "none", timeout=BOOT_TIMEOUT)
         assert booted["state"] == "done", booted
         (vm,) = booted["vms"]
         assert vm["name"] == name and vm["state"] == "running", vm

@@ -11,8 +11,9 @@ and is idempotent by VM uuid.
 - :func:`prepare` (destination): volumes for the VM at exactly the source's
   virtual sizes, as overlays on this host's own copy of the VM's base image
   when it has one (``incremental``: only the top layer is copied), and the
-  destination XML: the same domain with this host's disk paths, console log
-  and owner.  A shut-off copy left by an earlier, failed move is swept first;
+  destination XML: the same domain with this host's disk paths, console log,
+  owner and interfaces (the same networks and MACs, as this host offers
+  them), and the cloud-init seed rebuilt here from the domain's metadata.  A shut-off copy left by an earlier, failed move is swept first;
   a running one is refused.
 - :func:`adopt` (destination): the VM in its final state here: defined (from
   ``xml`` when the driver has no migration, the test driver's
@@ -34,10 +35,11 @@ import structlog
 from engine.core import keys
 from engine.errors import RequestError
 from engine.hypervisor import images
-from engine.hypervisor.domain_xml import NAMESPACE, read_metadata, volume_xml
+from engine.hypervisor.domain_xml import NAMESPACE, SEED_DEV, read_metadata, volume_xml
+from engine.hypervisor.networks import retarget as retarget_interfaces
 from engine.hypervisor.records import vm_state
 from engine.hypervisor.vm import _find, _label, _libvirt_call, _uuid, _vm_lock, \
-    console_log_path
+    console_log_path, make_seed, seed_from_metadata
 from engine.hypervisor.vmpublish import publish_domain
 
 __all__ = ["describe", "prepare", "adopt", "locate", "ACTIVE"]
@@ -123,6 +125,7 @@ def prepare(host, args: dict) -> dict:
                 vol = pool.createXML(volume_xml(name, disk["capacity"], "qcow2"), 0)
             disks.append({"dev": disk["dev"], "path": vol.path(), "capacity": disk["capacity"]})
         _retarget(root, {d["dev"]: d["path"] for d in disks}, host, uuid)
+        _retarget_networks_and_seed(root, host, pool, uuid)
         # the disowned mark of an earlier lost move would destroy this copy
         if host.store is not None:
             host.store.delete(keys.disowned(host.host, uuid))
@@ -152,6 +155,34 @@ def _retarget(root: ET.Element, paths: dict, host, uuid: str) -> None:
     owner = root.find(f"./metadata/{{{NAMESPACE}}}vm/{{{NAMESPACE}}}host")
     if owner is not None:
         owner.text = host.host
+
+
+def _metadata_of(root: ET.Element, name: str) -> str | None:
+    return root.findtext(f"./metadata/{{{NAMESPACE}}}vm/{{{NAMESPACE}}}{name}")
+
+
+def _retarget_networks_and_seed(root: ET.Element, host, pool, uuid: str) -> None:
+    """The VM's interfaces as this host offers its networks (same MACs),
+    and its cloud-init seed rebuilt here from the metadata (a read-only
+    CD-ROM is not copied by the migration)."""
+    names = [n for n in (_metadata_of(root, "networks") or "").split(",") if n]
+    missing = sorted(set(names) - set(host.offer))
+    if missing:
+        raise RequestError(f"host {host.host} does not offer network "
+                           f"{', '.join(missing)}")
+    devices = root.find("./devices")
+    if names:
+        retarget_interfaces(devices, uuid, names, host.offer,
+                            virtio=root.get("type") != "test")
+    seed_args = seed_from_metadata(_metadata_of(root, "seed"))
+    if seed_args is None:
+        return
+    path = make_seed(host, pool, uuid, seed_args, names)
+    for disk in devices.findall("disk"):
+        target, source = disk.find("target"), disk.find("source")
+        if disk.get("device") == "cdrom" and target is not None \
+                and target.get("dev") == SEED_DEV and source is not None:
+            source.set("file", path)
 
 
 def adopt(host, args: dict) -> dict:

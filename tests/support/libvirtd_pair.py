@@ -2,7 +2,10 @@
 
 Two private libvirtd (:mod:`engine.hypervisor.daemons`), ``kvm1`` and
 ``kvm2``, each with its own host UUID, socket, state and virtlogd, so that
-libvirt migrates between them as between two machines.  They live under a
+libvirt migrates between them as between two machines.  Both run inside a
+network namespace of the fixture's own, where they share one guest network,
+``default`` (:mod:`engine.hypervisor.localnet`: a bridge with DHCP, no
+forwarding); the namespace is deleted at teardown.  They live under a
 directory QEMU's user can reach (``/var/tmp``; pytest's ``tmp_path`` sits
 under a 0700 directory), also handed to the tests for their kernels,
 initrds and console logs.
@@ -27,21 +30,24 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.hypervisor.daemons import PrivateLibvirtd
+from engine.hypervisor.daemons import PrivateLibvirtd, delete_netns, ensure_netns
+from engine.hypervisor.localnet import ensure_local_network, stop_local_network
 from tests.support import qemu_guest
 
 __all__ = ["libvirtd_pair", "LibvirtdPair", "cannot_run_reason", "NAMES"]
 
 NAMES = ("kvm1", "kvm2")
+NETWORK = "default"             # the guests' network, inside the pair's namespace
 
 
 @dataclass
 class LibvirtdPair:
     """``daemons`` (two :class:`PrivateLibvirtd`, started), ``uris`` (their
-    client URIs, in the same order) and ``dir`` (their parent, world-readable,
-    for the tests' files)."""
+    client URIs, in the same order), ``dir`` (their parent, world-readable,
+    for the tests' files) and ``netns`` (their network namespace)."""
     daemons: list
     dir: str
+    netns: str = ""
 
     @property
     def uris(self) -> list[str]:
@@ -69,15 +75,21 @@ def libvirtd_pair():
     if why is not None:
         pytest.skip(why)
     base = qemu_guest.world_readable_tmpdir("peerctl-pair-")
-    daemons = [PrivateLibvirtd(base, name) for name in NAMES]
+    netns = f"peerctl-pair-{os.getpid()}"
+    ensure_netns(netns)
+    daemons = [PrivateLibvirtd(base, name, netns) for name in NAMES]
     try:
         for daemon in daemons:
             daemon.start()
-        yield LibvirtdPair(daemons, base)
+        ensure_local_network([daemon.uri for daemon in daemons], NETWORK)
+        yield LibvirtdPair(daemons, base, netns)
     finally:
         for daemon in daemons:
             _destroy_guests(daemon)
+        stop_local_network([daemon.uri for daemon in daemons if daemon.running()], NETWORK)
+        for daemon in daemons:
             daemon.stop()
+        delete_netns(netns)
         shutil.rmtree(base, ignore_errors=True)
 
 
