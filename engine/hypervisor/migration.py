@@ -306,56 +306,97 @@ def _watch(host, dom, move: _Move, thread, timeout: float) -> tuple[str | None, 
     """Poll the job until it ends (``thread`` ends, or, watching an earlier
     run's job, libvirt reports none): publish progress, abort when asked or
     due.  Returns why it was aborted (None if it was not) and the last job
-    statistics, their ``disk_total`` the largest seen."""
-    why, last, tuned, postcopy_started = None, {}, False, False
+    statistics, their ``disk_total`` the largest seen.
+
+    libvirt's statistics come from a thread of their own (:class:`_Stats`):
+    a busy daemon may keep a query waiting for the domain's job lock for a
+    long while, and the reasons to abort (asked, peer gone, deadline) are
+    checked on time all the same."""
+    why, postcopy_started = None, False
     gone_since, began = None, time.monotonic()
     deadline = began + timeout
-    while True:
-        # Faster at first: a small disk's copy may be over in a second.
-        poll = POLL if time.monotonic() - began > 1.0 else POLL / 5
-        if thread is not None:
-            thread.join(poll)
-            if not thread.is_alive():
-                return why, last
-        else:
-            time.sleep(poll)
-        stats = _stats(dom, move)
-        if stats is None and thread is None:
-            return why, last
-        if stats is not None:
-            # The disk figures drop to 0 once libvirt ends the mirror jobs,
-            # before the job itself ends: keep the largest seen.
-            stats["disk_total"] = max(stats.get("disk_total", 0),
-                                      last.get("disk_total", 0))
-            last = stats
-            if not tuned and move.max_downtime_ms and thread is not None:
-                tuned = _try(dom.migrateSetMaxDowntime, move.max_downtime_ms, 0)
-            steps.progress(_progress(stats, bool(move.disks),
-                                     move.live and _paused_for_migration(dom)))
-        # The reasons to abort are checked whether or not libvirt answered
-        # for statistics: a busy daemon may refuse them for a long while.
-        if why is not None or postcopy_started:
-            continue
-        if steps.abort_requested():
-            why = "aborted by request"
-        elif host.store is not None:
-            if _peer_alive(host.store, move.destination) is False:
-                gone_since = gone_since or time.monotonic()
-                if time.monotonic() - gone_since > PEER_GONE_AFTER:
-                    why = f"destination peer {move.destination} is gone"
-            else:
-                gone_since = None
-        if why is None and time.monotonic() > deadline:
-            if move.postcopy and _phase(last, bool(move.disks)) == "memory" \
-                    and _try(dom.migrateStartPostCopy, 0):
-                postcopy_started = True
-                log.info("migration_postcopy_started", uuid=move.uuid)
+    poller = _Stats(dom, move, tune=thread is not None)
+    try:
+        while True:
+            # Faster at first: a small disk's copy may be over in a second.
+            poll = POLL if time.monotonic() - began > 1.0 else POLL / 5
+            if thread is not None:
+                thread.join(poll)
+                if not thread.is_alive():
+                    return why, poller.last
+            elif poller.ended.wait(poll):
+                return why, poller.last
+            stats = poller.fresh()
+            if stats is not None:
+                steps.progress(_progress(stats, bool(move.disks),
+                                         move.live and _paused_for_migration(dom)))
+            if why is not None or postcopy_started:
                 continue
-            why = (f"did not complete within {timeout:.3g} s "
-                   f"({move.timeout_per_gib:g} s per GiB of RAM and disk)")
-        if why is not None:
-            log.info("migration_aborting", uuid=move.uuid, why=why)
-            _try(dom.abortJob)
+            if steps.abort_requested():
+                why = "aborted by request"
+            elif host.store is not None:
+                if _peer_alive(host.store, move.destination) is False:
+                    gone_since = gone_since or time.monotonic()
+                    if time.monotonic() - gone_since > PEER_GONE_AFTER:
+                        why = f"destination peer {move.destination} is gone"
+                else:
+                    gone_since = None
+            if why is None and time.monotonic() > deadline:
+                if move.postcopy and _phase(poller.last, bool(move.disks)) == "memory" \
+                        and _try(dom.migrateStartPostCopy, 0):
+                    postcopy_started = True
+                    log.info("migration_postcopy_started", uuid=move.uuid)
+                    continue
+                why = (f"did not complete within {timeout:.3g} s "
+                       f"({move.timeout_per_gib:g} s per GiB of RAM and disk)")
+            if why is not None:
+                log.info("migration_aborting", uuid=move.uuid, why=why)
+                _try(dom.abortJob)
+    finally:
+        poller.stop.set()
+
+
+class _Stats:
+    """The job's statistics, polled in a thread: ``fresh()`` gives the ones
+    not yet seen (or None), ``last`` the latest (``disk_total`` the largest
+    seen: the disk figures drop to 0 once libvirt ends the mirror jobs,
+    before the job itself ends), ``ended`` is set once libvirt says no job
+    runs.  With ``tune``, the job's maximum downtime is set once it runs."""
+
+    SLOW = 5.0          # a query that took longer is logged
+
+    def __init__(self, dom, move: _Move, tune: bool):
+        self.dom, self.move, self.tune = dom, move, tune and bool(move.max_downtime_ms)
+        self.last: dict = {}
+        self.ended, self.stop = threading.Event(), threading.Event()
+        self._new = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name=f"jobstats-{move.uuid}", daemon=True).start()
+
+    def fresh(self) -> dict | None:
+        with self._lock:
+            stats, self._new = self._new, None
+            return stats
+
+    def _run(self) -> None:
+        began = time.monotonic()
+        while not self.stop.is_set():
+            asked = time.monotonic()
+            stats = _stats(self.dom, self.move)
+            took = time.monotonic() - asked
+            if took > self.SLOW:
+                log.info("migration_stats_slow", uuid=self.move.uuid, seconds=round(took, 1))
+            if stats is None:
+                self.ended.set()
+            else:
+                stats["disk_total"] = max(stats.get("disk_total", 0),
+                                          self.last.get("disk_total", 0))
+                with self._lock:
+                    self.last = self._new = stats
+                if self.tune:
+                    self.tune = not _try(self.dom.migrateSetMaxDowntime,
+                                         self.move.max_downtime_ms, 0)
+            self.stop.wait(POLL / 5 if time.monotonic() - began < 1.0 else POLL)
 
 
 def _stats(dom, move: _Move | None = None) -> dict | None:

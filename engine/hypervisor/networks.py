@@ -18,8 +18,9 @@ Promises:
   :func:`interface_elements` from the names and this host's meaning of them,
   and :func:`retarget` remakes them for another host's meaning;
 - :func:`guest_addresses` asks libvirt, in this order, the DHCP leases of
-  a libvirt network, the guest agent, then the host's ARP table, and returns
-  the first answer that has addresses, as
+  a libvirt network, the guest agent, then the host's ARP table (read from
+  the namespace of the guest's QEMU process when libvirt cannot), and
+  returns the first answer that has addresses, as
   ``[{interface, mac, addr, prefix}]`` (IPv4 first); loopback and
   link-local addresses are left out.
 """
@@ -165,7 +166,50 @@ def guest_addresses(dom, macs: list[str] | None = None) -> list[dict]:
         found = _flatten(answer, wanted)
         if found:
             return found
+    if wanted:
+        # libvirt's own ARP source fails on some kernels ("wrong nlmsg
+        # len"): read the ARP table of the guest's QEMU process instead.
+        return _flatten(_qemu_arp(dom.UUIDString()), wanted)
     return []
+
+
+def _qemu_arp(uuid: str) -> dict:
+    """The ARP table of the network namespace the QEMU process of domain
+    ``uuid`` runs in (its libvirtd's), in ``interfaceAddresses``' form; {}
+    when that process is not on this machine (a remote hypervisor)."""
+    import psutil
+    pid = _qemu_pids.get(uuid)
+    if pid is None or not _is_qemu_of(pid, uuid):
+        pid = next((p.pid for p in psutil.process_iter(["name"])
+                    if "qemu" in (p.info["name"] or "") and _is_qemu_of(p.pid, uuid)), None)
+        if pid is None:
+            return {}
+        _qemu_pids[uuid] = pid
+    try:
+        with open(f"/proc/{pid}/net/arp") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return {}
+    answer = {}
+    for line in lines:
+        fields = line.split()
+        # IP address, HW type, Flags, HW address, Mask, Device; 0x2: complete
+        if len(fields) >= 6 and int(fields[2], 16) & 0x2:
+            entry = answer.setdefault(f"arp-{fields[3]}", {"hwaddr": fields[3], "addrs": []})
+            entry["addrs"].append({"addr": fields[0], "prefix": 0})
+    return answer
+
+
+_qemu_pids: dict[str, int] = {}
+
+
+def _is_qemu_of(pid: int, uuid: str) -> bool:
+    import psutil
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except (psutil.Error, OSError):
+        return False
+    return "-uuid" in cmdline and uuid in cmdline
 
 
 def _flatten(answer: dict, wanted: set | None) -> list[dict]:

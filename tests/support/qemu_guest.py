@@ -112,18 +112,35 @@ ip link set lo up
     done
 ) &
 
-# The NoCloud seed, when a CD-ROM holds one.
+# The NoCloud seed, when a CD-ROM holds one (peerctl-seed prints it again
+# when typed on the console).
+peerctl-seed --boot
+
+echo "@READY@ $(uname -r)"
+# An interactive shell on the serial console (cttyhack: the real tty behind
+# /dev/console, as controlling terminal), respawned when it exits.
+while true; do
+    setsid cttyhack sh -i
+    sleep 1
+done
+""".replace("@READY@", READY_MARKER).replace("@IP@", IP_MARKER) \
+    .replace("@SEED@", SEED_MARKER).replace("@KEY@", SSH_KEY_MARKER)
+
+# /bin/peerctl-seed: mount the NoCloud seed (once), print what it holds, and
+# run a #! user-data; with --boot, also set the hostname.
+_SEED_SCRIPT = r"""#!/bin/sh
 seed_dev=""
 [ -b /dev/sr0 ] && seed_dev=/dev/sr0
 [ -n "$seed_dev" ] || seed_dev=$(findfs LABEL=cidata 2>/dev/null)
-if [ -n "$seed_dev" ] && mkdir -p /seed \
-        && mount -t iso9660 -o ro "$seed_dev" /seed 2>/dev/null; then
+grep -q " /seed " /proc/mounts || { [ -n "$seed_dev" ] && mkdir -p /seed \
+        && mount -t iso9660 -o ro "$seed_dev" /seed 2>/dev/null; }
+if grep -q " /seed " /proc/mounts; then
     if [ -f /seed/meta-data ]; then
         field() { sed -n 's/^ *"'"$1"'": *"\([^"]*\)".*/\1/p' /seed/meta-data | head -n 1; }
         iid=$(field instance-id)
         name=$(field local-hostname)
         echo "@SEED@ instance-id=$iid hostname=$name"
-        if [ -n "$name" ]; then
+        if [ "$1" = --boot ] && [ -n "$name" ]; then
             hostname "$name"
             echo "$name" > /etc/hostname
         fi
@@ -140,15 +157,7 @@ if [ -n "$seed_dev" ] && mkdir -p /seed \
     fi
 fi
 
-echo "@READY@ $(uname -r)"
-# An interactive shell on the serial console (cttyhack: the real tty behind
-# /dev/console, as controlling terminal), respawned when it exits.
-while true; do
-    setsid cttyhack sh -i
-    sleep 1
-done
-""".replace("@READY@", READY_MARKER).replace("@IP@", IP_MARKER) \
-    .replace("@SEED@", SEED_MARKER).replace("@KEY@", SSH_KEY_MARKER)
+""".replace("@SEED@", SEED_MARKER).replace("@KEY@", SSH_KEY_MARKER)
 
 # busybox udhcpc runs this with deconfig, bound, renew, leasefail or nak; its
 # variables: interface, ip, subnet, mask (prefix length), router, serverid.
@@ -265,6 +274,7 @@ def build_initramfs(path: str, guest_dir: str) -> str:
     archive.symlink("bin/sh", "busybox")
     archive.file("init", _INIT.encode())
     archive.file("etc/udhcpc.script", _UDHCPC_SCRIPT.encode())
+    archive.file("bin/peerctl-seed", _SEED_SCRIPT.encode())
     # busybox acpid runs /etc/acpi/PWRF/00000080 on the power button.
     archive.file("etc/acpi/PWRF/00000080", _POWER_BUTTON.encode())
     modules = guest_modules(guest_dir)

@@ -1,0 +1,93 @@
+"""A guest people can reach, on two KVM hosts on this machine (QEMU tier).
+
+The ``kvm`` fixture's peers run on two private libvirtd inside a network
+namespace of the test's own, sharing the guest network ``default``: a
+bridge with libvirt's DHCP server and no forwarding, so no packet leaves
+the namespace.  The guest is the tier's busybox Linux; it runs udhcpc on
+its virtio NIC, pings its router, reads a NoCloud seed CD-ROM and runs a
+shell on its serial console.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from engine.hypervisor import seed
+from engine.hypervisor.localnet import DEFAULT_SUBNET
+from engine.hypervisor.networks import mac_for
+from tests.support import PEERCTL, ROOT, wait_for
+from tests.support.kvm import kvm  # noqa: F401  (a fixture)
+from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
+from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
+
+MARKER = "user-data-ran-7f3a"
+
+
+def a_public_key(path) -> str:
+    key = ed25519.Ed25519PrivateKey.generate().public_key()
+    line = key.public_bytes(serialization.Encoding.OpenSSH,
+                            serialization.PublicFormat.OpenSSH).decode() + " tester@peerctl"
+    path.write_text(line + "\n")
+    return line
+
+
+def listed(kvm, name) -> dict:
+    (vm,) = [vm for vm in kvm.cluster.cli_json("vmlist") if vm["name"] == name]
+    return vm
+
+
+def console_says(kvm, name, typed: str, expect: str, timeout: float = 60.0) -> str:
+    """Type ``typed`` into the guest's console through ``console --no-tty``
+    and read until ``expect`` shows (or the deadline)."""
+    done = subprocess.run(
+        [sys.executable, PEERCTL, "console", name, "--no-tty", "--timeout", str(int(timeout))],
+        input=typed, capture_output=True, text=True, env=kvm.cluster.env, cwd=ROOT,
+        timeout=timeout + 30)
+    assert expect in done.stdout, (done.returncode, done.stdout[-2000:], done.stderr)
+    return done.stdout
+
+
+def test_a_guest_gets_an_address_reads_its_seed_and_keeps_both_across_a_migration(
+        kvm, tmp_path):
+    key = a_public_key(tmp_path / "key.pub")
+    user_data = tmp_path / "user-data"
+    user_data.write_text(f"#!/bin/sh\necho {MARKER}\n")
+
+    vm = kvm.boot("reach", "--user-data", str(user_data), "--ssh-key", str(tmp_path / "key.pub"),
+                  "--hostname", "reach-me", "--wait-ip", "--ip-timeout", "240")
+    subnet = ipaddress.ip_network(DEFAULT_SUBNET)
+    assert vm["ip"] and ipaddress.ip_address(vm["ip"]) in subnet, vm
+
+    record = listed(kvm, "reach")
+    assert record["ip"] == vm["ip"]
+    assert [a["mac"] for a in record["addresses"]] == [mac_for(vm["uuid"], 0)]
+    with open(kvm.console("host1", vm["uuid"]), errors="replace") as f:
+        boot_log = f.read()
+    assert f"PEERCTL-GUEST-IP {vm['ip']}" in boot_log
+
+    # The seed, read back through the console: the guest prints it again.
+    out = console_says(kvm, "reach", "peerctl-seed\n", f"sha256-hex={seed.fingerprint_hex(key)}")
+    assert f"instance-id={vm['uuid']}" in out and "hostname=reach-me" in out
+    assert MARKER in out
+
+    # Live to host2: the same MAC, the same address, the seed came along.
+    moved = kvm.cluster.cli_json("migrate", "reach", "--to", "host2", "--yes", timeout=300)
+    assert moved["state"] == "done" and moved["vms"][0]["mode"] == "live", moved
+    after = wait_for(lambda: (lambda r: r if r["host"] == "host2" and r["ip"] else None)(
+        listed(kvm, "reach")), timeout=60, interval=1, what="reach's address on host2")
+    assert after["ip"] == vm["ip"]
+    assert [a["mac"] for a in after["addresses"]] == [mac_for(vm["uuid"], 0)]
+    assert list(kvm.volumes(vm["uuid"])) == ["host2"]
+    assert sorted(kvm.volumes(vm["uuid"])["host2"]) == [f"{vm['uuid']}-seed.iso",
+                                                          f"{vm['uuid']}.qcow2"]
+    out = console_says(kvm, "reach", "peerctl-seed\n", f"instance-id={vm['uuid']}")
+    assert MARKER in out
+
+    kvm.cluster.cli_json("destroy", "reach")
+    assert kvm.volumes(vm["uuid"]) == {}
+    assert not os.path.exists(kvm.console("host2", vm["uuid"]))
