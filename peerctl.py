@@ -598,8 +598,7 @@ def _boot_networks(ctx: Context, args) -> list[str]:
         return []
     from engine.cluster import read_hosts
     hosts = read_hosts(ctx.store())
-    offered = {name for host in hosts for name in host.get("networks") or []
-               if isinstance(name, str)}
+    offered = {name for host in hosts for name in _host_derived(host)["networks"]}
     unknown = [name for name in dict.fromkeys(networks) if name not in offered]
     if unknown and hosts:   # no host known at all: the boot says so itself
         hint = (f"hosts offer: {', '.join(sorted(offered))}" if offered

@@ -10,6 +10,7 @@ shell on its serial console.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import subprocess
 import sys
@@ -17,10 +18,12 @@ import sys
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from engine.core import api
 from engine.hypervisor import seed
 from engine.hypervisor.localnet import DEFAULT_SUBNET
 from engine.hypervisor.networks import mac_for
-from tests.support import PEERCTL, ROOT, wait_for
+from engine.placement import open_placement
+from tests.support import PEERCTL, ROOT, qemu_guest, wait_for
 from tests.support.kvm import kvm  # noqa: F401  (a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
@@ -91,3 +94,32 @@ def test_a_guest_gets_an_address_reads_its_seed_and_keeps_both_across_a_migratio
     kvm.cluster.cli_json("destroy", "reach")
     assert kvm.volumes(vm["uuid"]) == {}
     assert not os.path.exists(kvm.console("host2", vm["uuid"]))
+
+
+def test_a_peer_killed_after_making_the_seed_leaves_no_volume_behind(kvm, tmp_path):
+    """host1's peer dies right after the seed volume is made, before the
+    domain exists.  The boot (only host1 allowed) ends in error with its
+    claim released; host1's peer, back, sweeps the VM's volumes, seed too."""
+    failpoints = tmp_path / "failpoints"
+    failpoints.write_text("build seeded\n")
+    kvm.cluster.kill("host1")
+    kvm.cluster.start_peer("host1", libvirt=kvm.uri["host1"],
+                           env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL,
+                                "PEERCTL_FAILPOINTS": str(failpoints)},
+                           extra_args=["--state-dir", kvm.state["host1"]])
+    wait_for(lambda: "host1" in api.live_hosts(kvm.store), timeout=60, what="host1 back")
+    done = kvm.cluster.cli("--format", "json", "boot", "crashy", "--on", "host1",
+                           "--resources", "VCPU:1,MEMORY_MB:128,DISK_GB:1",
+                           "--image", f"file://{kvm.image}", "--hostname", "crashy",
+                           timeout=300)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    (vm,) = json.loads(done.stdout)["vms"]
+    assert vm["state"] == "error" and failpoints.read_text() == ""
+    uuid = vm["uuid"]
+    kvm.start_peer("host1")                 # back, without the crash point
+    wait_for(lambda: kvm.volumes(uuid) == {}, timeout=60, interval=0.5,
+             what=f"the volumes of {uuid} swept (have {kvm.volumes(uuid)})")
+    assert kvm.where(uuid) == {}
+    placement = open_placement("etcd", kvm.store)
+    assert [a for a in placement.all_allocations() if a["consumer"] == uuid
+            and a["allocations"]] == []

@@ -40,7 +40,7 @@ from collections import defaultdict
 import libvirt
 import structlog
 
-from engine.core import keys
+from engine.core import failpoints, keys
 from engine.errors import RequestError
 from engine.hypervisor import images, seed
 from engine.hypervisor.networks import mac_for
@@ -257,6 +257,7 @@ def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, 
         elif disk_gb:
             disk_path = images.ensure_blank(pool, f"{uuid}.qcow2", disk_gb).path()
         seed_file = make_seed(host, pool, uuid, seed_args, list(nets)) if seed_args else None
+        failpoints.crash("build seeded")
         console = console_log_path(host, uuid)
         os.makedirs(os.path.dirname(console), exist_ok=True)
         spec = DomainSpec(uuid=uuid, name=name, vcpus=vcpus, memory_mb=memory_mb,
