@@ -246,7 +246,10 @@ def test_a_worker_yielding_a_non_request_ends_failed_naming_the_worker(cluster, 
     assert task["error"].startswith("worker bad_yield (0) yielded 5: yield a Request"), \
         task["error"]
     assert [(e["request"], e["status"]) for e in task["log"]] == [("ping", "ok")]
-    assert store.range(keys.elect(automation_id))[0] == [], "a candidacy outlived it"
+    # The members resign once they see the terminal state, a moment after it
+    # is written, while their leases live on: a candidacy must not outlive it.
+    wait_for(lambda: store.range(keys.elect(automation_id))[0] == [], timeout=10,
+             what="every candidacy withdrawn")
     for member in ("m1", "m2"):
         assert "duty_crashed" not in cluster.log(member)
 
