@@ -409,30 +409,11 @@ def bench_live(rounds: int) -> dict:
                 print(f"(destroy of the peerctl guest failed: {exc})", file=sys.stderr)
         stop_processes(peers)
         for daemon in daemons:
-            _destroy_all(daemon)
+            daemon.clear_guests()
             daemon.stop()
         if etcd is not None:
             etcd.stop()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _destroy_all(daemon):
-    """Any guest left on a daemon (an error midway): destroyed, undefined."""
-    import libvirt
-    try:
-        conn = libvirt.open(daemon.uri)
-    except libvirt.libvirtError:
-        return
-    try:
-        for dom in conn.listAllDomains(0):
-            try:
-                if dom.isActive():
-                    dom.destroy()
-                dom.undefine()
-            except libvirt.libvirtError:
-                pass
-    finally:
-        conn.close()
 
 
 # -- part 2 ------------------------------------------------------------------

@@ -133,6 +133,28 @@ class PrivateLibvirtd:
                 return pid
         return None
 
+    def clear_guests(self) -> None:
+        """Destroy and undefine every domain of this daemon (what a failed
+        test or benchmark left); nothing when it does not answer."""
+        import libvirt
+        if not self.running():
+            return
+        try:
+            conn = libvirt.open(self.uri)
+        except libvirt.libvirtError:
+            return
+        try:
+            for dom in conn.listAllDomains(0):
+                try:
+                    if dom.isActive():
+                        dom.destroy()
+                    if dom.isPersistent():
+                        dom.undefine()
+                except libvirt.libvirtError:
+                    pass
+        finally:
+            conn.close()
+
     def running(self) -> bool:
         """libvirtd of this directory runs (virtlogd alone does not count)."""
         return self._pid("libvirtd") is not None

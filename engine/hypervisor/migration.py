@@ -198,26 +198,41 @@ def migrate(host, args: dict) -> dict:
 
 def _move(host, dest, move: _Move) -> dict:
     for _ in range(3):
-        dom = _find(host, move.uuid)
-        if dom is None:
-            return _moved_already(dest, move)
-        if _job_running(dom):
-            # An earlier run's job (its caller died; libvirtd carries a
-            # peer-to-peer migration on by itself): watch it end, then look again.
-            log.info("migration_job_found", uuid=move.uuid, destination=move.destination)
-            why, _last = _watch(host, dom, move, None, _timeout(dom, move)[0])
-            if why is not None:
-                _restore(host, move, "running")
-                raise RequestError(f"moving {move.label} to {move.destination}: {why}")
+        try:
+            result = _look_and_move(host, dest, move)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise
+            # The domain left this host while we looked (a migration an
+            # earlier run started just ended): look again.
             continue
-        there = _domain(dest, move.uuid)
-        if there is not None and there.isActive():
-            _restore(host, move, vm_state(dom))
-            raise RequestError(f"{move.label} already runs on {move.destination} while "
-                               f"{host.host} still has it ({vm_state(dom)}): not starting a "
-                               "second copy")
-        return _copy(host, dest, dom, move)
+        if result is not None:
+            return result
     raise RequestError(f"{move.label}: a migration job keeps running on {host.host}")
+
+
+def _look_and_move(host, dest, move: _Move) -> dict | None:
+    """One look at both hypervisors, then the move or its outcome; None:
+    an earlier run's job was watched to its end, look again."""
+    dom = _find(host, move.uuid)
+    if dom is None:
+        return _moved_already(dest, move)
+    if _job_running(dom):
+        # An earlier run's job (its caller died; libvirtd carries a
+        # peer-to-peer migration on by itself): watch it end, then look again.
+        log.info("migration_job_found", uuid=move.uuid, destination=move.destination)
+        why, _last = _watch(host, dom, move, None, _timeout(dom, move)[0])
+        if why is not None:
+            _restore(host, move, "running")
+            raise RequestError(f"moving {move.label} to {move.destination}: {why}")
+        return None
+    there = _domain(dest, move.uuid)
+    if there is not None and there.isActive():
+        _restore(host, move, vm_state(dom))
+        raise RequestError(f"{move.label} already runs on {move.destination} while "
+                           f"{host.host} still has it ({vm_state(dom)}): not starting a "
+                           "second copy")
+    return _copy(host, dest, dom, move)
 
 
 def _moved_already(dest, move: _Move) -> dict:

@@ -85,31 +85,9 @@ def libvirtd_pair():
         yield LibvirtdPair(daemons, base, netns)
     finally:
         for daemon in daemons:
-            _destroy_guests(daemon)
+            daemon.clear_guests()
         stop_local_network([daemon.uri for daemon in daemons if daemon.running()], NETWORK)
         for daemon in daemons:
             daemon.stop()
         delete_netns(netns)
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _destroy_guests(daemon: PrivateLibvirtd) -> None:
-    """What a failed test left on ``daemon``: destroyed and undefined."""
-    import libvirt
-    if not daemon.running():
-        return
-    try:
-        conn = libvirt.open(daemon.uri)
-    except libvirt.libvirtError:
-        return
-    try:
-        for dom in conn.listAllDomains(0):
-            try:
-                if dom.isActive():
-                    dom.destroy()
-                if dom.isPersistent():
-                    dom.undefine()
-            except libvirt.libvirtError:
-                pass
-    finally:
-        conn.close()
