@@ -322,12 +322,16 @@ def _ratio(used, total):
     return round(100.0 * used / total, 1) if total else None
 
 
+def _networks_of(record: dict) -> list[str]:
+    """A host record's ``networks``, the names only (garbage in etcd: none)."""
+    networks = record.get("networks")
+    return [n for n in networks if isinstance(n, str)] if isinstance(networks, list) else []
+
+
 def _host_derived(record: dict) -> dict:
     def used(total, free):
         return None if total is None or free is None else max(total - free, 0)
-    networks = record.get("networks")
-    record["networks"] = [n for n in networks if isinstance(n, str)] \
-        if isinstance(networks, list) else []
+    record["networks"] = _networks_of(record)
     record["used_memory_mb"] = used(record.get("memory_mb"), record.get("free_memory_mb"))
     record["used_disk_gb"] = used(record.get("disk_gb"), record.get("free_disk_gb"))
     record["memory_usage"] = _ratio(record["used_memory_mb"] or 0, record.get("memory_mb"))
@@ -598,7 +602,7 @@ def _boot_networks(ctx: Context, args) -> list[str]:
         return []
     from engine.cluster import read_hosts
     hosts = read_hosts(ctx.store())
-    offered = {name for host in hosts for name in _host_derived(host)["networks"]}
+    offered = {name for host in hosts for name in _networks_of(host)}
     unknown = [name for name in dict.fromkeys(networks) if name not in offered]
     if unknown and hosts:   # no host known at all: the boot says so itself
         hint = (f"hosts offer: {', '.join(sorted(offered))}" if offered
@@ -637,7 +641,7 @@ def boot_outcome(ctx: Context, automation: str, task: dict, timeout: float) -> i
     """``boot --wait-ip``: once built, wait until every built VM's record has
     an address (its guest got one), then report with an IP column."""
     vms = (task.get("result") or {}).get("vms") or []
-    waiting = {vm["uuid"]: vm for vm in vms if vm.get("host") and not vm.get("error")}
+    waiting = [vm for vm in vms if vm.get("host") and not vm.get("error")]
     missing = []
     if task.get("state") == "done" and waiting:
         say(f"waiting up to {timeout:g} s for the address of {len(waiting)} "
@@ -646,9 +650,9 @@ def boot_outcome(ctx: Context, automation: str, task: dict, timeout: float) -> i
         deadline = time.monotonic() + timeout
         while True:
             ips = {vm["uuid"]: vm["ip"] for vm in read_vms(ctx.store()) if vm.get("ip")}
-            for uuid, vm in waiting.items():
-                vm["ip"] = ips.get(uuid)
-            missing = [vm["name"] for vm in waiting.values() if not vm["ip"]]
+            for vm in waiting:
+                vm["ip"] = ips.get(vm["uuid"])
+            missing = [vm["name"] for vm in waiting if not vm["ip"]]
             if not missing or time.monotonic() >= deadline:
                 break
             time.sleep(0.5)

@@ -53,6 +53,8 @@ from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
 
+from bench.bulk import wait  # noqa: E402  (one polling loop for the benchmarks)
+
 QEMU_VM = "VCPU:1,MEMORY_MB:256,DISK_GB:1"
 TEST_VM = {"VCPU": 1, "MEMORY_MB": 32, "DISK_GB": 1}
 HOSTS = ("host1", "host2")
@@ -60,16 +62,6 @@ TARGET_RATIO = 1.2
 TARGET_DOWNTIME_MS = 50
 QEMU_DEFAULT_MS, PROXMOX_MS = 300, 100
 MB = 1e6
-
-
-def wait(predicate, timeout=120.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError
 
 
 def run(store, kind, args, timeout=1800):

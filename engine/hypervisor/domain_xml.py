@@ -22,7 +22,7 @@ from engine.hypervisor.networks import interface_elements
 
 __all__ = ["NAMESPACE", "DomainSpec", "domain_xml", "pool_xml", "volume_xml",
            "read_metadata", "read_reboot_token", "record_reboot_token", "disk_paths",
-           "domain_type", "ACCELERATORS", "seed_path", "SEED_DEV"]
+           "domain_type", "ACCELERATORS", "seed_source", "SEED_DEV"]
 
 NAMESPACE = "https://peerctl.dev/xmlns/vm/1"
 SEED_DEV = "hdc"                # the seed CD-ROM's target
@@ -155,15 +155,13 @@ def _seed_cdrom(devices: ET.Element, path: str, dtype: str) -> None:
     _sub(cdrom, "readonly")
 
 
-def seed_path(xml: str) -> str | None:
-    """The seed CD-ROM's file in a domain's XML, or None."""
-    root = ET.fromstring(xml)
+def seed_source(root: ET.Element) -> ET.Element | None:
+    """The ``<source>`` of the seed CD-ROM in a parsed domain, or None."""
     for disk in root.findall("./devices/disk"):
         target = disk.find("target")
-        source = disk.find("source")
         if disk.get("device") == "cdrom" and target is not None \
-                and target.get("dev") == SEED_DEV and source is not None:
-            return source.get("file")
+                and target.get("dev") == SEED_DEV:
+            return disk.find("source")
     return None
 
 

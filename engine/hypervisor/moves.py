@@ -35,11 +35,11 @@ import structlog
 from engine.core import keys
 from engine.errors import RequestError
 from engine.hypervisor import images
-from engine.hypervisor.domain_xml import NAMESPACE, SEED_DEV, read_metadata, volume_xml
+from engine.hypervisor.domain_xml import NAMESPACE, read_metadata, seed_source, volume_xml
 from engine.hypervisor.networks import retarget as retarget_interfaces
 from engine.hypervisor.records import vm_state
 from engine.hypervisor.vm import _find, _label, _libvirt_call, _uuid, _vm_lock, \
-    console_log_path, make_seed, seed_from_metadata
+    console_log_path, make_seed, offered_here, seed_from_metadata
 from engine.hypervisor.vmpublish import publish_domain
 
 __all__ = ["describe", "prepare", "adopt", "locate", "ACTIVE"]
@@ -165,11 +165,8 @@ def _retarget_networks_and_seed(root: ET.Element, host, pool, uuid: str) -> None
     """The VM's interfaces as this host offers its networks (same MACs),
     and its cloud-init seed rebuilt here from the metadata (a read-only
     CD-ROM is not copied by the migration)."""
-    names = [n for n in (_metadata_of(root, "networks") or "").split(",") if n]
-    missing = sorted(set(names) - set(host.offer))
-    if missing:
-        raise RequestError(f"host {host.host} does not offer network "
-                           f"{', '.join(missing)}")
+    names = offered_here(host, [n for n in (_metadata_of(root, "networks") or "").split(",")
+                                if n])
     devices = root.find("./devices")
     if names:
         retarget_interfaces(devices, uuid, names, host.offer,
@@ -178,11 +175,9 @@ def _retarget_networks_and_seed(root: ET.Element, host, pool, uuid: str) -> None
     if seed_args is None:
         return
     path = make_seed(host, pool, uuid, seed_args, names)
-    for disk in devices.findall("disk"):
-        target, source = disk.find("target"), disk.find("source")
-        if disk.get("device") == "cdrom" and target is not None \
-                and target.get("dev") == SEED_DEV and source is not None:
-            source.set("file", path)
+    source = seed_source(root)
+    if source is not None:
+        source.set("file", path)
 
 
 def adopt(host, args: dict) -> dict:

@@ -32,10 +32,9 @@ import re
 import xml.etree.ElementTree as ET
 
 from engine.errors import UsageError
-from engine.hypervisor.shapes import first_ip  # noqa: F401  (re-exported)
 
 __all__ = ["parse_offer", "parse_names", "offered", "network_trait", "mac_for",
-           "interface_elements", "retarget", "guest_addresses", "first_ip", "NONE",
+           "interface_elements", "retarget", "guest_addresses", "NONE",
            "NETWORK_TRAIT_PREFIX"]
 
 NONE = "none"                   # `boot --network none`: no interface at all

@@ -9,7 +9,8 @@ from __future__ import annotations
 import libvirt
 
 from engine.hypervisor.domain_xml import read_metadata
-from engine.hypervisor.networks import first_ip, guest_addresses, mac_for
+from engine.hypervisor.networks import guest_addresses, mac_for
+from engine.hypervisor.shapes import first_ip
 
 __all__ = ["vm_state", "vm_record", "owned_by"]
 

@@ -197,6 +197,11 @@ def _networks(host, args: dict) -> list[str]:
             or len(names) > MAX_INTERFACES:
         raise RequestError(f"networks must be a list of at most {MAX_INTERFACES} names, "
                            f"got {names!r}")
+    return offered_here(host, names)
+
+
+def offered_here(host, names: list[str]) -> list[str]:
+    """``names``, if this host offers every one of those networks."""
     missing = sorted(set(names) - set(host.offer))
     if missing:
         raise RequestError(f"host {host.host} does not offer network"
