@@ -225,6 +225,7 @@ def _look_and_move(host, dest, move: _Move) -> dict | None:
         if why is not None:
             _restore(host, move, "running")
             raise RequestError(f"moving {move.label} to {move.destination}: {why}")
+        _settle(host, move.uuid)
         return None
     there = _domain(dest, move.uuid)
     if there is not None and there.isActive():
@@ -233,6 +234,22 @@ def _look_and_move(host, dest, move: _Move) -> dict | None:
                            f"{host.host} still has it ({vm_state(dom)}): not starting a "
                            "second copy")
     return _copy(host, dest, dom, move)
+
+
+def _settle(host, uuid: str, wait: float = 10.0) -> None:
+    """After a job ended: a domain that migrated away is shut off for a
+    moment before libvirt removes it; wait until it is gone or active."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        dom = _find(host, uuid)
+        try:
+            if dom is None or dom.isActive():
+                return
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise
+            return
+        time.sleep(0.2)
 
 
 def _moved_already(dest, move: _Move) -> dict:
@@ -495,6 +512,8 @@ def _timeout(dom, move: _Move) -> tuple[float, int]:
         try:
             capacity, allocation, _physical = dom.blockInfo(dev, 0)
         except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                raise           # the domain left (a move ended): the caller looks again
             raise RequestError(f"{move.label} has no disk {dev}: {_line(exc)}") from None
         disk += allocation if move.incremental else capacity
     return move.timeout_per_gib * (memory + disk) / GiB, disk
