@@ -13,7 +13,7 @@ of each: 1 failed, 2 usage, 3 unreachable, 4 permission denied.
 from __future__ import annotations
 
 __all__ = [
-    "PeerctlError", "UsageError", "Failed", "Unavailable", "StoreUnavailable",
+    "PeerctlError", "UsageError", "Failed", "Refused", "Unavailable", "StoreUnavailable",
     "PlacementUnavailable", "PermissionDenied", "Deposed", "Conflict", "PlacementError",
     "NotFound", "RequestError", "NonDeterminism", "UnknownAutomation", "UnknownTask",
     "NoPeers", "Unreadable",
@@ -41,6 +41,13 @@ class Failed(PeerctlError):
     def __init__(self, message: str = "", result=None):
         super().__init__(message)
         self.result = result
+
+
+class Refused(Failed):
+    """The cluster cannot grant what was asked (a lease that does not fit
+    over its window, a boot into a lease that is not active or is full);
+    the message says what did not fit, and when it would.  Nothing was
+    written."""
 
 
 class Unavailable(PeerctlError):

@@ -16,11 +16,13 @@ from engine.errors import NoPeers, UnknownTask
 from . import keys
 from .record import AutomationRecord
 from .registry import latest
+from .replay import TIMER
 from .store import Delete, Put, Store, StoreUnavailable, absent, modified_at
 from .values import readable
 from .watch import PrefixWatch
 
-__all__ = ["start_automation", "get_task", "list_tasks", "abort", "follow",
+__all__ = ["start_automation", "automation_ops", "nudge", "get_task", "list_tasks", "abort",
+           "follow",
            "UnknownTask", "NoPeers", "TERMINAL_STATES", "live_hosts", "DEFAULT_MEMBERS"]
 
 TERMINAL_STATES = keys.TERMINAL_STATES
@@ -39,6 +41,17 @@ def new_id() -> str:
 def start_automation(store: Store, kind: str, args: dict, members: int = DEFAULT_MEMBERS,
                      prefer: list[str] | None = None) -> str:
     """Create an automation; its members pick it up from etcd."""
+    automation_id, compares, ops = automation_ops(store, kind, args, members, prefer)
+    if not store.txn(compares, ops).succeeded:
+        raise RuntimeError(f"automation id {automation_id} already exists")
+    return automation_id
+
+
+def automation_ops(store: Store, kind: str, args: dict, members: int = DEFAULT_MEMBERS,
+                   prefer: list[str] | None = None) -> tuple[str, list, list]:
+    """``(id, compares, ops)`` that create an automation when written, for a
+    caller that writes it in one transaction with something else (a lease
+    and the automation that carries it)."""
     version, _ = latest(kind)
     hosts = sorted(live_hosts(store))
     if not hosts:
@@ -57,9 +70,15 @@ def start_automation(store: Store, kind: str, args: dict, members: int = DEFAULT
            Put(keys.task(automation_id), {"id": automation_id, "kind": kind, "state": "running",
                                            "created": now, "members": chosen, "steps": 0})]
     ops += [Put(keys.member(host, automation_id), {"since": now}) for host in chosen]
-    if not store.txn([absent(keys.spec(automation_id))], ops).succeeded:
-        raise RuntimeError(f"automation id {automation_id} already exists")
-    return automation_id
+    return automation_id, [absent(keys.spec(automation_id))], ops
+
+
+def nudge(store: Store, automation_id: str, why: str = "") -> None:
+    """Wake the automation's sleeping timers (``ctx.sleep_until``) now, or
+    its next one if none sleeps: its workers look again at what changed.
+    Harmless on a finished automation."""
+    store.put(keys.wake(automation_id, f"{time.time():.6f}-{os.urandom(3).hex()}"),
+              {"why": why, "time": time.time()})
 
 
 def _record(store: Store, automation_id: str) -> AutomationRecord:
@@ -82,6 +101,8 @@ def task_view(record: AutomationRecord) -> dict:
         if response is not None:
             state = response.value.get("status")
             executor = response.value.get("executor")
+        elif entry.get("request") == TIMER:
+            state, executor = "sleeping", None
         elif claim is not None:
             state, executor = "running", (claim.value or {}).get("executor")
         else:

@@ -7,6 +7,11 @@ fate of requests nobody will answer: past its deadline a request gets a
 target host gone before claiming) it gets ``lost``.  Both are written
 create-if-absent, racing the executor's own response: whichever lands first
 is final, and every member sees the same one.  Nothing is ever re-run.
+
+Durable timers (``ctx.sleep_until``) are steps no executor runs: the
+initiator answers each at its logged time, or at once when a new leader
+finds it overdue, or earlier when the automation is nudged
+(``auto/<id>/wake/``, deleted with the answer) or told of an abort.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from . import failpoints, keys
 from .election import Candidacy
 from .record import AutomationRecord, response_from
 from .registry import UnknownAutomation, lookup
-from .replay import LoggedStep, NewRequest, NonDeterminism, Replayer
+from .replay import TIMER, LoggedStep, NewRequest, NonDeterminism, Replayer
 from .session import Session
 from .store import KV, Delete, Put, Store, StoreUnavailable, absent
 from .values import readable
@@ -132,7 +137,14 @@ class Initiator:
         self.entries = dict(record.entries)
         self.answered = set(record.responses)     # responses seen and delivered
         # Unanswered requests whose fate is still ours to watch: index -> deadline.
-        self.open = {i: self.entries[i]["deadline"] for i in record.pending()}
+        self.open = {i: self.entries[i]["deadline"] for i in record.pending()
+                     if self.entries[i].get("request") != TIMER}
+        # Sleeping timers: index -> when to wake it.  A nudge or an abort
+        # told wakes them all (``_fire_timers``).
+        self.timers = {i: float((self.entries[i].get("args") or {}).get("until", 0))
+                       for i in record.pending() if self.entries[i].get("request") == TIMER}
+        self.wakes = {kv.key: kv.value for kv in record.wakes}
+        self.wake_all = "abort" if record.aborting is not None else None
         self.claimed = {i: kv.value for i, kv in record.claims.items()}
         self.telling_abort = record.aborting is not None
         self.next_index = max(self.entries, default=-1) + 1
@@ -143,7 +155,7 @@ class Initiator:
         try:
             # Requests whose executor died while nobody led.
             for index in record.pending():
-                if index not in self.claimed:
+                if index not in self.claimed and index not in self.timers:
                     self._mark_lost_if_abandoned(index)
             return self._lead(replayer, watch, record)
         finally:
@@ -179,6 +191,7 @@ class Initiator:
                     return outcome
             now = time.time()
             self._expire_deadlines(now)
+            self._fire_timers(now)
             if now - last_host_check >= HOST_CHECK_INTERVAL:
                 last_host_check = now
                 alive = {keys.suffix(kv.key, keys.host())
@@ -187,8 +200,11 @@ class Initiator:
                 self._replenish_members(alive)
 
     def _next_wakeup(self) -> float:
-        until = (min(self.open.values()) - time.time()) if self.open else HOST_CHECK_INTERVAL
-        return max(0.01, min(until, HOST_CHECK_INTERVAL))
+        due = [*self.open.values(), *self.timers.values()]
+        if self.timers and (self.wakes or self.wake_all == "abort"):
+            return 0.0
+        until = (min(due) - time.time()) if due else HOST_CHECK_INTERVAL
+        return max(0.0, min(until, HOST_CHECK_INTERVAL))
 
     def _take(self, index: int, response: dict) -> bool:
         """Executor thread: may the initiator write this local response itself?
@@ -200,7 +216,8 @@ class Initiator:
         instead of two.  Otherwise the executor writes it as usual.
         """
         try:
-            sole = not self._closed and list(self.open) == [index]
+            # A sleeping timer may be answered at any moment: not sequential.
+            sole = not self._closed and list(self.open) == [index] and not self.timers
         except RuntimeError:        # open changed under us: not a sequential stretch
             sole = False
         if sole:
@@ -235,7 +252,7 @@ class Initiator:
             if index in self.answered:
                 return None                     # we timed it out first
             entry = self.entries.get(index, {})
-            if list(self.open) != [index]:      # cannot happen: write it plainly
+            if list(self.open) != [index] or self.timers:   # cannot happen: write it plainly
                 key = keys.response(self.id, index)
                 self._txn([absent(key)], [Put(key, events.response)])
                 return None
@@ -280,6 +297,12 @@ class Initiator:
                 record.abort = event.kv.value
             elif part == "aborting" and event.kind == "put":
                 replayer.deliver_abort()
+                self.wake_all = "abort"
+            elif part == "wake":
+                if event.kind == "put":        # even garbage wakes: it is deleted then
+                    self.wakes[event.kv.key] = event.kv.value
+                else:
+                    self.wakes.pop(event.kv.key, None)
             elif part == "status" and event.kind == "put" and \
                     (event.kv.value or {}).get("state") in keys.TERMINAL_STATES:
                 return Outcome.FINISHED
@@ -298,6 +321,7 @@ class Initiator:
                 index = self.next_index + len(appended)
                 request = item.request
                 local = request.target is None
+                timer = request.name == TIMER
                 entry = {"index": index, "worker": item.worker, "seq": item.seq,
                          "worker_name": item.worker_name, "request": request.name,
                          "target": request.target or self.host, "args": request.args,
@@ -306,7 +330,9 @@ class Initiator:
                          "local": local, "initiator": self.host}
                 compares.append(absent(keys.log_entry(self.id, index)))
                 ops.append(Put(keys.log_entry(self.id, index), entry))
-                if local:
+                if timer:
+                    pass        # answered by the initiator (_fire_timers)
+                elif local:
                     ops.append(Put(keys.claim(self.id, index), {"executor": self.host},
                                    self.session.lease))
                 else:
@@ -321,6 +347,9 @@ class Initiator:
                 raise _Restart()    # someone else wrote our indices: never continue blind
             for entry in appended:
                 self.entries[entry["index"]] = entry
+                if entry["request"] == TIMER:
+                    self.timers[entry["index"]] = float(entry["args"]["until"])
+                    continue
                 self.open[entry["index"]] = entry["deadline"]
                 if entry["local"]:
                     self.claimed[entry["index"]] = {"executor": self.host}
@@ -328,7 +357,7 @@ class Initiator:
             for entry, item in zip(appended, chunk):
                 replayer.bind(LoggedStep(entry["index"], item.worker, item.seq, item.fingerprint))
             for entry in appended:
-                if entry["local"]:
+                if entry["local"] and entry["request"] != TIMER:
                     self.run_local(self.id, entry["index"], entry, take=self._take)
 
     def _tell_abort(self) -> None:
@@ -389,6 +418,38 @@ class Initiator:
         if self._respond(index, "lost", f"executor on {entry['target']} died before answering",
                          compares):
             self.log.info("request_lost", index=index, target=entry["target"])
+
+    def _fire_timers(self, now: float) -> None:
+        """Answer the timers that are due; all of them when the automation
+        was nudged (the wake keys go with the answer) or told of an abort
+        (once: timers yielded afterwards sleep)."""
+        if not self.timers:
+            return
+        if self.wake_all == "abort":
+            woke, why, due = "abort", ["aborted by request"], sorted(self.timers)
+            self.wake_all = "told"
+        elif self.wakes:
+            woke, due = "nudge", sorted(self.timers)
+            why = [str(value.get("why", "")) if isinstance(value, dict) else "?"
+                   for value in self.wakes.values()]
+        else:
+            woke, why = "time", []
+            due = sorted(i for i, until in self.timers.items() if until <= now)
+        wakes = list(self.wakes) if woke == "nudge" else []
+        for index in due:
+            key = keys.response(self.id, index)
+            response = {"status": "ok", "value": {"woke": woke, "at": now, "why": why},
+                        "error": None, "executor": None, "time": now}
+            compares, ops = self._with_carry([absent(key)], [Put(key, response)])
+            ops += [Delete(wake) for wake in wakes]
+            failpoints.crash("wake")
+            if not self._txn(compares, ops):
+                raise _Restart()        # answered already: re-read before going on
+            wakes = []
+            del self.timers[index]
+            self.log.info("timer_woke", index=index, woke=woke)
+        if woke == "nudge":
+            self.wakes.clear()
 
     def _expire_deadlines(self, now: float) -> None:
         for index, deadline in list(self.open.items()):

@@ -39,6 +39,12 @@ def aborting(automation_id: str) -> str:
     return f"auto/{automation_id}/aborting"
 
 
+def wake(automation_id: str, name: str = "") -> str:
+    """``auto/<id>/wake/<name>``: wake the automation's sleeping timers
+    (``engine/core/api.py`` ``nudge``); the initiator deletes it as it wakes them."""
+    return f"auto/{automation_id}/wake/{name}"
+
+
 def progress(automation_id: str, index: int | None = None) -> str:
     """How far a long step got (``engine/core/steps.py``); a view, not history."""
     if index is None:
@@ -110,6 +116,30 @@ def singleton(name: str) -> str:
 
 
 RECONCILE_REPORT = "reconcile/report"
+
+
+def lease(name: str = "") -> str:
+    """``leases/<name>``: a lease's record (``engine/leases``)."""
+    return f"leases/{name}"
+
+
+def lease_calendar(bucket: int | None = None, name: str = "") -> str:
+    """``leasecal/<week>/<name>``: the lease's entry in each week its window
+    touches; admission reads only the weeks of the window it checks."""
+    if bucket is None:
+        return "leasecal/"
+    return f"leasecal/{bucket:06d}/{name}"
+
+
+def lease_active(name: str = "") -> str:
+    """``leaseactive/<name>``: a capacity lease whose allocation is held in
+    placement now (what admission must not count as ordinary usage)."""
+    return f"leaseactive/{name}"
+
+
+def lease_vm(name: str, uuid: str = "") -> str:
+    """``leasevm/<name>/<uuid>``: a VM booted into the lease."""
+    return f"leasevm/{name}/{uuid}"
 
 
 def placement(part: str = "") -> str:

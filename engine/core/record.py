@@ -28,6 +28,7 @@ class AutomationRecord:
     candidates: list[KV] = field(default_factory=list)
     abort: dict | None = None
     aborting: KV | None = None      # the workers were told of the abort, at this revision
+    wakes: list[KV] = field(default_factory=list)     # nudges not yet answered
     progress: dict[int, dict] = field(default_factory=dict)
     revision: int = 0
     unreadable: list[str] = field(default_factory=list)    # "key: why", skipped
@@ -40,7 +41,9 @@ class AutomationRecord:
         for kv in kvs:
             parts = kv.key.split("/")
             part = parts[2] if len(parts) > 2 else ""
-            if part in ("log", "resp", "claim") and not (len(parts) == 4 and parts[3].isdigit()):
+            if part == "wake":
+                record.wakes.append(kv)     # whatever it holds, it only wakes timers
+            elif part in ("log", "resp", "claim") and not (len(parts) == 4 and parts[3].isdigit()):
                 report(kv.key, f"not a {part} key: want auto/<id>/{part}/<index>")
                 record.unreadable.append(kv.key)
             elif readable(kv) is None:

@@ -31,7 +31,12 @@ import msgpack
 from engine.errors import Failed, NonDeterminism
 
 __all__ = ["Request", "Response", "Context", "Replayer", "NewRequest",
-           "NonDeterminism", "WorkerFailed", "Failed", "fingerprint", "LoggedStep"]
+           "NonDeterminism", "WorkerFailed", "Failed", "fingerprint", "LoggedStep", "TIMER"]
+
+# The request name of a durable timer (``ctx.sleep_until``): the initiator
+# answers it itself, no executor runs it.
+TIMER = "sleep"
+TIMER_DEADLINE = 10 * 365 * 86400.0
 
 _NAMESPACE = uuidlib.UUID("5f1b9c62-4c3e-4e8e-9a57-0c9f1d6b7a21")
 
@@ -188,6 +193,20 @@ class Context:
         what they must and stop starting new work.  It turns true at a
         logged point, so every replay sees it at the same place."""
         return self._replayer.aborted
+
+    def sleep_until(self, when: float, label: str | None = None) -> Request:
+        """A durable timer: yield it to sleep until epoch time ``when``.
+
+        The wake-up time is logged with the step, and the initiator (any
+        member that leads, after any crash) answers it at that time, at once
+        when the time has passed.  The answer is ``{"woke": why, "at": t,
+        "why": [...]}``: ``why`` is ``"time"``, ``"nudge"`` (someone called
+        :func:`engine.core.api.nudge`; ``why`` lists what they said) or
+        ``"abort"`` (an automation that cleans up was aborted).  Like every
+        response it is logged, so each replay wakes the worker once, at the
+        same point, and ``ctx.now()`` advances to the logged time."""
+        return Request(TIMER, {"until": float(when)}, None, TIMER_DEADLINE,
+                       label if label is not None else self.label)
 
     def uuid(self, name: str) -> str:
         """A uuid derived from the automation, stable across replays."""

@@ -35,7 +35,7 @@ from .validate import parse_endpoints   # one check of endpoints, shared with th
 __all__ = [
     "Store", "KV", "Event", "TxnResult", "StoreUnavailable", "WatchBroken",
     "Compacted", "Put", "Delete", "Get", "absent", "exists", "created_at",
-    "modified_at", "value_is", "lease_is", "parse_endpoints",
+    "modified_at", "value_is", "lease_is", "untouched_since", "parse_endpoints",
 ]
 
 
@@ -117,6 +117,7 @@ class Compare:
     target: str         # "version" | "create" | "mod" | "value" | "lease"
     op: str             # "==" | "!=" | "<" | ">"
     operand: Any
+    range_end: str | None = None    # compare every key in [key, range_end)
 
 
 def absent(key: str) -> Compare:
@@ -142,6 +143,13 @@ def value_is(key: str, value: Any) -> Compare:
 
 def lease_is(key: str, lease: int) -> Compare:
     return Compare(key, "lease", "==", lease)
+
+
+def untouched_since(start: str, end: str, revision: int) -> Compare:
+    """No key in ``[start, end)`` was created or modified after ``revision``
+    (a range read at ``revision`` is still what etcd holds, deletions aside).
+    An empty range holds."""
+    return Compare(start, "mod", "<", revision + 1, range_end=end)
 
 
 _OPS = {"==": etcdrpc.Compare.EQUAL, "!=": etcdrpc.Compare.NOT_EQUAL,
@@ -253,6 +261,8 @@ class Store:
 
     def _compare(self, compare: Compare) -> etcdrpc.Compare:
         message = etcdrpc.Compare(key=self._full(compare.key), result=_OPS[compare.op])
+        if compare.range_end is not None:
+            message.range_end = self._full(compare.range_end)
         if compare.target == "version":
             message.target = etcdrpc.Compare.VERSION
             message.version = compare.operand

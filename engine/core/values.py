@@ -175,6 +175,7 @@ for _pattern, _kind in (
         ("auto/*/log/*", LOG_ENTRY), ("auto/*/resp/*", RESPONSE), ("auto/*/claim/*", CLAIM),
         ("auto/*/elect/*", _ANYTHING), ("auto/*/abort", _ANYTHING),
         ("auto/*/aborting", MAPPING), ("auto/*/progress/*", MAPPING),
+        ("auto/*/wake/*", MAPPING),
         ("locks/*", LOCK), ("drained/*", DRAINED),
         ("singleton/*", _ANYTHING), ("member/*", MEMBERSHIP),
         ("inbox/*", INBOX_ENTRY), ("hosts/*", HOST), ("hostcfg/*", HOST)):

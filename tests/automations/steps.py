@@ -38,3 +38,17 @@ def first_local(ctx, target):
     position, outcome = yield ctx.first([Request("noop", {"race": 0}),
                                          Request("ping", {"race": 1}, target=target)])
     return {"winner": position}
+
+
+@automation("sleeper", version=1, cleans_up=True)
+def sleeper(ctx, until, rounds=1):
+    """Sleep until ``until`` (then ``rounds - 1`` more times, 1 s apart),
+    running a ``noop`` after each wake-up: a hook counts them."""
+    woken = []
+    for round_ in range(rounds):
+        woke = yield ctx.sleep_until(until + round_)
+        yield Request("noop", {"round": round_, "woke": woke.value["woke"]})
+        woken.append({**woke.value, "now": ctx.now()})
+        if ctx.aborted:
+            break
+    return {"woken": woken}
