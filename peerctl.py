@@ -278,7 +278,7 @@ def parse_traits(text: str | None) -> list[str]:
 C = table.Column
 HOST_COLUMNS = [
     C("host", "Host"), C("status", "Status"), C("alive", "Alive"), C("enabled", "Enabled"),
-    C("drained", "Drained"),
+    C("drained", "Drained"), C("reserved_by", "Lease", lambda v: v or "-"),
     C("hypervisor", "Hypervisor"), C("vcpus", "CPUs", right=True),
     C("memory_mb", "Memory", table.human_mb, True),
     C("free_memory_mb", "MemFree", table.human_mb, True),
@@ -297,7 +297,8 @@ HOST_COLUMNS = [
 ]
 HOSTLIST_DEFAULT = ["host", "status", "hypervisor", "vcpus", "memory_mb", "free_memory_mb",
                     "vms", "free_disk_gb", "kernel", "cpu_model"]
-HOSTLIST_JSON = ["host", "alive", "enabled", "drained", "vcpus", "memory_mb", "free_memory_mb",
+HOSTLIST_JSON = ["host", "alive", "enabled", "drained", "reserved_by", "vcpus", "memory_mb",
+                 "free_memory_mb",
                  "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model",
                  "networks"]
 HOSTSTATS_DEFAULT = ["host", "status", "vcpus", "cpu_usage", "memory_mb", "used_memory_mb",
@@ -580,8 +581,15 @@ def cmd_boot(ctx: Context) -> int:
                      result={"automation": None, "state": "failed", "vms": []})
     networks, seed = _boot_networks(ctx, args), _boot_seed(args)
     required = required + [t for t in _network_traits(networks) if t not in required]
+    if args.reservation is not None:
+        from engine.leases import commands as leases
+        from engine.leases.model import check_name
+        check_name(args.reservation)
+        required += [t for t in leases.boot_into(ctx.store(), args.reservation, resources)
+                     if t not in required]
     vms = [{"name": name, "resources": resources, "required": required,
             "image": args.image, "on": on,
+            **({"reservation": args.reservation} if args.reservation else {}),
             **({"networks": networks} if networks else {}),
             **({"seed": {**seed, "hostname": seed["hostname"] or _hostname_of(name)}}
                if seed else {})} for name in args.names]
@@ -1005,6 +1013,103 @@ def cmd_abort(ctx: Context) -> int:
     return EXIT_OK
 
 
+# -- leases ------------------------------------------------------------------------
+
+LEASE_COLUMNS = [C("lease", "Lease"), C("state", "State"), C("kind", "Kind"),
+                 C("start", "Start"), C("end", "End"),
+                 C("hosts", "Hosts", lambda h: ",".join(h) or "-"),
+                 C("resources", "Slot", lambda r: r or "-"), C("amount", "Amount", right=True),
+                 C("used", "VMs", right=True)]
+
+
+def _lease_time(text: str, what: str) -> float:
+    from engine.leases.times import parse_time
+    return parse_time(text, what)
+
+
+def cmd_lease(ctx: Context) -> int:
+    from engine.leases import commands, records, views
+    from engine.leases.model import check_name
+    args = ctx.args
+    if getattr(args, "name", None) is not None:
+        check_name(args.name)
+    if args.what == "create":
+        start, end = _lease_time(args.start, "--start"), _lease_time(args.end, "--end")
+        if (args.hosts is None) == (args.resources is None):
+            raise UsageError("say what the lease holds: --hosts N, or --resources SPEC "
+                             "--amount K")
+        resources = None
+        if args.resources is not None:
+            resources, traits = parse_resources(args.resources)
+            if traits:
+                raise UsageError("put a capacity lease's traits in --required")
+            if args.amount is None:
+                raise UsageError("a capacity lease needs --amount K (how many slots of SPEC)")
+        elif args.amount is not None:
+            raise UsageError("--amount goes with --resources; a host lease counts --hosts")
+        required = ",".join(parse_traits(args.required)) or None
+        on = host_pattern(args.on) if args.on is not None else None
+        from engine.leases.times import parse_span
+        warn = parse_span(args.warn, "--warn") if args.warn else None
+        placement, _ = _placement(ctx)
+        try:
+            record = commands.create(ctx.store(), placement, args.name, start, end,
+                                     count=args.hosts, resources=resources, amount=args.amount,
+                                     required=required, on=on, on_end=args.on_end, warn=warn)
+        finally:
+            placement.close()
+        doc = views.lease_doc(record)
+        ctx.emit(doc, f"lease {doc['lease']} granted ({doc['state']}): "
+                 f"{', '.join(doc['hosts'])}, {doc['start']} .. {doc['end']}")
+        return EXIT_OK
+    store = ctx.store()
+    if args.what == "list":
+        rows = [views.lease_doc(r, records.lease_vms(store, r["lease"]))
+                for r in records.all_leases(store, args.pattern or "*")]
+        show_listing(ctx, rows, LEASE_COLUMNS, [c.field for c in LEASE_COLUMNS],
+                     views.LEASE_FIELDS, "start,lease")
+        return EXIT_OK
+    if args.what == "show":
+        record = records.read(store, args.name)
+        if record is None:
+            raise Failed(f"no lease {args.name!r}")
+        doc = views.lease_detail(record, records.lease_vms(store, args.name))
+        ctx.emit(doc, views.detail_text(doc))
+        return EXIT_OK
+    if args.what == "extend":
+        end = _lease_time(args.end, "--end")
+        placement, _ = _placement(ctx)
+        try:
+            record = commands.extend(store, placement, args.name, end)
+        finally:
+            placement.close()
+        doc = views.lease_doc(record, records.lease_vms(store, args.name))
+        ctx.emit(doc, f"lease {doc['lease']} now ends at {doc['end']}")
+        return EXIT_OK
+    if args.what == "delete":
+        placement, _ = _placement(ctx)
+        try:
+            if not ctx.json and records.read(store, args.name) is not None:
+                say(f"ending lease {args.name}...")
+            doc = commands.delete(store, placement, args.name, wait=args.timeout)
+        finally:
+            placement.close()
+        ctx.emit(doc, f"lease {args.name} deleted")
+        return EXIT_OK
+    # calendar
+    from engine.cluster import read_hosts
+    from engine.leases import admission
+    glob = host_pattern(args.hostglob)
+    since = _lease_time(args.since, "--from")
+    from engine.leases.times import parse_span
+    until = since + parse_span(args.days + "d" if args.days.isdigit() else args.days, "--days")
+    entries = admission.overlapping(store, since, until)
+    hosts = [h["host"] for h in read_hosts(store)]
+    ctx.emit(views.calendar_doc(entries, hosts, since, until, glob),
+             views.calendar_text(entries, hosts, since, until, glob))
+    return EXIT_OK
+
+
 # -- scrub -------------------------------------------------------------------------
 
 SCRUB_COLUMNS = [C("key", "Key"), C("why", "Problem")]
@@ -1411,6 +1516,9 @@ def build_parser() -> Parser:
                           "none), in the seed's meta-data public-keys")
     sub.add_argument("--hostname", metavar="NAME",
                      help="the guest's hostname in the seed (default: the VM name)")
+    sub.add_argument("--reservation", metavar="LEASE",
+                     help="boot into an active lease: on its hosts, or taking one of its "
+                          "capacity slots (the VM must fit a slot)")
     sub.add_argument("--wait-ip", action="store_true",
                      help="after the build, wait for each VM's guest address and print it")
     sub.add_argument("--ip-timeout", type=_positive, default=300, metavar="SECONDS",
@@ -1577,6 +1685,66 @@ def build_parser() -> Parser:
     p.add_argument("--required", metavar="TRAITS")
     p.add_argument("--limit", type=_positive, metavar="N",
                    help="at most N candidates (default: the query's limit=, else 10)")
+
+    sub = command("lease", "reserve whole hosts or capacity over a time window",
+                  "python peerctl.py lease create maint --start +1h --end +1d --hosts 2\n"
+                  "python peerctl.py lease create ci --start now --end +8h "
+                  "--resources VCPU:2,MEMORY_MB:2048,DISK_GB:10 --amount 4\n"
+                  "python peerctl.py boot ci1 --resources VCPU:2,MEMORY_MB:2048,DISK_GB:10 "
+                  "--reservation ci\n"
+                  "python peerctl.py lease calendar 'host*' --days 3",
+                  cmd_lease, "Leases reserve, from a start to an end, whole hosts (no "
+                  "other VM is placed there) or slots of capacity (held in placement). "
+                  "A lease is granted only if it fits over its whole window, atomically; "
+                  "VMs boot into it with boot --reservation, and at its end its VMs are "
+                  "destroyed, stopped or kept (--on-end). T is now, +DURATION (+2h, +1d) or "
+                  "an ISO date-time (UTC unless it says otherwise).")
+    what = sub.add_subparsers(dest="what", metavar="WHAT", required=True,
+                              parser_class=Parser)
+
+    def lease_sub(name, summary, example):
+        return what.add_parser(name, parents=[common], help=summary,
+                               description=summary[0].upper() + summary[1:] + ".",
+                               epilog=ex("example:\n  " + example),
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = lease_sub("create", "grant a lease if it fits over its whole window",
+                  "python peerctl.py lease create maint --start +1h --end +1d --hosts 2 "
+                  "--required CUSTOM_SSD --warn 30m")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--start", required=True, metavar="T", help="now, +DURATION or ISO time")
+    p.add_argument("--end", required=True, metavar="T", help="+DURATION (from now) or ISO time")
+    p.add_argument("--hosts", type=_positive, metavar="N", help="reserve N whole hosts")
+    p.add_argument("--resources", metavar="SPEC", help="one slot: VCPU:2,MEMORY_MB:2048,...")
+    p.add_argument("--amount", type=_positive, metavar="K", help="how many slots of SPEC")
+    p.add_argument("--required", metavar="TRAITS", help="traits the hosts must have")
+    p.add_argument("--on", metavar="HOSTGLOB", help="only hosts matching this (host leases)")
+    p.add_argument("--on-end", default="destroy", choices=("destroy", "stop", "keep"),
+                   help="what happens to the lease's VMs at its end (default destroy)")
+    p.add_argument("--warn", metavar="DURATION",
+                   help="run the lease_warn step (its hook warns people) this long before "
+                        "the end")
+    p = lease_sub("list", "list leases, soonest first", "python peerctl.py lease list 'ci*'")
+    p.add_argument("pattern", nargs="?", metavar="GLOB")
+    listing_options(p, LEASE_COLUMNS, "start,lease")
+    p = lease_sub("show", "one lease with its reservations, events and VMs",
+                  "python peerctl.py lease show maint")
+    p.add_argument("name", metavar="NAME")
+    p = lease_sub("extend", "move a lease's end (later if it still fits, or earlier)",
+                  "python peerctl.py lease extend maint --end +2d")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--end", required=True, metavar="T")
+    p = lease_sub("delete", "end a lease now (its --on-end policy applies) and forget it",
+                  "python peerctl.py lease delete maint")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--timeout", type=_seconds, default=120.0, metavar="SECONDS",
+                   help="how long the lease's automation gets to end it before this "
+                        "command frees its capacity itself (default 120)")
+    p = lease_sub("calendar", "who holds which host over the next days, as a timeline",
+                  "python peerctl.py lease calendar 'host1*' --days 3")
+    p.add_argument("hostglob", nargs="?", metavar="HOSTGLOB")
+    p.add_argument("--days", default="7", metavar="N", help="how far to look (default 7)")
+    p.add_argument("--from", dest="since", default="now", metavar="T",
+                   help="where the timeline starts (default now)")
 
     sub = command("scrub", "list the keys in etcd nobody can read (--delete: remove them)",
                   "python peerctl.py scrub\npython peerctl.py scrub --delete --yes", cmd_scrub,

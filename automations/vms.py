@@ -42,16 +42,31 @@ def _outcome(vm, uuid, host, state, error=None):
     return {"name": vm["name"], "uuid": uuid, "host": host, "state": state, "error": error}
 
 
-def boot_one(ctx, vm, attempts, disown=False, keep_traits=False):
+def _claim(ctx, vm, uuid, tried, lease):
+    args = {"consumer": uuid, "resources": vm["resources"],
+            "required": _traits(vm.get("required")), "hosts": vm.get("on"),
+            "exclude": tried, "project": ctx.automation_id}
+    if lease:
+        return Request("lease_claim", {**args, "lease": lease, "name": vm["name"]},
+                       label=vm["name"])
+    return Request("claim", args, label=vm["name"])
+
+
+def _release(vm, uuid, lease):
+    if lease:
+        return Request("lease_return", {"lease": lease, "consumer": uuid}, label=vm["name"])
+    return Request("release", {"consumer": uuid}, label=vm["name"])
+
+
+def boot_one(ctx, vm, attempts, disown=False, keep_traits=False, leases=False):
+    """``leases`` (version 4): a VM with a ``reservation`` is claimed inside
+    that lease (``lease_claim``) and gives its share back if never built."""
     uuid = ctx.uuid("vm/" + vm["name"])
     resources = vm["resources"]
+    lease = vm.get("reservation") if leases else None
     tried, reasons = [], []
     for _ in range(attempts):
-        claim = yield from _idempotent(Request(
-            "claim", {"consumer": uuid, "resources": resources,
-                      "required": _traits(vm.get("required")), "hosts": vm.get("on"),
-                      "exclude": tried, "project": ctx.automation_id},
-            label=vm["name"]))
+        claim = yield from _idempotent(_claim(ctx, vm, uuid, tried, lease))
         if not claim.ok:
             reasons.append(claim.error or claim.status)
             break
@@ -80,17 +95,24 @@ def boot_one(ctx, vm, attempts, disown=False, keep_traits=False):
             yield from _idempotent(Request("disown", {
                 "uuid": uuid, "host": host, "automation": ctx.automation_id,
                 "reason": built.status}, label=vm["name"]))
-        released = yield from _idempotent(Request("release", {"consumer": uuid},
-                                                  label=vm["name"]))
+        released = yield from _idempotent(_release(vm, uuid, lease))
         if not released.ok:
             reasons.append(f"release: {released.error}")
             break
-    yield from _idempotent(Request("release", {"consumer": uuid}, label=vm["name"]))
+    yield from _idempotent(_release(vm, uuid, lease))
     return _outcome(vm, uuid, None, "error", "; ".join(reasons) or "no attempt left")
 
 
-@automation("boot", version=3)
+@automation("boot", version=4)
 def boot(ctx, vms, attempts=3):
+    """Since version 4 a VM may boot into a lease (``reservation``)."""
+    results = yield ctx.all([ctx.worker(boot_one, vm, attempts, True, True, True,
+                                        label=vm["name"]) for vm in vms])
+    return _finish(results, "built")
+
+
+@automation("boot", version=3)
+def boot_v3(ctx, vms, attempts=3):
     """Since version 3 the VM's traits go to ``build``, which keeps them in
     the domain's metadata, so that a move honours them."""
     results = yield ctx.all([ctx.worker(boot_one, vm, attempts, True, True, label=vm["name"])

@@ -28,11 +28,15 @@ __all__ = ["read_hosts", "read_vms", "ready_hosts"]
 def read_hosts(store) -> list[dict]:
     """Every host ever seen (``hostcfg/``), merged with its live record when
     it is alive (``hosts/``), with ``alive``, ``enabled``, ``drained``,
-    ``status`` (up, drained, disabled, down) and ``vms``; by host name, naturally sorted."""
-    cfg, live, drained = store.txn([], [Get(keys.host_config(), True), Get(keys.host(), True),
-                                        Get(keys.drained(), True)]).ranges
+    ``reserved_by`` (the active host lease holding it, or None),
+    ``status`` (up, drained, reserved, disabled, down) and ``vms``; by host name, naturally sorted."""
+    cfg, live, drained, reserved = store.txn([], [
+        Get(keys.host_config(), True), Get(keys.host(), True), Get(keys.drained(), True),
+        Get(keys.reserved(), True)]).ranges
     drained = {keys.suffix(kv.key, keys.drained()) for kv in drained
                if readable(kv) is not None}
+    reserved = {keys.suffix(kv.key, keys.reserved()): kv.value["lease"] for kv in reserved
+                if readable(kv) is not None}
     records: dict[str, dict] = {}
     for kv in cfg:
         value = readable(kv)
@@ -63,8 +67,10 @@ def read_hosts(store) -> list[dict]:
     for name, record in records.items():
         record.setdefault("enabled", True)
         record["drained"] = name in drained
+        record["reserved_by"] = reserved.get(name)
         record["status"] = ("down" if not record["alive"]
                             else "drained" if record["drained"]
+                            else "reserved" if record["reserved_by"]
                             else "up" if record["enabled"] else "disabled")
     return sorted(records.values(), key=lambda r: table.natural_key(r["host"]))
 

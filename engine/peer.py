@@ -36,6 +36,7 @@ from .drains import align
 from .errors import UsageError
 from .hypervisor.hostctx import HostContext, check_libvirt_uri
 from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
+from .leases.guard import lease_guard
 
 __all__ = ["run_peer", "parse_duration"]
 
@@ -143,7 +144,9 @@ class Peer:
         singletons = [Singleton(self.store, session, self.name, "janitor",
                                 janitor(self.store, self.retention)).start(),
                       Singleton(self.store, session, self.name, "reconciler",
-                                reconciler(self.store, host=self.name)).start()]
+                                reconciler(self.store, host=self.name)).start(),
+                      Singleton(self.store, session, self.name, "lease-guard",
+                                lease_guard(self.store)).start()]
         try:
             while not self.stopping.is_set() and not session.lost.is_set():
                 # Short slices: a lost lease must end this session at once, not

@@ -24,6 +24,7 @@ import fnmatch
 from engine.core.handlers import handler
 from engine.errors import (Conflict, NotFound, PlacementError, PlacementUnavailable,
                            RequestError)
+from engine.leases.events import unreserved
 from engine.placement import open_placement, parse_query
 
 
@@ -85,6 +86,8 @@ def claim(host, args: dict) -> dict:
             return {"consumer": consumer, "allocations": held["allocations"],
                     "host": _host_of(placement, held["allocations"])}
         excluded = set(args.get("exclude") or ())
+        # A host a lease holds is no candidate unless the traits ask for the lease.
+        args = {**args, "required": unreserved(host.store, args.get("required"))}
 
         def claimed(candidate):
             doc = placement.claim(consumer, candidate["allocations"], **owner)
@@ -152,6 +155,7 @@ def claim_move(host, args: dict) -> dict:
         if not current:
             raise RequestError(f"VM {instance} holds no allocations to move")
         query = ",".join(f"{rc}:{n}" for rc, n in sorted(_totals(current).items()))
+        args = {**args, "required": unreserved(host.store, args.get("required"))}
 
         def moved(candidate):
             doc = placement.move_to_migration(instance, migration, candidate["allocations"])

@@ -14,8 +14,8 @@ import pytest
 from engine.core.store import Put
 from tests.support import PEERCTL, ROOT
 
-HOSTLIST_KEYS = {"host", "alive", "enabled", "drained", "vcpus", "memory_mb", "free_memory_mb",
-                 "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model",
+HOSTLIST_KEYS = {"host", "alive", "enabled", "drained", "reserved_by", "vcpus", "memory_mb",
+                 "free_memory_mb", "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model",
                  "networks"}
 HOSTSTATS_KEYS = {"host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb",
                   "free_memory_mb", "vms", "disk_gb", "free_disk_gb"}

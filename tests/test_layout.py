@@ -102,6 +102,12 @@ def test_placement_imports_neither_libvirt_nor_the_hypervisor_nor_the_handlers()
     assert forbidden_imports(room("engine", "placement"), above) == {}
 
 
+def test_leases_sit_on_the_core_and_placement_only():
+    assert room("engine", "leases"), "no engine/leases/*.py found"
+    above = ["libvirt", "engine.hypervisor", "peerctl_requests", "engine.peer"]
+    assert forbidden_imports(room("engine", "leases"), above) == {}
+
+
 def test_the_error_root_imports_the_standard_library_only():
     outside = sorted(name for name in imports(ERRORS)
                      if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"})

@@ -217,7 +217,8 @@ class Initiator:
         """
         try:
             # A sleeping timer may be answered at any moment: not sequential.
-            sole = not self._closed and list(self.open) == [index] and not self.timers
+            sole = not self._closed and list(self.open) == [index] and not self.timers \
+                and not self.entries.get(index, {}).get("at_once")
         except RuntimeError:        # open changed under us: not a sequential stretch
             sole = False
         if sole:
@@ -328,6 +329,8 @@ class Initiator:
                          "fingerprint": item.fingerprint, "time": now,
                          "deadline": now + request.deadline, "label": request.label,
                          "local": local, "initiator": self.host}
+                if request.write_at_once:
+                    entry["at_once"] = True
                 compares.append(absent(keys.log_entry(self.id, index)))
                 ops.append(Put(keys.log_entry(self.id, index), entry))
                 if timer:

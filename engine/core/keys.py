@@ -137,6 +137,12 @@ def lease_active(name: str = "") -> str:
     return f"leaseactive/{name}"
 
 
+def reserved(host: str = "") -> str:
+    """``reserved/<host>``: an active host lease holds the host (no VM that
+    is not booted into the lease is placed there)."""
+    return f"reserved/{host}"
+
+
 def lease_vm(name: str, uuid: str = "") -> str:
     """``leasevm/<name>/<uuid>``: a VM booted into the lease."""
     return f"leasevm/{name}/{uuid}"

@@ -49,6 +49,11 @@ class Request:
     target: str | None = None
     deadline: float = 60.0          # seconds until a `timeout` response
     label: str | None = None        # what progress views group by (VM, host)
+    # A local step's response normally rides on the next append (one
+    # transaction per step); True writes it as soon as the step ran, so that
+    # a crash of the initiator right after cannot make the worker send it
+    # again (events that hooks count, such as a lease's start and end).
+    write_at_once: bool = False
 
 
 @dataclass(frozen=True)

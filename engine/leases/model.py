@@ -7,7 +7,7 @@ A lease reserves, from ``start`` to ``end`` (epoch seconds), either
   ``{RC: n}`` per slot; ``slots``: how many slots on which host).
 
 Both may ask for ``required`` traits and (hosts) an ``on`` host glob.  The
-record lives at ``leases/<name>``; its calendar entries (``calendar.py``)
+record lives at ``leases/<name>``; its calendar entries (``admission.py``)
 repeat the window and the assignment for admission.
 
 States: ``pending`` (granted, not started), ``active``, ``degraded`` (active
@@ -82,8 +82,10 @@ CALENDAR_ENTRY = shape("lease calendar entry", lease=str, kind=str, start=(int, 
                        end=(int, float))
 ACTIVE = shape("active capacity lease", lease=str, slots=dict, resources=dict)
 LEASE_VM = shape("lease VM", uuid=str, name=str)
+RESERVED = shape("reserved host", host=str, lease=str)
 
 declare(keys.lease() + "*", LEASE)
 declare(keys.lease_calendar() + "*", CALENDAR_ENTRY)
 declare(keys.lease_active() + "*", ACTIVE)
 declare("leasevm/*", LEASE_VM)
+declare(keys.reserved() + "*", RESERVED)

@@ -164,6 +164,74 @@ class Placement(abc.ABC):
                     raise
         raise Conflict("concurrent_update", f"instance {instance} kept changing")
 
+    def take(self, holder: str, instance: str, provider: str, amounts: dict, *,
+             project: str, user: str) -> dict:
+        """Atomically: ``amounts`` ``{RC: n}`` on ``provider`` pass from
+        consumer ``holder`` (a reservation) to ``instance`` (which held
+        nothing).  Refused with ``Conflict("capacity_exceeded")`` when the
+        holder holds less there.  Returns the instance's document.
+        Repeating a take that is done changes nothing."""
+        holder = check_uuid(holder, "holder consumer")
+        instance = check_uuid(instance, "instance consumer")
+        provider = self._resolve(provider)
+        wanted = normalize_allocations({provider: amounts})
+        if holder == instance or not wanted:
+            raise PlacementError("take needs two consumers and some amounts")
+        for _ in range(self.retries):
+            held, inst = self.allocations(holder), self.allocations(instance)
+            if inst["allocations"]:
+                if inst["allocations"] == wanted:
+                    return inst                         # done already (a retry)
+                raise PlacementError(f"consumer {instance} already holds allocations")
+            there = held["allocations"].get(provider, {})
+            if any(there.get(rc, 0) < n for rc, n in wanted[provider].items()):
+                raise Conflict("capacity_exceeded",
+                               f"consumer {holder} holds too little on {provider}")
+            left = {rc: there[rc] - wanted[provider].get(rc, 0) for rc in there}
+            left = {rc: n for rc, n in left.items() if n > 0}
+            rest = {rp: res for rp, res in held["allocations"].items() if rp != provider}
+            if left:
+                rest[provider] = left
+            want = {holder: consumer_doc(holder, rest, held["project"], held["user"],
+                                         held["consumer_type"]) if rest
+                    else dict(held, allocations={}),
+                    instance: consumer_doc(instance, wanted, project, user, "INSTANCE")}
+            try:
+                return self._write_consumers(want, {holder: held["generation"],
+                                                    instance: None})[instance]
+            except Conflict as exc:
+                if exc.reason != "concurrent_update":
+                    raise
+        raise Conflict("concurrent_update", f"consumer {holder} kept changing")
+
+    def give_back(self, instance: str, holder: str) -> dict | None:
+        """The reverse of :meth:`take`: ``instance``'s allocations join
+        ``holder``'s in one write (the holder must still hold something,
+        else the instance's are simply released).  Idempotent."""
+        holder = check_uuid(holder, "holder consumer")
+        instance = check_uuid(instance, "instance consumer")
+        for _ in range(self.retries):
+            held, inst = self.allocations(holder), self.allocations(instance)
+            if not inst["allocations"]:
+                return held
+            if not held["allocations"]:
+                self.release(instance)
+                return None
+            merged = {rp: dict(res) for rp, res in held["allocations"].items()}
+            for rp, res in inst["allocations"].items():
+                for rc, n in res.items():
+                    merged.setdefault(rp, {})[rc] = merged.get(rp, {}).get(rc, 0) + n
+            want = {holder: consumer_doc(holder, merged, held["project"], held["user"],
+                                         held["consumer_type"]),
+                    instance: dict(inst, allocations={})}
+            try:
+                return self._write_consumers(want, {holder: held["generation"],
+                                                    instance: inst["generation"]})[holder]
+            except Conflict as exc:
+                if exc.reason != "concurrent_update":
+                    raise
+        raise Conflict("concurrent_update", f"consumer {holder} kept changing")
+
     def revert_migration(self, instance: str, migration: str) -> dict:
         """Atomically: the instance gets back what ``migration`` holds, which
         is dropped; the destination allocations are freed."""
