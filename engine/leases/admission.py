@@ -172,7 +172,8 @@ def _fit(lease: dict, hosts: dict, others: list[dict], active: list[dict]):
         chosen, held = fit_hosts(lease, hosts, others)
         if len(chosen) == lease["count"]:
             return sorted(chosen), None
-        holders = sorted(set(held.values()))
+        holders = sorted({o["lease"] for o in others
+                          if set(o.get("hosts") or o.get("slots") or ()) & set(held)})
         why = (f"needs {lease['count']} host{'s' if lease['count'] != 1 else ''}"
                + (f" with {lease['required']}" if lease.get("required") else "")
                + (f" on {lease['on']!r}" if lease.get("on") else "")
