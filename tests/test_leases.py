@@ -12,7 +12,7 @@ from engine.core import failpoints, keys
 from engine.leases.times import iso
 from tests.support import wait_for
 from tests.support.cluster import start_peers
-from tests.support.hooks import assert_each_index_ran_once, counting_hook, executions
+from tests.support.hooks import assert_each_index_ran_once, counting_hook, failing_hook
 
 SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
 LEASE_KEYS = {"lease", "state", "start", "end", "kind", "hosts", "resources", "amount",
@@ -286,6 +286,23 @@ def test_deleting_an_active_lease_ends_it_and_frees_everything(cluster, store):
     assert usage(cluster) == before
     assert lease_keys(store) == []
     refused(cluster, ["lease", "show", "gone"], 1, "no lease 'gone'")
+
+
+def test_an_end_that_fails_says_why_and_delete_still_frees_the_hosts(cluster, store, tmp_path):
+    hooks = str(tmp_path / "hooks")
+    failing_hook(hooks, "destroy", "disk busy")
+    three_hosts(cluster, store, hooks=hooks)
+    cluster.cli_json("lease", "create", "stuck", "--hosts", "1", "--on", "host3",
+                     "--start", "now", "--end", "+8s")
+    reaches(cluster, "stuck", "active")
+    boot(cluster, "kept", reservation="stuck")
+    failed = reaches(cluster, "stuck", "error", timeout=40)
+    assert "could not be handled at the end" in failed["error"] and "disk busy" in failed["error"]
+    assert reserved_by(cluster)["host3"] == "stuck", "capacity is released only after teardown"
+    assert cluster.cli_json("lease", "delete", "stuck")["state"] == "deleted"
+    assert reserved_by(cluster)["host3"] is None
+    assert lease_keys(store) == []
+    assert "kept" in vms(cluster), "a VM the end could not destroy is left, not forgotten"
 
 
 def test_refusals_write_nothing(cluster, store):

@@ -316,6 +316,29 @@ def test_min_unit_in_claims_and_candidates(placement):
     assert usage(placement, rp) == {"VCPU": 2, "MEMORY_MB": 512}
 
 
+def test_take_passes_a_share_of_a_reservation_to_an_instance_and_back(placement):
+    a = make_provider(placement, "a", COMPUTE)
+    b = make_provider(placement, "b", COMPUTE)
+    held = {a["uuid"]: {"VCPU": 2, "MEMORY_MB": 1024}, b["uuid"]: {"VCPU": 1, "MEMORY_MB": 512}}
+    lease, vm = new_uuid(), new_uuid()
+    placement.claim(lease, held, project="p", user="lease", consumer_type="RESERVATION")
+    before = (usage(placement, a), usage(placement, b))
+    doc = placement.take(lease, vm, a["uuid"], {"VCPU": 1, "MEMORY_MB": 512}, **P)
+    assert doc["allocations"] == {a["uuid"]: {"VCPU": 1, "MEMORY_MB": 512}}
+    assert placement.allocations(lease)["allocations"] == {
+        a["uuid"]: {"VCPU": 1, "MEMORY_MB": 512}, b["uuid"]: {"VCPU": 1, "MEMORY_MB": 512}}
+    assert (usage(placement, a), usage(placement, b)) == before     # moved, not added
+    assert placement.take(lease, vm, a["uuid"], {"VCPU": 1, "MEMORY_MB": 512},
+                          **P)["allocations"] == doc["allocations"]   # repeat: no-op
+    with pytest.raises(Conflict) as err:
+        placement.take(lease, new_uuid(), b["uuid"], {"VCPU": 2}, **P)
+    assert err.value.reason == "capacity_exceeded"
+    placement.give_back(vm, lease)
+    assert placement.allocations(vm)["allocations"] == {}
+    assert placement.allocations(lease)["allocations"] == held
+    assert (usage(placement, a), usage(placement, b)) == before
+
+
 def test_move_to_migration_and_revert(placement):
     src = make_provider(placement, "src", COMPUTE)
     dst = make_provider(placement, "dst", COMPUTE)
