@@ -114,7 +114,9 @@ def hold(store, placement, record: dict) -> dict:
     if held:
         return {}       # held already (a repeat), perhaps less VMs took
     short = 0
-    while wanted:
+    for _ in range(sum(record.get("slots", {}).values()) + 10):
+        if not wanted:
+            break
         try:
             placement.claim(record["consumer"], wanted, project="peerctl-lease",
                             user=name, consumer_type=CONSUMER_TYPE)
