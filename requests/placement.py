@@ -18,14 +18,12 @@ The backend is ``open_placement(None, host.store)``: etcd unless
 """
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 
 from engine.core.handlers import handler
-from engine.errors import (Conflict, NotFound, PlacementError, PlacementUnavailable,
-                           RequestError)
+from engine.errors import Conflict, NotFound, RequestError
 from engine.leases.events import unreserved
-from engine.placement import open_placement, parse_query
+from engine.placement import for_request, parse_query
 
 
 def _spec(args: dict) -> str:
@@ -54,16 +52,9 @@ def _host_of(placement, allocations: dict) -> str | None:
     return placement.provider(roots.pop())["name"] if len(roots) == 1 else None
 
 
-@contextlib.contextmanager
 def _placement(host):
     """The cluster's placement, its refusals turned into the request's error."""
-    placement = open_placement(None, host.store)
-    try:
-        yield placement
-    except (PlacementError, PlacementUnavailable, Conflict) as exc:
-        raise RequestError(str(exc)) from None
-    finally:
-        placement.close()
+    return for_request(host.store)
 
 
 @handler("claim")

@@ -23,14 +23,12 @@ lease's record as it left it, so that the ``lease`` automation
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 from engine.core import keys
 from engine.core.values import readable
-from engine.errors import (Conflict, NotFound, PlacementError, PlacementUnavailable,
-                           RequestError)
-from engine.placement import open_placement, parse_query
+from engine.errors import Conflict, NotFound, RequestError
+from engine.placement import for_request, parse_query
 
 from . import admission, records
 from .model import LIVE_STATES, lease_trait
@@ -38,17 +36,6 @@ from .times import iso
 
 __all__ = ["lease_read", "lease_start", "lease_heal", "lease_warn", "lease_end", "lease_note",
            "lease_release", "lease_claim", "lease_return", "unreserved"]
-
-
-@contextlib.contextmanager
-def _placement(store):
-    placement = open_placement(None, store)
-    try:
-        yield placement
-    except (PlacementError, PlacementUnavailable, Conflict) as exc:
-        raise RequestError(str(exc)) from None
-    finally:
-        placement.close()
 
 
 def _record(store, args, field: str = "name") -> dict:
@@ -100,7 +87,7 @@ def lease_start(host, args: dict) -> dict:
     record = _record(store, args)
     if record["state"] not in ("pending", "active", "degraded"):
         return {"record": record, "foreign": []}
-    with _placement(store) as placement:
+    with for_request(store) as placement:
         record = _heal(store, placement, record)
         if record["state"] == "pending":
             waiting = _blockers(store, record)
@@ -153,7 +140,7 @@ def _foreign(store, record: dict) -> list[dict]:
 
 
 def lease_heal(host, args: dict) -> dict:
-    with _placement(host.store) as placement:
+    with for_request(host.store) as placement:
         return {"record": _heal(host.store, placement, _record(host.store, args))}
 
 
@@ -191,7 +178,7 @@ def lease_note(host, args: dict) -> dict:
 
 
 def lease_release(host, args: dict) -> dict:
-    with _placement(host.store) as placement:
+    with for_request(host.store) as placement:
         return {"record": records.release(host.store, placement, args.get("name"),
                                           forget=bool(args.get("forget")))}
 
@@ -227,7 +214,7 @@ def lease_claim(host, args: dict) -> dict:
                            "while it is active")
     store.create(keys.lease_vm(name, consumer), {"uuid": consumer, "name": args.get("name") or consumer})
     excluded = set(args.get("exclude") or ())
-    with _placement(store) as placement:
+    with for_request(store) as placement:
         held = placement.allocations(consumer)["allocations"]
         if held:
             return {"consumer": consumer, "allocations": held, "host": _host_named(placement, held)}
@@ -280,7 +267,7 @@ def lease_return(host, args: dict) -> dict:
     store = host.store
     consumer = args.get("consumer")
     record = records.read(store, args.get("lease"))
-    with _placement(store) as placement:
+    with for_request(store) as placement:
         if record and record["kind"] == "capacity" and record["state"] in LIVE_STATES \
                 and record["state"] != "ending":
             placement.give_back(consumer, record["consumer"])

@@ -16,13 +16,14 @@ defines them, over one of two backends chosen by configuration:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from engine.placement.api import ANY, Placement
-from engine.errors import Conflict, NotFound, PlacementError, PlacementUnavailable
+from engine.errors import Conflict, NotFound, PlacementError, PlacementUnavailable, RequestError
 from engine.placement.query import Query, RequestGroup, parse_query
 
-__all__ = ["open_placement", "Placement", "PlacementError", "Conflict", "NotFound",
+__all__ = ["open_placement", "for_request", "Placement", "PlacementError", "Conflict", "NotFound",
            "PlacementUnavailable",
            "ANY", "Query", "RequestGroup", "parse_query"]
 
@@ -52,3 +53,17 @@ def open_placement(config=None, store=None) -> Placement:
             raise PlacementError("the openstack placement backend needs a url")
         return RestPlacement(config["url"], token=config.get("token", "admin"))
     raise PlacementError(f"unknown placement backend {backend!r} (want etcd or a URL)")
+
+
+@contextlib.contextmanager
+def for_request(store):
+    """The cluster's placement for a request handler: its refusals (bad
+    input, a lost race, the service unreachable) raised as the request's
+    :class:`RequestError`, and the connection closed."""
+    placement = open_placement(None, store)
+    try:
+        yield placement
+    except (PlacementError, PlacementUnavailable, Conflict) as exc:
+        raise RequestError(str(exc)) from None
+    finally:
+        placement.close()
