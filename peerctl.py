@@ -1064,7 +1064,8 @@ def cmd_lease(ctx: Context) -> int:
         return EXIT_OK
     store = ctx.store()
     if args.what == "list":
-        rows = [views.lease_doc(r, records.lease_vms(store, r["lease"]))
+        vms = records.vms_by_lease(store)
+        rows = [views.lease_doc(r, vms.get(r["lease"], []))
                 for r in records.all_leases(store, args.pattern or "*")]
         show_listing(ctx, rows, LEASE_COLUMNS, [c.field for c in LEASE_COLUMNS],
                      views.LEASE_FIELDS, "start,lease")

@@ -143,8 +143,10 @@ def reserved(host: str = "") -> str:
     return f"reserved/{host}"
 
 
-def lease_vm(name: str, uuid: str = "") -> str:
+def lease_vm(name: str = "", uuid: str = "") -> str:
     """``leasevm/<name>/<uuid>``: a VM booted into the lease."""
+    if not name:
+        return "leasevm/"
     return f"leasevm/{name}/{uuid}"
 
 

@@ -25,7 +25,7 @@ from engine.placement.host import own_traits
 from . import admission
 from .model import CONSUMER_TYPE, LEASE_TRAIT_PREFIX, RESERVED_TRAIT, lease_trait
 
-__all__ = ["read", "all_leases", "update", "event", "lease_vms", "reserved_hosts",
+__all__ = ["read", "all_leases", "update", "event", "lease_vms", "vms_by_lease", "reserved_hosts",
            "hold", "free", "release", "MAX_EVENTS"]
 
 MAX_EVENTS = 50
@@ -69,15 +69,25 @@ def update(store, name: str, change, extra_ops=()) -> dict | None:
 def lease_vms(store, name: str) -> list[dict]:
     """The VMs booted into the lease that still exist: ``[{uuid, name,
     host, state}]`` (where the hosts' records place them)."""
-    marks = {m["uuid"]: m for m in (readable(kv) for kv in store.range(keys.lease_vm(name))[0])
-             if m is not None}
-    found = []
-    for kv in store.range(keys.vm())[0]:
+    return vms_by_lease(store, name).get(name, [])
+
+
+def vms_by_lease(store, name: str = "") -> dict[str, list[dict]]:
+    """lease -> its VMs (as :func:`lease_vms`), for every lease or one, in
+    two range reads whatever the number of leases."""
+    prefix = keys.lease_vm(name)
+    lease_of = {}
+    for kv in store.range(prefix)[0]:
+        mark = readable(kv)
+        if mark is not None:
+            lease_of[mark["uuid"]] = kv.key.split("/")[1]
+    found: dict[str, list[dict]] = {}
+    for kv in store.range(keys.vm())[0] if lease_of else ():
         vm = readable(kv)
-        if vm is not None and vm["uuid"] in marks:
-            found.append({"uuid": vm["uuid"], "name": vm["name"], "host": vm["host"],
-                          "state": vm["state"]})
-    return sorted(found, key=lambda v: v["name"])
+        if vm is not None and vm["uuid"] in lease_of:
+            found.setdefault(lease_of[vm["uuid"]], []).append(
+                {"uuid": vm["uuid"], "name": vm["name"], "host": vm["host"], "state": vm["state"]})
+    return {lease: sorted(vms, key=lambda v: v["name"]) for lease, vms in found.items()}
 
 
 def reserved_hosts(store) -> dict[str, str]:
