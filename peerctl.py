@@ -44,16 +44,21 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine import table  # noqa: E402  (pure Python, no engine dependencies)
-from engine.core.validate import parse_duration, parse_endpoints  # noqa: E402  (cheap)
+from engine.core.validate import endpoint_scheme, parse_duration, parse_endpoints  # noqa: E402
+from engine.core.credentials import Credentials  # noqa: E402  (cheap)
 from engine.errors import (Failed, PeerctlError, PlacementError,  # noqa: E402
-                           StoreUnavailable, Unavailable, UsageError)
+                           StoreRefused, StoreUnavailable, Unavailable, UsageError)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED = 0, 1, 2, 3, 130
 
 DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "table",
             "ttl": "5", "workers": "8", "retention": "7d", "state_dir": "state",
             "libvirt": "test:///default", "hosts": "3", "network": "default",
-            "networks": "default"}
+            "networks": "default", "etcd_history": "1h"}
+
+TLS_FLAGS = {"cacert": "CA certificate that signed etcd's (https:// endpoints)",
+             "cert": "client certificate: who this is to etcd, and its role",
+             "key": "the client certificate's private key"}
 
 VM_ACTIONS = ("destroy", "start", "stop", "reboot", "suspend", "resume")
 # Actions that take a service down: on more than one VM they need --yes.
@@ -104,17 +109,25 @@ def settings_for(args) -> dict:
             raise UsageError(f"bad {key} {settings[key]!r} in {path} "
                              f"(want a whole number of {unit}, at least 1)")
     parse_duration(settings["retention"], "retention", f"in {path}")
-    source = {"etcd": f"in {path}", "cluster": f"in {path}"}
+    parse_duration(settings["etcd_history"], "etcd_history", f"in {path}")
+    for name in TLS_FLAGS:      # a config file's relative paths are relative to it
+        if settings.get(name) and not os.path.isabs(settings[name]):
+            settings[name] = os.path.join(os.path.dirname(os.path.abspath(path)), settings[name])
+    source = {"etcd": f"in {path}", "cluster": f"in {path}",
+              **{name: f"in {path}" for name in TLS_FLAGS}}
     from engine import supervisor       # cheap: etcd's client is not loaded
     up = supervisor.running_up(os.path.abspath(settings["state_dir"]))
     if up:     # the embedded default: a running `peerctl.py up` in ./state
-        settings["etcd"], settings["cluster"] = up["etcd"]["url"], up.get("cluster", "default")
+        settings["etcd"], settings["cluster"] = supervisor.etcd_urls(up), up.get("cluster",
+                                                                                  "default")
         where = f"in {supervisor.up_file(settings['state_dir'])}"
         source.update(etcd=where, cluster=where)
+        for name, value in supervisor.client_tls(up).items():     # the operator's identity
+            settings[name], source[name] = value, where
     for key in ("network", "networks"):         # set, even empty: "" offers none
         if os.environ.get("PEERCTL_" + key.upper()) is not None:
             settings[key] = os.environ["PEERCTL_" + key.upper()]
-    for key in ("etcd", "cluster", "format"):
+    for key in ("etcd", "cluster", "format", *TLS_FLAGS):
         if os.environ.get("PEERCTL_" + key.upper()):     # set but empty: unset
             settings[key] = os.environ["PEERCTL_" + key.upper()]
             source[key] = f"from $PEERCTL_{key.upper()}"
@@ -127,6 +140,10 @@ def settings_for(args) -> dict:
         raise UsageError(f"bad cluster name {settings['cluster']!r} {source['cluster']} "
                          "(want letters, digits, '-', '_' or '.')")
     parse_endpoints(settings["etcd"], source["etcd"])      # exit 2 before anything connects
+    credentials = Credentials.from_settings(settings, source)
+    if credentials and endpoint_scheme(settings["etcd"]) == "https":
+        credentials.read()          # exit 2 naming a missing or unreadable file
+    settings["credentials"] = credentials
     return settings
 
 
@@ -142,7 +159,8 @@ class Context:
     def store(self):
         if self._store is None:
             from engine.core.store import Store
-            self._store = Store(self.settings["etcd"], self.settings["cluster"], timeout=5.0)
+            self._store = Store(self.settings["etcd"], self.settings["cluster"], timeout=5.0,
+                                credentials=self.settings["credentials"])
         return self._store
 
     def emit(self, doc, text: str | None = None) -> None:
@@ -1266,14 +1284,18 @@ def cmd_up(ctx: Context) -> int:
     outcome = supervisor.start(
         state_dir, settings["cluster"], args.libvirt or settings["libvirt"],
         args.hosts if args.hosts is not None else int(settings["hosts"]), settings["ttl"],
-        up=recorded)
-    up, etcd = outcome.up, outcome.up["etcd"]
-    cluster = up["cluster"]
+        up=recorded, members=args.etcd_members or 1, tls=args.tls,
+        history=f"{int(parse_duration(settings['etcd_history']))}s")
+    up = outcome.up
+    cluster, urls = up["cluster"], supervisor.etcd_urls(up)
     running = [p for p in up["peers"] if supervisor.is_ours(p)]
-    doc = {"state_dir": state_dir, "cluster": cluster, "etcd": _public(etcd),
+    tls = supervisor.client_tls(up)
+    doc = {"cluster": cluster, "etcd": urls.split(","),
+           "processes": supervisor.processes(up),
+           "state_dir": state_dir, "hosts": len(running),
            "peers": [dict(_public(p), started=p["host"] in outcome.started)
                      for p in up["peers"]],
-           "hosts": len(running)}
+           "tls": tls or None}
     if up.get("daemons"):
         doc.update(daemons=[_public(d) for d in up["daemons"]], netns=up.get("netns"))
     lines = []
@@ -1282,11 +1304,15 @@ def cmd_up(ctx: Context) -> int:
         lines.append(f"{name:<14} {what:<16} pid {record['pid']:<8} {where}  "
                      f"log {_short(record['log'])}")
     default_dir = state_dir == os.path.abspath(DEFAULTS["state_dir"])
+    exports = f"  export PEERCTL_ETCD={urls} PEERCTL_CLUSTER={cluster}"
+    if tls:
+        exports += "".join(f" \\\n         PEERCTL_{name.upper()}={path}"
+                           for name, path in tls.items())
     lines += ["", f"{len(running)} peer{'s' if len(running) != 1 else ''} up in cluster "
-              f"{cluster!r}, etcd at {etcd['url']}.",
+              f"{cluster!r}, etcd at {urls}" + (" (TLS, roles on)." if tls else "."),
               ("In this directory peerctl finds them by itself; elsewhere:" if default_dir
                else "Use them with:"),
-              f"  export PEERCTL_ETCD={etcd['url']} PEERCTL_CLUSTER={cluster}",
+              exports,
               "Then for instance:",
               f"  {me()} hostlist",
               f"  {me()} boot vm1 --resources VCPU:1,MEMORY_MB:256,DISK_GB:1",
@@ -1298,10 +1324,12 @@ def cmd_up(ctx: Context) -> int:
 
 
 def _check_up_flags(ctx: Context, state_dir: str, up: dict) -> None:
-    """A cluster name or libvirt URI asked for explicitly must be what the state
-    directory was set up with: `up` never silently keeps the recorded one, and
-    switching a set-up directory over is not clean (etcd data, peer state and
-    VMs belong to the old one), so it is a usage error naming both ways out."""
+    """A cluster name, libvirt URI, etcd size or TLS asked for explicitly must
+    be what the state directory was set up with: `up` never silently keeps the
+    recorded one, and switching a set-up directory over is not clean (etcd
+    data, peer state and VMs belong to the old one), so it is a usage error
+    naming both ways out."""
+    from engine import supervisor
     args = ctx.args
     where = _short(state_dir)
     redo = (f"run '{me()} down' and remove {where} first"
@@ -1313,6 +1341,13 @@ def _check_up_flags(ctx: Context, state_dir: str, up: dict) -> None:
         asked = f"PEERCTL_CLUSTER={os.environ['PEERCTL_CLUSTER']}"
     else:
         asked = None
+    members = len(supervisor.etcd_members(up))
+    if args.etcd_members and members and args.etcd_members != members:
+        raise UsageError(f"{where} was set up with {members} etcd member"
+                         f"{'s' if members != 1 else ''}, not {args.etcd_members}: "
+                         f"to change that, {redo}")
+    if args.tls and up.get("etcd") and not up.get("tls"):
+        raise UsageError(f"{where} was set up without TLS: to use --tls, {redo}")
     recorded = up.get("cluster")
     if asked and recorded and ctx.settings["cluster"] != recorded:
         raise UsageError(f"{where} was set up for cluster {recorded!r}, not "
@@ -1406,7 +1441,10 @@ a host pattern is a glob on host names.
 Settings: flags, then PEERCTL_ETCD / PEERCTL_CLUSTER / PEERCTL_FORMAT, then a
 running `up` in ./state, then the config file (PEERCTL_CONF or conf/peerctl.conf).
 Exit codes: 0 ok; 1 failed or nothing matched; 2 usage error; 3 etcd
-unreachable; 130 detached from an automation by Ctrl-C (it goes on).
+unreachable; 4 permission denied by etcd (names the role); 130 detached from
+an automation by Ctrl-C (it goes on).
+TLS: --cacert/--cert/--key, or PEERCTL_CACERT / PEERCTL_CERT / PEERCTL_KEY,
+or cacert/cert/key in the config file (docs/security.md).
 Run `python peerctl.py COMMAND --help` for a command's options and an example."""
 
 LISTING_HELP = "fields: {fields}"
@@ -1423,6 +1461,9 @@ def build_parser() -> Parser:
                        help="table, or json: one JSON document on stdout [$PEERCTL_FORMAT]")
     group.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show tracebacks and debug logs")
+    for name, what in TLS_FLAGS.items():
+        group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="FILE",
+                           help=f"{what} [$PEERCTL_{name.upper()}]")
 
     called = me()       # "python peerctl.py", or "peerctl" as the console script
 
@@ -1445,6 +1486,8 @@ def build_parser() -> Parser:
     parser.add_argument("--conf", metavar="FILE",
                         help="config file [$PEERCTL_CONF, default conf/peerctl.conf]")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    for name, what in TLS_FLAGS.items():
+        parser.add_argument(f"--{name}", metavar="FILE", help=f"{what} [$PEERCTL_{name.upper()}]")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     def command(name, summary, example, func, description=None):
@@ -1787,6 +1830,13 @@ def build_parser() -> Parser:
                           "network namespace for the cluster, so that VMs can migrate "
                           "between hosts (default test:///default; docs/local-kvm.md)")
     sub.add_argument("--state-dir", metavar="DIR", help="default ./state")
+    sub.add_argument("--etcd-members", type=_positive, metavar="N",
+                     help="etcd members on loopback (default 1; 3 survives one's death); "
+                          "fixed when the state directory is first set up")
+    sub.add_argument("--tls", action="store_true",
+                     help="etcd over TLS with client certificates and roles: a CA and "
+                          "certificates in STATE_DIR/tls (peer per host, operator, viewer, "
+                          "root); commands here use the operator's (docs/security.md)")
 
     sub = command("down", "stop what `up` started, by PID",
                   "python peerctl.py down", cmd_down,
@@ -1836,7 +1886,9 @@ def run(argv=None) -> int:
         if debug:
             import traceback
             traceback.print_exc()
-        if isinstance(exc, StoreUnavailable):
+        if isinstance(exc, StoreRefused):
+            pass                    # etcd answered: its own words
+        elif isinstance(exc, StoreUnavailable):
             exc = f"etcd unreachable at {ctx.settings['etcd'] if 'ctx' in locals() else '?'}"
         elif exc.where is not None:
             exc = f"{exc.service} unreachable at {exc.where}"

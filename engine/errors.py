@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "PeerctlError", "UsageError", "Failed", "Refused", "Unavailable", "StoreUnavailable",
-    "PlacementUnavailable", "PermissionDenied", "Deposed", "Conflict", "PlacementError",
+    "StoreRefused", "PlacementUnavailable", "PermissionDenied", "Deposed", "Conflict", "PlacementError",
     "NotFound", "RequestError", "NonDeterminism", "UnknownAutomation", "UnknownTask",
     "NoPeers", "Unreadable",
 ]
@@ -64,6 +64,13 @@ class Unavailable(PeerctlError):
 class StoreUnavailable(Unavailable):
     """etcd did not answer (down, restarting, unreachable, timed out)."""
     service = "etcd"
+
+
+class StoreRefused(StoreUnavailable):
+    """etcd answered, and refused for a reason of its own that is not this
+    identity's (database space exceeded with a NOSPACE alarm, a request too
+    large): the message says what etcd said.  Nothing was written; it may
+    succeed again once an operator has acted."""
 
 
 class PlacementUnavailable(Unavailable):

@@ -46,7 +46,8 @@ from engine.errors import Failed
 from engine.hypervisor.daemons import cmdline   # stdlib only: still cheap to import
 
 __all__ = ["Started", "start", "stop", "read_up", "running_up", "is_ours", "up_file",
-           "PEERCTL", "QEMU", "netns_name"]
+           "etcd_members", "etcd_urls", "client_tls", "processes", "PEERCTL", "QEMU",
+           "netns_name"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERCTL = os.path.join(ROOT, "peerctl.py")      # what each peer runs
@@ -73,9 +74,45 @@ def read_up(state_dir: str) -> dict:
 
 
 def running_up(state_dir: str) -> dict | None:
-    """``up.json`` when the etcd it records still runs, else None."""
+    """``up.json`` when an etcd member it records still runs, else None."""
     up = read_up(state_dir)
-    return up if is_ours(up.get("etcd") or {}) else None
+    return up if any(is_ours(member) for member in etcd_members(up)) else None
+
+
+def etcd_members(up: dict) -> list[dict]:
+    """The etcd members ``up.json`` records (one dict before ``--etcd-members``)."""
+    etcd = up.get("etcd") or []
+    return [etcd] if isinstance(etcd, dict) else [m for m in etcd if isinstance(m, dict)]
+
+
+def etcd_urls(up: dict) -> str:
+    """Every member's client URL, comma-separated, as clients are given them."""
+    return ",".join(member["url"] for member in etcd_members(up) if member.get("url"))
+
+
+def client_tls(up: dict, user: str = "operator") -> dict:
+    """``{cacert, cert, key}`` of ``user`` when ``up`` runs etcd with TLS, else {}."""
+    tls = up.get("tls") or {}
+    if not tls.get("dir"):
+        return {}
+    directory = tls["dir"]
+    return {"cacert": os.path.join(directory, "ca.pem"),
+            "cert": os.path.join(directory, f"{user}.pem"),
+            "key": os.path.join(directory, f"{user}-key.pem")}
+
+
+def processes(up: dict) -> list[dict]:
+    """``[{name, role, pid}]`` of every process ``up.json`` records."""
+    listed = [{"name": m.get("name", "etcd"), "role": "etcd", "pid": m["pid"]}
+              for m in etcd_members(up)]
+    for daemon in up.get("daemons") or []:
+        listed.append({"name": f"{daemon['host']}/libvirtd", "role": "libvirtd",
+                       "pid": daemon.get("pid")})
+        if (daemon.get("virtlogd") or {}).get("pid"):
+            listed.append({"name": f"{daemon['host']}/virtlogd", "role": "virtlogd",
+                           "pid": daemon["virtlogd"]["pid"]})
+    listed += [{"name": p["host"], "role": "peer", "pid": p["pid"]} for p in up.get("peers") or []]
+    return listed
 
 
 def is_ours(record: dict) -> bool:
@@ -94,22 +131,37 @@ class Started:
 
 
 def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
-          up: dict | None = None) -> Started:
+          up: dict | None = None, *, members: int = 1, tls: bool = False,
+          history: str = "3600s") -> Started:
     """Start etcd and peers ``host1..host<hosts>`` that are not running.  A
-    state directory keeps the cluster name and each host's libvirt URI it was
-    set up with; ``up`` is its ``up.json`` when the caller has read it."""
+    state directory keeps the cluster name, its etcd's size and TLS, and each
+    host's libvirt URI it was set up with; ``up`` is its ``up.json`` when the
+    caller has read it.  ``history`` is how much history etcd's own
+    auto-compaction keeps.  With ``tls``, etcd serves TLS with client
+    certificates and RBAC (:mod:`engine.core.auth`): each peer gets a
+    certificate of role ``peer``, and ``operator``, ``viewer`` and ``root``
+    certificates are made for people."""
     up = read_up(state_dir) if up is None else up
     os.makedirs(state_dir, exist_ok=True)
     cluster = up.get("cluster") or cluster
+    up["cluster"] = cluster
     outcome = Started(up)
-    etcd = up.get("etcd") or {}
-    if is_ours(etcd):
-        outcome.report.append(("etcd", "already running", etcd))
-    else:
-        etcd = _start_etcd(state_dir, etcd)
-        outcome.report.append(("etcd", "started", etcd))
-    up.update(state_dir=state_dir, cluster=cluster, etcd=etcd)
+    tls = tls or bool((up.get("tls") or {}).get("dir"))
+    if tls and not up.get("tls"):
+        up["tls"] = {"dir": os.path.join(state_dir, "tls"), "auth": False}
+    recorded = etcd_members(up)
+    running = [member if is_ours(member) else None for member in recorded] or [None] * members
+    issued = _certificates(up) if tls else None
+    started = _start_etcd(state_dir, recorded, running, issued, history)
+    for i, member in enumerate(started):
+        outcome.report.append((member.get("name", "etcd"),
+                               "already running" if running[i] else "started", member))
+    up.update(state_dir=state_dir, cluster=cluster, etcd=started)
     _save_up(state_dir, up)
+    urls = etcd_urls(up)
+    if tls:
+        _grant(up, cluster, urls, hosts)
+        _save_up(state_dir, up)
 
     peers = {p["host"]: p for p in up.get("peers") or []}
     names = [f"host{i}" for i in range(1, max(hosts, len(peers)) + 1)]
@@ -126,36 +178,102 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
             continue
         if i > hosts:
             continue
-        peers[host] = _start_peer(state_dir, etcd["url"], cluster, host, asked[host],
-                                  uris.get(host, asked[host]), ttl)
+        peers[host] = _start_peer(state_dir, urls, cluster, host, asked[host],
+                                  uris.get(host, asked[host]), ttl,
+                                  client_tls(up, f"peer-{host}"))
         outcome.started.append(host)
         outcome.report.append((host, "started", peers[host]))
     up["peers"] = sorted(peers.values(), key=lambda p: table.natural_key(p["host"]))
     _save_up(state_dir, up)
     if outcome.started:
-        _wait_hosts(etcd["url"], cluster, peers, outcome.started)
+        _wait_hosts(up, cluster, peers, outcome.started)
     return outcome
 
 
-def _start_etcd(state_dir: str, recorded: dict) -> dict:
-    """etcd on the recorded ports when they are free (2379/2380 the first
-    time), else on free ones; its record for ``up.json``."""
-    from engine.core.etcd_server import EtcdServer, free_port
-    client_port = recorded.get("client_port") or (2379 if _port_free(2379) else free_port())
-    peer_port = recorded.get("peer_port") or (2380 if _port_free(2380) else free_port())
-    if not _port_free(client_port):
-        client_port = free_port()
-    if not _port_free(peer_port):
-        peer_port = free_port()
-    server = EtcdServer(os.path.join(state_dir, "etcd-data"), client_port, peer_port,
-                        log_path=os.path.join(state_dir, "etcd.log"))
+def _certificates(up: dict):
+    """The cluster's authority, etcd's certificate and the people's (made
+    once, in ``up``'s tls directory); etcd's :class:`~engine.core.certs.Issued`."""
+    from engine.core import certs
+    directory = up["tls"]["dir"]
+    certs.authority(directory, up.get("cluster") or "default")
+    for user in ("root", "operator", "viewer"):
+        certs.issue(directory, user, user)
+    return certs.issue_server(directory)
+
+
+def _grant(up: dict, cluster: str, urls: str, hosts: int) -> None:
+    """Roles on the cluster's keys, a user per certificate (people, and a
+    peer per host up to ``hosts``), authentication on: as etcd's root."""
+    from engine.core import auth, certs
+    from engine.core.credentials import Credentials
+    from engine.core.store import Store, StoreUnavailable
+    directory = up["tls"]["dir"]
+    peers = [f"peer-host{i}" for i in range(1, hosts + 1)]
+    granted = set(up["tls"].get("users") or [])
+    if up["tls"].get("auth") and all(p in granted for p in peers):
+        return
+    for user in peers:
+        certs.issue(directory, user, "peer")
+    users = {"root": "root", "operator": "operator", "viewer": "viewer",
+             **{user: "peer" for user in peers}}
+    store = Store(urls, cluster, timeout=5.0,
+                  credentials=Credentials(**client_tls(up, "root")))
     try:
-        server.start()
+        auth.setup(store, users)
+    except StoreUnavailable as exc:
+        raise Failed(f"could not set up etcd's roles: {exc}") from None
+    finally:
+        store.close()
+    up["tls"].update(auth=True, users=sorted(set(users) | granted, key=table.natural_key))
+
+
+def _start_etcd(state_dir: str, recorded: list[dict], running: list, tls,
+                history: str) -> list[dict]:
+    """Every etcd member running: those in ``running`` as they are, the
+    others started on their recorded ports when free (2379/2380 the first
+    time for a single member), else on free ones; their records for
+    ``up.json``."""
+    from engine.core.etcd_server import EtcdServer, free_port
+    size = len(running)
+    ports = []
+    for i in range(size):
+        record = recorded[i] if i < len(recorded) else {}
+        first = size == 1 and not record
+        client = record.get("client_port") or (2379 if first and _port_free(2379) else 0)
+        peer = record.get("peer_port") or (2380 if first and _port_free(2380) else 0)
+        if running[i] is None:
+            client = client if client and _port_free(client) else free_port()
+            peer = peer if peer and _port_free(peer) else free_port()
+        ports.append((client, peer))
+    names = ["peerctl"] if size == 1 else [f"m{i}" for i in range(1, size + 1)]
+    scheme = "https" if tls else "http"
+    initial = ",".join(f"{name}={scheme}://127.0.0.1:{peer}"
+                       for name, (_, peer) in zip(names, ports))
+    servers = []
+    for i, name in enumerate(names):
+        suffix = "" if size == 1 else f"-{name}"
+        server = EtcdServer(os.path.join(state_dir, f"etcd-data{suffix}"), *ports[i],
+                            log_path=os.path.join(state_dir, f"etcd{suffix}.log"), name=name,
+                            tls=tls, initial_cluster=initial,
+                            compaction=None if history in ("", "0s") else history)
+        servers.append(server)
+        if running[i] is None:
+            try:
+                server.launch()
+            except OSError as exc:
+                raise Failed(f"etcd did not start: {exc}") from None
+    try:
+        for i, server in enumerate(servers):
+            if running[i] is None:
+                server.wait_healthy(20.0)
     except (OSError, RuntimeError, TimeoutError) as exc:
         raise Failed(f"etcd did not start: {exc}") from None
-    return {"pid": server.process.pid, "cmd": server.command(), "url": server.url,
-            "client_port": client_port, "peer_port": peer_port,
-            "data_dir": server.data_dir, "log": server.log_path}
+    return [running[i] or {"name": "etcd" if size == 1 else f"etcd-{server.name}",
+                           "pid": server.process.pid, "cmd": server.command(),
+                           "url": server.url, "client_port": server.client_port,
+                           "peer_port": server.peer_port, "data_dir": server.data_dir,
+                           "log": server.log_path}
+            for i, server in enumerate(servers)]
 
 
 def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
@@ -202,10 +320,11 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
 
 
 def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
-                libvirt: str, ttl) -> dict:
+                libvirt: str, ttl, tls: dict) -> dict:
     """``asked`` is what ``up`` was given (a URI, or :data:`QEMU`), ``libvirt``
-    the URI the peer uses."""
-    cmd = [sys.executable, PEERCTL, "--etcd", url, "--cluster", cluster, "peer",
+    the URI the peer uses, ``tls`` its ``{cacert, cert, key}`` (or {})."""
+    cmd = [sys.executable, PEERCTL, "--etcd", url, "--cluster", cluster,
+           *[arg for name, path in tls.items() for arg in (f"--{name}", path)], "peer",
            "--host", host, "--libvirt", libvirt, "--ttl", str(ttl),
            "--state-dir", os.path.join(state_dir, host)]
     log_path = os.path.join(state_dir, f"{host}.log")
@@ -247,13 +366,15 @@ def _save_up(state_dir: str, up: dict) -> None:
     os.replace(tmp, up_file(state_dir))
 
 
-def _wait_hosts(url: str, cluster: str, peers: dict, hosts: list[str],
+def _wait_hosts(up: dict, cluster: str, peers: dict, hosts: list[str],
                 timeout: float = 60.0) -> None:
     """Until every host in ``hosts`` is registered and can take a VM (see
     :func:`engine.cluster.ready_hosts`: `up && boot` must work)."""
     from engine.cluster import ready_hosts
+    from engine.core.credentials import Credentials
     from engine.core.store import Store, StoreUnavailable
-    store = Store(url, cluster, timeout=2.0)
+    store = Store(etcd_urls(up), cluster, timeout=2.0,
+                  credentials=Credentials(**client_tls(up, "viewer")))
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -298,10 +419,9 @@ def stop(state_dir: str) -> list[dict] | None:
         stopped.append({"name": peer["host"], "pid": peer["pid"], "what": what})
     if up.get("daemons"):
         stopped += _stop_daemons(state_dir, up)
-    if up.get("etcd"):
-        stopped.append({"name": "etcd", "pid": up["etcd"]["pid"],
-                        "what": _stop_process(up["etcd"]) if is_ours(up["etcd"])
-                        else "not running"})
+    for member in etcd_members(up):
+        stopped.append({"name": member.get("name", "etcd"), "pid": member["pid"],
+                        "what": _stop_process(member) if is_ours(member) else "not running"})
     return stopped
 
 

@@ -76,7 +76,12 @@ def test_up_again_and_down(local, tmp_path, cluster_name):
     assert up["state_dir"] == str(tmp_path / "state") and up["cluster"] == cluster_name
     assert [p["host"] for p in up["peers"]] == ["host1", "host2"]
     assert all(p["started"] for p in up["peers"])
-    pids = [up["etcd"]["pid"]] + [p["pid"] for p in up["peers"]]
+    # the contract's shape: scripts find every process `up` started
+    assert up["etcd"] == [f"http://127.0.0.1:{up['etcd'][0].rsplit(':', 1)[1]}"]
+    assert [(p["name"], p["role"]) for p in up["processes"]] == \
+        [("etcd", "etcd"), ("host1", "peer"), ("host2", "peer")]
+    pids = [p["pid"] for p in up["processes"]]
+    assert pids[1:] == [p["pid"] for p in up["peers"]]
     assert all(running(pid) for pid in pids)
     assert os.path.exists(tmp_path / "state" / "up.json")
     assert os.path.exists(tmp_path / "state" / "etcd-data")
@@ -106,7 +111,7 @@ def test_up_again_and_down(local, tmp_path, cluster_name):
     again = local("up", "--hosts", "2")
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("already running") == 3
-    assert f"export PEERCTL_ETCD={up['etcd']['url']}" in again.stdout
+    assert f"export PEERCTL_ETCD={up['etcd'][0]} " in again.stdout
     # a cluster or libvirt other than the recorded one is refused, never ignored
     before = (tmp_path / "state" / "up.json").read_text()
     for flags, recorded in [(["--cluster", "other"], f"cluster '{cluster_name}'"),

@@ -150,7 +150,11 @@ def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, 
         assert {d["pid"] for d in daemons} <= set(netns_pids(namespace))
         conns = [libvirt.open(d["uri"]) for d in daemons]
         assert host_uuid(conns[0]) != host_uuid(conns[1])
-        hosts = cli("--etcd", first["etcd"]["url"], "hostlist")
+        assert [(p["name"], p["role"]) for p in first["processes"]] == \
+            [("etcd", "etcd"), ("host1/libvirtd", "libvirtd"), ("host1/virtlogd", "virtlogd"),
+             ("host2/libvirtd", "libvirtd"), ("host2/virtlogd", "virtlogd"),
+             ("host1", "peer"), ("host2", "peer")]
+        hosts = cli("--etcd", first["etcd"][0], "hostlist")
         assert [(h["host"], h["alive"], h["hypervisor"].split()[0]) for h in hosts] == \
             [("host1", True, "QEMU"), ("host2", True, "QEMU")]
         print(f"up --hosts 2 --libvirt qemu: {took:.1f} s")

@@ -1,20 +1,26 @@
-"""Start, kill and restart a local etcd server (Debian's ``etcd`` binary).
+"""Start, kill and restart a local etcd (Debian's ``etcd`` binary): one
+server, or a cluster of members on loopback.
 
 Used by the test suite, the benchmarks and ``peerctl.py up``.  Ports are
 picked free on loopback; the election timings are shortened so that a
 restart on an existing data directory is healthy in a fraction of a second.
+With ``tls`` (an :class:`~engine.core.certs.Issued` for etcd) both ports
+speak TLS and want a client certificate signed by the same authority.
+``compaction`` is etcd's own periodic auto-compaction (``"5m"``: keep five
+minutes of history).
 """
 from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import signal
 import socket
 import subprocess
 import time
 import urllib.request
 
-__all__ = ["EtcdServer", "free_port", "etcd_binary"]
+__all__ = ["EtcdServer", "EtcdCluster", "free_port", "etcd_binary"]
 
 
 def free_port() -> int:
@@ -29,37 +35,63 @@ def etcd_binary() -> str | None:
 
 class EtcdServer:
     def __init__(self, data_dir: str, client_port: int | None = None,
-                 peer_port: int | None = None, log_path: str | None = None):
+                 peer_port: int | None = None, log_path: str | None = None, *,
+                 name: str = "peerctl", tls=None, initial_cluster: str | None = None,
+                 compaction: str | None = None):
         self.data_dir = data_dir
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
         self.log_path = log_path or os.path.join(data_dir + ".log")
+        self.name = name
+        self.tls = tls
+        self.initial_cluster = initial_cluster
+        self.compaction = compaction
         self.process: subprocess.Popen | None = None
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.peer_port}"
 
     def command(self) -> list[str]:
         binary = etcd_binary()
         if not binary:
             raise FileNotFoundError("etcd not found: apt-get install etcd-server")
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        return [binary, "--name", "peerctl", "--data-dir", self.data_dir,
-                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"peerctl={peer}",
-                "--heartbeat-interval", "10", "--election-timeout", "100",
-                "--log-level", "warn"]
+        command = [binary, "--name", self.name, "--data-dir", self.data_dir,
+                   "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                   "--listen-peer-urls", self.peer_url,
+                   "--initial-advertise-peer-urls", self.peer_url,
+                   "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}",
+                   "--heartbeat-interval", "10", "--election-timeout", "100",
+                   "--log-level", "warn"]
+        if self.compaction:
+            command += ["--auto-compaction-mode", "periodic",
+                        "--auto-compaction-retention", self.compaction]
+        if self.tls:
+            command += ["--client-cert-auth", "--trusted-ca-file", self.tls.cacert,
+                        "--cert-file", self.tls.cert, "--key-file", self.tls.key,
+                        "--peer-client-cert-auth", "--peer-trusted-ca-file", self.tls.cacert,
+                        "--peer-cert-file", self.tls.cert, "--peer-key-file", self.tls.key]
+        return command
 
     def start(self, timeout: float = 15.0) -> "EtcdServer":
-        os.makedirs(os.path.dirname(os.path.abspath(self.data_dir)), exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=log,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        self.launch()
         self.wait_healthy(timeout)
         return self
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to be healthy."""
+        os.makedirs(os.path.dirname(os.path.abspath(self.data_dir)), exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=log,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
 
     def wait_healthy(self, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
@@ -67,13 +99,24 @@ class EtcdServer:
             if self.process and self.process.poll() is not None:
                 raise RuntimeError(f"etcd exited with {self.process.returncode}; see {self.log_path}")
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as reply:
+                with urllib.request.urlopen(self.url + "/health", timeout=1,
+                                            context=self._ssl()) as reply:
                     if b'"true"' in reply.read():
                         return
             except OSError:
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"etcd at {self.url} not healthy after {timeout}s")
+
+    def _ssl(self):
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(cafile=self.tls.cacert)
+        context.load_cert_chain(self.tls.cert, self.tls.key)
+        return context
+
+    def running(self) -> bool:
+        return bool(self.process) and self.process.poll() is None
 
     def kill(self) -> None:
         """SIGKILL: the data directory stays, as after a crash."""
@@ -92,3 +135,41 @@ class EtcdServer:
     def restart(self) -> None:
         self.kill()
         self.start()
+
+
+class EtcdCluster:
+    """``size`` members ``m1``.. on loopback, each with its data directory
+    ``<base>/m<i>``; ``urls`` is every client URL, comma-separated, the way
+    clients are given them.  Members start together (a new cluster needs a
+    quorum before any is healthy)."""
+
+    def __init__(self, base_dir: str, size: int = 3, tls=None, compaction: str | None = None):
+        self.base_dir = base_dir
+        names = [f"m{i}" for i in range(1, size + 1)]
+        ports = {name: (free_port(), free_port()) for name in names}
+        scheme = "https" if tls else "http"
+        initial = ",".join(f"{name}={scheme}://127.0.0.1:{ports[name][1]}" for name in names)
+        self.members = [EtcdServer(os.path.join(base_dir, name), *ports[name],
+                                   log_path=os.path.join(base_dir, f"{name}.log"),
+                                   name=name, tls=tls, initial_cluster=initial,
+                                   compaction=compaction)
+                        for name in names]
+
+    @property
+    def urls(self) -> str:
+        return ",".join(member.url for member in self.members)
+
+    url = urls      # what a single EtcdServer's users read
+
+    def start(self, timeout: float = 20.0) -> "EtcdCluster":
+        os.makedirs(self.base_dir, exist_ok=True)
+        for member in self.members:
+            if not member.running():
+                member.launch()
+        for member in self.members:
+            member.wait_healthy(timeout)
+        return self
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()

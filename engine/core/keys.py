@@ -6,7 +6,10 @@ no arguments gives the prefix of all its kind (``vm()`` -> ``vms/``)."""
 TERMINAL_STATES = ("done", "failed", "aborted", "stuck")
 
 
-def auto(automation_id: str, part: str = "") -> str:
+def auto(automation_id: str = "", part: str = "") -> str:
+    """``auto/<id>/<part>``; ``auto()`` is every automation's keys."""
+    if not automation_id:
+        return "auto/"
     return f"auto/{automation_id}/{part}"
 
 
@@ -71,7 +74,9 @@ def task(automation_id: str = "") -> str:
     return f"tasks/{automation_id}"
 
 
-def member(host: str, automation_id: str = "") -> str:
+def member(host: str = "", automation_id: str = "") -> str:
+    if not host:
+        return "member/"
     return f"member/{host}/{automation_id}"
 
 

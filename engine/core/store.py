@@ -16,24 +16,27 @@ Promises:
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-import grpc
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")   # gRPC core's own stderr lines are not for users
+import grpc  # noqa: E402
 import msgpack
 import pyetcd
 from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exceptions
 from pyetcd import utils as etcd_utils
 
-from engine.errors import StoreUnavailable
+from engine.errors import PermissionDenied, StoreRefused, StoreUnavailable
 
 from . import values
-from .validate import parse_endpoints   # one check of endpoints, shared with the command line
+from .credentials import Credentials
+from .validate import endpoint_scheme, parse_endpoints   # shared with the command line
 
 __all__ = [
-    "Store", "KV", "Event", "TxnResult", "StoreUnavailable", "WatchBroken",
+    "Store", "KV", "Event", "TxnResult", "StoreUnavailable", "StoreRefused", "WatchBroken",
     "Compacted", "Put", "Delete", "Get", "absent", "exists", "created_at",
     "modified_at", "value_is", "lease_is", "untouched_since", "parse_endpoints",
 ]
@@ -167,14 +170,18 @@ class Store:
     """A cluster's keyspace in etcd."""
 
     def __init__(self, endpoints: str = "http://127.0.0.1:2379",
-                 cluster: str = "default", timeout: float = 5.0):
+                 cluster: str = "default", timeout: float = 5.0,
+                 credentials: Credentials | None = None):
         self.endpoints = endpoints
         self.cluster = cluster
         self.prefix = f"/peerctl/{cluster}/"
         self._prefix_bytes = self.prefix.encode()
+        self.credentials = credentials or Credentials()
+        secure = endpoint_scheme(endpoints) == "https"
+        creds = grpc.ssl_channel_credentials(*self.credentials.read()) if secure else None
         self._client = pyetcd.MultiEndpointEtcd3Client(
-            endpoints=[pyetcd.Endpoint(host, port, secure=False, time_retry=0.5,
-                                       opts=_CHANNEL_OPTIONS)
+            endpoints=[pyetcd.Endpoint(host, port, secure=secure, creds=creds,
+                                       time_retry=0.5, opts=_CHANNEL_OPTIONS)
                        for host, port in parse_endpoints(endpoints)],
             timeout=timeout, failover=True)
         self._timeout = timeout
@@ -199,6 +206,12 @@ class Store:
             code = exc.code() if hasattr(exc, "code") else None
             if code == grpc.StatusCode.NOT_FOUND:
                 raise LeaseGone(f"etcd: {exc.details()}") from None
+            refusal = self._refusal(exc)
+            if refusal is not None:
+                raise refusal from None
+            if code is not None and code.name in self._ANSWERS:    # etcd answered: no failover
+                details = (exc.details() or "").removeprefix("etcdserver: ")
+                raise StoreRefused(f"etcd at {self.endpoints} refused: {details}") from None
             if len(self._client.endpoints) > 1:
                 self._client.endpoint_in_use.fail()     # fail over to the next one
                 self._client._clear_old_stubs()
@@ -208,6 +221,40 @@ class Store:
 
     def _why(self, exc) -> str:
         return f"etcd at {self.endpoints} unreachable ({type(exc).__name__})"
+
+    _ANSWERS = {"RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "FAILED_PRECONDITION",
+                "OUT_OF_RANGE", "ALREADY_EXISTS"}
+
+    _DENIED = ("permission denied", "user name is empty", "user name not found",
+               "invalid auth token", "authentication failed", "not capable")
+    _HANDSHAKE = ("SSL", "TSI_", "andshake", "certificate")
+
+    def _refusal(self, exc) -> PermissionDenied | None:
+        """etcd's refusal of this identity (a role without the permission, a
+        user it does not know, a client certificate it does not accept), as
+        one line naming the role; None for any other failure."""
+        code = exc.code() if hasattr(exc, "code") else None
+        details = (exc.details() if hasattr(exc, "details") else "") or ""
+        role = self.credentials.role
+        if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED) \
+                or any(part in details for part in self._DENIED):
+            if role is None:
+                return PermissionDenied(
+                    f"permission denied: etcd at {self.endpoints} wants an identity "
+                    "(a client certificate: --cert/--key)", role)
+            why = details.removeprefix("etcdserver: ")
+            return PermissionDenied(f"permission denied for role {role}: etcd said {why!r} "
+                                    f"(certificate {self.credentials.cert})", role)
+        if code == grpc.StatusCode.UNAVAILABLE and self._client.endpoints \
+                and any(part in details for part in self._HANDSHAKE):
+            if not self.credentials.cert:
+                return PermissionDenied(
+                    f"permission denied: etcd at {self.endpoints} refused the connection "
+                    "without a client certificate (give --cert and --key)", None)
+            return PermissionDenied(
+                f"permission denied for role {role}: etcd at {self.endpoints} refused the TLS "
+                f"handshake with certificate {self.credentials.cert}", role)
+        return None
 
     def _range_request(self, key: str, prefix: bool, keys_only=False,
                        revision: int = 0, limit: int = 0):
@@ -310,7 +357,7 @@ class Store:
             for response in self._call("leasestub", "LeaseKeepAlive", iter([request])):
                 return response.TTL
         except grpc.RpcError as exc:
-            raise StoreUnavailable(self._why(exc)) from None
+            raise (self._refusal(exc) or StoreUnavailable(self._why(exc))) from None
         return 0
 
     def revoke(self, lease: int) -> None:
@@ -326,6 +373,50 @@ class Store:
     def compact(self, revision: int) -> None:
         """Drop history before ``revision`` (the whole etcd, not just this cluster)."""
         self._call("kvstub", "Compact", etcdrpc.CompactionRequest(revision=revision, physical=True))
+
+    # -- maintenance ---------------------------------------------------------
+
+    def status(self) -> dict:
+        """The answering member's ``{db_size, leader, member, version,
+        revision}`` and the cluster's active ``alarms`` (``["NOSPACE"]``)."""
+        status = self._call("maintenancestub", "Status", etcdrpc.StatusRequest())
+        alarms = self._call("maintenancestub", "Alarm", etcdrpc.AlarmRequest(
+            action=etcdrpc.AlarmRequest.GET, memberID=0, alarm=etcdrpc.NONE))
+        names = {value: name for name, value in etcdrpc.AlarmType.items()}
+        return {"db_size": status.dbSize, "leader": status.leader,
+                "member": status.header.member_id, "version": status.version,
+                "revision": status.header.revision,
+                "alarms": sorted({names.get(a.alarm, str(a.alarm)) for a in alarms.alarms
+                                  if a.alarm != etcdrpc.NONE})}
+
+    def auth_setup(self, users: dict[str, str], roles: dict[str, list],
+                   password: Callable[[], str]) -> None:
+        """etcd's RBAC: ``roles`` ({role: [(perm, key, range_end)]}) granted,
+        ``users`` ({user: role}) made with ``password()`` and granted,
+        authentication enabled.  What already exists is kept."""
+        auth = etcdrpc.auth_pb2
+        permissions = {"READ": auth.Permission.READ, "WRITE": auth.Permission.WRITE,
+                       "READWRITE": auth.Permission.READWRITE}
+
+        def tolerate(method, request, *already):
+            try:
+                self._call("authstub", method, request)
+            except StoreRefused as exc:
+                if not any(text in str(exc) for text in already):
+                    raise
+
+        for role, grants in roles.items():
+            tolerate("RoleAdd", etcdrpc.AuthRoleAddRequest(name=role), "already exists")
+            for perm, key, range_end in grants:
+                self._call("authstub", "RoleGrantPermission",
+                           etcdrpc.AuthRoleGrantPermissionRequest(name=role, perm=auth.Permission(
+                               permType=permissions[perm], key=key, range_end=range_end)))
+        for user, role in users.items():
+            tolerate("UserAdd", etcdrpc.AuthUserAddRequest(name=user, password=password()),
+                     "already exists")
+            self._call("authstub", "UserGrantRole",
+                       etcdrpc.AuthUserGrantRoleRequest(user=user, role=role))
+        self._call("authstub", "AuthEnable", etcdrpc.AuthEnableRequest())
 
     # -- watches -----------------------------------------------------------
 
@@ -366,7 +457,9 @@ class Store:
                         full, on_response, start_revision=start_revision)
             except etcd_exceptions.RevisionCompactedError as exc:
                 raise Compacted(exc.compacted_revision) from None
-            except (grpc.RpcError, etcd_exceptions.Etcd3Exception, ValueError) as exc:
+            except grpc.RpcError as exc:
+                raise (self._refusal(exc) or StoreUnavailable(self._why(exc))) from None
+            except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
                 raise StoreUnavailable(self._why(exc)) from None
 
         def cancel():

@@ -17,15 +17,16 @@ import urllib.parse
 
 from engine.errors import UsageError
 
-__all__ = ["parse_endpoints", "parse_duration", "DEFAULT_ETCD_PORT"]
+__all__ = ["parse_endpoints", "endpoint_scheme", "parse_duration", "DEFAULT_ETCD_PORT"]
 
 DEFAULT_ETCD_PORT = 2379
 
 
 def parse_endpoints(text: str, where: str = "") -> list[tuple[str, int]]:
-    """Comma-separated ``http://HOST[:PORT]`` (or ``HOST[:PORT]``) ->
-    ``[(host, port), ...]``; ``where`` says where the text came from
-    (``from --etcd``), for the message when it names no endpoint."""
+    """Comma-separated ``http://HOST[:PORT]``, ``https://HOST[:PORT]`` (or
+    ``HOST[:PORT]``) -> ``[(host, port), ...]``; ``where`` says where the
+    text came from (``from --etcd``), for the message when it names no
+    endpoint.  All endpoints speak one scheme (:func:`endpoint_scheme`)."""
     urls = [url.strip() for url in text.split(",") if url.strip()]
     if not urls:
         raise UsageError(f"no etcd endpoint given ({text!r}{' ' + where if where else ''})")
@@ -36,12 +37,24 @@ def parse_endpoints(text: str, where: str = "") -> list[tuple[str, int]]:
             host, port = parsed.hostname, parsed.port
         except ValueError as exc:       # 'Invalid IPv6 URL', 'Port out of range 0-65535'
             raise UsageError(f"bad etcd endpoint {url!r}: {exc}") from None
-        if parsed.scheme not in ("http", "") or not host:
-            raise UsageError(f"bad etcd endpoint {url!r}: want http://HOST:PORT")
+        if parsed.scheme not in ("http", "https", "") or not host:
+            raise UsageError(f"bad etcd endpoint {url!r}: want http://HOST:PORT "
+                             "or https://HOST:PORT")
         if port == 0:
             raise UsageError(f"bad etcd endpoint {url!r}: port 0")
         endpoints.append((host, port or DEFAULT_ETCD_PORT))
+    endpoint_scheme(text)
     return endpoints
+
+
+def endpoint_scheme(text: str) -> str:
+    """``"https"`` when the endpoints are TLS ones, else ``"http"``; a list
+    mixing both is a usage error (one client speaks one of them)."""
+    schemes = {url.strip().split("://", 1)[0].lower() if "://" in url else "http"
+               for url in text.split(",") if url.strip()}
+    if len(schemes) > 1:
+        raise UsageError(f"etcd endpoints {text!r} mix http:// and https://")
+    return schemes.pop() if schemes else "http"
 
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")

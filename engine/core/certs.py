@@ -1,0 +1,156 @@
+"""A cluster's own certificate authority, and the certificates it issues.
+
+``up --tls`` and ``peerctl.py certs`` make, in one directory:
+
+- ``ca.pem`` / ``ca-key.pem``: the authority (EC P-256, ten years);
+- ``etcd.pem`` / ``etcd-key.pem``: etcd's certificate, for its client and peer
+  ports alike (server and client use, SANs ``127.0.0.1``, ``localhost`` and
+  whatever names are asked for);
+- ``<user>.pem`` / ``<user>-key.pem``: one client certificate per identity.
+  Its common name is the etcd user (etcd takes a client certificate's CN as
+  the user name); its organizational unit is the user's role (``peer``,
+  ``operator``, ``viewer``, ``root``), so a command can name the role etcd
+  refused without asking etcd.
+
+Keys are written 0600.  Issuing again over an existing file keeps it: the
+authority is made once, and a certificate already issued is reused.
+"""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+__all__ = ["Issued", "authority", "issue", "issue_server", "identity", "ROOT_USER"]
+
+ROOT_USER = "root"          # etcd's administrator: the one user that enables auth
+_LIFETIME = datetime.timedelta(days=3650)
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A certificate and its key on disk, and the authority that signed it."""
+    cert: str
+    key: str
+    cacert: str
+
+
+def _paths(directory: str, name: str) -> tuple[str, str]:
+    return os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}-key.pem")
+
+
+def _write(path: str, data: bytes, private: bool = False) -> None:
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _load(directory: str, name: str):
+    cert_path, key_path = _paths(directory, name)
+    with open(cert_path, "rb") as f:
+        cert = x509.load_pem_x509_certificate(f.read())
+    with open(key_path, "rb") as f:
+        key = serialization.load_pem_private_key(f.read(), password=None)
+    return cert, key
+
+
+def _save(directory: str, name: str, cert, key) -> tuple[str, str]:
+    cert_path, key_path = _paths(directory, name)
+    _write(key_path, key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()), private=True)
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def _builder(subject: x509.Name, issuer: x509.Name, public_key):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+            .public_key(public_key).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + _LIFETIME))
+
+
+def authority(directory: str, cluster: str = "default") -> str:
+    """The authority in ``directory`` (made the first time); its cert path."""
+    os.makedirs(directory, exist_ok=True)
+    cert_path, key_path = _paths(directory, "ca")
+    if os.path.exists(cert_path) and os.path.exists(key_path):
+        return cert_path
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "peerctl"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, f"peerctl {cluster} CA")])
+    cert = (_builder(name, name, key.public_key())
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                         crl_sign=True, content_commitment=False,
+                                         key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False,
+                                         decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    _save(directory, "ca", cert, key)
+    return cert_path
+
+
+def _sign(directory: str, name: str, subject: x509.Name, usages: list,
+          names: list[str] = ()) -> Issued:
+    cert_path, key_path = _paths(directory, name)
+    cacert = os.path.join(directory, "ca.pem")
+    if os.path.exists(cert_path) and os.path.exists(key_path):
+        return Issued(cert_path, key_path, cacert)
+    ca_cert, ca_key = _load(directory, "ca")
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (_builder(subject, ca_cert.subject, key.public_key())
+               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+               .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
+    if names:
+        alternatives = []
+        for entry in names:
+            try:
+                alternatives.append(x509.IPAddress(ipaddress.ip_address(entry)))
+            except ValueError:
+                alternatives.append(x509.DNSName(entry))
+        builder = builder.add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
+    _save(directory, name, builder.sign(ca_key, hashes.SHA256()), key)
+    return Issued(cert_path, key_path, cacert)
+
+
+def issue_server(directory: str, names: list[str] = ()) -> Issued:
+    """etcd's certificate (client and peer ports), valid for loopback and ``names``."""
+    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "peerctl"),
+                         x509.NameAttribute(NameOID.COMMON_NAME, "etcd")])
+    everything = ["127.0.0.1", "localhost", *[n for n in names
+                                              if n not in ("127.0.0.1", "localhost")]]
+    return _sign(directory, "etcd", subject,
+                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+                 everything)
+
+
+def issue(directory: str, user: str, role: str) -> Issued:
+    """The client certificate of etcd user ``user``, whose role is ``role``."""
+    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "peerctl"),
+                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+                         x509.NameAttribute(NameOID.COMMON_NAME, user)])
+    return _sign(directory, user, subject, [ExtendedKeyUsageOID.CLIENT_AUTH])
+
+
+def identity(cert_pem: bytes) -> tuple[str | None, str | None]:
+    """``(user, role)`` a client certificate names: its CN and OU (None when
+    absent or unreadable)."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        return None, None
+
+    def first(oid):
+        values = cert.subject.get_attributes_for_oid(oid)
+        return str(values[0].value) if values else None
+    return first(NameOID.COMMON_NAME), first(NameOID.ORGANIZATIONAL_UNIT_NAME)
