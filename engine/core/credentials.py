@@ -66,7 +66,8 @@ class Credentials:
             raise UsageError(f"{_WHAT[given]} {getattr(self, given)}{self._where(given)} "
                              f"given without a {_WHAT[missing]} (--{missing}, "
                              f"$PEERCTL_{missing.upper()} or {missing} in the config file)")
-        return self._read("cacert"), self._read("key"), self._read("cert")
+        cacert, cert, key = (self._read(name) for name in SETTINGS)     # errors in this order
+        return cacert, key, cert
 
     def identity(self) -> tuple[str | None, str | None]:
         """``(user, role)`` the client certificate names; ``(None, None)``

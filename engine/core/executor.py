@@ -24,7 +24,7 @@ from engine.errors import RequestError
 
 from .handlers import HANDLERS
 from .session import Session
-from .store import Delete, Get, Put, Store, StoreUnavailable, absent, exists
+from .store import Delete, Get, Put, Store, StoreRefused, StoreUnavailable, absent, exists
 from .values import problem, readable, report
 from .watch import PrefixWatch, Reset
 
@@ -245,8 +245,7 @@ class Executor:
                 handler = HANDLERS.get(name)
                 if handler is None:
                     raise RequestError(f"host {self.host.host} has no handler for request {name!r}")
-                with steps.running(self.store, automation_id, index):
-                    value = handler(self.host, dict(entry.get("args") or {}))
+                value = self._run_handler(handler, automation_id, index, entry)
                 response = {"status": "ok", "value": value}
             except RequestError as exc:
                 response = {"status": "error", "error": str(exc)}
@@ -268,6 +267,25 @@ class Executor:
             with self._idle:
                 self._running -= 1
                 self._idle.notify_all()
+
+    HANDLER_STORE_RETRIES = 30
+
+    def _run_handler(self, handler, automation_id: str, index: int, entry: dict):
+        """The handler's value.  Requests are idempotent, so one that could
+        not reach etcd (a member dying, a leader election) is run again
+        rather than answered with an error, for a bounded while."""
+        for attempt in range(self.HANDLER_STORE_RETRIES + 1):
+            try:
+                with steps.running(self.store, automation_id, index):
+                    return handler(self.host, dict(entry.get("args") or {}))
+            except StoreRefused:
+                raise               # etcd answered: running it again changes nothing
+            except StoreUnavailable as exc:
+                if attempt == self.HANDLER_STORE_RETRIES:
+                    raise
+                self.log.warning("request_store_unavailable", request=entry["request"],
+                                 automation=automation_id, index=index, error=str(exc))
+                time.sleep(min(0.1 * (attempt + 1), 1.0))
 
     def _respond(self, automation_id: str, index: int, response: dict) -> int:
         """Write the response create-if-absent; its revision if it landed."""

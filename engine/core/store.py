@@ -186,6 +186,8 @@ class Store:
             timeout=timeout, failover=True)
         self._timeout = timeout
         self._watch_lock = threading.Lock()
+        self._failover_lock = threading.Lock()
+        self._watch_broke = None        # the member whose watch stream broke: gone, maybe
 
     # -- plumbing ----------------------------------------------------------
 
@@ -199,25 +201,43 @@ class Store:
 
     def _call(self, stub: str, method: str, request):
         """One RPC; the stub is looked up inside the try because pyetcd raises
-        there too while it considers the endpoint failed."""
-        try:
-            return getattr(getattr(self._client, stub), method)(request, self._timeout)
-        except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            if code == grpc.StatusCode.NOT_FOUND:
-                raise LeaseGone(f"etcd: {exc.details()}") from None
-            refusal = self._refusal(exc)
-            if refusal is not None:
-                raise refusal from None
-            if code is not None and code.name in self._ANSWERS:    # etcd answered: no failover
-                details = (exc.details() or "").removeprefix("etcdserver: ")
-                raise StoreRefused(f"etcd at {self.endpoints} refused: {details}") from None
-            if len(self._client.endpoints) > 1:
-                self._client.endpoint_in_use.fail()     # fail over to the next one
+        there too while it considers the endpoint failed.  With several
+        endpoints, a failure moves to the next member, and a read, or a
+        request that never left this process, is tried again there."""
+        members = len(self._client.endpoints)
+        for attempt in range(members):
+            try:
+                return getattr(getattr(self._client, stub), method)(request, self._timeout)
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                if code == grpc.StatusCode.NOT_FOUND:
+                    raise LeaseGone(f"etcd: {exc.details()}") from None
+                refusal = self._refusal(exc)
+                if refusal is not None:
+                    raise refusal from None
+                if code is not None and code.name in self._ANSWERS:    # an answer: no failover
+                    details = (exc.details() or "").removeprefix("etcdserver: ")
+                    raise StoreRefused(f"etcd at {self.endpoints} refused: {details}") from None
+                if members > 1:
+                    self._failover()
+                    if attempt + 1 < members and (method == "Range" or self._unsent(exc)):
+                        continue
+                raise StoreUnavailable(self._why(exc)) from None
+            except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
+                raise StoreUnavailable(self._why(exc)) from None
+
+    def _failover(self) -> None:
+        """Leave the member in use for the next one that has not failed."""
+        with self._failover_lock:
+            endpoint = self._client.endpoint_in_use
+            if endpoint is not None and not endpoint.is_failed():
+                endpoint.fail()
                 self._client._clear_old_stubs()
-            raise StoreUnavailable(self._why(exc)) from None
-        except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
-            raise StoreUnavailable(self._why(exc)) from None
+
+    @staticmethod
+    def _unsent(exc) -> bool:
+        details = (exc.details() if hasattr(exc, "details") else "") or ""
+        return "failed to connect" in details or "Connection refused" in details
 
     def _why(self, exc) -> str:
         return f"etcd at {self.endpoints} unreachable ({type(exc).__name__})"
@@ -441,6 +461,7 @@ class Store:
                 callback(Compacted(response.compacted_revision), 0)
             elif isinstance(response, BaseException) or response is None:
                 broken.set()
+                self._watch_broke = member
                 callback(WatchBroken(str(response)), 0)
             else:
                 events = [Event("put" if isinstance(e, pyetcd.events.PutEvent) else "delete",
@@ -448,6 +469,11 @@ class Store:
                 callback(events, response.header.revision)
 
         with self._watch_lock:
+            if len(self._client.endpoints) > 1 and self._watch_broke is not None \
+                    and self._watch_broke == self._client._current_endpoint_label:
+                self._failover()        # watch from another member
+            self._watch_broke = None
+            member = self._client._current_endpoint_label
             try:
                 if exact:
                     watch_id = self._client.add_watch_callback(
@@ -458,7 +484,12 @@ class Store:
             except etcd_exceptions.RevisionCompactedError as exc:
                 raise Compacted(exc.compacted_revision) from None
             except grpc.RpcError as exc:
-                raise (self._refusal(exc) or StoreUnavailable(self._why(exc))) from None
+                refusal = self._refusal(exc)
+                if refusal is not None:
+                    raise refusal from None
+                if len(self._client.endpoints) > 1:
+                    self._failover()
+                raise StoreUnavailable(self._why(exc)) from None
             except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
                 raise StoreUnavailable(self._why(exc)) from None
 

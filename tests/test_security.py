@@ -1,0 +1,186 @@
+"""TLS and roles against a real etcd serving TLS with client certificates and
+its RBAC on: who may read, who may write, and that a refused command writes
+nothing and says so in one line (exit 4, naming the role)."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from engine.core import auth, certs, keys
+from engine.core.credentials import Credentials
+from engine.core.etcd_server import EtcdServer
+from engine.core.store import Store
+from engine.errors import PermissionDenied, UsageError
+from tests.support import wait_for
+from tests.support.cluster import Cluster
+
+SPEC = "VCPU:1,MEMORY_MB:256,DISK_GB:1"
+
+
+class Secured:
+    """A TLS etcd with roles on, the certificates of every identity, and a
+    cluster of two peers each using its own peer certificate."""
+
+    def __init__(self, base):
+        self.tls = str(base / "tls")
+        certs.authority(self.tls)
+        self.server = EtcdServer(str(base / "etcd-data"), tls=certs.issue_server(self.tls)).start()
+        self.name = "s" + uuid.uuid4().hex[:10]
+        users = {"root": "root", "operator": "operator", "viewer": "viewer",
+                 "peer-host1": "peer", "peer-host2": "peer"}
+        for user, role in users.items():
+            certs.issue(self.tls, user, role)
+        self.root = self.store("root")
+        auth.setup(self.root, users)
+        self.cluster = Cluster(self.server.url, self.name, base)
+
+    def files(self, user: str) -> dict:
+        return {"cacert": f"{self.tls}/ca.pem", "cert": f"{self.tls}/{user}.pem",
+                "key": f"{self.tls}/{user}-key.pem"}
+
+    def env(self, user: str | None) -> dict:
+        files = self.files(user) if user else {"cacert": f"{self.tls}/ca.pem"}
+        return {f"PEERCTL_{name.upper()}": path for name, path in files.items()}
+
+    def store(self, user: str) -> Store:
+        return Store(self.server.url, self.name, credentials=Credentials(**self.files(user)))
+
+    def cli(self, user: str | None, *args, **kwargs):
+        return self.cluster.cli(*args, env=self.env(user), **kwargs)
+
+    def keys_now(self) -> set[str]:
+        """Every key of the cluster but the live records peers refresh."""
+        kvs, _ = self.root.range("", keys_only=True)
+        return {kv.key for kv in kvs if not kv.key.startswith((keys.host(), keys.vm()))}
+
+    def close(self):
+        self.cluster.close()
+        self.root.close()
+        self.server.stop()
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    secured = Secured(tmp_path_factory.mktemp("secured"))
+    for host in ("host1", "host2"):
+        secured.cluster.start_peer(host, env=secured.env(f"peer-{host}"))
+    viewer = secured.store("viewer")
+    wait_for(lambda: {"host1", "host2"} <= {kv.key.split("/")[1]
+                                             for kv in viewer.range(keys.host())[0]},
+             timeout=30, what="both peers registered with their own certificates")
+    viewer.close()
+    yield secured
+    secured.close()
+
+
+def one_line(done) -> str:
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_operator_boots_on_peers_that_run_with_peer_certificates(secured):
+    done = secured.cli("operator", "--format", "json", "boot", "op1", "--resources", SPEC)
+    assert done.returncode == 0, done.stderr
+    vms = json.loads(done.stdout)["vms"]
+    assert [(vm["name"], vm["state"]) for vm in vms] == [("op1", "running")]
+
+
+def test_viewer_lists_and_cannot_boot_and_nothing_is_written(secured):
+    secured.cli("operator", "boot", "seen", "--resources", SPEC)
+    listed = secured.cli("viewer", "--format", "json", "vmlist")
+    assert listed.returncode == 0, listed.stderr
+    assert "seen" in [vm["name"] for vm in json.loads(listed.stdout)]
+    assert secured.cli("viewer", "hostlist").returncode == 0
+
+    before = secured.keys_now()
+    for refused in (secured.cli("viewer", "boot", "nope", "--resources", SPEC),
+                    secured.cli("viewer", "drain", "host2"),
+                    secured.cli("viewer", "lease", "create", "l1", "--start", "now",
+                                "--end", "+1h", "--hosts", "1")):
+        assert refused.returncode == 4, (refused.stdout, refused.stderr)
+        line = one_line(refused)
+        assert "permission denied" in line and "viewer" in line, line
+    assert secured.keys_now() == before
+    names = [vm["name"] for vm in json.loads(secured.cli("viewer", "--format", "json",
+                                                         "vmlist").stdout)]
+    assert "nope" not in names
+
+
+def test_operator_cannot_forge_what_only_hosts_write(secured):
+    operator = secured.store("operator")
+    try:
+        with pytest.raises(PermissionDenied) as refused:
+            operator.put(keys.host("host9"), {"host": "host9"})
+        assert refused.value.role == "operator" and "operator" in str(refused.value)
+        with pytest.raises(PermissionDenied):
+            operator.put(keys.inbox("host1", "x", 0), {"request": "destroy"})
+        assert operator.get(keys.host("host9")) is None
+        operator.put(keys.drained("host9"), {"host": "host9"})     # drains are an operator's
+        operator.delete(keys.drained("host9"))
+    finally:
+        operator.close()
+
+
+def test_no_certificate_is_refused_in_one_line(secured):
+    done = secured.cli(None, "vmlist")
+    assert done.returncode in (3, 4), (done.stdout, done.stderr)
+    line = one_line(done)
+    assert "client certificate" in line and done.stdout == ""
+
+
+def test_a_certificate_of_another_authority_is_refused(secured, tmp_path):
+    stranger = str(tmp_path / "stranger")
+    certs.authority(stranger)
+    issued = certs.issue(stranger, "operator", "operator")
+    done = secured.cluster.cli("vmlist", env={**secured.env("operator"),
+                                              "PEERCTL_CERT": issued.cert,
+                                              "PEERCTL_KEY": issued.key})
+    assert done.returncode == 4, (done.stdout, done.stderr)
+    assert "TLS handshake" in one_line(done)
+
+
+def test_bad_certificate_settings_name_the_file(secured, tmp_path):
+    missing = str(tmp_path / "gone.pem")
+    done = secured.cluster.cli("vmlist", env={**secured.env("viewer"), "PEERCTL_CERT": missing})
+    assert done.returncode == 2
+    line = one_line(done)
+    assert missing in line and "$PEERCTL_CERT" in line, line
+
+    not_pem = tmp_path / "key.txt"
+    not_pem.write_text("hello\n")
+    done = secured.cli("viewer", "--key", str(not_pem), "vmlist")
+    assert done.returncode == 2 and str(not_pem) in one_line(done) and "--key" in done.stderr
+
+    conf = tmp_path / "peerctl.conf"          # relative to the config file
+    conf.write_text(f"[peerctl]\ncacert = {secured.tls}/ca.pem\ncert = viewer.pem\n"
+                    f"key = viewer-key.pem\n")
+    done = secured.cluster.cli("vmlist", env={"PEERCTL_CONF": str(conf),
+                                              "PEERCTL_CACERT": "", "PEERCTL_CERT": "",
+                                              "PEERCTL_KEY": ""})
+    assert done.returncode == 2
+    assert f"{tmp_path}/viewer.pem" in one_line(done) and str(conf) in done.stderr
+
+
+def test_certificates_name_their_user_and_role(tmp_path):
+    certs.authority(str(tmp_path))
+    issued = certs.issue(str(tmp_path), "peer-host7", "peer")
+    assert Credentials(issued.cacert, issued.cert, issued.key).identity() == ("peer-host7", "peer")
+    assert oct(__import__("os").stat(issued.key).st_mode & 0o777) == "0o600"
+    again = certs.issue(str(tmp_path), "peer-host7", "peer")       # kept, not remade
+    assert open(again.cert).read() == open(issued.cert).read()
+    with pytest.raises(UsageError, match="without a client key"):
+        Credentials(issued.cacert, issued.cert, None).read()
+
+
+def test_roles_cover_the_cluster_prefix_only():
+    assert auth.ranges("c1", "viewer") == [("READ", b"/peerctl/c1/", b"/peerctl/c10")]
+    assert auth.ranges("c1", "peer") == [("READWRITE", b"/peerctl/c1/", b"/peerctl/c10")]
+    operator = auth.ranges("c1", "operator")
+    assert operator[0] == ("READ", b"/peerctl/c1/", b"/peerctl/c10")
+    written = {key for _, key, _ in operator[1:]}
+    assert b"/peerctl/c1/auto/" in written and b"/peerctl/c1/hosts/" not in written
+    assert all(key.startswith(b"/peerctl/c1/") for _, key, _ in operator)
