@@ -44,17 +44,18 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine import table  # noqa: E402  (pure Python, no engine dependencies)
-from engine.core.validate import endpoint_scheme, parse_duration, parse_endpoints  # noqa: E402
+from engine.core.validate import (endpoint_scheme, parse_duration,  # noqa: E402
+                                  parse_endpoints, parse_size)
 from engine.core.credentials import Credentials  # noqa: E402  (cheap)
-from engine.errors import (Failed, PeerctlError, PlacementError,  # noqa: E402
-                           StoreRefused, StoreUnavailable, Unavailable, UsageError)
+from engine.errors import (Failed, PeerctlError, PermissionDenied,  # noqa: E402
+                           PlacementError, StoreRefused, StoreUnavailable, Unavailable, UsageError)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED = 0, 1, 2, 3, 130
 
 DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "table",
             "ttl": "5", "workers": "8", "retention": "7d", "state_dir": "state",
             "libvirt": "test:///default", "hosts": "3", "network": "default",
-            "networks": "default", "etcd_history": "1h"}
+            "networks": "default", "etcd_history": "1h", "etcd_quota": "2G"}
 
 TLS_FLAGS = {"cacert": "CA certificate that signed etcd's (https:// endpoints)",
              "cert": "client certificate: who this is to etcd, and its role",
@@ -109,7 +110,11 @@ def settings_for(args) -> dict:
             raise UsageError(f"bad {key} {settings[key]!r} in {path} "
                              f"(want a whole number of {unit}, at least 1)")
     parse_duration(settings["retention"], "retention", f"in {path}")
-    parse_duration(settings["etcd_history"], "etcd_history", f"in {path}")
+    for key in ("etcd_history", "etcd_quota"):
+        where = f"in {path}"
+        if os.environ.get("PEERCTL_" + key.upper()):
+            settings[key], where = os.environ["PEERCTL_" + key.upper()], f"from $PEERCTL_{key.upper()}"
+        (parse_duration if key == "etcd_history" else parse_size)(settings[key], key, where)
     for name in TLS_FLAGS:      # a config file's relative paths are relative to it
         if settings.get(name) and not os.path.isabs(settings[name]):
             settings[name] = os.path.join(os.path.dirname(os.path.abspath(path)), settings[name])
@@ -155,13 +160,29 @@ class Context:
         self.settings = settings
         self.json = settings["format"] == "json"
         self._store = None
+        self.space = None       # etcd's database size and alarms, once the store is open
 
     def store(self):
         if self._store is None:
             from engine.core.store import Store
             self._store = Store(self.settings["etcd"], self.settings["cluster"], timeout=5.0,
                                 credentials=self.settings["credentials"])
+            if self.args.command != "peer":
+                self._check_space()
         return self._store
+
+    def _check_space(self) -> None:
+        """etcd's space, for hostlist's totals; a warning on stderr when it is
+        out of space or nearing its quota.  Not reaching it is left to the
+        command's own first call to report."""
+        from engine.core.maintenance import space, space_warning
+        try:
+            self.space = space(self._store, parse_size(self.settings["etcd_quota"]))
+        except (Unavailable, PermissionDenied):
+            return
+        warning = space_warning(self.space)
+        if warning:
+            say(f"peerctl: warning: {warning}")
 
     def emit(self, doc, text: str | None = None) -> None:
         """The command's answer: ``doc`` as JSON, else ``text`` (or nothing)."""
@@ -457,8 +478,23 @@ def _hosts_matching(ctx: Context, default: list[str]) -> list[dict]:
 
 def cmd_hostlist(ctx: Context) -> int:
     hosts = _hosts_matching(ctx, HOSTLIST_DEFAULT)
-    show_listing(ctx, hosts, HOST_COLUMNS, HOSTLIST_DEFAULT, HOSTLIST_JSON, "host", host_totals)
+
+    def totals(rows):
+        return host_totals(rows) + ("\n" + store_totals(ctx.space) if ctx.space else "")
+    show_listing(ctx, hosts, HOST_COLUMNS, HOSTLIST_DEFAULT, HOSTLIST_JSON, "host", totals)
     return EXIT_OK
+
+
+def store_totals(space: dict) -> str:
+    """hostlist's line about etcd itself: its database against its quota."""
+    from engine.core.maintenance import WARN_RATIO
+    line = (f"etcd: {space['db_size'] / 1024 ** 2:.1f} MiB of "
+            f"{space['quota'] / 1024 ** 2:.0f} MiB quota ({space['ratio']:.0%})")
+    if space["alarms"]:
+        line += f", ALARM {', '.join(space['alarms'])}"
+    elif space["ratio"] >= WARN_RATIO:
+        line += ", nearing quota"
+    return line
 
 
 def cmd_hoststats(ctx: Context) -> int:
@@ -1263,7 +1299,8 @@ def cmd_peer(ctx: Context) -> int:
     kwargs = {"ttl": args.ttl or int(settings["ttl"]), "hooks_dir": args.hooks,
               "workers": args.workers or int(settings["workers"]),
               "state_dir": args.state_dir, "retention": settings.get("retention"),
-              "networks": args.networks if args.networks is not None else settings["networks"]}
+              "networks": args.networks if args.networks is not None else settings["networks"],
+              "etcd_history": settings["etcd_history"]}
     from engine.hypervisor.networks import parse_offer
     parse_offer(kwargs["networks"], "in --networks" if args.networks is not None
                 else "in the networks setting")
@@ -1886,14 +1923,15 @@ def run(argv=None) -> int:
         if debug:
             import traceback
             traceback.print_exc()
+        code = exc.exit_code
         if isinstance(exc, StoreRefused):
-            pass                    # etcd answered: its own words
+            code = exc.exit_code    # etcd answered: its own words
         elif isinstance(exc, StoreUnavailable):
             exc = f"etcd unreachable at {ctx.settings['etcd'] if 'ctx' in locals() else '?'}"
         elif exc.where is not None:
             exc = f"{exc.service} unreachable at {exc.where}"
         say(f"peerctl: {exc}")
-        return EXIT_UNREACHABLE
+        return code
     except UsageError as exc:
         say(f"peerctl: {exc}")
         return EXIT_USAGE

@@ -70,7 +70,8 @@ class StoreRefused(StoreUnavailable):
     """etcd answered, and refused for a reason of its own that is not this
     identity's (database space exceeded with a NOSPACE alarm, a request too
     large): the message says what etcd said.  Nothing was written; it may
-    succeed again once an operator has acted."""
+    succeed again once an operator has acted.  Exit 1: etcd is there."""
+    exit_code = 1
 
 
 class PlacementUnavailable(Unavailable):

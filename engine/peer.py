@@ -26,6 +26,7 @@ import structlog
 
 from .core import keys
 from .core.duties import Duties, Singleton, janitor
+from .core.maintenance import compactor
 from .core.executor import Executor
 from .core.handlers import load_request_handlers
 from .core.registry import load_automations
@@ -44,6 +45,7 @@ log = structlog.get_logger("peerctl.peer")
 
 STATS_INTERVAL = 5.0
 RETENTION = 24 * 3600.0
+ETCD_HISTORY = 3600.0     # etcd revisions kept by the cluster's compactor
 
 
 def _offered(host: HostContext) -> tuple[dict, list[str]]:
@@ -75,11 +77,13 @@ def _host_record(host: HostContext) -> dict:
 class Peer:
     def __init__(self, store: Store, host: str, libvirt_uri: str, ttl: int = 5,
                  hooks_dir: str | None = None, workers: int = 8, state_dir: str | None = None,
-                 retention: float = RETENTION, networks: str = "default"):
+                 retention: float = RETENTION, networks: str = "default",
+                 etcd_history: float = 3600.0):
         self.store = store
         self.name = host
         self.ttl = ttl
         self.retention = retention
+        self.etcd_history = etcd_history
         state_dir = state_dir or os.path.join("/tmp", "peerctl", store.cluster, host)
         os.makedirs(state_dir, exist_ok=True)
         from .hypervisor.networks import parse_offer
@@ -147,6 +151,10 @@ class Peer:
                                 reconciler(self.store, host=self.name)).start(),
                       Singleton(self.store, session, self.name, "lease-guard",
                                 lease_guard(self.store)).start()]
+        if self.etcd_history > 0:
+            singletons.append(Singleton(self.store, session, self.name, "compactor",
+                                        compactor(self.store, self.etcd_history,
+                                                  self.name)).start())
         try:
             while not self.stopping.is_set() and not session.lost.is_set():
                 # Short slices: a lost lease must end this session at once, not
@@ -229,13 +237,15 @@ class Peer:
 def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
              hooks_dir: str | None = None, workers: int = 8,
              state_dir: str | None = None, retention=RETENTION,
-             networks: str = "default") -> int:
+             networks: str = "default", etcd_history=ETCD_HISTORY) -> int:
     """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
     automations are kept for ``retention`` (seconds or ``7d``-style);
     ``networks`` is what the host offers (``default, lan=br0``: see
-    :mod:`engine.hypervisor.networks`)."""
+    :mod:`engine.hypervisor.networks`); etcd keeps ``etcd_history`` of
+    revisions (0: the cluster never compacts it)."""
     peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir,
-                parse_duration(retention if retention is not None else RETENTION), networks)
+                parse_duration(retention if retention is not None else RETENTION), networks,
+                parse_duration(etcd_history if etcd_history is not None else ETCD_HISTORY))
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)

@@ -37,8 +37,9 @@ class EtcdServer:
     def __init__(self, data_dir: str, client_port: int | None = None,
                  peer_port: int | None = None, log_path: str | None = None, *,
                  name: str = "peerctl", tls=None, initial_cluster: str | None = None,
-                 compaction: str | None = None):
+                 compaction: str | None = None, quota_bytes: int | None = None):
         self.data_dir = data_dir
+        self.quota_bytes = quota_bytes
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
         self.log_path = log_path or os.path.join(data_dir + ".log")
@@ -74,6 +75,8 @@ class EtcdServer:
         if self.compaction:
             command += ["--auto-compaction-mode", "periodic",
                         "--auto-compaction-retention", self.compaction]
+        if self.quota_bytes:
+            command += ["--quota-backend-bytes", str(self.quota_bytes)]
         if self.tls:
             command += ["--client-cert-auth", "--trusted-ca-file", self.tls.cacert,
                         "--cert-file", self.tls.cert, "--key-file", self.tls.key,

@@ -123,6 +123,12 @@ def singleton(name: str) -> str:
 RECONCILE_REPORT = "reconcile/report"
 
 
+def maintenance(part: str = "") -> str:
+    """``maintenance/<part>``: what the store's upkeep last did
+    (``engine/core/maintenance.py``: ``compaction``)."""
+    return f"maintenance/{part}"
+
+
 def lease(name: str = "") -> str:
     """``leases/<name>``: a lease's record (``engine/leases``)."""
     return f"leases/{name}"

@@ -17,7 +17,8 @@ import urllib.parse
 
 from engine.errors import UsageError
 
-__all__ = ["parse_endpoints", "endpoint_scheme", "parse_duration", "DEFAULT_ETCD_PORT"]
+__all__ = ["parse_endpoints", "endpoint_scheme", "parse_duration", "parse_size",
+           "DEFAULT_ETCD_PORT"]
 
 DEFAULT_ETCD_PORT = 2379
 
@@ -73,3 +74,15 @@ def parse_duration(value, what: str = "duration", where: str = "") -> float:
         raise UsageError(f"bad {what} {value!r}{' ' + where if where else ''} (want seconds, "
                          "or a number with s, m, h or d: 3600, 30m, 7d)")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?")
+
+
+def parse_size(value, what: str = "size", where: str = "") -> int:
+    """``2147483648``, ``"2G"``, ``"512MiB"`` -> bytes (powers of 1024)."""
+    match = _SIZE.fullmatch(str(value).strip().lower())
+    if match is None or float(match.group(1)) <= 0:
+        raise UsageError(f"bad {what} {value!r}{' ' + where if where else ''} (want bytes, "
+                         "or a number with K, M, G or T: 2G, 512M)")
+    return int(float(match.group(1)) * 1024 ** "_kmgt".index(match.group(2) or "_"))
