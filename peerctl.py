@@ -1170,6 +1170,51 @@ def cmd_lease(ctx: Context) -> int:
 SCRUB_COLUMNS = [C("key", "Key"), C("why", "Problem")]
 
 
+# -- TLS and roles on an etcd of one's own (engine/core/certs.py, auth.py) -----------
+
+def _identities(args) -> dict[str, str]:
+    """``{user: role}`` from ``--peer HOST`` and ``--user NAME:ROLE``."""
+    from engine.core.auth import ROLES
+    users = {"root": "root", "operator": "operator", "viewer": "viewer"}
+    for host in args.peer or []:
+        if not _NAME.match(host):
+            raise UsageError(f"bad host name {host!r} in --peer")
+        users[f"peer-{host}"] = "peer"
+    for text in args.user or []:
+        name, _, role = text.partition(":")
+        if not _NAME.match(name) or role not in ROLES:
+            raise UsageError(f"bad --user {text!r} (want NAME:ROLE, ROLE one of "
+                             f"{', '.join(ROLES)})")
+        users[name] = role
+    return users
+
+
+def cmd_tls(ctx: Context) -> int:
+    from engine.core import auth, certs
+    args = ctx.args
+    users = _identities(args)
+    if args.tls_command == "certs":
+        directory = os.path.abspath(args.dir)
+        try:
+            certs.authority(directory, ctx.settings["cluster"])
+            issued = {"etcd": certs.issue_server(directory, args.name or [])}
+            issued.update({user: certs.issue(directory, user, role)
+                           for user, role in users.items()})
+        except OSError as exc:
+            raise UsageError(f"cannot write certificates in {directory}: "
+                             f"{exc.strerror or exc}") from None
+        doc = {"dir": directory, "ca": os.path.join(directory, "ca.pem"),
+               "certificates": [{"user": user, "role": users.get(user, "etcd server"),
+                                 "cert": i.cert, "key": i.key} for user, i in issued.items()]}
+        ctx.emit(doc, "\n".join(f"{c['user']:<16} {c['role']:<12} {_short(c['cert'])}"
+                                for c in doc["certificates"]))
+        return EXIT_OK
+    done = auth.setup(ctx.store(), users)
+    ctx.emit(done, f"roles {', '.join(done['roles'])} on /peerctl/{ctx.settings['cluster']}/; "
+                   f"users {', '.join(sorted(done['users']))}; authentication on")
+    return EXIT_OK
+
+
 def cmd_scrub(ctx: Context) -> int:
     args = ctx.args
     if args.delete and not args.yes and not sys.stdin.isatty():
@@ -1836,6 +1881,30 @@ def build_parser() -> Parser:
     sub.add_argument("--delete", action="store_true", help="delete the keys listed")
     sub.add_argument("--yes", "-y", action="store_true",
                      help="do not ask before deleting (needed without a terminal)")
+
+    sub = command("tls", "certificates and etcd roles for an etcd of your own",
+                  "python peerctl.py tls certs /etc/peerctl/tls --peer kvm1 --peer kvm2 "
+                  "--name etcd1.example\n"
+                  "python peerctl.py --etcd https://etcd1.example:2379 --cacert ca.pem "
+                  "--cert root.pem --key root-key.pem tls roles --peer kvm1 --peer kvm2",
+                  cmd_tls, "certs: make a CA (once) and certificates in DIR: etcd's (for "
+                  "127.0.0.1, localhost and every --name), root, operator, viewer, one "
+                  "per --peer host (user peer-HOST) and per --user NAME:ROLE; files "
+                  "already there are kept. roles: as etcd's root, grant roles peer, "
+                  "operator and viewer on this cluster's keys, add those users, and turn "
+                  "etcd's authentication on (docs/security.md).")
+    tls = sub.add_subparsers(dest="tls_command", metavar="ACTION", required=True)
+    for action, summary in (("certs", "make the CA and certificates"),
+                            ("roles", "set up etcd's roles and users, as root")):
+        part = tls.add_parser(action, help=summary, parents=[common])
+        if action == "certs":
+            part.add_argument("dir", metavar="DIR", help="where the files go")
+            part.add_argument("--name", action="append", metavar="HOST",
+                              help="a name or address etcd is reached at (repeatable)")
+        part.add_argument("--peer", action="append", metavar="HOST",
+                          help="a host whose peer gets an identity (repeatable)")
+        part.add_argument("--user", action="append", metavar="NAME:ROLE",
+                          help="another identity: ROLE is peer, operator or viewer")
 
     sub = command("peer", "run this host's peer in the foreground",
                   "python peerctl.py peer --host host1 --libvirt qemu:///system --ttl 5",

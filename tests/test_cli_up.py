@@ -161,3 +161,37 @@ def test_down_leaves_a_foreign_process_alone(local, tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_up_with_tls_and_three_etcd_members(local, tmp_path, cluster_name):
+    done = local("--format", "json", "up", "--hosts", "2", "--etcd-members", "3", "--tls")
+    assert done.returncode == 0, done.stderr
+    up = json.loads(done.stdout)
+    assert len(up["etcd"]) == 3 and all(url.startswith("https://127.0.0.1:") for url in up["etcd"])
+    assert [(p["name"], p["role"]) for p in up["processes"]] == \
+        [("etcd-m1", "etcd"), ("etcd-m2", "etcd"), ("etcd-m3", "etcd"),
+         ("host1", "peer"), ("host2", "peer")]
+    assert all(running(p["pid"]) for p in up["processes"])
+    tls = tmp_path / "state" / "tls"
+    assert {"ca.pem", "operator.pem", "viewer.pem", "root.pem", "peer-host1.pem",
+            "peer-host2.pem"} <= set(os.listdir(tls))
+    # in this directory commands are the operator: they boot
+    boot = local("--format", "json", "boot", "vm1", "--resources", "VCPU:1,MEMORY_MB:256,DISK_GB:1")
+    assert boot.returncode == 0, boot.stderr
+    # the viewer reads and may not boot; without a certificate nothing at all
+    viewer = {"PEERCTL_CERT": str(tls / "viewer.pem"), "PEERCTL_KEY": str(tls / "viewer-key.pem")}
+    assert local("vmlist", extra_env=viewer).returncode == 0
+    refused = local("boot", "vm2", "--resources", "VCPU:1,MEMORY_MB:256,DISK_GB:1",
+                    extra_env=viewer)
+    assert refused.returncode == 4 and "viewer" in refused.stderr, refused.stderr
+    # the peers run as themselves: each with its own certificate
+    recorded = json.loads((tmp_path / "state" / "up.json").read_text())
+    for peer in recorded["peers"]:
+        cert = peer["cmd"][peer["cmd"].index("--cert") + 1]
+        assert cert == str(tls / f"peer-{peer['host']}.pem")
+    # its shape is kept: another size or plain http is refused
+    refused = local("up", "--etcd-members", "5")
+    assert refused.returncode == 2 and "3 etcd members" in refused.stderr
+    down = json.loads(local("--format", "json", "down").stdout)["stopped"]
+    assert [s["name"] for s in down] == ["host1", "host2", "etcd-m1", "etcd-m2", "etcd-m3"]
+    assert not any(running(p["pid"]) for p in up["processes"])

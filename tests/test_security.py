@@ -184,3 +184,36 @@ def test_roles_cover_the_cluster_prefix_only():
     written = {key for _, key, _ in operator[1:]}
     assert b"/peerctl/c1/auto/" in written and b"/peerctl/c1/hosts/" not in written
     assert all(key.startswith(b"/peerctl/c1/") for _, key, _ in operator)
+
+
+def test_an_etcd_of_ones_own_is_secured_with_tls_certs_and_tls_roles(tmp_path, cluster_name):
+    """The documented way: `tls certs`, start etcd with them, `tls roles` as root."""
+    directory = tmp_path / "tls"
+    cluster = Cluster("https://127.0.0.1:1", cluster_name, tmp_path)
+    made = cluster.cli_json("tls", "certs", str(directory), "--peer", "kvm1",
+                            "--user", "alice:viewer")
+    users = {c["user"]: c["role"] for c in made["certificates"]}
+    assert users == {"etcd": "etcd server", "root": "root", "operator": "operator",
+                     "viewer": "viewer", "peer-kvm1": "peer", "alice": "viewer"}
+    server = EtcdServer(str(tmp_path / "etcd"), tls=certs.Issued(
+        str(directory / "etcd.pem"), str(directory / "etcd-key.pem"),
+        str(directory / "ca.pem"))).start()
+    cluster.etcd_url = server.url
+    try:
+        def as_(user):
+            return {"PEERCTL_CACERT": str(directory / "ca.pem"),
+                    "PEERCTL_CERT": str(directory / f"{user}.pem"),
+                    "PEERCTL_KEY": str(directory / f"{user}-key.pem")}
+        done = cluster.cli_json("tls", "roles", "--peer", "kvm1", "--user", "alice:viewer",
+                                env=as_("root"))
+        assert done["enabled"] and done["users"]["alice"] == "viewer"
+        cluster.start_peer("kvm1", env=as_("peer-kvm1"))
+        wait_for(lambda: cluster.cli("hostlist", env=as_("alice")).stdout.count("kvm1") == 1,
+                 timeout=30, what="kvm1 up, as alice sees it")
+        refused = cluster.cli("boot", "vm1", "--resources", SPEC, env=as_("alice"))
+        assert refused.returncode == 4 and "viewer" in one_line(refused)
+        booted = cluster.cli("boot", "vm1", "--resources", SPEC, env=as_("operator"))
+        assert booted.returncode == 0, booted.stderr
+    finally:
+        cluster.close()
+        server.stop()
