@@ -224,7 +224,9 @@ def light_peers(args, etcd, cluster, store, env, workers) -> list[dict]:
         parts = sizes(store)
         vms = have * args.vms_per_host
         vm_bytes = parts.get("vms", 0)
-        host_bytes = sum(parts.values()) - vm_bytes
+        # what hosts keep (the bench's own automations aside)
+        host_bytes = sum(size for part, size in parts.items()
+                         if part not in ("vms", "auto", "tasks", "member"))
         vmlist = best_vmlist(env)
         range_s = min(timed(lambda: store.range(keys.vm())) for _ in range(3))
         record = store.get(keys.host("light1"))
@@ -381,6 +383,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--writes", type=float, default=30.0)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # clean up below on kill
     workdir = tempfile.mkdtemp(prefix="peerctl-scale-")
     etcd = EtcdServer(os.path.join(workdir, "etcd")).start()
     cluster = "scale"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.core import keys
+from engine.core import api, keys
 from engine.core.etcd_server import EtcdServer
 from engine.core.maintenance import space, space_warning
 from engine.core.store import Store
@@ -32,10 +32,15 @@ def test_busy_cluster_is_compacted_and_automations_carry_on(own_etcd, tmp_path, 
         for host in ("host1", "host2", "host3"):
             cluster.start_peer(host, env={"PEERCTL_ETCD_HISTORY": f"{HISTORY}s"})
         wait_for(lambda: len(cluster.cli_json("hostlist")) == 3, timeout=30, what="peers")
-        # an automation that outlives several compactions
-        long_ping = cluster.cli_json("ping", "--rounds", "400", "--detach")["automation"]
-        sizes, first = [], None
-        busy_until = time.monotonic() + 40
+        # automations that outlive several compactions: a lease sleeping on
+        # durable timers until its start and its end, and a long ping
+        lease = cluster.cli_json("lease", "create", "across", "--start", "+12s",
+                                 "--end", "+20s", "--hosts", "1")
+        sleeper = cluster.cli_json("lease", "show", "across")["automation"]
+        long_ping = cluster.cli_json("ping", "--rounds", "250", "--detach")["automation"]
+        spec_revision = store.get(keys.spec(sleeper)).create_revision
+        sizes, first, crossed = [], None, False
+        busy_until = time.monotonic() + 25
         round_ = 0
         while time.monotonic() < busy_until:
             round_ += 1
@@ -45,15 +50,23 @@ def test_busy_cluster_is_compacted_and_automations_carry_on(own_etcd, tmp_path, 
             if first is None and compacted_revision(store):
                 first = compacted_revision(store)
             sizes.append(space(store)["db_size"])
+            if not crossed and compacted_revision(store) > spec_revision:
+                # compacted past the ping's own start while it still runs
+                crossed = api.get_task(store, sleeper)["state"] == "running"
         last = compacted_revision(store)
         assert first and last > first, (first, last)
         # what was compacted is gone: reading it is refused
         with pytest.raises(StoreRefused, match="compacted"):
             store.range(keys.host(), revision=max(1, last - 1))
         # the automation running across the compactions completed, watched by `wait`
+        assert crossed, "the lease ended before any compaction passed its start"
         waited = cluster.cli_json("wait", long_ping, timeout=120)
         assert waited["state"] == "done"
-        assert len(waited["result"]["replies"]) == 400 * 3
+        assert len(waited["result"]["replies"]) == 250 * 3
+        assert cluster.cli_json("wait", sleeper, timeout=60)["state"] == "done"
+        ended = cluster.cli_json("lease", "show", "across")
+        assert lease["state"] == "pending" and ended["state"] == "ended", ended
+        assert [e["event"] for e in ended["events"]] == ["granted", "started", "ending", "ended"]
         # the peers' watches are alive: a new boot is taken up and built
         after = cluster.cli_json("boot", "after", "--resources", SPEC)
         assert [vm["state"] for vm in after["vms"]] == ["running"]

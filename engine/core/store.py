@@ -163,7 +163,9 @@ _OPS = {"==": etcdrpc.Compare.EQUAL, "!=": etcdrpc.Compare.NOT_EQUAL,
 # be found again within a fraction of a lease TTL.
 _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                     ("grpc.min_reconnect_backoff_ms", 100),
-                    ("grpc.max_reconnect_backoff_ms", 500)]
+                    ("grpc.max_reconnect_backoff_ms", 500),
+                    # gRPC's 4 MiB default would refuse a page of large values
+                    ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
 
 
 class Store:
@@ -291,12 +293,22 @@ class Store:
         response = self._call("kvstub", "Range", self._range_request(key, False))
         return self._kv(response.kvs[0]) if response.kvs else None
 
+    PAGE = 5000         # keys per range call: a page stays far below gRPC's message limit
+
     def range(self, prefix: str, keys_only: bool = False,
               revision: int = 0) -> tuple[list[KV], int]:
-        """All keys under ``prefix`` and the revision of the read."""
-        response = self._call("kvstub", "Range",
-                              self._range_request(prefix, True, keys_only, revision))
-        return [self._kv(kv) for kv in response.kvs], response.header.revision
+        """All keys under ``prefix`` and the revision of the read: read in
+        pages of :attr:`PAGE` keys, all at the first page's revision (one
+        consistent snapshot, however many keys)."""
+        request = self._range_request(prefix, True, keys_only, revision, self.PAGE)
+        kvs = []
+        while True:
+            response = self._call("kvstub", "Range", request)
+            kvs.extend(self._kv(kv) for kv in response.kvs)
+            if not response.more or not response.kvs:
+                return kvs, request.revision or response.header.revision
+            request.revision = request.revision or response.header.revision
+            request.key = response.kvs[-1].key + b"\0"
 
     def revision(self) -> int:
         response = self._call("kvstub", "Range", self._range_request("", False, True, 0, 1))
