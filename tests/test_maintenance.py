@@ -116,3 +116,14 @@ def test_out_of_space_shows_in_hostlist_and_on_every_command(tiny_etcd, tmp_path
     finally:
         cluster.close()
         store.close()
+
+
+def test_space_warning_says_when_and_what():
+    quota = 2 * 2 ** 30
+    assert space_warning({"db_size": quota // 2, "quota": quota, "ratio": 0.5,
+                          "alarms": []}) is None
+    nearing = space_warning({"db_size": quota * 9 // 10, "quota": quota, "ratio": 0.9,
+                             "alarms": []})
+    assert "90% of its quota" in nearing and "1843 MiB of 2048 MiB" in nearing
+    full = space_warning({"db_size": quota, "quota": quota, "ratio": 1.0, "alarms": ["NOSPACE"]})
+    assert "out of space" in full and "NOSPACE" in full
