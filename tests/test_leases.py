@@ -202,8 +202,10 @@ def test_sigkill_of_the_initiator_at_each_event_runs_each_exactly_once(cluster, 
             ("append lease_release", None), ("finish", None)]
     failpoints.arm(armed, [plan[0][0]])
     armed_so_far = [plan[0][0]]
+    # room for two crashes (each a TTL and a restart) between start, warning and end,
+    # on a loaded machine too
     doc = cluster.cli_json("lease", "create", "crashy", "--hosts", "1", "--start", "+2s",
-                           "--end", "+20s", "--warn", "6s")
+                           "--end", "+34s", "--warn", "14s")
     automation = lease(cluster, "crashy")["automation"]
 
     def restart_the_dead():
