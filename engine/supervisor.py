@@ -233,7 +233,7 @@ def _start_etcd(state_dir: str, recorded: list[dict], running: list, tls,
     others started on their recorded ports when free (2379/2380 the first
     time for a single member), else on free ones; their records for
     ``up.json``."""
-    from engine.core.etcd_server import EtcdServer, free_port
+    from engine.core.etcd_server import EtcdServer, free_port, initial_cluster
     size = len(running)
     ports = []
     for i in range(size):
@@ -246,9 +246,7 @@ def _start_etcd(state_dir: str, recorded: list[dict], running: list, tls,
             peer = peer if peer and _port_free(peer) else free_port()
         ports.append((client, peer))
     names = ["peerctl"] if size == 1 else [f"m{i}" for i in range(1, size + 1)]
-    scheme = "https" if tls else "http"
-    initial = ",".join(f"{name}={scheme}://127.0.0.1:{peer}"
-                       for name, (_, peer) in zip(names, ports))
+    initial = initial_cluster({name: peer for name, (_, peer) in zip(names, ports)}, tls)
     servers = []
     for i, name in enumerate(names):
         suffix = "" if size == 1 else f"-{name}"

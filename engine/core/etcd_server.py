@@ -20,13 +20,19 @@ import subprocess
 import time
 import urllib.request
 
-__all__ = ["EtcdServer", "EtcdCluster", "free_port", "etcd_binary"]
+__all__ = ["EtcdServer", "EtcdCluster", "initial_cluster", "free_port", "etcd_binary"]
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def initial_cluster(peer_ports: dict[str, int], tls=None) -> str:
+    """etcd's ``--initial-cluster``: ``name=URL`` of each member's peer port."""
+    scheme = "https" if tls else "http"
+    return ",".join(f"{name}={scheme}://127.0.0.1:{port}" for name, port in peer_ports.items())
 
 
 def etcd_binary() -> str | None:
@@ -150,8 +156,7 @@ class EtcdCluster:
         self.base_dir = base_dir
         names = [f"m{i}" for i in range(1, size + 1)]
         ports = {name: (free_port(), free_port()) for name in names}
-        scheme = "https" if tls else "http"
-        initial = ",".join(f"{name}={scheme}://127.0.0.1:{ports[name][1]}" for name in names)
+        initial = initial_cluster({name: ports[name][1] for name in names}, tls)
         self.members = [EtcdServer(os.path.join(base_dir, name), *ports[name],
                                    log_path=os.path.join(base_dir, f"{name}.log"),
                                    name=name, tls=tls, initial_cluster=initial,

@@ -267,8 +267,8 @@ class Store:
             why = details.removeprefix("etcdserver: ")
             return PermissionDenied(f"permission denied for role {role}: etcd said {why!r} "
                                     f"(certificate {self.credentials.cert})", role)
-        if code == grpc.StatusCode.UNAVAILABLE and self._client.endpoints \
-                and any(part in details for part in self._HANDSHAKE):
+        if code == grpc.StatusCode.UNAVAILABLE and any(part in details
+                                                       for part in self._HANDSHAKE):
             if not self.credentials.cert:
                 return PermissionDenied(
                     f"permission denied: etcd at {self.endpoints} refused the connection "
