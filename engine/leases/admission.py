@@ -34,7 +34,7 @@ from engine.core.values import readable
 from engine.errors import Conflict, Refused, UsageError
 from engine.placement.model import DISABLED_TRAIT
 
-from .model import MAX_WINDOW
+from .model import MAX_WINDOW, event
 from .times import iso
 
 __all__ = ["grant", "reschedule", "replace_host", "release_ops", "activate_ops",
@@ -322,7 +322,9 @@ def replace_host(store, placement, name: str, gone: str, now: float | None = Non
                               list(found.values()))
         if not chosen:
             return None
-        new = {**record, "hosts": sorted([h for h in record["hosts"] if h != gone] + chosen)}
+        # the swap and its event in one write: nobody sees one without the other
+        new = event({**record, "hosts": sorted([h for h in record["hosts"] if h != gone] + chosen)},
+                    "replaced", f"{gone} is gone: {chosen[0]} took its place", now)
         all_weeks = _weeks(record["start"], record["end"])
         ops = [Put(kv.key, new), *_entry_ops(new, all_weeks)]
         if store.txn([modified_at(kv.key, kv.mod_revision), _guard(weeks, revision)],

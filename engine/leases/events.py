@@ -70,8 +70,6 @@ def _heal(store, placement, record: dict) -> dict:
         if record["state"] != "pending":
             records.hold(store, placement, {**record, "hosts": [new]})
             records.free(store, placement, {**record, "hosts": [gone]})
-        record = records.update(store, record["lease"], lambda r, g=gone, n=new: records.event(
-            r, "replaced", f"{g} is gone: {n} took its place")) or record
     if record["state"] != "pending":
         state = "degraded" if short else "active"
         note = f"hosts {', '.join(h for h in record['hosts'] if h not in alive)} are gone " \

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 import uuid as uuidlib
 
 from engine.core import keys
@@ -33,8 +34,8 @@ from engine.core.values import declare, shape
 from engine.errors import UsageError
 
 __all__ = ["STATES", "LIVE_STATES", "ON_END", "RESERVED_TRAIT", "LEASE_TRAIT_PREFIX",
-           "CONSUMER_TYPE", "MAX_WINDOW", "check_name", "lease_trait", "consumer_uuid",
-           "LEASE", "CALENDAR_ENTRY", "LEASE_VM", "ACTIVE"]
+           "CONSUMER_TYPE", "MAX_WINDOW", "MAX_EVENTS", "check_name", "lease_trait",
+           "consumer_uuid", "event", "LEASE", "CALENDAR_ENTRY", "LEASE_VM", "ACTIVE"]
 
 STATES = ("pending", "active", "degraded", "ending", "ended", "error")
 LIVE_STATES = ("pending", "active", "degraded", "ending", "error")     # hold capacity
@@ -43,6 +44,7 @@ RESERVED_TRAIT = "CUSTOM_RESERVED"
 LEASE_TRAIT_PREFIX = "CUSTOM_LEASE_"
 CONSUMER_TYPE = "RESERVATION"
 MAX_WINDOW = 730 * 86400        # two years: the calendar's weeks fit one etcd transaction
+MAX_EVENTS = 50                 # a record keeps its newest events only
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _NAMESPACE = uuidlib.UUID("8d3a6f0e-31b4-4d1c-9c5e-5a3e2b1f7c44")
@@ -64,6 +66,13 @@ def consumer_uuid(name: str, created: float) -> str:
     """The placement consumer holding a capacity lease's slots (a lease
     deleted and made again under its name gets another one)."""
     return str(uuidlib.uuid5(_NAMESPACE, f"{name}/{created!r}"))
+
+
+def event(record: dict, what: str, note: str | None = None, now: float | None = None) -> dict:
+    """``record`` with one more event (the newest :data:`MAX_EVENTS` kept)."""
+    events = [*record.get("events", []), {"event": what, "time": now or time.time(),
+                                          **({"note": note} if note else {})}]
+    return {**record, "events": events[-MAX_EVENTS:]}
 
 
 def _lease_problem(value) -> str | None:

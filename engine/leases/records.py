@@ -14,7 +14,6 @@ Promises:
 from __future__ import annotations
 
 import fnmatch
-import time
 
 from engine.core import keys
 from engine.core.store import Delete, Put, modified_at
@@ -23,13 +22,11 @@ from engine.errors import Conflict, NotFound
 from engine.placement.host import own_traits
 
 from . import admission
-from .model import CONSUMER_TYPE, LEASE_TRAIT_PREFIX, RESERVED_TRAIT, lease_trait
+from .model import (CONSUMER_TYPE, LEASE_TRAIT_PREFIX, MAX_EVENTS, RESERVED_TRAIT, event,
+                    lease_trait)
 
 __all__ = ["read", "all_leases", "update", "event", "lease_vms", "vms_by_lease", "reserved_hosts",
            "hold", "free", "release", "MAX_EVENTS"]
-
-MAX_EVENTS = 50
-
 
 def read(store, name: str) -> dict | None:
     return readable(store.get(keys.lease(name)))
@@ -40,13 +37,6 @@ def all_leases(store, pattern: str = "*") -> list[dict]:
     found = [readable(kv) for kv in kvs]
     return sorted((r for r in found if r is not None and fnmatch.fnmatchcase(r["lease"], pattern)),
                   key=lambda r: (r["start"], r["lease"]))
-
-
-def event(record: dict, what: str, note: str | None = None, now: float | None = None) -> dict:
-    """``record`` with one more event (the newest :data:`MAX_EVENTS` kept)."""
-    events = [*record.get("events", []), {"event": what, "time": now or time.time(),
-                                          **({"note": note} if note else {})}]
-    return {**record, "events": events[-MAX_EVENTS:]}
 
 
 def update(store, name: str, change, extra_ops=()) -> dict | None:
