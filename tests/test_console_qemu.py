@@ -29,6 +29,8 @@ from tests.support import PEERCTL, ROOT, qemu_guest, wait_for
 from tests.support.cluster import Cluster
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
 
+pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
+
 BOOT_TIMEOUT = 120.0
 ANSWER_TIMEOUT = 30.0
 

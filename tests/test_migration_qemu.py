@@ -36,6 +36,8 @@ from engine.hypervisor.vm import console_log_path
 from tests.support import qemu_guest, wait_for
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture: skips saying why)
 
+pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
+
 BOOT_TIMEOUT = 120.0
 MiB = 1 << 20
 DISK = 128 * MiB

@@ -11,12 +11,16 @@ on that host only, and placement holds it there only.
 """
 from __future__ import annotations
 
+import pytest
+
 from engine.core import api, keys
 from tests.support import qemu_guest, wait_for
 from tests.support.cluster import finished, start_automation
 from tests.support.kvm import BOOT_TIMEOUT, HOSTS, kvm  # noqa: F401  (kvm: a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
+
+pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
 
 
 def test_a_running_guest_moves_live_keeps_running_and_comes_back_cold(kvm):

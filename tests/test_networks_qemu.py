@@ -28,6 +28,10 @@ from tests.support.kvm import kvm  # noqa: F401  (a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
 
+import pytest
+
+pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
+
 MARKER = "user-data-ran-7f3a"
 
 

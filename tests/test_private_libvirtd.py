@@ -27,6 +27,8 @@ from engine.hypervisor.domain_xml import DomainSpec, domain_type, domain_xml
 from tests.support import PEERCTL, qemu_guest, wait_for
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture: skips saying why)
 
+pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
+
 LIVE_MOVE = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER
              | libvirt.VIR_MIGRATE_PERSIST_DEST | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE)
 

@@ -24,6 +24,8 @@ from tests.support import qemu_guest
 from tests.support.handlers import call, new_host
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
 
+pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
+
 BOOT_TIMEOUT = 90.0
 
 

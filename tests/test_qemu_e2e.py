@@ -20,6 +20,8 @@ from engine.placement import open_placement
 from tests.support import qemu_guest, wait_for
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
 
+pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
+
 BOOT_TIMEOUT = 90.0
 MEMORY_MB = 128
 DISK_GB = 1
