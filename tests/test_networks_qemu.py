@@ -17,6 +17,7 @@ import sys
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+import pytest
 
 from engine.core import api
 from engine.hypervisor import seed
@@ -27,8 +28,6 @@ from tests.support import PEERCTL, ROOT, qemu_guest, wait_for
 from tests.support.kvm import kvm  # noqa: F401  (a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
-
-import pytest
 
 pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
 

@@ -22,7 +22,7 @@ from engine.core import api, keys
 from engine.errors import Failed, Refused, UsageError
 
 from . import admission, records
-from .model import MAX_WINDOW, ON_END, check_name, consumer_uuid, lease_trait
+from .model import MAX_WINDOW, ON_END, check_name, consumer_uuid, event, lease_trait
 from .times import human_span, iso
 
 __all__ = ["create", "extend", "delete", "boot_into", "TERMINAL"]
@@ -83,7 +83,7 @@ def extend(store, placement, name: str, end: float) -> dict:
     record = admission.reschedule(store, placement, name, end)
     if record.get("automation"):
         api.nudge(store, record["automation"], f"new end {iso(end)}")
-    return records.update(store, name, lambda r: records.event(
+    return records.update(store, name, lambda r: event(
         r, "rescheduled", f"ends at {iso(end)}")) or record
 
 
@@ -93,7 +93,7 @@ def delete(store, placement, name: str, wait: float = 120.0, on_progress=None) -
     automation = record.get("automation")
     state = _task_state(store, automation)
     if record["state"] != "ended" and state not in TERMINAL and state is not None:
-        records.update(store, name, lambda r: records.event({**r, "deleting": True}, "deleting")
+        records.update(store, name, lambda r: event({**r, "deleting": True}, "deleting")
                        if not r.get("deleting") else r)
         api.nudge(store, automation, "deleted")
         deadline = time.monotonic() + wait

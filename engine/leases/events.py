@@ -31,7 +31,7 @@ from engine.errors import Conflict, NotFound, RequestError
 from engine.placement import for_request, parse_query
 
 from . import admission, records
-from .model import LIVE_STATES, lease_trait
+from .model import LIVE_STATES, event, lease_trait
 from .times import iso
 
 __all__ = ["lease_read", "lease_start", "lease_heal", "lease_warn", "lease_end", "lease_note",
@@ -75,7 +75,7 @@ def _heal(store, placement, record: dict) -> dict:
         note = f"hosts {', '.join(h for h in record['hosts'] if h not in alive)} are gone " \
                "and no free host can take their place" if short else None
         if record["state"] != state:
-            record = records.update(store, record["lease"], lambda r: records.event(
+            record = records.update(store, record["lease"], lambda r: event(
                 {**r, "state": state}, state, note)) or record
     return record
 
@@ -97,7 +97,7 @@ def lease_start(host, args: dict) -> dict:
 
     def started(r):
         if r["state"] == "pending":
-            r = records.event({**r, "state": state, "started": time.time()}, "started", note)
+            r = event({**r, "state": state, "started": time.time()}, "started", note)
         return r
     record = records.update(store, record["lease"], started) or record
     return {"record": record, "foreign": _foreign(store, record)}
@@ -146,7 +146,7 @@ def lease_warn(host, args: dict) -> dict:
     def warned(r):
         if r.get("warned"):
             return r
-        return records.event({**r, "warned": time.time()}, "warning",
+        return event({**r, "warned": time.time()}, "warning",
                              f"ends at {iso(r['end'])}")
     return {"record": records.update(host.store, _record(host.store, args)["lease"], warned)}
 
@@ -158,7 +158,7 @@ def lease_end(host, args: dict) -> dict:
     def ending(r):
         if r["state"] in ("ending", "ended", "error"):
             return r
-        return records.event({**r, "state": "ending"}, "ending")
+        return event({**r, "state": "ending"}, "ending")
     record = records.update(store, record["lease"], ending) or record
     return {"record": record, "vms": records.lease_vms(store, record["lease"])}
 
@@ -170,7 +170,7 @@ def lease_note(host, args: dict) -> dict:
             if field in args:
                 new[field] = args[field]
         if new != r and args.get("error"):
-            new = records.event(new, args.get("state") or "note", args["error"])
+            new = event(new, args.get("state") or "note", args["error"])
         return new
     return {"record": records.update(host.store, _record(host.store, args)["lease"], noted)}
 

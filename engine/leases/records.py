@@ -22,11 +22,11 @@ from engine.errors import Conflict, NotFound
 from engine.placement.host import own_traits
 
 from . import admission
-from .model import (CONSUMER_TYPE, LEASE_TRAIT_PREFIX, MAX_EVENTS, RESERVED_TRAIT, event,
-                    lease_trait)
+from .model import CONSUMER_TYPE, LEASE_TRAIT_PREFIX, RESERVED_TRAIT, event, lease_trait
 
-__all__ = ["read", "all_leases", "update", "event", "lease_vms", "vms_by_lease", "reserved_hosts",
-           "hold", "free", "release", "MAX_EVENTS"]
+__all__ = ["read", "all_leases", "update", "lease_vms", "vms_by_lease", "reserved_hosts", "hold",
+           "free", "release"]
+
 
 def read(store, name: str) -> dict | None:
     return readable(store.get(keys.lease(name)))
