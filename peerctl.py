@@ -55,7 +55,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DETACHED = 0, 1, 2, 3, 
 DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "table",
             "ttl": "5", "workers": "8", "retention": "7d", "state_dir": "state",
             "libvirt": "test:///default", "hosts": "3", "network": "default",
-            "networks": "default", "etcd_history": "1h", "etcd_quota": "2G"}
+            "networks": "default", "etcd_history": "1h", "etcd_quota": "2G",
+            "ha_margin": "3s"}
 
 TLS_FLAGS = {"cacert": "CA certificate that signed etcd's (https:// endpoints)",
              "cert": "client certificate: who this is to etcd, and its role",
@@ -110,11 +111,11 @@ def settings_for(args) -> dict:
             raise UsageError(f"bad {key} {settings[key]!r} in {path} "
                              f"(want a whole number of {unit}, at least 1)")
     parse_duration(settings["retention"], "retention", f"in {path}")
-    for key in ("etcd_history", "etcd_quota"):
+    for key in ("etcd_history", "etcd_quota", "ha_margin"):
         where = f"in {path}"
         if os.environ.get("PEERCTL_" + key.upper()):
             settings[key], where = os.environ["PEERCTL_" + key.upper()], f"from $PEERCTL_{key.upper()}"
-        (parse_duration if key == "etcd_history" else parse_size)(settings[key], key, where)
+        (parse_size if key == "etcd_quota" else parse_duration)(settings[key], key, where)
     for name in TLS_FLAGS:      # a config file's relative paths are relative to it
         if settings.get(name) and not os.path.isabs(settings[name]):
             settings[name] = os.path.join(os.path.dirname(os.path.abspath(path)), settings[name])
@@ -351,10 +352,20 @@ VM_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
               C("memory_mb", "Memory", table.human_mb, True), C("state", "State"),
               C("disk_gb", "Disk", table.human_gb, True), C("ip", "IP"),
               C("addresses", "Addresses", lambda a: " ".join(
-                  f"{x['addr']}/{x['prefix']}" for x in a or []) or "-")]
+                  f"{x['addr']}/{x['prefix']}" for x in a or []) or "-"),
+              C("ha", "HA"),
+              C("recovered", "Recovered", lambda r: f"from {r['from']}" if r else "-")]
 VMLIST_DEFAULT = ["host", "name", "vcpus", "memory_mb", "state", "ip"]
 VMLIST_JSON = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
-               "addresses"]
+               "addresses", "ha", "recovered"]
+ASIDE_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
+                 C("time", "Since", lambda t: _when(t)), C("bytes", "Size", table.human_bytes,
+                                                          True),
+                 C("volumes", "Volumes", lambda v: ",".join(v)), C("reason", "Reason"),
+                 C("id", "Id")]
+ASIDE_DEFAULT = ["host", "name", "time", "bytes", "reason"]
+ASIDE_JSON = ["host", "name", "uuid", "id", "time", "bytes", "volumes", "reason",
+              "automation"]
 BUSY_CPU = 90     # a host at or above this CPU usage counts as busy in the totals
 
 
@@ -642,7 +653,7 @@ def cmd_boot(ctx: Context) -> int:
         required += [t for t in leases.boot_into(ctx.store(), args.reservation, resources)
                      if t not in required]
     vms = [{"name": name, "resources": resources, "required": required,
-            "image": args.image, "on": on,
+            "image": args.image, "on": on, **({"ha": args.ha} if args.ha != "none" else {}),
             **({"reservation": args.reservation} if args.reservation else {}),
             **({"networks": networks} if networks else {}),
             **({"seed": {**seed, "hostname": seed["hostname"] or _hostname_of(name)}}
@@ -768,6 +779,103 @@ def cmd_vm_action(ctx: Context) -> int:
     if kind in DESTRUCTIVE and len(vms) > 1 and not args.yes:
         confirm(ctx, kind, vms)
     return run_automation(ctx, kind, {"vms": targets}, vm_outcome)
+
+
+def cmd_ha(ctx: Context) -> int:
+    args = ctx.args
+    for text in args.patterns:
+        vm_pattern(text)
+    from engine.cluster import read_vms
+    vms, unmatched = match_vms(read_vms(ctx.store()), args.patterns)
+    if unmatched:
+        raise Failed("no VM matches " + ", ".join(repr(p) for p in unmatched),
+                     result={"automation": None, "state": "failed", "vms": []})
+    down = [vm for vm in vms if vm["state"] == "unknown"]
+    if down:
+        raise Failed(f"VM {down[0]['name']!r} is on {down[0]['host']}, which is down: its HA "
+                     "policy can change once its host is back"
+                     + (f" (and {len(down) - 1} more)" if len(down) > 1 else ""),
+                     result={"automation": None, "state": "failed", "vms": []})
+    vms.sort(key=lambda vm: (table.natural_key(vm["host"]), table.natural_key(vm["name"])))
+    targets = [{"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"]} for vm in vms]
+    outcome = functools.partial(vm_outcome, fields=["name", "uuid", "host", "ha", "error"],
+                                columns=[C("name", "Name"), C("host", "Host"), C("ha", "HA"),
+                                         C("uuid", "UUID")], verb="changed")
+    return run_automation(ctx, "ha", {"vms": targets, "policy": args.policy}, outcome)
+
+
+def _asides(ctx: Context) -> list[dict]:
+    from engine.core import keys as etcd_keys
+    from engine.core.values import readable
+    import engine.hypervisor.shapes  # noqa: F401  (declares aside/)
+    rows = []
+    for kv in ctx.store().range(etcd_keys.aside())[0]:
+        record = readable(kv)
+        if record is None:
+            continue
+        volumes = [v for v in record["volumes"] if isinstance(v, dict)]
+        rows.append({"host": record["host"], "name": record["name"], "uuid": record["uuid"],
+                     "id": record.get("id") or kv.key.rsplit("/", 1)[-1],
+                     "time": record.get("time"), "reason": record.get("reason"),
+                     "automation": record.get("automation"),
+                     "volumes": [str(v.get("name")) for v in volumes],
+                     "bytes": sum(v.get("bytes") or 0 for v in volumes
+                                  if isinstance(v.get("bytes"), int))})
+    return rows
+
+
+def cmd_aside(ctx: Context) -> int:
+    args = ctx.args
+    if args.what == "list":
+        glob = host_pattern(args.hostglob)
+        check_fields(args, ASIDE_COLUMNS, ASIDE_DEFAULT)
+        rows = [r for r in _asides(ctx) if fnmatch.fnmatchcase(r["host"], glob)]
+        show_listing(ctx, rows, ASIDE_COLUMNS, ASIDE_DEFAULT, ASIDE_JSON, "host,name")
+        return EXIT_OK
+    for text in args.patterns:
+        vm_pattern(text)
+    empty = {"automation": None, "state": "failed", "disks": []}
+    rows = _asides(ctx)
+    chosen, unmatched = [], []
+    for text in args.patterns:
+        hosts, names = vm_pattern(text)
+        found = [r for r in rows if fnmatch.fnmatchcase(r["host"], hosts)
+                 and (fnmatch.fnmatchcase(r["name"], names) or r["uuid"] == names)]
+        if not found:
+            unmatched.append(text)
+        chosen += [r for r in found if r not in chosen]
+    if unmatched:
+        raise Failed("no disks kept aside match " + ", ".join(repr(p) for p in unmatched),
+                     result=empty)
+    from engine.cluster import read_hosts
+    alive = {h["host"] for h in read_hosts(ctx.store()) if h["alive"]}
+    down = sorted({r["host"] for r in chosen} - alive)
+    if down:
+        raise Failed(f"host {down[0]} is down: its disks kept aside can be deleted once it is "
+                     "back", result=empty)
+    if len(chosen) > 1 and not args.yes:
+        listing = "\n".join(f"  {r['host']}/{r['name']} ({', '.join(r['volumes'])})"
+                            for r in chosen)
+        if not sys.stdin.isatty():
+            say(f"aside delete would delete {len(chosen)} disk sets:\n{listing}")
+            raise UsageError(f"aside delete matches {len(chosen)}: add --yes to confirm "
+                             "(no terminal to ask on)")
+        say(f"aside delete will delete {len(chosen)} disk sets:\n{listing}")
+        ask(f"Delete these {len(chosen)}?", cancelled={**empty, "state": "cancelled"})
+    disks = [{k: r[k] for k in ("host", "name", "uuid", "id")} for r in chosen]
+
+    def outcome(ctx, automation, task):
+        done = (task.get("result") or {}).get("disks") or []
+        doc = {"automation": automation, "state": task.get("state"), "disks": done}
+        text = table.render(done, [C("host", "Host"), C("name", "Name"), C("state", "State"),
+                                   C("error", "Error", lambda e: e or "-")])
+        ctx.emit(doc, (text + "\n" if text else "") + f"automation {automation} "
+                 f"{task.get('state')}")
+        if task.get("state") != "done":
+            raise Failed(f"aside_delete {automation} {task.get('state')}: "
+                         f"{task.get('error') or ''}".rstrip(": "))
+        return EXIT_OK
+    return run_automation(ctx, "aside_delete", {"disks": disks}, outcome)
 
 
 def cmd_console(ctx: Context) -> int:
@@ -1345,7 +1453,9 @@ def cmd_peer(ctx: Context) -> int:
               "workers": args.workers or int(settings["workers"]),
               "state_dir": args.state_dir, "retention": settings.get("retention"),
               "networks": args.networks if args.networks is not None else settings["networks"],
-              "etcd_history": settings["etcd_history"]}
+              "etcd_history": settings["etcd_history"],
+              "ha_margin": args.ha_margin if args.ha_margin is not None
+              else settings["ha_margin"]}
     from engine.hypervisor.networks import parse_offer
     parse_offer(kwargs["networks"], "in --networks" if args.networks is not None
                 else "in the networks setting")
@@ -1645,6 +1755,10 @@ def build_parser() -> Parser:
     sub.add_argument("--reservation", metavar="LEASE",
                      help="boot into an active lease: on its hosts, or taking one of its "
                           "capacity slots (the VM must fit a slot)")
+    sub.add_argument("--ha", choices=("restart", "none"), default="none",
+                     help="restart: when the VM's host dies, the VM is fenced there and "
+                          "started again on another host, from its image (default none: it "
+                          "waits, state unknown, for its host; docs/ha.md)")
     sub.add_argument("--wait-ip", action="store_true",
                      help="after the build, wait for each VM's guest address and print it")
     sub.add_argument("--ip-timeout", type=_positive, default=300, metavar="SECONDS",
@@ -1692,6 +1806,39 @@ def build_parser() -> Parser:
                      type=lambda text: parse_duration(text, "--timeout"),
                      help="leave after this long (exit 0); for scripts that pipe a command "
                           "in and read its output")
+
+    sub = command("ha", "set the HA policy of VMs",
+                  "python peerctl.py ha 'db*' restart\npython peerctl.py ha 'host3/*' none",
+                  cmd_ha, "Set what happens to every VM matching a PATTERN when its host "
+                  "dies: restart (fenced there, started again on another host from its "
+                  "image; the old disks are kept aside when the host returns) or none (it "
+                  "waits for its host, listed as unknown). The VMs' hosts must be up.")
+    sub.add_argument("patterns", nargs="+", metavar="PATTERN",
+                     help="HOSTGLOB/VMGLOB or VMGLOB")
+    sub.add_argument("policy", choices=("restart", "none"), metavar="restart|none")
+    sub.add_argument("--detach", action="store_true",
+                     help="print the automation id and return at once")
+
+    sub = command("aside", "disks of stale VM copies kept aside after an HA restart",
+                  "python peerctl.py aside list\n"
+                  "python peerctl.py aside delete 'host3/db1' --yes", cmd_aside,
+                  "When a host comes back after its HA VMs were restarted elsewhere, its "
+                  "copies are stopped and undefined, and their disks kept aside: renamed "
+                  "aside-UUID-TIME* in the host's pool, listed here until deleted on purpose.")
+    what = sub.add_subparsers(dest="what", metavar="WHAT", required=True, parser_class=Parser)
+    p = what.add_parser("list", parents=[common], help="list disks kept aside",
+                        description="List disks kept aside, by host.")
+    p.add_argument("hostglob", nargs="?", metavar="HOSTGLOB")
+    listing_options(p, ASIDE_COLUMNS, "host,name")
+    p = what.add_parser("delete", parents=[common], help="delete disks kept aside",
+                        description="Delete the disks kept aside matching a PATTERN, on "
+                        "their hosts (which must be up). More than one asks for --yes.")
+    p.add_argument("patterns", nargs="+", metavar="PATTERN",
+                   help="HOSTGLOB/VMGLOB or VMGLOB (the VM's name or uuid)")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="do not ask when several match")
+    p.add_argument("--detach", action="store_true",
+                   help="print the automation id and return at once")
 
     sub = command("migrate", "move VMs to other hosts, live where they run",
                   "python peerctl.py migrate db1 --to 'host2*'\n"
@@ -1923,6 +2070,9 @@ def build_parser() -> Parser:
                      help="networks this host offers VMs: NAME (a libvirt network) or "
                           "NAME=BRIDGE, comma-separated; 'none' for none (default: the "
                           "networks setting, 'default')")
+    sub.add_argument("--ha-margin", type=_seconds, metavar="SECONDS",
+                     help="after a host's lease expired, how long before its HA VMs are "
+                          "restarted elsewhere (default: the ha_margin setting, 3s)")
 
     sub = command("up", "start a local etcd and N peers on this machine",
                   "python peerctl.py up --hosts 3\npython peerctl.py up --libvirt qemu:///system",

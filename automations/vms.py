@@ -17,8 +17,10 @@ outlived a killed peer, bring back) a copy of the VM.  Since version 2, boot
 runs (see ``engine/hypervisor/reconciler.py``, ``sweep_ghosts``), so one uuid never
 runs on two hosts.
 
-A VM's ``networks`` and cloud-init ``seed`` (``boot --network``,
-``--user-data``, ``--ssh-key``, ``--hostname``) go to ``build`` as they are;
+A VM's ``networks``, cloud-init ``seed`` (``boot --network``,
+``--user-data``, ``--ssh-key``, ``--hostname``) and HA policy (``ha``, only
+when ``restart``: a boot logged before it existed replays the same steps)
+go to ``build`` as they are;
 the networks' placement traits are among its ``required`` traits (the
 command line adds them), so a host without a network is never picked.
 """
@@ -78,7 +80,7 @@ def boot_one(ctx, vm, attempts, disown=False, keep_traits=False, leases=False):
                                         "image": vm.get("image"),
                                         **({"required": _traits(vm.get("required"))}
                                            if keep_traits and vm.get("required") else {}),
-                                        **{key: vm[key] for key in ("networks", "seed")
+                                        **{key: vm[key] for key in ("networks", "seed", "ha")
                                            if vm.get(key)}},
                               target=host, deadline=BUILD_DEADLINE, label=vm["name"])
         if built.ok:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from engine.hypervisor.shapes import first_ip   # also declares the shape of vms/ records
+from engine.hypervisor.shapes import HA_POLICIES, first_ip   # also declares vms/ shapes
 import engine.placement.etcd  # noqa: F401  (declares the shapes of placement/ keys)
 from engine import table
 from engine.core import keys
@@ -77,13 +77,17 @@ def read_hosts(store) -> list[dict]:
 
 def read_vms(store) -> list[dict]:
     """Every VM record: ``{host, name, uuid, state, vcpus, memory_mb, disk_gb,
-    ip, addresses}``.
+    ip, addresses, ha, recovered}``.
 
     A VM being moved (its lock is a migration's) is listed once, on the host
     it leaves, in state ``migrating``: the copy arriving on the destination is
-    not a second VM."""
-    records, held = store.txn([], [Get(keys.vm(), True),
-                                   Get(keys.lock("vm/"), True)]).ranges
+    not a second VM.  A VM whose host is dead is ``unknown``: its record is
+    the last its host wrote, and nobody can tell what runs there now.
+    ``recovered`` (``{from, time}``, else None): an HA restart rebuilt the VM
+    from its image after its host ``from`` died."""
+    records, held, live = store.txn([], [Get(keys.vm(), True), Get(keys.lock("vm/"), True),
+                                         Get(keys.host(), True)]).ranges
+    alive = {keys.suffix(kv.key, keys.host()) for kv in live}
     moving = {}
     for kv in held:
         lock = readable(kv)
@@ -94,7 +98,7 @@ def read_vms(store) -> list[dict]:
         vm = readable(kv)
         if vm is None:
             continue
-        state = vm["state"]
+        state = vm["state"] if vm["host"] in alive else "unknown"
         if vm["uuid"] in moving:
             if moving[vm["uuid"]] not in (None, vm["host"]):
                 continue
@@ -103,8 +107,17 @@ def read_vms(store) -> list[dict]:
         vms.append({"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"],
                     "state": state, "vcpus": vm.get("vcpus"),
                     "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb"),
-                    "ip": first_ip(addresses), "addresses": addresses})
+                    "ip": first_ip(addresses), "addresses": addresses,
+                    "ha": vm.get("ha") if vm.get("ha") in HA_POLICIES else "none",
+                    "recovered": _recovered(vm.get("recovered"))})
     return vms
+
+
+def _recovered(value) -> dict | None:
+    if isinstance(value, dict) and isinstance(value.get("from"), str) \
+            and isinstance(value.get("time"), (int, float)):
+        return {"from": value["from"], "time": value["time"]}
+    return None
 
 
 _ADDRESS_FIELDS = {"interface": str, "mac": str, "addr": str, "prefix": int}

@@ -35,6 +35,7 @@ from .core.store import Put, Store, StoreUnavailable
 from .core.validate import parse_duration   # one check, shared with the command line
 from .drains import align
 from .errors import UsageError
+from .hypervisor.ha import DEFAULT_MARGIN, recoverer
 from .hypervisor.hostctx import HostContext, check_libvirt_uri
 from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
 from .leases.guard import lease_guard
@@ -78,12 +79,13 @@ class Peer:
     def __init__(self, store: Store, host: str, libvirt_uri: str, ttl: int = 5,
                  hooks_dir: str | None = None, workers: int = 8, state_dir: str | None = None,
                  retention: float = RETENTION, networks: str = "default",
-                 etcd_history: float = 3600.0):
+                 etcd_history: float = 3600.0, ha_margin: float = DEFAULT_MARGIN):
         self.store = store
         self.name = host
         self.ttl = ttl
         self.retention = retention
         self.etcd_history = etcd_history
+        self.ha_margin = ha_margin
         state_dir = state_dir or os.path.join("/tmp", "peerctl", store.cluster, host)
         os.makedirs(state_dir, exist_ok=True)
         from .hypervisor.networks import parse_offer
@@ -150,7 +152,9 @@ class Peer:
                       Singleton(self.store, session, self.name, "reconciler",
                                 reconciler(self.store, host=self.name)).start(),
                       Singleton(self.store, session, self.name, "lease-guard",
-                                lease_guard(self.store)).start()]
+                                lease_guard(self.store)).start(),
+                      Singleton(self.store, session, self.name, "recoverer",
+                                recoverer(self.store, self.ha_margin)).start()]
         if self.etcd_history > 0:
             singletons.append(Singleton(self.store, session, self.name, "compactor",
                                         compactor(self.store, self.etcd_history,
@@ -237,15 +241,18 @@ class Peer:
 def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
              hooks_dir: str | None = None, workers: int = 8,
              state_dir: str | None = None, retention=RETENTION,
-             networks: str = "default", etcd_history=ETCD_HISTORY) -> int:
+             networks: str = "default", etcd_history=ETCD_HISTORY,
+             ha_margin=DEFAULT_MARGIN) -> int:
     """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
     automations are kept for ``retention`` (seconds or ``7d``-style);
     ``networks`` is what the host offers (``default, lan=br0``: see
     :mod:`engine.hypervisor.networks`); etcd keeps ``etcd_history`` of
-    revisions (0: the cluster never compacts it)."""
+    revisions (0: the cluster never compacts it); a dead host's HA VMs are
+    restarted elsewhere ``ha_margin`` after its lease expired."""
     peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir,
                 parse_duration(retention if retention is not None else RETENTION), networks,
-                parse_duration(etcd_history if etcd_history is not None else ETCD_HISTORY))
+                parse_duration(etcd_history if etcd_history is not None else ETCD_HISTORY),
+                parse_duration(ha_margin if ha_margin is not None else DEFAULT_MARGIN))
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)

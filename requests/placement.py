@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 
+from engine.core import keys
 from engine.core.handlers import handler
 from engine.errors import Conflict, NotFound, RequestError
 from engine.leases.events import unreserved
@@ -129,11 +130,13 @@ def candidates(host, args: dict) -> dict:
 
 @handler("claim_move")
 def claim_move(host, args: dict) -> dict:
-    """``{uuid, consumer, source, hosts?, required?}``: pick a destination for
-    instance ``uuid`` (same amounts as it holds, ``required`` traits, host
-    name matching ``hosts``, never ``source``) and move its allocations
-    there in one atomic write, the source's going to migration consumer
-    ``consumer`` (:meth:`~engine.placement.api.Placement.move_to_migration`).
+    """``{uuid, consumer, source, hosts?, required?, exclude?, live_only?}``:
+    pick a destination for instance ``uuid`` (same amounts as it holds,
+    ``required`` traits, host name matching ``hosts``, never ``source``
+    nor a host in ``exclude``; with ``live_only``, only hosts whose peer is
+    alive now) and move its allocations there in one atomic write, the
+    source's going to migration consumer ``consumer``
+    (:meth:`~engine.placement.api.Placement.move_to_migration`).
     -> ``{host, allocations}``.  Idempotent: a move already made returns
     where it went."""
     instance, migration, source = args.get("uuid"), args.get("consumer"), args.get("source")
@@ -151,8 +154,17 @@ def claim_move(host, args: dict) -> dict:
         def moved(candidate):
             doc = placement.move_to_migration(instance, migration, candidate["allocations"])
             return {"host": candidate["host"], "allocations": doc["allocations"]}
-        return _first_fit(placement, query, args, lambda host: host != source, moved,
-                          f"no host but {source} can fit {query}", f"moving {instance}")
+        excluded = {source, *(args.get("exclude") or ())}
+        live = _live(host.store) if args.get("live_only") else None
+        return _first_fit(placement, query, args,
+                          lambda name: name not in excluded and (live is None or name in live),
+                          moved, f"no {'live ' if live is not None else ''}host but "
+                          f"{', '.join(sorted(excluded))} can fit {query}", f"moving {instance}")
+
+
+def _live(store) -> set[str]:
+    """Hosts whose peer holds its lease now."""
+    return {keys.suffix(kv.key, keys.host()) for kv in store.range(keys.host(), keys_only=True)[0]}
 
 
 @handler("confirm_move")

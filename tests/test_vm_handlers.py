@@ -166,7 +166,7 @@ def test_vm_info_is_the_vmlist_record(host):
     call(host, "build", **args)
     assert call(host, "vm_info", uuid=args["uuid"]) == {
         "host": host.host, "name": args["name"], "uuid": args["uuid"], "state": "running",
-        "vcpus": 2, "memory_mb": 128, "disk_gb": 3}
+        "vcpus": 2, "memory_mb": 128, "disk_gb": 3, "ha": "none"}
     call(host, "destroy", uuid=args["uuid"])
 
 

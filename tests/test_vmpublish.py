@@ -32,9 +32,9 @@ def test_reconcile_publishes_exactly_this_hosts_vms(store, host):
     records = published(store, host)
     assert records == {
         a["uuid"]: {"host": host.host, "name": a["name"], "uuid": a["uuid"],
-                    "state": "running", "vcpus": 2, "memory_mb": 128, "disk_gb": 3},
+                    "state": "running", "vcpus": 2, "memory_mb": 128, "disk_gb": 3, "ha": "none"},
         b["uuid"]: {"host": host.host, "name": b["name"], "uuid": b["uuid"],
-                    "state": "running", "vcpus": 1, "memory_mb": 64, "disk_gb": 1}}
+                    "state": "running", "vcpus": 1, "memory_mb": 64, "disk_gb": 1, "ha": "none"}}
     assert store.get("vms/other-host/x") is not None
 
     revision = store.revision()

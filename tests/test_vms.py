@@ -170,7 +170,7 @@ def test_a_finished_boot_is_published_in_the_same_instant(cluster, store):
     for vm in boot["result"]["vms"]:
         assert records.get(f"vms/{vm['host']}/{vm['uuid']}") == {
             "host": vm["host"], "name": vm["name"], "uuid": vm["uuid"], "state": "running",
-            "vcpus": 1, "memory_mb": 64, "disk_gb": 1}, (vm, records)
+            "vcpus": 1, "memory_mb": 64, "disk_gb": 1, "ha": "none"}, (vm, records)
 
 
 def test_reconciler_releases_orphans_but_not_claims_in_flight(cluster, store, tmp_path):

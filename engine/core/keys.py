@@ -115,6 +115,25 @@ def disowned(host: str = "", uuid: str = "") -> str:
     return f"disowned/{host}/{uuid}"
 
 
+def vm_definition(uuid: str = "") -> str:
+    """``vmdef/<uuid>``: what a VM was built from, so that it can be built
+    again on another host (HA restart)."""
+    return f"vmdef/{uuid}"
+
+
+def aside(host: str = "", uuid: str = "") -> str:
+    """``aside/<host>/<uuid>``: the disks of a stale copy of a VM, kept aside
+    on ``host`` after the VM was restarted elsewhere."""
+    if not host:
+        return "aside/"
+    return f"aside/{host}/{uuid}"
+
+
+def recovery(host: str = "") -> str:
+    """``recovery/<host>``: the automation recovering ``host``'s HA VMs."""
+    return f"recovery/{host}"
+
+
 def singleton(name: str) -> str:
     """Election prefix of a cluster singleton (janitor, reconciler)."""
     return f"singleton/{name}/"

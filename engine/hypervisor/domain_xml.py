@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from engine.hypervisor.networks import interface_elements
 
 __all__ = ["NAMESPACE", "DomainSpec", "domain_xml", "pool_xml", "volume_xml",
-           "read_metadata", "read_reboot_token", "record_reboot_token", "disk_paths",
+           "read_metadata", "write_metadata", "read_reboot_token", "record_reboot_token", "disk_paths",
            "domain_type", "ACCELERATORS", "seed_source", "SEED_DEV"]
 
 NAMESPACE = "https://peerctl.dev/xmlns/vm/1"
@@ -180,6 +180,24 @@ def read_metadata(dom) -> dict:
             values["disk_gb"] = int(values["disk_gb"])
         except ValueError:
             values["disk_gb"] = 0
+    return values
+
+
+def write_metadata(dom, changes: dict) -> dict:
+    """Change the peerctl metadata of ``dom`` (a value of None drops the
+    field), in its persistent definition and, while it runs, live; returns
+    the metadata as now written."""
+    import libvirt
+    values = {key: value for key, value in {**read_metadata(dom), **changes}.items()
+              if value is not None}
+    vm = ET.Element("vm")          # libvirt puts it in NAMESPACE itself
+    for key, value in values.items():
+        _sub(vm, key, value)
+    flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+    if dom.isActive():
+        flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, ET.tostring(vm, encoding="unicode"),
+                    _PREFIX, NAMESPACE, flags)
     return values
 
 

@@ -35,11 +35,12 @@ import structlog
 from engine.core import keys
 from engine.errors import RequestError
 from engine.hypervisor import images
+from engine.hypervisor.definition import seed_from_metadata
 from engine.hypervisor.domain_xml import NAMESPACE, read_metadata, seed_source, volume_xml
 from engine.hypervisor.networks import retarget as retarget_interfaces
 from engine.hypervisor.records import vm_state
 from engine.hypervisor.vm import _find, _label, _libvirt_call, _uuid, _vm_lock, \
-    console_log_path, make_seed, offered_here, seed_from_metadata
+    console_log_path, make_seed, offered_here
 from engine.hypervisor.vmpublish import publish_domain
 
 __all__ = ["describe", "prepare", "adopt", "locate", "ACTIVE"]

@@ -28,7 +28,9 @@ which is how a host whose build was reported ``lost`` (SIGKILLed peer, but
 libvirtd and the domain lived on) drops the copy when it comes back:
 
 - the VM is disowned on this host (``disowned/<host>/<uuid>``, written by
-  ``boot`` before it took an alternate), or
+  ``boot`` before it took an alternate, or by an HA restart elsewhere: that
+  mark says ``keep``, and the copy's disks are kept aside instead of
+  deleted, see :mod:`engine.hypervisor.aside`), or
 - its allocation is held on other providers only, no running automation
   names it (a migration in flight names it) and it is not locked (a move
   whose outcome nobody could tell leaves its lock held, both copies kept).
@@ -52,6 +54,7 @@ from engine.core.values import readable
 from engine.errors import Deposed, RequestError, StoreUnavailable
 from engine.hypervisor import shapes  # noqa: F401  (declares vms/, disowned/)
 from engine.hypervisor import vm as lifecycle
+from engine.hypervisor.aside import keep_aside
 from engine.hypervisor.records import owned_by
 
 __all__ = ["reconciler", "reconcile_once", "sweep_ghosts", "DEFAULT_INTERVAL",
@@ -263,9 +266,15 @@ def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
     failed = set()
     for uuid, why in sorted(ghosts.items()):
         try:
-            lifecycle.destroy(host, {"uuid": uuid})
-            log.warning("ghost_vm_destroyed", host=host.host, uuid=uuid, why=why)
-        except RequestError as exc:
+            if marks.get(uuid, {}).get("keep"):
+                # Restarted elsewhere from its image: this copy's disks may
+                # hold data someone needs.
+                keep_aside(host, uuid, marks[uuid])
+                log.warning("ghost_vm_kept_aside", host=host.host, uuid=uuid, why=why)
+            else:
+                lifecycle.destroy(host, {"uuid": uuid})
+                log.warning("ghost_vm_destroyed", host=host.host, uuid=uuid, why=why)
+        except (RequestError, libvirt.libvirtError, OSError) as exc:
             failed.add(uuid)
             log.error("ghost_vm_not_destroyed", host=host.host, uuid=uuid, why=why,
                       error=str(exc))

@@ -32,7 +32,9 @@ def vm_state(dom) -> str:
 
 
 def vm_record(host_name: str, dom) -> dict:
-    """What ``vms/<host>/<uuid>`` holds for a domain.  A VM with interfaces
+    """What ``vms/<host>/<uuid>`` holds for a domain: with its HA policy
+    (``ha``: restart or none) and, for a VM an HA restart rebuilt from its
+    image, ``recovered: {from, time}``.  A VM with interfaces
     also has ``networks``, and, while it runs, the ``addresses`` its guest
     got and ``ip`` (the first IPv4, else IPv6, else None)."""
     _state, max_kib, _mem, vcpus, _cpu = dom.info()
@@ -40,7 +42,13 @@ def vm_record(host_name: str, dom) -> dict:
     state = vm_state(dom)
     record = {"host": host_name, "name": dom.name(), "uuid": dom.UUIDString(),
               "state": state, "vcpus": vcpus, "memory_mb": max_kib // 1024,
-              "disk_gb": meta.get("disk_gb", 0)}
+              "disk_gb": meta.get("disk_gb", 0), "ha": meta.get("ha") or "none"}
+    if meta.get("recovered_from"):
+        try:
+            when = float(meta.get("recovered_at") or 0)
+        except ValueError:
+            when = 0.0
+        record["recovered"] = {"from": meta["recovered_from"], "time": when}
     names = [n for n in (meta.get("networks") or "").split(",") if n]
     if names:
         addresses = []

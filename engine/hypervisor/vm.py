@@ -1,5 +1,5 @@
 """The VM lifecycle on one host: build, start, stop, reboot, suspend, resume,
-destroy, disown and vm_info, through libvirt-python only.  ``requests/vm.py``
+destroy, disown, set_ha and vm_info, through libvirt-python only.  ``requests/vm.py``
 registers each as the request of the same name.
 
 Every one is idempotent by VM uuid: run again with the same args it
@@ -20,16 +20,17 @@ honours them), ``networks`` (names of networks this host offers, one
 interface each, MACs derived from the uuid) and ``seed`` (``{hostname,
 user_data, ssh_keys}``: a cloud-init NoCloud seed, built here as a
 read-only CD-ROM volume ``<uuid>-seed.iso`` and kept in the domain's
-metadata so that a move rebuilds it).  Before it
-replies, ``build`` writes the VM's ``vms/<host>/<uuid>`` record
-(:func:`engine.hypervisor.vmpublish.publish_domain`), so a finished boot is listed.
+metadata so that a move rebuilds it), ``ha`` (``restart`` or ``none``, the
+default) and ``recovered`` (``{from, time}``: an HA restart, see
+docs/ha.md).  Before it replies, ``build`` records the VM's definition
+(``vmdef/<uuid>``, :mod:`engine.hypervisor.definition`) and writes its
+``vms/<host>/<uuid>`` record (:func:`engine.hypervisor.vmpublish.publish_domain`),
+so a finished boot is listed.  ``set_ha`` changes the policy later.
 ``stop`` takes an optional ``timeout`` in seconds for the ACPI shutdown
 before it destroys.
 """
 from __future__ import annotations
 
-import base64
-import json
 import math
 import os
 import threading
@@ -43,15 +44,18 @@ import structlog
 from engine.core import failpoints, keys
 from engine.errors import RequestError
 from engine.hypervisor import images, seed
+from engine.hypervisor.definition import record_definition, seed_from_metadata, seed_metadata
 from engine.hypervisor.networks import mac_for
+from engine.hypervisor.shapes import HA_POLICIES
 from engine.hypervisor.records import vm_record, vm_state
 from engine.hypervisor.vmpublish import publish_domain
 from engine.hypervisor.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
                                         read_metadata, read_reboot_token,
-                                        record_reboot_token)
+                                        record_reboot_token, write_metadata)
 
 __all__ = ["build", "start", "stop", "reboot", "suspend", "resume", "destroy", "disown",
-           "vm_info", "console_log_path", "DEFAULT_STOP_TIMEOUT"]
+           "vm_info", "set_ha", "console_log_path", "seed_from_metadata",
+           "DEFAULT_STOP_TIMEOUT"]
 
 log = structlog.get_logger("peerctl.vm")
 
@@ -174,20 +178,46 @@ def build(host, args: dict) -> dict:
         raise RequestError(f"accel must be one of {', '.join(ACCELERATORS)}, got {accel!r}")
     nets = _networks(host, args)
     seed_args = seed.check_seed_args(args.get("seed"))
+    marks = {"ha": _ha(args), **_recovered(args)}
 
     with _vm_lock(host, uuid):
         dom = _find(host, uuid)
         if dom is None:
             dom = _define(host, uuid, name, vcpus, memory_mb, disk_gb, image,
-                          kernel, initrd, cmdline, accel, required, nets, seed_args)
+                          kernel, initrd, cmdline, accel, required, nets, seed_args, marks)
         if vm_state(dom) in ("shutoff", "building"):
             _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
             log.info("vm_started", vm=name, uuid=uuid)
         if host.store is not None:
-            # Before replying: when boot reports done, vms/ already shows
-            # the VM (a pattern or vmlist right after sees it).
+            # What it was built from, for an HA restart elsewhere; then,
+            # before replying, its record: when boot reports done, vms/
+            # already shows the VM (a pattern or vmlist right after sees it).
+            record_definition(host.store, dom)
             publish_domain(host.store, host.host, dom)
         return {"uuid": uuid, "name": dom.name(), "host": host.host, "state": vm_state(dom)}
+
+
+def _ha(args: dict) -> str | None:
+    """The ``ha`` argument: ``restart`` is kept in the metadata, ``none``
+    (the default) is the absence of it."""
+    value = args.get("ha", "none")
+    if value is None:
+        value = "none"
+    if value not in HA_POLICIES:
+        raise RequestError(f"ha must be one of {', '.join(HA_POLICIES)}, got {value!r}")
+    return None if value == "none" else value
+
+
+def _recovered(args: dict) -> dict:
+    """``recovered: {from, time}``: an HA restart of a VM whose host died;
+    the domain's metadata says so for as long as it lives."""
+    value = args.get("recovered")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not isinstance(value.get("from"), str) \
+            or not isinstance(value.get("time"), (int, float)):
+        raise RequestError(f"recovered must be {{from: HOST, time: SECONDS}}, got {value!r}")
+    return {"recovered_from": value["from"], "recovered_at": repr(float(value["time"]))}
 
 
 def _networks(host, args: dict) -> list[str]:
@@ -209,24 +239,6 @@ def offered_here(host, names: list[str]) -> list[str]:
     return names
 
 
-def seed_metadata(seed_args: dict) -> str:
-    """The seed's inputs as kept in the domain's metadata (JSON)."""
-    return json.dumps({"hostname": seed_args["hostname"],
-                       "user_data": base64.b64encode(seed_args["user_data"] or b"").decode(),
-                       "ssh_keys": seed_args["ssh_keys"]}, sort_keys=True)
-
-
-def seed_from_metadata(text: str | None) -> dict | None:
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-        value["user_data"] = base64.b64decode(value.get("user_data") or "") or None
-    except (ValueError, TypeError, AttributeError):
-        raise RequestError("the VM's seed metadata is unreadable") from None
-    return seed.check_seed_args(value)
-
-
 def make_seed(host, pool, uuid: str, seed_args: dict, networks: list[str]):
     """Volume ``<uuid>-seed.iso`` holding the NoCloud seed; its path."""
     macs = [mac_for(uuid, index) for index in range(len(networks))]
@@ -236,7 +248,7 @@ def make_seed(host, pool, uuid: str, seed_args: dict, networks: list[str]):
 
 
 def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, cmdline,
-            accel, required=None, nets=(), seed_args=None):
+            accel, required=None, nets=(), seed_args=None, marks=None):
     conn = host.conn
     try:
         other = conn.lookupByName(name)
@@ -273,7 +285,8 @@ def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, 
                           seed_path=seed_file,
                           extra_metadata={**({"required": required} if required else {}),
                                           **({"seed": seed_metadata(seed_args)}
-                                             if seed_args else {})})
+                                             if seed_args else {}),
+                                          **{k: v for k, v in (marks or {}).items() if v}})
         dom = _libvirt_call(f"cannot define VM {name!r}", conn.defineXML, domain_xml(spec))
     except BaseException:
         # Nothing refers to this VM's volumes yet: take them back.
@@ -412,6 +425,8 @@ def disown(host, args: dict) -> dict:
     takes an alternate: that host's peer destroys any copy it holds, now or
     whenever it comes back (its libvirtd may have outlived it), and the
     reconciler drops the copy's ``vms/`` record while the host is dead.
+    With ``keep`` (an HA restart elsewhere) that host keeps the copy's disks
+    aside instead of deleting them: they may hold data someone needs.
     Runs anywhere (it only writes etcd); a put, so running it twice is once.
     """
     uuid = _uuid(args)
@@ -420,8 +435,30 @@ def disown(host, args: dict) -> dict:
         raise RequestError(f"disown needs the host the VM must leave, got {target!r}")
     host.store.put(keys.disowned(target, uuid),
                    {"uuid": uuid, "host": target, "automation": args.get("automation"),
-                    "reason": args.get("reason"), "time": time.time()})
+                    "reason": args.get("reason"), "time": time.time(),
+                    **({"keep": True} if args.get("keep") else {})})
     return {"uuid": uuid, "host": target}
+
+
+def set_ha(host, args: dict) -> dict:
+    """``{uuid, ha}``: the VM's HA policy, in its domain's metadata (which
+    the guard reads when it fences, see :mod:`engine.hypervisor.guard`) and
+    its record; the VM's definition is recorded if it was not, so that it
+    can be rebuilt elsewhere.  Setting what is already set is a no-op."""
+    uuid, dom = _require(host, args)
+    policy = _ha(args)
+    with _vm_lock(host, uuid):
+        if host.store is not None:
+            # Before the policy: an HA VM always has a definition to restart from.
+            if host.store.get(keys.vm_definition(uuid)) is None:
+                record_definition(host.store, dom)
+        if read_metadata(dom).get("ha") != policy:
+            _libvirt_call(f"cannot set the HA policy of {_label(args, uuid)}",
+                          write_metadata, dom, {"ha": policy})
+        if host.store is not None:
+            publish_domain(host.store, host.host, dom)
+        return {"uuid": uuid, "name": dom.name(), "host": host.host,
+                "ha": policy or "none"}
 
 
 def vm_info(host, args: dict) -> dict:

@@ -1,0 +1,134 @@
+"""HA: ``ha`` sets VMs' policy; ``recover`` restarts a dead host's HA VMs
+on other hosts.
+
+``ha`` per VM: ``lock_vm``, ``set_ha`` on its host (the domain's metadata,
+which the host's guard reads, and its record), ``unlock_vm``.
+
+``recover``:
+
+Started by the ``recoverer`` singleton (``engine/hypervisor/ha.py``) once a
+host's lease has expired and the fencing margin has passed.  One worker per
+VM, all in parallel:
+
+1. ``ha_lock``: the VM's lock, only while its host is still dead.  A host
+   that came back keeps its VMs (the VM is ``left``, no error).
+2. ``vm_definition``: what the VM was built from (``vmdef/<uuid>``).
+3. ``claim_move``: the best live host but the dead one (the VM's traits,
+   never a drained host); the instance's allocations go there while a
+   migration consumer holds the dead host's, as for a move.
+4. ``build`` there, from the definition, policy ``restart``, marked
+   ``recovered`` from the dead host.  With local disks the new copy starts
+   from the VM's image: its state in the result is ``restarted`` and its
+   record says ``recovered``.  A failed build is cleaned up (destroyed, or
+   disowned when that host died too), the claim reverted, and the next
+   host tried, up to ``attempts``.
+5. ``confirm_move`` (the dead host's allocations go), ``disown`` with
+   ``keep`` (when the dead host comes back its copy is stopped, undefined,
+   and its disks are kept aside, listed by ``peerctl aside``), then
+   ``unlock_vm`` dropping the dead host's ``vms/`` record in the same write.
+
+A VM that found no host stays listed on the dead host (state ``unknown``),
+its lock released, and the recoverer tries again later.  Every step is
+idempotent, so the automation survives the death of any member, its
+initiator included.
+"""
+from engine.core.registry import automation
+from engine.core.replay import Request
+
+from automations._steps import finish, resend
+
+BUILD_DEADLINE = 300.0
+ACTION_DEADLINE = 120.0
+
+
+def _result(vm, host, state, error=None, note=None):
+    return {"name": vm["name"], "uuid": vm["uuid"], "from": vm["host"], "host": host,
+            "state": state, "error": error, "note": note}
+
+
+def recover_one(ctx, vm, attempts=3):
+    uuid, dead, name = vm["uuid"], vm["host"], vm["name"]
+
+    def step(request, args, target=None, deadline=ACTION_DEADLINE):
+        return Request(request, {"uuid": uuid, "name": name, **args}, target=target,
+                       deadline=deadline, label=name)
+
+    locked = yield from resend(step("ha_lock", {"host": dead, "owner": ctx.automation_id}))
+    if not locked.ok:
+        return _result(vm, dead, "unknown", locked.error)
+    if not locked.value["locked"]:
+        return _result(vm, dead, "left", note=locked.value["why"])
+
+    def unlock(**extra):
+        return resend(step("unlock_vm", {"owner": ctx.automation_id, **extra}))
+
+    defined = yield from resend(step("vm_definition", {}))
+    if not defined.ok:
+        yield from unlock()
+        return _result(vm, dead, "unknown", defined.error)
+    build = dict(defined.value)
+    migration = ctx.uuid("recovery/" + uuid)
+    tried, reasons = [], []
+    for _ in range(attempts):
+        claimed = yield from resend(step("claim_move", {
+            "consumer": migration, "source": dead, "required": build.get("required"),
+            "exclude": tried, "live_only": True}))
+        if not claimed.ok:
+            reasons.append(f"no host can take it: {claimed.error}")
+            break
+        dest = claimed.value["host"]
+        # Not re-sent: a build lost with its host is retried on another one.
+        built = yield step("build", {**build, "ha": "restart",
+                                     "recovered": {"from": dead, "time": ctx.now()}},
+                           dest, BUILD_DEADLINE)
+        if built.ok:
+            yield from resend(step("confirm_move", {"consumer": migration}))
+            yield from resend(step("disown", {"host": dead, "keep": True,
+                                              "automation": ctx.automation_id,
+                                              "reason": f"restarted on {dest}"}))
+            yield from unlock(drop_record=dead)
+            return _result(vm, dest, "restarted",
+                           note=f"started from its image; its disks on {dead} are kept aside "
+                                "when it comes back")
+        tried.append(dest)
+        reasons.append(f"{dest}: {built.error or built.status}")
+        cleaned = yield from resend(step("destroy", {}, dest))
+        if not cleaned.ok:
+            yield from resend(step("disown", {"host": dest, "automation": ctx.automation_id,
+                                              "reason": f"recovery build {built.status}"}))
+        yield from resend(step("revert_move", {"consumer": migration}))
+    yield from unlock()
+    return _result(vm, dead, "unknown", "; ".join(reasons) or "no attempt left")
+
+
+def policy_one(ctx, vm, policy):
+    step = {"uuid": vm["uuid"], "name": vm["name"]}
+    locked = yield from resend(Request("lock_vm", {
+        **step, "host": vm["host"], "owner": ctx.automation_id,
+        "why": "changing its HA policy"}, label=vm["name"]))
+    if not locked.ok:
+        return {**vm, "ha": None, "error": locked.error}
+    done = yield from resend(Request("set_ha", {**step, "ha": policy}, target=vm["host"],
+                                     deadline=ACTION_DEADLINE, label=vm["name"]))
+    yield from resend(Request("unlock_vm", {**step, "owner": ctx.automation_id},
+                              label=vm["name"]))
+    if not done.ok:
+        return {**vm, "ha": None, "error": done.error or done.status}
+    return {**vm, "ha": done.value["ha"], "error": None}
+
+
+@automation("ha", version=1)
+def ha(ctx, vms, policy):
+    """``policy`` (restart or none) for ``vms`` ``[{name, uuid, host}]``."""
+    results = yield ctx.all([ctx.worker(policy_one, vm, policy, label=vm["name"])
+                             for vm in vms])
+    return finish([{**r, "state": "error" if r["error"] else "set"} for r in results],
+                  "changed")
+
+
+@automation("recover", version=1)
+def recover(ctx, host, vms, attempts=3):
+    """``host``: the dead host; ``vms``: its HA VMs ``{name, uuid, host}``."""
+    results = yield ctx.all([ctx.worker(recover_one, vm, attempts, label=vm["name"])
+                             for vm in vms])
+    return finish(results, "restarted")
