@@ -7,7 +7,9 @@ unreachable for a TTL, the process paused) everything bound to it stops at
 once and the peer starts over with a fresh session; its durable state is all
 in etcd, so it resumes where it was.  SIGTERM/SIGINT stop it gracefully:
 running requests finish, then the lease is revoked so the other members take
-over at once instead of after a TTL.
+over at once instead of after a TTL (unless the host runs HA VMs: then the
+lease runs out, and a peer back within it keeps them; see
+``engine/hypervisor/guard.py``).
 
 This is where the rooms meet: the generic machinery (``engine.core``), the
 placement service and the hypervisor room are composed here, and only here;
@@ -35,6 +37,8 @@ from .core.store import Put, Store, StoreUnavailable
 from .core.validate import parse_duration   # one check, shared with the command line
 from .drains import align
 from .errors import UsageError
+from .hypervisor.guard import (Heartbeat, ensure_guard, fenced, forget_fenced, ha_domains,
+                               lead_for, needs_guard)
 from .hypervisor.ha import DEFAULT_MARGIN, recoverer
 from .hypervisor.hostctx import HostContext, check_libvirt_uri
 from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
@@ -92,6 +96,9 @@ class Peer:
         self.host = HostContext(host, libvirt_uri, store, state_dir,
                                 offer=parse_offer(networks, "in the peer's networks setting"))
         self.executor = Executor(store, self.host, hooks_dir, workers)
+        # A hypervisor whose VMs outlive this process gets a guard that
+        # fences its HA VMs when this peer's lease may lapse.
+        self.heartbeat = Heartbeat(state_dir) if needs_guard(libvirt_uri) else None
         self.stopping = threading.Event()
         self.extras = []                # per-session components started by plugins
         self.log = log.bind(host=host)
@@ -106,7 +113,8 @@ class Peer:
         load_automations()
         while not self.stopping.is_set():
             try:
-                session = Session(self.store, self.ttl)
+                session = Session(self.store, self.ttl,
+                                  on_renewed=self.heartbeat.beat if self.heartbeat else None)
             except StoreUnavailable as exc:
                 self.log.warning("etcd_unreachable", error=str(exc))
                 self.stopping.wait(0.5)
@@ -128,7 +136,10 @@ class Peer:
                 graceful = self.stopping.is_set()
                 if graceful:
                     self.executor.wait_idle(30)
-                session.close(revoke=graceful or crashed)
+                # A host running HA VMs lets its lease run out instead: a
+                # peer restarted within it (an upgrade) keeps them running;
+                # otherwise the guard fences them and they restart elsewhere.
+                session.close(revoke=(graceful or crashed) and not self._runs_ha_vms())
         self.log.info("peer_stopped")
         return 0
 
@@ -145,6 +156,7 @@ class Peer:
         self._sweep_ghosts()
         swept = time.monotonic()
         publisher = self._start_publisher()
+        self._ensure_guard()
         self.executor.attach(session)
         duties = Duties(self.store, session, self.name, self.executor.submit).start()
         singletons = [Singleton(self.store, session, self.name, "janitor",
@@ -159,6 +171,7 @@ class Peer:
             singletons.append(Singleton(self.store, session, self.name, "compactor",
                                         compactor(self.store, self.etcd_history,
                                                   self.name)).start())
+        self._unfence()
         try:
             while not self.stopping.is_set() and not session.lost.is_set():
                 # Short slices: a lost lease must end this session at once, not
@@ -178,7 +191,8 @@ class Peer:
                     registered = self._register_provider(record["networks"])
                 if publisher is None:
                     publisher = self._start_publisher()
-                if time.monotonic() - swept >= GHOST_INTERVAL:
+                self._ensure_guard()
+                if self._unfence() or time.monotonic() - swept >= GHOST_INTERVAL:
                     self._sweep_ghosts()
                     swept = time.monotonic()
         finally:
@@ -211,6 +225,59 @@ class Peer:
             return False
         finally:
             placement.close()
+
+    def _ensure_guard(self) -> None:
+        """Start this host's guard if none runs (never fatal: the next tick
+        tries again; meanwhile HA VMs here are not guarded, and it says so)."""
+        if self.heartbeat is None:
+            return
+        try:
+            ensure_guard(self.host.state_dir, self.name, self.host.libvirt_uri,
+                         lead_for(self.ttl))
+        except Exception as exc:
+            self.log.error("guard_unavailable", error=str(exc))
+
+    def _runs_ha_vms(self) -> bool:
+        if self.heartbeat is None:
+            return False
+        try:
+            return bool(ha_domains(self.host.conn, self.name))
+        except Exception:
+            return True         # cannot tell: the safe side keeps the lease
+
+    def _unfence(self) -> bool:
+        """Start again the HA VMs the guard powered off, those the cluster
+        still says are this host's: listed here, not disowned here, held by
+        no automation (a recovery that took one before this host came back
+        keeps it).  True when one turned out not to be ours any more (the
+        ghost sweep then keeps its disks aside)."""
+        if self.heartbeat is None:
+            return False
+        uuids = fenced(self.host.state_dir)
+        if not uuids:
+            return False
+        from .core import locks
+        from .hypervisor import vm as lifecycle
+        settled, lost = [], False
+        for uuid in uuids:
+            try:
+                if self.store.get(keys.disowned(self.name, uuid)) is not None \
+                        or self.store.get(keys.vm(self.name, uuid)) is None:
+                    settled.append(uuid)
+                    lost = True
+                    self.log.warning("fenced_vm_not_ours", uuid=uuid)
+                    continue
+                if locks.holder(self.store, f"vm/{uuid}") is not None:
+                    continue            # being recovered or acted on: later
+                lifecycle.start(self.host, {"uuid": uuid})
+                settled.append(uuid)
+                self.log.warning("fenced_vm_restarted", uuid=uuid)
+            except StoreUnavailable:
+                raise
+            except Exception as exc:    # the VM is gone, or libvirt is: try again later
+                self.log.warning("unfence_failed", uuid=uuid, error=str(exc))
+        forget_fenced(self.host.state_dir, settled)
+        return lost
 
     def _sweep_ghosts(self):
         """Destroy this host's copies of VMs placed elsewhere (see

@@ -22,13 +22,20 @@ log = structlog.get_logger("peerctl.session")
 
 
 class Session:
-    def __init__(self, store: Store, ttl: int):
+    def __init__(self, store: Store, ttl: int, on_renewed=None):
+        """``on_renewed(valid_until)``, if given, is called after the grant
+        and after every renewal with the CLOCK_MONOTONIC moment before which
+        the lease cannot have expired on the server (its TTL counted from
+        when the request was sent)."""
         self.store = store
         self.ttl = ttl
+        self.on_renewed = on_renewed
+        sent = time.monotonic()
         self.lease = store.grant(ttl)
         self.lost = threading.Event()
         self._closed = threading.Event()
-        self._valid_until = time.monotonic() + ttl
+        self._valid_until = sent + ttl
+        self._renewed()
         self._thread = threading.Thread(target=self._keepalive, daemon=True,
                                         name=f"lease:{self.lease:x}")
         self._thread.start()
@@ -47,11 +54,24 @@ class Session:
                 remaining = None
             if remaining is not None and remaining > 0:
                 self._valid_until = sent + remaining
+                self._renewed()
             elif remaining is not None or time.monotonic() >= self._valid_until:
                 log.warning("lease_lost", lease=f"{self.lease:x}",
                             reason="expired" if remaining is not None else "etcd unreachable")
                 self.lost.set()
                 return
+
+    @property
+    def valid_until(self) -> float:
+        return self._valid_until
+
+    def _renewed(self) -> None:
+        if self.on_renewed is None:
+            return
+        try:
+            self.on_renewed(self._valid_until)
+        except Exception as exc:        # never the lease's concern
+            log.warning("on_renewed_failed", error=str(exc))
 
     def close(self, revoke: bool = True) -> None:
         """End the session; revoking deletes every key bound to the lease now."""

@@ -66,6 +66,21 @@ class Cluster:
                 process.send_signal(signal.SIGCONT)
                 process.kill()
                 process.wait(30)
+        for host in self.peers:
+            stop_guard(self.tmp_path / f"state-{host}")
+
+
+def stop_guard(state_dir) -> None:
+    """SIGKILL the guard a peer started in ``state_dir``, by its recorded PID,
+    if that process is still a guard (engine/hypervisor/guard.py)."""
+    try:
+        pid = int((state_dir / "guard" / "pid").read_text())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().split(b"\0")
+    except (OSError, ValueError):
+        return
+    if b"engine.hypervisor.guard" in command and str(state_dir).encode() in b" ".join(command):
+        os.kill(pid, signal.SIGKILL)
 
 
 def start_peers(cluster, store, names, hooks=None, env=None, ttl=2):
