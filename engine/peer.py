@@ -36,7 +36,7 @@ from .core.session import Session
 from .core.store import Put, Store, StoreUnavailable
 from .core.validate import parse_duration   # one check, shared with the command line
 from .drains import align
-from .errors import UsageError
+from .errors import RequestError, UsageError
 from .hypervisor.guard import (Heartbeat, ensure_guard, fenced, forget_fenced, ha_domains,
                                lead_for, needs_guard)
 from .hypervisor.ha import DEFAULT_MARGIN, recoverer
@@ -243,7 +243,9 @@ class Peer:
         try:
             return bool(ha_domains(self.host.conn, self.name))
         except Exception:
-            return True         # cannot tell: the safe side keeps the lease
+            # Cannot tell.  Keeping the lease would only delay what its
+            # expiry brings anyway (the guard cannot reach libvirt either).
+            return False
 
     def _unfence(self) -> bool:
         """Start again the HA VMs the guard powered off, those the cluster
@@ -274,8 +276,11 @@ class Peer:
                 self.log.warning("fenced_vm_restarted", uuid=uuid)
             except StoreUnavailable:
                 raise
-            except Exception as exc:    # the VM is gone, or libvirt is: try again later
-                self.log.warning("unfence_failed", uuid=uuid, error=str(exc))
+            except RequestError as exc:     # no such VM here any more, or it cannot start
+                settled.append(uuid)
+                self.log.error("unfence_failed", uuid=uuid, error=str(exc))
+            except Exception as exc:    # libvirt is away: try again later
+                self.log.warning("unfence_postponed", uuid=uuid, error=str(exc))
         forget_fenced(self.host.state_dir, settled)
         return lost
 

@@ -276,13 +276,32 @@ def test_a_vm_record_without_its_fields_is_skipped(warnings):
     """vmlist lists the readable VMs and warns about the rest."""
     host = fresh("host1")
     store = MemoryStore({
+        keys.host(host): {"host": host},
         keys.vm(host, "u1"): {"host": host, "name": "web1", "uuid": "u1", "state": "running",
                               "vcpus": 1, "memory_mb": 256, "disk_gb": 1},
         keys.vm(host, "u2"): {"name": "web2"}})
     assert cluster.read_vms(store) == [{"host": host, "name": "web1", "uuid": "u1",
                                         "state": "running", "vcpus": 1, "memory_mb": 256,
-                                        "disk_gb": 1, "ip": None, "addresses": []}]
+                                        "disk_gb": 1, "ip": None, "addresses": [],
+                                        "ha": "none", "recovered": None}]
     assert [key for key, _ in warnings] == [keys.vm(host, "u2")]
+
+
+def test_a_vm_whose_host_is_dead_is_unknown_and_a_bad_policy_reads_none(warnings):
+    """The record is what the dead host last wrote: nobody can tell its
+    state.  A policy that is not restart or none counts as none."""
+    up, down = fresh("host1"), fresh("host2")
+    store = MemoryStore({
+        keys.host(up): {"host": up},
+        keys.vm(up, "u1"): {"host": up, "name": "web1", "uuid": "u1", "state": "running",
+                            "ha": "restart", "recovered": {"from": down, "time": 5.0}},
+        keys.vm(down, "u2"): {"host": down, "name": "web2", "uuid": "u2", "state": "running",
+                              "ha": "always", "recovered": "yes"}})
+    vms = {vm["name"]: vm for vm in cluster.read_vms(store)}
+    assert (vms["web1"]["state"], vms["web1"]["ha"], vms["web1"]["recovered"]) == \
+        ("running", "restart", {"from": down, "time": 5.0})
+    assert (vms["web2"]["state"], vms["web2"]["ha"], vms["web2"]["recovered"]) == \
+        ("unknown", "none", None)
 
 
 def test_bad_addresses_in_a_vm_record_cost_only_those_entries(warnings):

@@ -216,3 +216,21 @@ def test_a_stale_copy_is_kept_aside_and_deleted_only_on_purpose(store, tmp_path)
     assert not [v for v in pool.listAllVolumes(0) if v.name().startswith("aside-")]
     assert store.range(keys.aside())[0] == []
     assert keep_aside(host, args["uuid"], {"time": 1}) is None     # nothing left to keep
+
+
+def test_a_definition_outlives_its_vm_by_two_reconciler_passes(store):
+    """vmdef/ of a VM that is gone (no record, no allocation, no running
+    automation) goes on the second pass; a listed VM's stays."""
+    from engine.hypervisor.reconciler import reconcile_once
+    gone, listed = "0f6a1f44-7f0e-4d0a-8d6e-4f3b1c2a9e01", "6c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"
+    for uuid in (gone, listed):
+        store.put(keys.vm_definition(uuid), {"uuid": uuid, "name": uuid[:4], "build": {}})
+    store.put(keys.vm("h9", listed), {"host": "h9", "name": "kept", "uuid": listed,
+                                      "state": "running"})
+    placement = open_placement("etcd", store)
+    suspects = set()
+    reconcile_once(store, placement, suspects)
+    assert store.get(keys.vm_definition(gone)) is not None      # seen once: not yet
+    reconcile_once(store, placement, suspects)
+    assert store.get(keys.vm_definition(gone)) is None
+    assert store.get(keys.vm_definition(listed)) is not None

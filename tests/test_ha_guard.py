@@ -15,6 +15,7 @@ from engine.hypervisor.domain_xml import read_metadata
 from engine.placement import open_placement
 from tests.support import TEST_AUTOMATIONS, wait_for
 from tests.support.cluster import finished
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.test_daemons import test_daemons  # noqa: F401  (a fixture)
 
 TTL = 2
@@ -31,11 +32,14 @@ class Hosts:
         self.armed = tmp_path / "failpoints"
         self.armed.write_text("")
 
-    def start(self, name):
+    def start(self, name, etcd=None):
+        """``etcd``: the URL this peer reaches etcd by (a proxy), if not the
+        cluster's."""
         self.cluster.start_peer(name, libvirt=self.uris[name], ttl=TTL,
                                 extra_args=["--ha-margin", str(MARGIN)],
                                 env={"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS,
-                                     failpoints.ENV: str(self.armed)})
+                                     failpoints.ENV: str(self.armed),
+                                     **({"PEERCTL_ETCD": etcd} if etcd else {})})
         wait_for(lambda: name in api.live_hosts(self.store), what=f"{name} alive")
         placement = open_placement("etcd", self.store)
         wait_for(lambda: name in {p["name"] for p in placement.providers()},
@@ -83,7 +87,8 @@ def fence_then_expiry(hosts, store, uuids):
     return fenced, expired
 
 
-def scenario(cluster, store, test_daemons, tmp_path, tag, stop_peer, resume_peer):  # noqa: F811
+def scenario(cluster, store, test_daemons, tmp_path, tag, stop_peer, resume_peer,  # noqa: F811
+             etcd_of_g1=None):
     """g1 runs two HA VMs and one without HA; ``stop_peer`` takes its peer
     away.  The guard fences the HA VMs before the lease expires; they run
     on g2 or g3 afterwards (the recovery's initiator, one of those, is
@@ -92,7 +97,7 @@ def scenario(cluster, store, test_daemons, tmp_path, tag, stop_peer, resume_peer
     Each VM runs exactly once."""
     hosts = Hosts(cluster, store, test_daemons, tmp_path, tag)
     for name in ("g1", "g2", "g3"):
-        hosts.start(name)
+        hosts.start(name, etcd_of_g1 if name == "g1" else None)
     ha = hosts.boot(["a", "b"], "--ha", "restart")
     plain = hosts.boot(["c"])
     assert {u: hosts.domains("g1")[u] for u in ha.values()} == \
@@ -154,6 +159,21 @@ def test_a_hung_peer_is_fenced_by_its_guard(cluster, store, test_daemons, tmp_pa
     def thaw(hosts):
         cluster.kill("g1", signal.SIGCONT)
     scenario(cluster, store, test_daemons, tmp_path, "h", freeze, thaw)
+
+
+def test_a_peer_cut_off_from_etcd_fences_itself_before_its_lease_expires(
+        cluster, store, test_daemons, tmp_path):  # noqa: F811
+    """A partition: g1's peer reaches etcd through a proxy the test cuts.
+    The peer and its hypervisor live on; its guard powers the HA VMs off
+    before the lease can expire, they run elsewhere, and once the proxy
+    heals the peer sets its stale copies aside instead of starting them."""
+    host, port = cluster.etcd_url.rsplit("//", 1)[1].split(":")
+    proxy = TcpProxy(host, int(port)).start()
+    try:
+        scenario(cluster, store, test_daemons, tmp_path, "p",
+                 lambda hosts: proxy.cut(), lambda hosts: proxy.heal(), etcd_of_g1=proxy.url)
+    finally:
+        proxy.cut()
 
 
 def test_a_peer_fenced_but_back_within_the_margin_restarts_its_own_vms(

@@ -14,6 +14,9 @@ The cluster half, :func:`reconcile_once`, runs on one peer at a time (the
   VM was disowned there or is allocated on another host is a ghost: that host
   cannot publish any more, and the VM lives elsewhere.  The record is
   deleted, and never counts as a VM;
+- a VM definition (``vmdef/<uuid>``) whose VM has no record, no
+  allocation and no running automation naming it, on two passes in a row,
+  is deleted;
 - VMs without allocations are reported (``reconcile/report``), not touched:
   they may be someone's VM started by hand.
 
@@ -187,6 +190,16 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
             writer.release(consumer)
         log.warning("orphan_allocation_released", consumer=consumer,
                     allocations=allocations[consumer]["allocations"])
+    # A VM's definition outlives it by two passes: no record, no allocation,
+    # no running automation naming it (the same rule as for orphans).
+    defined = {keys.suffix(kv.key, keys.vm_definition())
+               for kv in store.range(keys.vm_definition(), keys_only=True)[0]}
+    undefined = {f"vmdef:{u}" for u in defined
+                 if u not in vm_uuids and u not in allocations and u not in busy}
+    forgotten = sorted(undefined & suspects)
+    for start in range(0, len(forgotten), _BATCH):
+        txn([], [Delete(keys.vm_definition(mark.split(":", 1)[1]))
+                 for mark in forgotten[start:start + _BATCH]])
     unallocated = sorted(f"{kv.value['host']}/{kv.value['name']}" for kv in vms
                          if kv.value["uuid"] not in allocations)
     for vm in unallocated:
@@ -197,7 +210,7 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
               "host": host}
     txn([], [Put(keys.RECONCILE_REPORT, report)])
     suspects.clear()
-    suspects.update(orphans - set(released))
+    suspects.update(orphans - set(released), undefined - set(forgotten))
     return report
 
 
