@@ -14,8 +14,8 @@ How it works:
   the host) before which the lease cannot have expired on the server (it
   was renewed for TTL seconds no earlier than the request was sent);
 - the guard reads it every :data:`POLL` seconds.  From ``until - lead`` on,
-  it destroys (powers off, keeps defined, disks untouched) every running
-  domain of the host whose peerctl metadata says ``ha: restart``, and goes
+  it pauses, then destroys (powers off, keeps defined, disks untouched)
+  every running domain of the host whose peerctl metadata says ``ha: restart``, and goes
   on doing so while no newer heartbeat comes.  It notes each fenced uuid in
   ``<state_dir>/guard/fenced`` *before* destroying it;
 - a peer that holds a lease again restarts a fenced VM only if the cluster
@@ -56,6 +56,7 @@ __all__ = ["needs_guard", "Heartbeat", "ensure_guard", "fenced", "forget_fenced"
 LEAD = 1.0          # seconds before the lease's earliest expiry that the guard fences
 POLL = 0.2          # how often the guard reads the heartbeat
 _IDLE_EXIT = 5.0    # a guard without peer and without HA VM to fence exits after this
+_BLIND_EXIT = 60.0  # ... or without peer and without libvirt (it can fence nothing)
 
 
 def needs_guard(libvirt_uri: str) -> bool:
@@ -237,23 +238,30 @@ def run_guard(state_dir: str, host: str, libvirt_uri: str, lead: float = LEAD,
             for dom in running:
                 uuid = dom.UUIDString()
                 _note_fenced(state_dir, uuid)
-                try:
-                    dom.destroy()
-                    _say("fenced", vm=dom.name(), uuid=uuid,
-                         late_by=round(now - (until - lead), 3) if until else "no heartbeat")
-                except libvirt.libvirtError as exc:
-                    if exc.get_error_code() not in (libvirt.VIR_ERR_OPERATION_INVALID,
-                                                    libvirt.VIR_ERR_NO_DOMAIN):
-                        _say("fence_failed", vm=dom.name(), error=exc.get_error_message())
+                # Paused first (its vCPUs stop at once), then powered off
+                # (QEMU may take a moment to exit).
+                for step in (dom.suspend, dom.destroy):
+                    try:
+                        step()
+                    except libvirt.libvirtError as exc:
+                        if exc.get_error_code() not in (libvirt.VIR_ERR_OPERATION_INVALID,
+                                                        libvirt.VIR_ERR_NO_DOMAIN):
+                            _say("fence_failed", vm=dom.name(), step=step.__name__,
+                                 error=exc.get_error_message())
+                _say("fenced", vm=dom.name(), uuid=uuid, took=round(time.monotonic() - now, 3),
+                     late_by=round(now - (until - lead), 3) if until else "no heartbeat")
         except libvirt.libvirtError as exc:
             _say("libvirt_unreachable", error=exc.get_error_message())
             conn = None
             running = [None]
         peer_gone = not _alive(beat.get("pid") if isinstance(beat, dict) else None)
-        if peer_gone and not running:
+        if peer_gone:
             idle_since = idle_since or now
-            if now - idle_since >= _IDLE_EXIT:
+            if not running and now - idle_since >= _IDLE_EXIT:
                 _say("exiting", why="no peer and nothing to fence")
+                return 0
+            if running == [None] and now - idle_since >= _BLIND_EXIT:
+                _say("exiting", why="no peer, and libvirt unreachable: nothing to fence with")
                 return 0
         else:
             idle_since = None

@@ -18,6 +18,7 @@ whole margin again: late, never early.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -35,7 +36,7 @@ log = structlog.get_logger("peerctl.ha")
 
 DEFAULT_MARGIN = 3.0        # seconds after a host's lease expired
 POLL = 0.25                 # how often live hosts are compared
-RETRY = 30.0                # after a recovery that left VMs behind
+RETRY = float(os.environ.get("PEERCTL_HA_RETRY", "30"))  # after a recovery that left VMs behind
 RECHECK = 5.0               # how often a dead host's HA VMs are looked at again
 _KNOWN_EVERY = 10.0         # how often every host ever seen is read again
 

@@ -24,7 +24,7 @@ import pytest
 from engine.core import api, keys
 from engine.placement import open_placement
 from tests.support import qemu_guest, wait_for
-from tests.support.cluster import start_automation
+from tests.support.cluster import start_automation, stop_guard
 
 __all__ = ["kvm", "Kvm", "BOOT_TIMEOUT", "HOSTS"]
 
@@ -38,12 +38,15 @@ def kvm(cluster, store, libvirtd_pair, guest_dir):
     boots the test guest on host1 and waits for its console."""
     kvm = Kvm(cluster, store, libvirtd_pair, guest_dir)
     yield kvm
-    shutil.rmtree(kvm.work, ignore_errors=True)
+    kvm.close()
 
 
 class Kvm:
-    def __init__(self, cluster, store, pair, guest_dir):
+    def __init__(self, cluster, store, pair, guest_dir, peer_env=None, peer_args=()):
+        """``peer_env``: host -> more environment for its peer (all hosts
+        under ``"*"``); ``peer_args``: more arguments for every peer."""
         self.cluster, self.store, self.pair = cluster, store, pair
+        self.peer_env, self.peer_args = peer_env or {}, list(peer_args)
         self.work = qemu_guest.world_readable_tmpdir("peerctl-moves-")
         self.image = qemu_guest.build_disk_image(os.path.join(self.work, "guest.img"),
                                                  guest_dir, self.work)
@@ -57,10 +60,19 @@ class Kvm:
         wait_for(lambda: set(HOSTS) <= {p["name"] for p in placement.providers()},
                  timeout=30, interval=0.2, what="both hosts registered")
 
+    def close(self):
+        """Stop the guards the peers started (by recorded PID), drop the files."""
+        from pathlib import Path
+        for host in HOSTS:
+            stop_guard(Path(self.state[host]))
+        shutil.rmtree(self.work, ignore_errors=True)
+
     def start_peer(self, host):
         self.cluster.start_peer(host, libvirt=self.uri[host],
-                                env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL},
-                                extra_args=["--state-dir", self.state[host]])
+                                env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL,
+                                     **self.peer_env.get("*", {}),
+                                     **self.peer_env.get(host, {})},
+                                extra_args=["--state-dir", self.state[host], *self.peer_args])
 
     def boot(self, name, *flags):
         booted = self.cluster.cli_json(
