@@ -3,7 +3,7 @@ expire, whatever happened to the peer, and a host that comes back keeps
 what is still its own and sets aside what was restarted elsewhere.
 
 Each host is a private libvirtd serving libvirt's test driver
-(tests/support/test_daemons.py): its VMs outlive the peer's process, as
+(tests/support/daemon_hosts.py): its VMs outlive the peer's process, as
 QEMU's do, so a fence is needed and can be watched from here."""
 import signal
 import time
@@ -16,7 +16,7 @@ from engine.placement import open_placement
 from tests.support import TEST_AUTOMATIONS, wait_for
 from tests.support.cluster import finished
 from tests.support.tcp_proxy import TcpProxy
-from tests.support.test_daemons import test_daemons  # noqa: F401  (a fixture)
+from tests.support.daemon_hosts import daemon_hosts  # noqa: F401  (a fixture)
 
 TTL = 2
 MARGIN = 1.0
@@ -87,7 +87,7 @@ def fence_then_expiry(hosts, store, uuids):
     return fenced, expired
 
 
-def scenario(cluster, store, test_daemons, tmp_path, tag, stop_peer, resume_peer,  # noqa: F811
+def scenario(cluster, store, daemon_hosts, tmp_path, tag, stop_peer, resume_peer,  # noqa: F811
              etcd_of_g1=None):
     """g1 runs two HA VMs and one without HA; ``stop_peer`` takes its peer
     away.  The guard fences the HA VMs before the lease expires; they run
@@ -95,7 +95,7 @@ def scenario(cluster, store, test_daemons, tmp_path, tag, stop_peer, resume_peer
     SIGKILLed once on the way and comes back); ``resume_peer`` brings g1's
     peer back, which sets its stale copies aside and keeps its other VM.
     Each VM runs exactly once."""
-    hosts = Hosts(cluster, store, test_daemons, tmp_path, tag)
+    hosts = Hosts(cluster, store, daemon_hosts, tmp_path, tag)
     for name in ("g1", "g2", "g3"):
         hosts.start(name, etcd_of_g1 if name == "g1" else None)
     ha = hosts.boot(["a", "b"], "--ha", "restart")
@@ -143,26 +143,26 @@ def scenario(cluster, store, test_daemons, tmp_path, tag, stop_peer, resume_peer
 
 
 def test_sigkill_of_the_peer_the_guard_fences_and_the_vms_run_elsewhere(
-        cluster, store, test_daemons, tmp_path):  # noqa: F811
+        cluster, store, daemon_hosts, tmp_path):  # noqa: F811
     def kill(hosts):
         cluster.kill("g1")
 
     def restart(hosts):
         hosts.start("g1")
-    scenario(cluster, store, test_daemons, tmp_path, "k", kill, restart)
+    scenario(cluster, store, daemon_hosts, tmp_path, "k", kill, restart)
 
 
-def test_a_hung_peer_is_fenced_by_its_guard(cluster, store, test_daemons, tmp_path):  # noqa: F811
+def test_a_hung_peer_is_fenced_by_its_guard(cluster, store, daemon_hosts, tmp_path):  # noqa: F811
     def freeze(hosts):
         cluster.kill("g1", signal.SIGSTOP)
 
     def thaw(hosts):
         cluster.kill("g1", signal.SIGCONT)
-    scenario(cluster, store, test_daemons, tmp_path, "h", freeze, thaw)
+    scenario(cluster, store, daemon_hosts, tmp_path, "h", freeze, thaw)
 
 
 def test_a_peer_cut_off_from_etcd_fences_itself_before_its_lease_expires(
-        cluster, store, test_daemons, tmp_path):  # noqa: F811
+        cluster, store, daemon_hosts, tmp_path):  # noqa: F811
     """A partition: g1's peer reaches etcd through a proxy the test cuts.
     The peer and its hypervisor live on; its guard powers the HA VMs off
     before the lease can expire, they run elsewhere, and once the proxy
@@ -170,18 +170,18 @@ def test_a_peer_cut_off_from_etcd_fences_itself_before_its_lease_expires(
     host, port = cluster.etcd_url.rsplit("//", 1)[1].split(":")
     proxy = TcpProxy(host, int(port)).start()
     try:
-        scenario(cluster, store, test_daemons, tmp_path, "p",
+        scenario(cluster, store, daemon_hosts, tmp_path, "p",
                  lambda hosts: proxy.cut(), lambda hosts: proxy.heal(), etcd_of_g1=proxy.url)
     finally:
         proxy.cut()
 
 
 def test_a_peer_fenced_but_back_within_the_margin_restarts_its_own_vms(
-        cluster, store, test_daemons, tmp_path):  # noqa: F811
+        cluster, store, daemon_hosts, tmp_path):  # noqa: F811
     """Frozen just long enough for its guard to fence (the lease may lapse)
     and thawed before anyone recovered them: the VMs are still the host's,
     so its peer starts them again there, once."""
-    hosts = Hosts(cluster, store, test_daemons, tmp_path, "f")
+    hosts = Hosts(cluster, store, daemon_hosts, tmp_path, "f")
     cluster.start_peer("g1", libvirt=hosts.uris["g1"], ttl=TTL,
                        extra_args=["--ha-margin", "30"],
                        env={"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
@@ -202,11 +202,11 @@ def test_a_peer_fenced_but_back_within_the_margin_restarts_its_own_vms(
 
 
 def test_a_peer_restarted_within_its_lease_keeps_its_ha_vms_running(
-        cluster, store, test_daemons, tmp_path):  # noqa: F811
+        cluster, store, daemon_hosts, tmp_path):  # noqa: F811
     """An upgrade: SIGTERM, then a new peer at once.  The old one leaves its
     lease to run out instead of revoking it (it runs HA VMs), the new one
     renews its own in time: the guard never fences, nothing is recovered."""
-    hosts = Hosts(cluster, store, test_daemons, tmp_path, "u")
+    hosts = Hosts(cluster, store, daemon_hosts, tmp_path, "u")
     ttl = 5
 
     def start(name):

@@ -122,7 +122,7 @@ def test_linux_guest_boots_from_a_cached_image_is_listed_stops_by_acpi_and_is_de
         kvs, _ = store.range("vms/")
         assert [kv.value for kv in kvs] == [{
             "host": qemu_host.host, "name": args["name"], "uuid": args["uuid"],
-            "state": "running", "vcpus": 1, "memory_mb": 128, "disk_gb": 1}]
+            "state": "running", "vcpus": 1, "memory_mb": 128, "disk_gb": 1, "ha": "none"}]
 
         started = time.monotonic()
         stopped = call(qemu_host, "stop", uuid=args["uuid"], timeout=30)

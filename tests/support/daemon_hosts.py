@@ -6,7 +6,7 @@ driver; a peer on it gets a guard (:mod:`engine.hypervisor.guard`).
 Module scope; skips where private daemons cannot run
 (:func:`tests.support.libvirtd_pair.cannot_run_reason`).
 
-    from tests.support.test_daemons import test_daemons  # noqa: F401  (a fixture)
+    from tests.support.daemon_hosts import daemon_hosts  # noqa: F401  (a fixture)
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from engine.hypervisor.daemons import PrivateLibvirtd
 from tests.support import qemu_guest
 from tests.support.libvirtd_pair import cannot_run_reason
 
-__all__ = ["test_daemons"]
+__all__ = ["daemon_hosts"]
 
 
 @pytest.fixture(scope="module")
-def test_daemons():
+def daemon_hosts():
     """The test-driver URIs of three private daemons.  A connection to each
     stays open meanwhile: a daemon's test driver forgets its domains when
     its last client leaves, and a real hypervisor does not."""
