@@ -1,4 +1,4 @@
-"""One automation at a time per VM: ``lock_vm`` and ``unlock_vm``, run by
+"""One automation at a time per VM: ``lock_vm``, ``ha_lock`` and ``unlock_vm``, run by
 the initiator (no target).  The lock is ``locks/vm/<uuid>``
 (:mod:`engine.core.locks`).
 
@@ -7,6 +7,13 @@ the initiator (no target).  The lock is ``locks/vm/<uuid>``
   it was listed, not on a host it has since left.  A second automation is
   refused with one line naming the holder.  ``force`` (destroy) takes a lock
   a failed move left held for an operator.
+- ``ha_lock`` ``{uuid, host, owner, name?}`` (HA restart,
+  ``automations/ha.py``): the lock, kind ``recover``, taken only while
+  ``vms/<host>/<uuid>`` exists *and* ``hosts/<host>`` does not: once it is
+  held the VM is the recovery's, and a host coming back leaves it alone.
+  -> ``{uuid, locked: true}``, or ``{uuid, locked: false, why}`` when the
+  host is back (it keeps its VMs) or the VM left it; a VM another
+  automation holds is an error.
 - ``unlock_vm`` ``{uuid, owner, drop_record?, hold?}``: releases it, in the
   same transaction deleting ``vms/<drop_record>/<uuid>`` (the source's
   record after a move); with ``hold`` (a reason) the lock stays, held for an
@@ -14,7 +21,7 @@ the initiator (no target).  The lock is ``locks/vm/<uuid>``
 """
 from engine.core import keys, locks
 from engine.core.handlers import handler
-from engine.core.store import Delete, exists
+from engine.core.store import Delete, absent, exists
 from engine.errors import Conflict, RequestError
 
 
@@ -22,11 +29,16 @@ def _name(args: dict) -> str:
     return f"VM {args['name']!r}" if args.get("name") else f"VM {args.get('uuid')}"
 
 
-@handler("lock_vm")
-def lock_vm(host, args: dict) -> dict:
+def _lock_args(args: dict, request: str) -> tuple[str, str, str]:
     uuid, where, owner = args.get("uuid"), args.get("host"), args.get("owner")
     if not all(isinstance(v, str) and v for v in (uuid, where, owner)):
-        raise RequestError("lock_vm needs uuid, host and owner")
+        raise RequestError(f"{request} needs uuid, host and owner")
+    return uuid, where, owner
+
+
+@handler("lock_vm")
+def lock_vm(host, args: dict) -> dict:
+    uuid, where, owner = _lock_args(args, "lock_vm")
     try:
         lock = locks.take(host.store, f"vm/{uuid}", owner, args.get("why") or "busy",
                           [exists(keys.vm(where, uuid))], force=bool(args.get("force")),
@@ -49,3 +61,20 @@ def unlock_vm(host, args: dict) -> dict:
         held = locks.hold(host.store, f"vm/{uuid}", owner, str(args["hold"]), ops)
         return {"uuid": uuid, "held": held}
     return {"uuid": uuid, "released": locks.release(host.store, f"vm/{uuid}", owner, ops)}
+
+
+@handler("ha_lock")
+def ha_lock(host, args: dict) -> dict:
+    uuid, where, owner = _lock_args(args, "ha_lock")
+    try:
+        locks.take(host.store, f"vm/{uuid}", owner, f"being restarted: {where} is down",
+                   [exists(keys.vm(where, uuid)), absent(keys.host(where))],
+                   kind="recover", host=where)
+    except Conflict as exc:
+        if exc.reason != "condition":
+            raise RequestError(f"{_name(args)} is busy: {exc}") from None
+        if host.store.get(keys.host(where)) is not None:
+            return {"uuid": uuid, "locked": False, "why": f"{where} is back: it keeps its VMs"}
+        return {"uuid": uuid, "locked": False,
+                "why": f"no longer on {where} (moved or destroyed meanwhile)"}
+    return {"uuid": uuid, "locked": True}

@@ -61,10 +61,6 @@ class Session:
                 self.lost.set()
                 return
 
-    @property
-    def valid_until(self) -> float:
-        return self._valid_until
-
     def _renewed(self) -> None:
         if self.on_renewed is None:
             return

@@ -33,31 +33,9 @@ __all__ = ["keep_aside", "delete_aside", "aside_prefix"]
 
 log = structlog.get_logger("peerctl.aside")
 
-_UNDEFINE = (libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
-             | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
-             | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
-
 
 def aside_prefix(uuid: str, stamp: int) -> str:
     return f"aside-{uuid}-{stamp}"
-
-
-def _stop_and_undefine(dom) -> None:
-    try:
-        if dom.isActive():
-            dom.destroy()
-        try:
-            dom.undefineFlags(_UNDEFINE)
-        except libvirt.libvirtError as exc:
-            if exc.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT,
-                                        libvirt.VIR_ERR_INVALID_ARG):
-                dom.undefine()
-            elif exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
-                raise
-    except libvirt.libvirtError as exc:
-        if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
-            raise RequestError(f"cannot stop the stale copy of VM {dom.name()!r}: "
-                               f"{exc.get_error_message()}") from None
 
 
 def _rename(pool, vol, new_name: str) -> None:
@@ -78,14 +56,14 @@ def _rename(pool, vol, new_name: str) -> None:
 def keep_aside(host, uuid: str, mark: dict) -> dict | None:
     """Stop and undefine ``host``'s copy of ``uuid`` and keep its volumes
     aside; the ``aside/`` record written, or None when there was no volume."""
-    from engine.hypervisor.vm import _find, _vm_lock
+    from engine.hypervisor.vm import _find, _vm_lock, power_off_and_undefine
     stamp = int(mark.get("time") or time.time())
     prefix = aside_prefix(uuid, stamp)
     with _vm_lock(host, uuid):
         dom = _find(host, uuid)
         name = dom.name() if dom is not None else None
         if dom is not None:
-            _stop_and_undefine(dom)
+            power_off_and_undefine(dom, f"the stale copy of VM {name!r}")
             log.warning("stale_copy_stopped", host=host.host, uuid=uuid, vm=name)
         pool = images.ensure_pool(host)
         for vol in images.volumes_of(pool, uuid):

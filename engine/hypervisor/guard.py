@@ -127,14 +127,13 @@ def forget_fenced(state_dir: str, uuids) -> None:
         _write_json(path, [u for u in fenced(state_dir) if u not in set(uuids)])
 
 
-def ha_domains(conn, host: str, active_only: bool = True) -> list:
-    """``host``'s peerctl domains whose policy is ``restart``."""
+def ha_domains(conn, host: str) -> list:
+    """``host``'s running peerctl domains whose policy is ``restart``."""
     import libvirt
 
     from engine.hypervisor.domain_xml import read_metadata
-    flags = libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE if active_only else 0
     found = []
-    for dom in conn.listAllDomains(flags):
+    for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
         meta = read_metadata(dom)
         if meta.get("host") == host and meta.get("ha") == "restart":
             found.append(dom)

@@ -386,6 +386,28 @@ def _destroy_domain(dom) -> None:
                                f"{exc.get_error_message()}") from None
 
 
+def power_off_and_undefine(dom, label: str) -> None:
+    """Power ``dom`` off if it runs and undefine it (a domain already gone
+    is fine); its volumes stay.  The caller holds the VM's lock."""
+    if dom.isActive():
+        _destroy_domain(dom)
+    flags = (libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+             | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+             | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+    try:
+        dom.undefineFlags(flags)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            pass
+        elif exc.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT,
+                                      libvirt.VIR_ERR_INVALID_ARG):
+            _libvirt_call(f"cannot undefine {label}", dom.undefine)
+        else:
+            raise RequestError(f"cannot undefine {label}: {exc.get_error_message()}") \
+                from None
+    log.info("vm_undefined", uuid=dom.UUIDString())
+
+
 def destroy(host, args: dict) -> dict:
     """Power off, undefine, delete the VM's volumes and console log.  A VM
     already gone is fine: its leftovers are swept all the same."""
@@ -393,23 +415,7 @@ def destroy(host, args: dict) -> dict:
     with _vm_lock(host, uuid):
         dom = _find(host, uuid)
         if dom is not None:
-            if dom.isActive():
-                _destroy_domain(dom)
-            flags = (libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
-                     | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
-                     | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
-            try:
-                dom.undefineFlags(flags)
-            except libvirt.libvirtError as exc:
-                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                    pass
-                elif exc.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT,
-                                              libvirt.VIR_ERR_INVALID_ARG):
-                    _libvirt_call(f"cannot undefine {_label(args, uuid)}", dom.undefine)
-                else:
-                    raise RequestError(f"cannot undefine {_label(args, uuid)}: "
-                                       f"{exc.get_error_message()}") from None
-            log.info("vm_undefined", uuid=uuid)
+            power_off_and_undefine(dom, _label(args, uuid))
         deleted = images.delete_volumes(images.ensure_pool(host), uuid)
         try:
             os.unlink(console_log_path(host, uuid))
