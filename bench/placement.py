@@ -2,8 +2,13 @@
 
     python bench/placement.py [--providers 100] [--vcpus 8] [--claimers 8]
                               [--big 1000] [--samples 200] [--no-openstack]
+                              [--no-postgres]
 
-In one run, for each backend:
+Backends, in one run: peerctl's etcd backend; OpenStack Placement on sqlite
+behind a single-threaded server (the reference of the claims/s target);
+OpenStack Placement on PostgreSQL behind a threaded server, its production
+setting (needs ``apt-get install -y postgresql``; skipped with a note when
+missing).  For each backend:
 - claims/s: ``--claimers`` processes, each taking the best candidate for
   VCPU:1 and claiming it for a new consumer (alternates on
   capacity_exceeded) until nothing fits, on ``--providers`` providers of
@@ -14,11 +19,15 @@ In one run, for each backend:
 - candidates latency (median, p99) for VCPU:1,MEMORY_MB:256,DISK_GB:1 with
   limit 20 at ``--big`` providers, ``--samples`` queries per backend.
 
-The table ends with the issue's targets marked PASS or MISS: etcd claims/s at
-least 10x Placement's, and zero overcommit (per backend).
+The table ends with the targets of issue 15 marked PASS or MISS: etcd
+claims/s at least 25x Placement's on sqlite with zero overcommit, and etcd
+candidates at most 5 ms median and 15 ms p99.  Placement on PostgreSQL has no
+target: its claims/s and its overcommit are reported beside the others.  The
+machine's load average is printed before and after.
 
-Starts its own etcd (engine.core.etcd_server) and its own Placement (sqlite,
-single-threaded wsgiref; see tests/support/placement_server.py).  Not a test: the
+Starts its own etcd (engine.core.etcd_server), its own Placement
+(tests/support/placement_server.py) and its own PostgreSQL
+(tests/support/postgres_server.py), all on loopback.  Not a test: the
 figures depend on the machine and on what else runs on it.
 """
 from __future__ import annotations
@@ -45,8 +54,13 @@ from engine.placement import open_placement  # noqa: E402
 from engine.placement.model import normalize_inventories  # noqa: E402
 from engine.core.store import Put, Store  # noqa: E402
 from tests.support.placement_server import HEADERS, PlacementServer, placement_installed  # noqa: E402
+from tests.support.postgres_server import PostgresServer, postgres_bin  # noqa: E402
 
-CLAIMER = os.path.join(ROOT, "tests", "placement_claimer.py")
+CLAIMS_TARGET = 25          # etcd claims/s >= 25x Placement's (sqlite)
+MEDIAN_TARGET_MS = 5.0      # candidates at --big providers, limit 20
+P99_TARGET_MS = 15.0
+
+CLAIMER = os.path.join(ROOT, "tests", "support", "placement_claimer.py")
 QUERY = "VCPU:1,MEMORY_MB:256,DISK_GB:1"
 
 
@@ -124,6 +138,29 @@ def latency(placement, samples: int) -> dict:
             "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))]}
 
 
+def openstack_run(args, workdir: str, name: str, **server_args) -> dict:
+    """Race and latency on one Placement server (wiped in between)."""
+    server = PlacementServer(os.path.join(workdir, name), **server_args).start()
+    try:
+        fill_openstack(server.url, args.providers, args.vcpus)
+        print(f"{name}: {args.claimers} claimers on {args.providers} providers ...",
+              file=sys.stderr)
+        r = race(server.url, args.claimers, workdir)
+        rest = open_placement(server.url)
+        r["overuse"] = worst_overuse(rest)
+        server.wipe()
+        print(f"{name}: {args.big} providers ...", file=sys.stderr)
+        fill_openstack(server.url, args.big, args.vcpus)
+        r.update(latency(rest, args.samples))
+        return r
+    finally:
+        server.stop()
+
+
+def load() -> str:
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--providers", type=int, default=100)
@@ -132,13 +169,15 @@ def main() -> int:
     parser.add_argument("--big", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=200,
                         help="candidates queries timed per backend (>= 100 for a p99)")
-    parser.add_argument("--no-openstack", action="store_true")
+    parser.add_argument("--no-openstack", action="store_true", help="etcd only")
+    parser.add_argument("--no-postgres", action="store_true",
+                        help="no Placement on PostgreSQL")
     args = parser.parse_args()
     capacity = args.providers * args.vcpus
     print("python bench/placement.py " + " ".join(sys.argv[1:]), file=sys.stderr)
+    before = load()
     workdir = tempfile.mkdtemp(prefix="placement-bench-")
     etcd = EtcdServer(os.path.join(workdir, "etcd")).start()
-    server = None
     results = {}
     try:
         # -- etcd ----------------------------------------------------------------
@@ -151,28 +190,29 @@ def main() -> int:
         fill_etcd(big, args.big, args.vcpus)
         r.update(latency(open_placement("etcd", big), args.samples))
         results["etcd"] = r
-        # -- OpenStack Placement ----------------------------------------------
-        if not args.no_openstack:
-            if not placement_installed():
-                print("openstack-placement not installed: pip install -r "
-                      "requirements-placement.txt", file=sys.stderr)
-            else:
-                server = PlacementServer(os.path.join(workdir, "placement")).start()
-                fill_openstack(server.url, args.providers, args.vcpus)
-                print(f"openstack: {args.claimers} claimers on {args.providers} providers ...",
-                      file=sys.stderr)
-                r = race(server.url, args.claimers, workdir)
-                rest = open_placement(server.url)
-                r["overuse"] = worst_overuse(rest)
-                server.wipe()
-                print(f"openstack: {args.big} providers ...", file=sys.stderr)
-                fill_openstack(server.url, args.big, args.vcpus)
-                r.update(latency(rest, args.samples))
-                results["openstack"] = r
     finally:
-        if server:
-            server.stop()
         etcd.stop()
+    # -- OpenStack Placement ----------------------------------------------------------
+    if not args.no_openstack:
+        if not placement_installed():
+            print("openstack-placement not installed: pip install -r "
+                  "requirements-placement.txt", file=sys.stderr)
+        else:
+            results["sqlite"] = openstack_run(args, workdir, "sqlite")
+            if args.no_postgres:
+                pass
+            elif postgres_bin() is None:
+                print("PostgreSQL not installed (apt-get install -y postgresql): "
+                      "Placement on PostgreSQL skipped", file=sys.stderr)
+            else:
+                pg = PostgresServer(tempfile.mkdtemp(prefix="placement-bench-pg-")).start()
+                try:
+                    results["postgres"] = openstack_run(
+                        args, workdir, "postgres", database=pg.create_database("placement"),
+                        threaded=True)
+                finally:
+                    pg.stop()
+    after = load()
 
     rows = [("claims/s (%d claimers, %d providers)" % (args.claimers, args.providers),
              "claims_per_s", "%.0f"),
@@ -186,26 +226,36 @@ def main() -> int:
             ("candidates median ms (%d providers, limit 20)" % args.big, "median_ms", "%.1f"),
             ("candidates p99 ms (%d samples)" % args.samples, "p99_ms", "%.1f")]
     names = list(results)
-    print(f"{'':50}" + "".join(f"{n:>14}" for n in names))
+    heads = {"etcd": "etcd", "sqlite": "Placement/sqlite", "postgres": "Placement/pg"}
+    print(f"{'':50}" + "".join(f"{heads[n]:>18}" for n in names))
     for label, key, fmt in rows:
         cells = []
         for n in names:
             value = results[n]["granted"] - capacity if key is None else results[n][key]
-            cells.append(f"{(fmt or '%d') % value:>14}")
+            cells.append(f"{(fmt or '%d') % value:>18}")
         print(f"{label:50}" + "".join(cells))
-    if len(names) == 2:
-        print(f"{'claims/s ratio etcd / openstack':50}"
-              f"{results['etcd']['claims_per_s'] / results['openstack']['claims_per_s']:>14.1f}")
+    for n in names[1:]:
+        print(f"{'claims/s ratio etcd / ' + heads[n]:50}"
+              f"{results['etcd']['claims_per_s'] / results[n]['claims_per_s']:>18.1f}")
+    print(f"machine: before {before}; after {after}")
     print("targets:")
-    if len(names) == 2:
-        ratio = results["etcd"]["claims_per_s"] / results["openstack"]["claims_per_s"]
-        print(f"  {'PASS' if ratio >= 10 else 'MISS'}  etcd claims/s >= 10x Placement's "
-              f"({ratio:.1f}x)")
+    etcd_r = results["etcd"]
+    if "sqlite" in results:
+        ratio = etcd_r["claims_per_s"] / results["sqlite"]["claims_per_s"]
+        print(f"  {'PASS' if ratio >= CLAIMS_TARGET else 'MISS'}  etcd claims/s >= "
+              f"{CLAIMS_TARGET}x Placement's on sqlite ({ratio:.1f}x: "
+              f"{etcd_r['claims_per_s']:.0f} vs {results['sqlite']['claims_per_s']:.1f}/s)")
     else:
-        print("  ----  etcd claims/s >= 10x Placement's (Placement not run)")
+        print(f"  ----  etcd claims/s >= {CLAIMS_TARGET}x Placement's (Placement not run)")
+    print(f"  {'PASS' if etcd_r['median_ms'] <= MEDIAN_TARGET_MS else 'MISS'}  etcd candidates "
+          f"median <= {MEDIAN_TARGET_MS:.0f} ms at {args.big} providers "
+          f"({etcd_r['median_ms']:.1f} ms)")
+    print(f"  {'PASS' if etcd_r['p99_ms'] <= P99_TARGET_MS else 'MISS'}  etcd candidates "
+          f"p99 <= {P99_TARGET_MS:.0f} ms ({etcd_r['p99_ms']:.1f} ms)")
     for n in names:
         over = max(results[n]["granted"] - capacity, results[n]["overuse"])
-        print(f"  {'PASS' if over <= 0 else 'MISS'}  zero overcommit on {n} "
+        verdict = ("PASS" if over <= 0 else "MISS") if n != "postgres" else "info"
+        print(f"  {verdict}  zero overcommit on {heads[n]} "
               f"(granted {results[n]['granted']} of {capacity}, worst provider "
               f"{results[n]['overuse']:+d})")
     print(json.dumps(results), file=sys.stderr)

@@ -310,6 +310,21 @@ class Store:
             request.revision = request.revision or response.header.revision
             request.key = response.kvs[-1].key + b"\0"
 
+    def changed_since(self, prefix: str, revision: int) -> tuple[list[KV], int, int]:
+        """The keys under ``prefix`` modified at or after ``revision``, how
+        many keys there are under ``prefix`` now, and the revision of this
+        one read: a cache of the prefix is brought up to date by decoding
+        only what changed (a count below what it holds means deletions)."""
+        since = self._range_request(prefix, True)
+        since.min_mod_revision = revision
+        count = self._range_request(prefix, True)
+        count.count_only = True
+        response = self._call("kvstub", "Txn", etcdrpc.TxnRequest(
+            success=[etcdrpc.RequestOp(request_range=since),
+                     etcdrpc.RequestOp(request_range=count)]))
+        changed, total = (r.response_range for r in response.responses)
+        return [self._kv(kv) for kv in changed.kvs], total.count, response.header.revision
+
     def revision(self) -> int:
         response = self._call("kvstub", "Range", self._range_request("", False, True, 0, 1))
         return response.header.revision

@@ -19,6 +19,7 @@ Promises:
 from __future__ import annotations
 
 import fnmatch
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -98,6 +99,7 @@ def shape(name: str, check: Callable | None = None, plain: type = dict, /,
 MAPPING = shape("mapping")
 _ANYTHING = None
 _SHAPES: list[tuple[str, Shape | None]] = []      # (key glob, shape), first match wins
+_matcher = None     # every glob of _SHAPES in one regex, one group each; None: stale
 _lock = threading.Lock()
 _reported: set[str] = set()
 _reporter: Callable[[str, str], None] | None = None
@@ -106,15 +108,28 @@ _reporter: Callable[[str, str], None] | None = None
 def declare(pattern: str, kind: Shape | None) -> None:
     """Keys matching ``pattern`` (a glob on the relative key; ``*`` spans
     ``/``) hold ``kind``; None: any value, even undecodable (election keys)."""
+    global _matcher
     with _lock:
         _SHAPES.append((pattern, kind))
+        _matcher = None
+
+
+def _compiled():
+    """One regex for all the globs, first declared first: every read checks
+    a shape, so finding it is one match, not one per declared glob."""
+    global _matcher
+    with _lock:
+        if _matcher is None:
+            _matcher = re.compile("|".join(f"({fnmatch.translate(pattern)})"
+                                           for pattern, _ in _SHAPES) or "(?!)")
+        return _matcher
 
 
 def shape_of(key: str) -> Shape | None:
-    for pattern, kind in _SHAPES:
-        if fnmatch.fnmatchcase(key, pattern):
-            return kind
-    return MAPPING
+    match = _compiled().match(key)
+    if match is None:
+        return MAPPING
+    return _SHAPES[match.lastindex - 1][1]
 
 
 def problem(kv) -> str | None:

@@ -88,8 +88,11 @@ def _numbered_options(group, pool, tree_of):
             and _traits_hold(group.required, set(p["traits"]))]
 
 
-def find_candidates(providers: dict, query: Query) -> list[dict]:
-    """``providers``: uuid -> provider document with ``usages``; unordered result."""
+def find_candidates(providers: dict, query: Query, limit: int | None = None) -> list[dict]:
+    """``providers``: uuid -> provider document with ``usages``; unordered
+    result.  With ``limit``, trees of one provider beyond the ``limit`` best
+    of them (ties picked at random) are left out: :func:`order` would drop
+    them."""
     tree_of = {u: p["root"] for u, p in providers.items()}
     trees = defaultdict(list)
     roots_in_agg = defaultdict(set)
@@ -104,12 +107,18 @@ def find_candidates(providers: dict, query: Query) -> list[dict]:
                 if root != p["root"]:
                     anchored[root].append(p)
     needed = query.resource_classes
-    results, seen = [], set()
+    single = query.groups[0] if len(query.groups) == 1 and not query.groups[0].suffix else None
+    results, seen, lone = [], set(), []
     for root, local in trees.items():
         root_doc = providers[root]
         if query.root_required and not query.root_required <= set(root_doc["traits"]):
             continue
         if query.root_forbidden & set(root_doc["traits"]):
+            continue
+        if single is not None and len(local) == 1 and root not in anchored:
+            weight = _lone_weight(root_doc, single, tree_of)    # the common case, made fast
+            if weight is not None:
+                lone.append((-weight, random.random(), root_doc))
             continue
         pool = local + anchored.get(root, [])
         # cheap rejection: the pool must at least have every class asked for
@@ -160,7 +169,35 @@ def find_candidates(providers: dict, query: Query) -> list[dict]:
                 count += 1
                 if count >= _MAX_PER_TREE:
                     break
+    if limit and len(lone) > limit:
+        lone = heapq.nsmallest(limit, lone, key=lambda entry: entry[:2])
+    for negative, _, doc in lone:
+        uuid = doc["uuid"]
+        results.append({"allocations": {uuid: dict(single.resources)}, "host": doc["name"],
+                        "root": uuid, "mappings": {"": [uuid]}, "weight": -negative})
     return results
+
+
+def _lone_weight(p: dict, group: RequestGroup, tree_of: dict) -> float | None:
+    """The weight of the candidate of a tree of one provider without sharing
+    providers, for a query of one unnumbered group (None: it does not fit):
+    what the general path finds, with fits and weight in one pass."""
+    inventories, usages = p["inventories"], p["usages"]
+    free = 0.0
+    for rc, amount in group.resources.items():
+        inv = inventories.get(rc)
+        if (inv is None or amount < inv["min_unit"] or amount > inv["max_unit"]
+                or amount % inv["step_size"]):
+            return None
+        cap = int((inv["total"] - inv["reserved"]) * inv["allocation_ratio"])
+        used = usages.get(rc, 0)
+        if used + amount > cap:
+            return None
+        free += (cap - used - amount) / cap if cap else 0.0
+    if (group.required or group.forbidden or group.in_tree or group.member_of) and not (
+            _group_allows(p, group, tree_of) and _traits_hold(group.required, set(p["traits"]))):
+        return None
+    return round(free / len(group.resources), 6) if group.resources else 0.0
 
 
 def _weight(providers: dict, allocations: dict) -> float:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import fnmatch
 import uuid as uuidlib
+from copy import deepcopy
 
 import structlog
 
@@ -39,6 +40,7 @@ from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, Placemen
                                     normalize_inventories,
                                     empty_consumer, same_holding)
 from engine.placement.query import parse_query
+from engine.placement.view import view_of
 from engine.core import keys
 from engine.core.store import KV, Delete, Get, Put, absent, modified_at
 from engine.core.values import declare, readable, shape
@@ -51,9 +53,16 @@ RP, NAME, RC, CONSUMER, DRAINED = (keys.placement(part) for part in
                                    ("rp/", "name/", "rc/", "consumer/", "drained/"))
 
 
+_NUMBER_TYPES = frozenset((int, float))     # exact types: a bool is no number here
+
+
 def _numbers(mapping) -> bool:
-    return all(isinstance(n, (int, float)) and not isinstance(n, bool)
-               for n in mapping.values())
+    """Every value an int or a float (checked on every provider read: kept cheap)."""
+    types = _NUMBER_TYPES
+    for n in mapping.values():
+        if type(n) not in types:
+            return False
+    return True
 
 
 def _provider_problem(doc) -> str | None:
@@ -92,7 +101,7 @@ class EtcdPlacement(Placement):
 
     def __init__(self, store):
         self.store = store
-        self._seen: dict = {}     # uuid -> KV of providers as last read (claim fast path)
+        self._view = view_of(store)     # every provider, read again only where changed
 
     # -- reading -------------------------------------------------------------------
 
@@ -153,7 +162,10 @@ class EtcdPlacement(Placement):
             if parent_kv:   # re-put the parent so that a concurrent delete of it fails
                 compares.append(modified_at(parent_kv.key, parent_kv.mod_revision))
                 puts.append(Put(parent_kv.key, parent_kv.value))
-            if self.store.txn(compares, puts).succeeded:
+            done = self.store.txn(compares, puts)
+            if done.succeeded:
+                self._view.saw(KV(RP + new_uuid, deepcopy(doc), done.revision, done.revision, 1, 0),
+                               checked=True)
                 log.info("placement.provider_created", name=name, uuid=new_uuid,
                          parent=doc["parent"])
                 return doc
@@ -172,6 +184,7 @@ class EtcdPlacement(Placement):
                                Delete(DRAINED + uuid)])
         if not done.succeeded:
             raise Conflict("concurrent_update", f"provider {kv.value['name']} changed meanwhile")
+        self._view.gone(kv.key, done.revision)
 
     def ensure_resource_class(self, name: str) -> None:
         check_resource_class_name(name)
@@ -189,8 +202,11 @@ class EtcdPlacement(Placement):
                                f"{doc['generation']}, not {generation}")
             extra = change(doc) or []
             doc["generation"] += 1
-            if self.store.txn([modified_at(kv.key, kv.mod_revision)],
-                              [Put(kv.key, doc), *extra]).succeeded:
+            done = self.store.txn([modified_at(kv.key, kv.mod_revision)],
+                                  [Put(kv.key, doc), *extra])
+            if done.succeeded:
+                self._view.saw(KV(kv.key, deepcopy(doc), kv.create_revision, done.revision, 0, 0),
+                               checked=True)
                 return doc
             if generation is not None:
                 raise Conflict("concurrent_update", f"provider {doc['name']} changed meanwhile")
@@ -251,7 +267,10 @@ class EtcdPlacement(Placement):
                 docs[u] = doc
                 compares.append(modified_at(kv.key, kv.mod_revision))
                 ops.append(Put(kv.key, doc))
-            if self.store.txn(compares, ops).succeeded:
+            done = self.store.txn(compares, ops)
+            if done.succeeded:
+                for u, doc in docs.items():
+                    self._view.saw(KV(RP + u, deepcopy(doc), 0, done.revision, 0, 0), checked=True)
                 return docs[uuid]
         raise Conflict("concurrent_update", f"provider {ref} kept changing while draining")
 
@@ -259,15 +278,15 @@ class EtcdPlacement(Placement):
 
     def candidates(self, query, *, required: str | None = None,
                    limit: int | None = None) -> list[dict]:
+        """Computed from the provider view (``engine/placement/view.py``):
+        one read of what changed since the last query."""
         query = parse_query(query, required, limit)
         self._check_classes_exist(query.resource_classes)
-        kvs = _readable(self.store.range(RP)[0])
-        self._seen = {kv.value["uuid"]: kv for kv in kvs}
-        providers = {kv.value["uuid"]: kv.value for kv in kvs}
+        providers = self._view.providers()
         for group in query.groups:
             if group.in_tree and group.in_tree not in providers:
                 raise NotFound(f"in_tree{group.suffix}: no provider with uuid {group.in_tree}")
-        return order(find_candidates(providers, query), limit=query.limit)
+        return order(find_candidates(providers, query, query.limit), limit=query.limit)
 
     # -- allocations ---------------------------------------------------------------
 
@@ -290,47 +309,55 @@ class EtcdPlacement(Placement):
         return self._write({c: doc if doc["allocations"] else None for c, doc in want.items()},
                            expect)
 
-    def _snapshot(self, consumers, providers):
+    def _snapshot(self, consumers, providers) -> dict:
         """Consumers and providers read at one revision."""
         keys = [CONSUMER + c for c in consumers] + [RP + p for p in providers]
-        result = self.store.txn([], [Get(k) for k in keys])
+        return self._found(keys, self.store.txn([], [Get(k) for k in keys]).ranges)
+
+    def _found(self, keys: list, ranges: list) -> dict:
+        """key -> KV or None, from the ranges of a transaction's Gets."""
         found = {}
-        for key, kvs in zip(keys, result.ranges):
+        for key, kvs in zip(keys, ranges):
             found[key] = kvs[0] if kvs else None
             if found[key] is not None and readable(found[key]) is None:
                 raise PlacementError(f"{key} is unreadable: nothing can be claimed over it "
                                      "until it is repaired or removed (peerctl scrub)")
+            if found[key] is not None and key.startswith(RP):
+                self._view.saw(found[key], checked=True)    # fresher than the view, maybe
         return found
 
     def _write(self, want: dict, expect: dict) -> dict:
         """Give each consumer in ``want`` its document (None: no allocations)
         in one transaction.  ``expect``: consumer -> generation, None for
-        'must not exist', or ANY."""
+        'must not exist', or ANY.
+
+        Each attempt is one transaction whose failure branch reads back
+        every key it compared, so a lost race costs one round trip, not two.
+        New consumers start from the provider documents of the view the
+        candidates came from, without a read: the compares make a stale one
+        lose, and only a fresh read may conclude capacity_exceeded, so
+        nothing is decided on stale data."""
         wanted_rps = {rp for doc in want.values() if doc for rp in doc["allocations"]}
         self._check_classes_exist({rc for doc in want.values() if doc
                                    for res in doc["allocations"].values() for rc in res})
-        # Fast path for new consumers: the provider documents the last
-        # candidates query read are used as they are.  The transaction's
-        # compares make a stale one lose, and only a fresh snapshot may
-        # conclude capacity_exceeded, so nothing is decided on stale data.
+        read, guessed = None, False
+        seen = {rp: self._view.kv(rp) for rp in wanted_rps}
         if (all(g is None for g in expect.values()) and all(want.values())
-                and all(rp in self._seen for rp in wanted_rps)):
+                and all(seen.values())):
             read = {CONSUMER + c: None for c in want}
-            read.update({RP + rp: self._seen[rp] for rp in wanted_rps})
-            try:
-                docs = self._attempt(want, read)
-                if docs is not None:
-                    return docs
-            except Conflict:
-                pass
+            read.update({RP + rp: kv for rp, kv in seen.items()})
+            guessed = True
         for _ in range(self.retries):
-            read = self._snapshot(want, wanted_rps)
+            if read is None:
+                read = self._snapshot(want, wanted_rps)
             old = {c: read[CONSUMER + c] for c in want}
             old_rps = {rp for kv in old.values() if kv for rp in kv.value["allocations"]}
-            if old_rps - wanted_rps:
+            if any(RP + rp not in read for rp in old_rps):
                 read = self._snapshot(want, wanted_rps | old_rps)
                 old = {c: read[CONSUMER + c] for c in want}
-                if {rp for kv in old.values() if kv for rp in kv.value["allocations"]} - (wanted_rps | old_rps):
+                if any(RP + rp not in read for kv in old.values() if kv
+                       for rp in kv.value["allocations"]):
+                    read = None
                     continue        # the consumer moved meanwhile: read again
             for rp in sorted(wanted_rps):
                 if read[RP + rp] is None:
@@ -342,14 +369,21 @@ class EtcdPlacement(Placement):
                 if generation is not ANY and generation != current:
                     raise Conflict("concurrent_update", f"consumer {c} is at generation "
                                    f"{current}, not {generation}")
-            docs = self._attempt(want, read)
-            if docs is not None:
-                return docs
+            try:
+                done, outcome = self._attempt(want, read)
+            except Conflict:
+                if not guessed:
+                    raise
+                done, outcome = False, None     # judged on the view: read and judge again
+            if done:
+                return outcome
+            read, guessed = outcome, False
         raise Conflict("concurrent_update",
                        f"providers kept changing: {self.retries} attempts lost the race")
 
-    def _attempt(self, want: dict, read: dict) -> dict | None:
-        """One transaction from what was ``read``; None if it changed meanwhile."""
+    def _attempt(self, want: dict, read: dict) -> tuple[bool, dict | None]:
+        """One transaction from what was ``read``: ``(True, consumer docs)``,
+        or ``(False, what the keys of read hold now)`` when one changed."""
         compares, ops, docs, rps = [], [], {}, {}
         old = {c: read[CONSUMER + c] for c in want}
         for key, kv in read.items():
@@ -379,15 +413,14 @@ class EtcdPlacement(Placement):
             doc["usages"] = {rc: n for rc, n in doc["usages"].items() if n}
             doc["generation"] += 1
             ops.append(Put(RP + rp, doc))
-        result = self.store.txn(compares, ops)
-        for rp, doc in rps.items():
-            if result.succeeded:
-                self._seen[rp] = KV(RP + rp, doc, 0, result.revision, 0, 0)
-            else:
-                self._seen.pop(rp, None)
-        if not result.succeeded:
-            self.races_lost += 1
-        return docs if result.succeeded else None
+        keys = list(read)
+        result = self.store.txn(compares, ops, [Get(k) for k in keys])
+        if result.succeeded:
+            for rp, doc in rps.items():
+                self._view.saw(KV(RP + rp, doc, 0, result.revision, 0, 0), checked=True)
+            return True, docs
+        self.races_lost += 1
+        return False, self._found(keys, result.ranges)
 
     @staticmethod
     def _check_fits(rp: dict, rc: str, amount: int, before: int) -> None:

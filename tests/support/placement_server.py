@@ -1,10 +1,16 @@
 """A real OpenStack Placement on loopback, for the contract tests and the bench.
 
 Expects ``openstack-placement`` to be installed (requirements-placement.txt);
-installs nothing.  Writes ``placement.conf`` (sqlite, ``auth_strategy =
-noauth2``, old policy defaults), runs ``placement-manage db sync`` and serves
-``placement.wsgi.init_application()`` with a single-threaded wsgiref server
-in a subprocess (sqlite answers "database is locked" to a threaded one).
+installs nothing.  Writes ``placement.conf`` (``auth_strategy = noauth2``,
+old policy defaults), runs ``placement-manage db sync`` and serves
+``placement.wsgi.init_application()`` with wsgiref in a subprocess:
+
+- by default on sqlite, single-threaded (sqlite answers "database is locked"
+  to a threaded one);
+- ``PlacementServer(dir, database=URL, threaded=True)``: on another
+  database (PostgreSQL, see tests/support/postgres_server.py) with a thread
+  per request, Placement's production setting.
+
 Requests carry ``X-Auth-Token: admin``.
 
     python tests/support/placement_server.py DIR     # serve until interrupted
@@ -36,7 +42,7 @@ debug = False
 [api]
 auth_strategy = noauth2
 [placement_database]
-connection = sqlite:///{db}
+connection = {db}
 [oslo_policy]
 enforce_scope = False
 enforce_new_defaults = False
@@ -44,6 +50,7 @@ enforce_new_defaults = False
 
 _SERVE = """
 import logging, os, sys
+from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 class Quiet(WSGIRequestHandler):
     def log_message(self, *args):
@@ -52,6 +59,9 @@ class Backlog(WSGIServer):
     # wsgiref listens with a backlog of 5: eight racing clients overflow it and
     # a dropped SYN waits out TCP's retransmission (1 s, 3 s, ... ConnectTimeout)
     request_queue_size = 128
+if sys.argv[2] == "threaded":
+    class Backlog(ThreadingMixIn, Backlog):
+        daemon_threads = True
 from placement import wsgi
 app = wsgi.init_application()
 logging.getLogger().setLevel(logging.WARNING)
@@ -66,10 +76,14 @@ def placement_installed() -> bool:
 
 
 class PlacementServer:
-    def __init__(self, directory: str, port: int | None = None):
+    def __init__(self, directory: str, port: int | None = None, *,
+                 database: str | None = None, threaded: bool = False):
         self.directory = os.path.abspath(directory)
         self.port = port or free_port()
         self.process: subprocess.Popen | None = None
+        self.database = database or "sqlite:///" + os.path.join(self.directory,
+                                                                "placement.sqlite")
+        self.threaded = threaded
 
     @property
     def url(self) -> str:
@@ -79,14 +93,15 @@ class PlacementServer:
         os.makedirs(self.directory, exist_ok=True)
         conf = os.path.join(self.directory, "placement.conf")
         with open(conf, "w") as f:
-            f.write(_CONF.format(db=os.path.join(self.directory, "placement.sqlite")))
+            f.write(_CONF.format(db=self.database))
         manage = shutil.which("placement-manage") or os.path.join(
             os.path.dirname(sys.executable), "placement-manage")
         subprocess.run([manage, "--config-file", conf, "db", "sync"], check=True,
                        capture_output=True, timeout=120)
         env = dict(os.environ, OS_PLACEMENT_CONFIG_DIR=self.directory)
         log = open(os.path.join(self.directory, "placement.log"), "ab")
-        self.process = subprocess.Popen([sys.executable, "-c", _SERVE, str(self.port)],
+        self.process = subprocess.Popen([sys.executable, "-c", _SERVE, str(self.port),
+                                         "threaded" if self.threaded else "single"],
                                         env=env, stdout=log, stderr=log,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()

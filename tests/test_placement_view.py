@@ -1,0 +1,136 @@
+"""The provider view candidates are computed from: one per store, brought up
+to date by reading only what changed, and never staler than a full read.
+
+Each scenario has a reader and a writer on two stores (two gRPC clients, two
+views, as two peers have): whatever the writer did before the reader asks,
+the reader's candidates show."""
+from __future__ import annotations
+
+import fnmatch
+
+import msgpack
+import pytest
+
+from engine.core import values
+from engine.core.store import Store
+from engine.placement import Conflict, open_placement
+from engine.placement.view import view_of
+from tests.support.placement import make_provider, new_uuid
+from tests.test_store_garbage import put_raw
+
+COMPUTE = {"VCPU": 4, "MEMORY_MB": 4096, "DISK_GB": 100}
+P = {"project": "proj", "user": "alice"}
+
+
+@pytest.fixture
+def two(etcd, cluster_name):
+    """(reader, writer) placements of one cluster on two stores."""
+    stores = [Store(etcd.url, cluster_name) for _ in range(2)]
+    yield tuple(open_placement("etcd", s) for s in stores)
+    for s in stores:
+        s.close()
+
+
+def hosts(placement, query="VCPU:1", **kw):
+    return sorted(c["host"] for c in placement.candidates(query, **kw))
+
+
+def test_the_reader_sees_every_change_the_writer_made(two):
+    reader, writer = two
+    a = make_provider(writer, "a", COMPUTE)
+    assert hosts(reader) == ["a"]                   # first read: everything
+    b = make_provider(writer, "b", COMPUTE)
+    assert hosts(reader) == ["a", "b"]              # created
+    writer.set_traits(b["uuid"], ["CUSTOM_FAST"])
+    assert hosts(reader, required="CUSTOM_FAST") == ["b"]       # traits changed
+    writer.claim(new_uuid(), {a["uuid"]: {"VCPU": 4}}, **P)
+    assert hosts(reader) == ["b"]                   # usage changed: a is full
+    writer.set_inventory(a["uuid"], {**COMPUTE, "VCPU": 8})
+    assert hosts(reader, "VCPU:4") == ["a", "b"]    # inventory grew
+    writer.delete_provider(b["uuid"])
+    assert hosts(reader) == ["a"]                   # deleted: seen by the count
+    c = make_provider(writer, "c", COMPUTE)
+    assert hosts(reader) == ["a", "c"]
+    writer.drain(c["uuid"])
+    assert hosts(reader) == ["a"]                   # drained: reserved = total
+
+
+def test_a_deletion_and_a_creation_between_two_queries(two):
+    reader, writer = two
+    make_provider(writer, "a", COMPUTE)
+    b = make_provider(writer, "b", COMPUTE)
+    assert hosts(reader) == ["a", "b"]
+    writer.delete_provider(b["uuid"])
+    make_provider(writer, "c", COMPUTE)             # same count as before
+    assert hosts(reader) == ["a", "c"]
+
+
+def test_a_garbled_provider_is_left_out_until_repaired(two, etcd, cluster_name):
+    reader, writer = two
+    make_provider(writer, "a", COMPUTE)
+    b = make_provider(writer, "b", COMPUTE)
+    assert hosts(reader) == ["a", "b"]
+    key = f"/peerctl/{cluster_name}/placement/rp/{b['uuid']}"
+    put_raw(etcd.url, key, b"\xc1")
+    assert hosts(reader) == ["a"]
+    put_raw(etcd.url, key, msgpack.packb({"uuid": b["uuid"]}))     # still the wrong shape
+    assert hosts(reader) == ["a"]
+    writer.store.put(f"placement/rp/{b['uuid']}", b)                # repaired
+    assert hosts(reader) == ["a", "b"]
+
+
+def test_a_claim_from_a_stale_view_is_judged_on_a_fresh_read(two):
+    reader, writer = two
+    a = make_provider(writer, "a", COMPUTE)
+    [candidate] = reader.candidates("VCPU:2")       # reader's view: a is empty
+    writer.claim(new_uuid(), {a["uuid"]: {"VCPU": 3}}, **P)
+    with pytest.raises(Conflict) as refused:        # its compare fails, the fresh read says full
+        reader.claim(new_uuid(), candidate["allocations"], consumer_generation=None, **P)
+    assert refused.value.reason == "capacity_exceeded"
+    assert writer.provider(a["uuid"])["usages"]["VCPU"] == 3
+    assert reader.races_lost == 1
+    reader.claim(new_uuid(), {a["uuid"]: {"VCPU": 1}}, consumer_generation=None, **P)  # fits
+    assert writer.provider(a["uuid"])["usages"]["VCPU"] == 4
+
+
+def test_placements_on_one_store_share_its_view(etcd, cluster_name):
+    store = Store(etcd.url, cluster_name)
+    try:
+        assert open_placement("etcd", store)._view is view_of(store)
+        assert open_placement("etcd", store)._view is open_placement("etcd", store)._view
+    finally:
+        store.close()
+
+
+def test_changed_since_reads_only_what_changed(store):
+    store.put("p/a", 1)
+    store.put("p/b", 2)
+    before = store.revision()
+    store.put("p/b", 3)
+    store.put("p/c", 4)
+    changed, count, revision = store.changed_since("p/", before + 1)
+    assert sorted((kv.key, kv.value) for kv in changed) == [("p/b", 3), ("p/c", 4)]
+    assert count == 3 and revision == store.revision()
+    store.delete("p/a")
+    changed, count, _ = store.changed_since("p/", revision + 1)
+    assert changed == [] and count == 2
+
+
+def test_shape_lookup_is_the_first_declared_glob_that_matches():
+    import engine.hypervisor.records  # noqa: F401  (declares the VM keys too)
+    import engine.placement.etcd  # noqa: F401
+
+    def first_match(key):
+        for pattern, kind in values._SHAPES:
+            if fnmatch.fnmatchcase(key, pattern):
+                return kind
+        return values.MAPPING
+    samples = [p.replace("*", "x/y") for p, _ in values._SHAPES] + [
+        p.replace("*", "") for p, _ in values._SHAPES] + [
+        "auto/a/log/00000001", "auto/a/b/log/c", "tasks/x", "vms/h/u", "unknown/key", ""]
+    for key in samples:
+        assert values.shape_of(key) is first_match(key), key
+    values.declare("zz-test/*", None)                   # a late declaration is found
+    assert values.shape_of("zz-test/1") is None
+    values._SHAPES.pop()
+    values._matcher = None
