@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from engine.hypervisor.shapes import HA_POLICIES, first_ip   # also declares vms/ shapes
-import engine.placement.etcd  # noqa: F401  (declares the shapes of placement/ keys)
+from engine.hypervisor.shapes import HA_POLICIES, VM, first_ip   # also declares vms/ shapes
 from engine import table
 from engine.core import keys
 from engine.core.store import Get
@@ -95,21 +94,24 @@ def read_vms(store) -> list[dict]:
             moving[keys.suffix(kv.key, keys.lock("vm/"))] = lock.get("host")
     vms = []
     for kv in records:
-        vm = readable(kv)
+        vm = readable(kv, VM)       # vms/ holds VM records only: no lookup of the shape
         if vm is None:
             continue
+        get = vm.get
         state = vm["state"] if vm["host"] in alive else "unknown"
-        if vm["uuid"] in moving:
+        if moving and vm["uuid"] in moving:
             if moving[vm["uuid"]] not in (None, vm["host"]):
                 continue
             state = "migrating"
-        addresses = _addresses(vm.get("addresses"))
+        addresses = _addresses(get("addresses")) if get("addresses") else []
+        ha = get("ha")
+        recovered = get("recovered")
         vms.append({"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"],
-                    "state": state, "vcpus": vm.get("vcpus"),
-                    "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb"),
-                    "ip": first_ip(addresses), "addresses": addresses,
-                    "ha": vm.get("ha") if vm.get("ha") in HA_POLICIES else "none",
-                    "recovered": _recovered(vm.get("recovered"))})
+                    "state": state, "vcpus": get("vcpus"),
+                    "memory_mb": get("memory_mb"), "disk_gb": get("disk_gb"),
+                    "ip": first_ip(addresses) if addresses else None, "addresses": addresses,
+                    "ha": ha if ha in HA_POLICIES else "none",
+                    "recovered": _recovered(recovered) if recovered else None})
     return vms
 
 
@@ -141,6 +143,7 @@ def _addresses(value) -> list[dict]:
 def ready_hosts(store, hosts: list[str]) -> set[str]:
     """Those of ``hosts`` that can take a VM: a live record and a placement
     provider holding inventory (a peer writes the first before the second)."""
+    import engine.placement.etcd  # noqa: F401  (declares the shapes of placement/ keys)
     live, names, providers = store.txn([], [
         Get(keys.host(), True), Get(keys.placement("name/"), True),
         Get(keys.placement("rp/"), True)]).ranges

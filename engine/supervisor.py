@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 
 from engine import table
 from engine.errors import Failed
-from engine.hypervisor.daemons import cmdline   # stdlib only: still cheap to import
 
 __all__ = ["Started", "start", "stop", "read_up", "running_up", "is_ours", "up_file",
            "etcd_members", "etcd_urls", "client_tls", "processes", "PEERCTL", "QEMU",
@@ -117,6 +116,7 @@ def processes(up: dict) -> list[dict]:
 
 def is_ours(record: dict) -> bool:
     """The recorded process is alive and still runs the recorded command."""
+    from engine.hypervisor.daemons import cmdline   # not on every command's path
     pid = record.get("pid")
     return bool(pid) and cmdline(pid) == record.get("cmd")
 

