@@ -31,6 +31,7 @@ sys.path[:] = [ROOT] + [p for p in sys.path
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Put, Store, absent  # noqa: E402
+from tests.support import wait_for  # noqa: E402
 
 AUTOMATIONS = os.path.join(ROOT, "bench", "automations")
 SEQUENTIAL_TARGET = 0.40    # issue 2: sequential steps/s >= 40% of raw etcd txn/s
@@ -59,13 +60,7 @@ def start_peer(url, cluster, host, ttl, workdir):
 
 
 def wait(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.005)
-    raise TimeoutError
+    return wait_for(predicate, timeout, interval=0.005)
 
 
 def run_automation(store, kind, args, members, prefer):

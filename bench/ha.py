@@ -34,6 +34,7 @@ sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.p
 from engine.core import keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
+from tests.support import wait_for  # noqa: E402
 
 PEERCTL = os.path.join(ROOT, "peerctl.py")
 TARGET_S = 15.0             # 10 VMs at TTL 5
@@ -82,13 +83,10 @@ class Cluster:
                 for kv in self.store.range(keys.host(), keys_only=True)[0]}
 
     def wait(self, predicate, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise SystemExit(f"timed out waiting for {what}")
+        try:
+            return wait_for(predicate, timeout, what=what)
+        except AssertionError as exc:
+            raise SystemExit(str(exc)) from None
 
     def close(self) -> None:
         for process in self.peers.values():

@@ -97,21 +97,18 @@ def read_vms(store) -> list[dict]:
         vm = readable(kv, VM)       # vms/ holds VM records only: no lookup of the shape
         if vm is None:
             continue
-        get = vm.get
         state = vm["state"] if vm["host"] in alive else "unknown"
-        if moving and vm["uuid"] in moving:
+        if vm["uuid"] in moving:
             if moving[vm["uuid"]] not in (None, vm["host"]):
                 continue
             state = "migrating"
-        addresses = _addresses(get("addresses")) if get("addresses") else []
-        ha = get("ha")
-        recovered = get("recovered")
+        addresses = _addresses(vm.get("addresses"))
         vms.append({"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"],
-                    "state": state, "vcpus": get("vcpus"),
-                    "memory_mb": get("memory_mb"), "disk_gb": get("disk_gb"),
-                    "ip": first_ip(addresses) if addresses else None, "addresses": addresses,
-                    "ha": ha if ha in HA_POLICIES else "none",
-                    "recovered": _recovered(recovered) if recovered else None})
+                    "state": state, "vcpus": vm.get("vcpus"),
+                    "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb"),
+                    "ip": first_ip(addresses), "addresses": addresses,
+                    "ha": vm.get("ha") if vm.get("ha") in HA_POLICIES else "none",
+                    "recovered": _recovered(vm.get("recovered"))})
     return vms
 
 

@@ -189,7 +189,7 @@ def _lone_weight(p: dict, group: RequestGroup, tree_of: dict) -> float | None:
         if (inv is None or amount < inv["min_unit"] or amount > inv["max_unit"]
                 or amount % inv["step_size"]):
             return None
-        cap = int((inv["total"] - inv["reserved"]) * inv["allocation_ratio"])
+        cap = capacity(inv)
         used = usages.get(rc, 0)
         if used + amount > cap:
             return None
@@ -205,8 +205,7 @@ def _weight(providers: dict, allocations: dict) -> float:
     for rp, resources in allocations.items():
         doc = providers[rp]
         for rc, amount in resources.items():
-            inv = doc["inventories"][rc]
-            cap = int((inv["total"] - inv["reserved"]) * inv["allocation_ratio"])
+            cap = capacity(doc["inventories"][rc])
             total += (cap - doc["usages"].get(rc, 0) - amount) / cap if cap else 0.0
             count += 1
     return round(total / count, 6) if count else 0.0
