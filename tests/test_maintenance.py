@@ -92,6 +92,19 @@ def tiny_etcd(tmp_path):
     server.stop()
 
 
+def fill_until_refused(store: Store, deadline: float = 60) -> None:
+    """Write 200 kB values until etcd refuses one.  etcd measures its size
+    when it commits a batch (every 100 ms), so a fast machine writes many
+    times the quota before the first refusal: count time, not writes."""
+    filler = b"x" * 200_000
+    until = time.monotonic() + deadline
+    i = 0
+    while time.monotonic() < until:
+        store.put(f"filler/{i}", filler)
+        i += 1
+    raise AssertionError(f"etcd took {i} writes of 200 kB in {deadline}s without refusing one")
+
+
 def test_out_of_space_shows_in_hostlist_and_on_every_command(tiny_etcd, tmp_path, cluster_name):
     cluster = Cluster(tiny_etcd.url, cluster_name, tmp_path)
     store = Store(tiny_etcd.url, cluster_name)
@@ -102,10 +115,8 @@ def test_out_of_space_shows_in_hostlist_and_on_every_command(tiny_etcd, tmp_path
         listed = cluster.cli("hostlist", env=quota)
         assert listed.returncode == 0 and "etcd: " in listed.stdout and listed.stderr == ""
 
-        filler = b"x" * 200_000
         with pytest.raises(StoreRefused, match="space exceeded"):
-            for i in range(100):
-                store.put(f"filler/{i}", filler)
+            fill_until_refused(store)
         assert "NOSPACE" in space(store)["alarms"]
 
         listed = cluster.cli("hostlist", env=quota)
