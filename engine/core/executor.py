@@ -7,6 +7,12 @@ incarnation of this host can pick it up again.  The handler runs in a thread
 pool, between the optional pre and post hooks, and the response is written
 create-if-absent: if the initiator already wrote ``timeout`` or ``lost``,
 that one stays.
+
+Both ends are group commits: the inbox entries that arrive together are
+claimed in one transaction, and the responses that finish while one is
+being written go in the next one.  Either falls back to one entry per
+transaction when any of its entries cannot go (taken, answered, or etcd
+failing mid-call), so a batch never changes what happens to an entry.
 """
 from __future__ import annotations
 
@@ -31,6 +37,9 @@ from .watch import PrefixWatch, Reset
 __all__ = ["Executor"]
 
 log = structlog.get_logger("peerctl.executor")
+
+CLAIM_BATCH = 25        # inbox entries claimed per transaction (4 operations each; etcd allows 128)
+RESPONSE_BATCH = 60     # responses written per transaction (2 operations each)
 
 
 def _inbox_step(inbox_key: str) -> tuple[str, int] | None:
@@ -58,6 +67,9 @@ class Executor:
         self._thread: threading.Thread | None = None
         self._detached = threading.Event()
         self._unknown_claims: dict[str, str] = {}   # inbox key -> nonce, outcome unknown
+        self._answers: list[tuple[str, int, dict]] = []     # responses waiting to be written
+        self._answers_lock = threading.Lock()
+        self._answering = False     # a thread is writing _answers
         self.log = log.bind(host=host.host)
 
     # -- inbox -------------------------------------------------------------
@@ -72,8 +84,7 @@ class Executor:
         unknown, self._unknown_claims = self._unknown_claims, {}
         for inbox_key, nonce in unknown.items():
             self._claim_inbox_key(inbox_key, nonce, attempt=1)
-        for kv in kvs:
-            self._take_inbox(kv)
+        self._take_inboxes(kvs)
         self._thread = threading.Thread(target=self._follow_inbox, daemon=True, name="inbox")
         self._thread.start()
 
@@ -94,11 +105,59 @@ class Executor:
                     for kv in batch.kvs:
                         self._take_inbox(kv)
                     continue
-                for event in batch:
-                    if event.kind == "put":
-                        self._take_inbox(event.kv)
+                self._take_inboxes([event.kv for event in batch if event.kind == "put"])
             except StoreUnavailable as exc:
                 self.log.warning("inbox_unavailable", error=str(exc))
+
+    def _take_inboxes(self, kvs) -> None:
+        """Take several inbox entries, claiming the well-formed ones together
+        (:meth:`_claim_together`); the others one by one."""
+        together = []
+        for kv in kvs:
+            if _inbox_step(kv.key) is not None and readable(kv) is not None:
+                together.append(kv.key)
+            else:
+                self._take_inbox(kv)
+        for start in range(0, len(together), CLAIM_BATCH):
+            self._claim_together(together[start:start + CLAIM_BATCH])
+
+    def _claim_together(self, inbox_keys: list[str]) -> None:
+        """Claim several inbox entries in one transaction (group commit), as
+        :meth:`_claim_inbox_key` claims one, and run them.  If any of them
+        cannot be claimed (taken, answered, gone) the transaction changes
+        nothing, and each is then claimed on its own; if etcd fails
+        mid-call, each is retried on its own with the nonce it was sent
+        with, which recognises a claim that landed."""
+        if len(inbox_keys) == 1:
+            self._claim_inbox_key(inbox_keys[0])
+            return
+        session = self.session
+        if session is None or not session.alive or self._detached.is_set():
+            return
+        steps_ = [_inbox_step(key) for key in inbox_keys]
+        nonces = [os.urandom(8).hex() for _ in inbox_keys]
+        compares, ops = [], []
+        for inbox_key, (automation_id, index), nonce in zip(inbox_keys, steps_, nonces):
+            claim_key = keys.claim(automation_id, index)
+            compares += [exists(inbox_key), absent(claim_key),
+                         absent(keys.response(automation_id, index))]
+            ops += [Put(claim_key, {"executor": self.host.host, "nonce": nonce}, session.lease),
+                    Delete(inbox_key), Get(keys.log_entry(automation_id, index)),
+                    Get(keys.status(automation_id))]
+        try:
+            result = self.store.txn(compares, ops)
+        except StoreUnavailable:
+            for inbox_key, nonce in zip(inbox_keys, nonces):
+                self._claim_inbox_key(inbox_key, nonce, attempt=1)
+            return
+        if not result.succeeded:
+            for inbox_key in inbox_keys:
+                self._claim_inbox_key(inbox_key)
+            return
+        ranges = list(result.ranges)
+        for n, (automation_id, index) in enumerate(steps_):
+            self._run_claimed(automation_id, index, keys.claim(automation_id, index),
+                              ranges[2 * n], ranges[2 * n + 1])
 
     def _take_inbox(self, kv) -> None:
         """Claim and run an inbox entry, unless it cannot be read.  An entry
@@ -237,6 +296,7 @@ class Executor:
     def _execute(self, automation_id: str, index: int, entry: dict, take=None) -> None:
         name = entry["request"]
         started = time.time()
+        answered = False
         hook_input = {"automation": automation_id, "index": index, "request": name,
                       "host": self.host.host, "args": entry.get("args", {})}
         try:
@@ -260,13 +320,59 @@ class Executor:
                             duration=time.time() - started)
             failpoints.crash(f"respond {name}")     # done, but nobody will know
             if take is None or not take(index, response):
-                self._respond(automation_id, index, response)
+                answered = self._answer(automation_id, index, response)
         except Exception:
             self.log.exception("response_failed", automation=automation_id, index=index)
         finally:
-            with self._idle:
-                self._running -= 1
-                self._idle.notify_all()
+            if not answered:
+                self._done(1)
+
+    def _done(self, count: int) -> None:
+        with self._idle:
+            self._running -= count
+            self._idle.notify_all()
+
+    def _answer(self, automation_id: str, index: int, response: dict) -> bool:
+        """Write a response, together with those of other requests finishing
+        meanwhile (group commit): the first thread to arrive writes every
+        response queued while its transaction is in flight, in one
+        transaction per ``RESPONSE_BATCH``; the others return at once and
+        their requests count as running until their response is written.
+        True once this response is in the hands of the writing thread."""
+        with self._answers_lock:
+            self._answers.append((automation_id, index, response))
+            if self._answering:
+                return True
+            self._answering = True
+        while True:
+            with self._answers_lock:
+                batch = self._answers[:RESPONSE_BATCH]
+                del self._answers[:RESPONSE_BATCH]
+                if not batch:
+                    self._answering = False
+                    return True
+            try:
+                self._respond_together(batch)
+            except Exception:
+                self.log.exception("responses_failed", count=len(batch))
+            finally:
+                self._done(len(batch))
+
+    def _respond_together(self, batch: list[tuple[str, int, dict]]) -> None:
+        """Write responses create-if-absent in one transaction; if any is
+        there already (the initiator wrote ``timeout`` or ``lost``) or etcd
+        fails mid-call, each is written on its own (create-if-absent again,
+        so one that landed stays as it is)."""
+        if len(batch) > 1:
+            compares = [absent(keys.response(a, i)) for a, i, _ in batch]
+            ops = [Put(keys.response(a, i), response) for a, i, response in batch]
+            try:
+                if self.store.txn(compares, ops).succeeded:
+                    return
+            except StoreUnavailable:
+                pass
+        for automation_id, index, response in batch:
+            self._respond(automation_id, index, response)
 
     HANDLER_STORE_RETRIES = 30
 

@@ -52,3 +52,17 @@ def sleeper(ctx, until, rounds=1):
         if ctx.aborted:
             break
     return {"woken": woken}
+
+
+@automation("fanout", version=1)
+def fanout(ctx, target, width, rounds=1, deadline=30.0):
+    """``rounds`` rounds of ``width`` pings to ``target`` at once: each
+    round's requests reach its inbox together."""
+    outcomes = []
+    for round_ in range(rounds):
+        replies = yield ctx.all([Request("ping", {"round": round_, "lane": lane}, target=target,
+                                         deadline=deadline, label=target)
+                                 for lane in range(width)])
+        outcomes += [{"round": round_, "lane": lane, "status": reply.status}
+                     for lane, reply in enumerate(replies)]
+    return {"outcomes": outcomes}
