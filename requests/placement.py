@@ -25,6 +25,7 @@ from engine.core.handlers import handler
 from engine.errors import Conflict, NotFound, RequestError
 from engine.leases.events import unreserved
 from engine.placement import for_request, parse_query
+from engine.placement.together import NewClaim, claim_new
 
 
 def _spec(args: dict) -> str:
@@ -69,6 +70,21 @@ def claim(host, args: dict) -> dict:
             return {"consumer": doc["consumer"], "allocations": doc["allocations"],
                     "host": _host_of(placement, doc["allocations"])}
         query = _spec(args)
+        excluded = set(args.get("exclude") or ())
+        # A host a lease holds is no candidate unless the traits ask for the lease.
+        required = unreserved(host.store, args.get("required"))
+        if placement.backend == "etcd":
+            # Most claims are a VM's first, its consumer holding nothing: as
+            # new, with the claims other threads of this peer make now, in
+            # one transaction (engine/placement/together.py).  None: the
+            # batch could not (the consumer holds something, nothing fits):
+            # then alone, as follows.
+            pattern = args.get("hosts") or "*"
+            done = claim_new(host.store, NewClaim(
+                consumer, query, required,
+                lambda name: name not in excluded and fnmatch.fnmatchcase(name, pattern), owner))
+            if done is not None:
+                return done
         held = placement.allocations(consumer)
         wanted = {}
         for group in parse_query(query, args.get("required")).groups:
@@ -77,9 +93,7 @@ def claim(host, args: dict) -> dict:
         if held["allocations"] and _totals(held["allocations"]) == wanted:
             return {"consumer": consumer, "allocations": held["allocations"],
                     "host": _host_of(placement, held["allocations"])}
-        excluded = set(args.get("exclude") or ())
-        # A host a lease holds is no candidate unless the traits ask for the lease.
-        args = {**args, "required": unreserved(host.store, args.get("required"))}
+        args = {**args, "required": required}
 
         def claimed(candidate):
             doc = placement.claim(consumer, candidate["allocations"], **owner)

@@ -37,7 +37,7 @@ from engine.placement.candidates import find_candidates, order
 from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, PlacementError,
                                     STANDARD_RESOURCE_CLASSES, amount_problem, capacity,
                                     check_resource_class_name, check_trait_name, check_uuid,
-                                    normalize_inventories,
+                                    consumer_doc, normalize_allocations, normalize_inventories,
                                     empty_consumer, same_holding)
 from engine.placement.query import parse_query
 from engine.placement.view import view_of
@@ -288,6 +288,45 @@ class EtcdPlacement(Placement):
                 raise NotFound(f"in_tree{group.suffix}: no provider with uuid {group.in_tree}")
         return order(find_candidates(providers, query, query.limit), limit=query.limit)
 
+    def claim_new_together(self, claims) -> list[dict | None]:
+        """Place and claim new consumers in one transaction
+        (:mod:`engine.placement.together`): each ``claim`` (``consumer``,
+        ``query``, ``required``, ``allowed(host)``, ``owner``) takes the best
+        candidate its ``allowed`` accepts, computed on the providers as the
+        view holds them now plus the usages of the claims placed before it.
+        The write is :meth:`_write` with every consumer expected absent: the
+        compares hold only if no provider changed and no consumer exists;
+        a lost race is read again and re-checked there.  Returns, per claim,
+        ``{consumer, allocations, host}``, or None for a claim that found
+        no candidate here (it is then claimed alone, on a fresh read).
+        Raises what :meth:`_write` raises: nothing is then claimed."""
+        providers = self._view.providers()
+        working: dict[str, dict] = {}       # uuid -> copy with this batch's usages
+        placed, want, results = {}, {}, []
+        for claim in claims:
+            query = parse_query(claim.query, claim.required)
+            self._check_classes_exist(query.resource_classes)
+            view = {**providers, **working} if working else providers
+            best = next((c for c in order(find_candidates(view, query, None))
+                         if claim.allowed(c["host"])), None)
+            if best is None or claim.consumer in want or _bad_uuid(claim.consumer):
+                results.append(None)
+                continue
+            allocations = normalize_allocations(best["allocations"])
+            for rp, resources in allocations.items():
+                doc = working.get(rp)
+                if doc is None:
+                    doc = working[rp] = dict(view[rp], usages=dict(view[rp]["usages"]))
+                for rc, n in resources.items():
+                    doc["usages"][rc] = doc["usages"].get(rc, 0) + n
+            want[claim.consumer] = consumer_doc(claim.consumer, allocations, **claim.owner)
+            placed[claim.consumer] = best["host"]
+            results.append(claim.consumer)
+        if want:
+            self._write(want, {c: None for c in want})
+        return [None if c is None else {"consumer": c, "allocations": want[c]["allocations"],
+                                        "host": placed[c]} for c in results]
+
     # -- allocations ---------------------------------------------------------------
 
     def allocations(self, consumer: str) -> dict:
@@ -467,6 +506,14 @@ def _drain_doc(doc: dict, saved_kv, drained: bool) -> list:
                               for rc, inv in inventories.items()}
     doc["traits"] = sorted(traits - {DISABLED_TRAIT})
     return [Delete(key)] if saved_kv else []
+
+
+def _bad_uuid(consumer) -> bool:
+    try:
+        check_uuid(consumer, "consumer")
+    except PlacementError:
+        return True
+    return False
 
 
 def _same(kv, doc) -> bool:

@@ -1,0 +1,105 @@
+"""Claims of new consumers made by several threads of one process, written
+together: one provider read and one transaction for all of them.
+
+A peer runs its requests in a pool of threads; a bulk boot gives its
+initiator hundreds of ``claim`` requests, several at a time.  Claimed one by
+one, each reads what changed among the providers, then writes its own
+transaction, and concurrent claims pick the same least loaded host and lose
+races to each other.  Here the first thread to arrive takes every claim
+waiting (up to :data:`LIMIT`), places them one after the other on the same
+provider documents (each placement sees the usages of the ones before it),
+and writes them in one transaction
+(:meth:`~engine.placement.etcd.EtcdPlacement.claim_new_together`); the
+threads that arrived meanwhile wait for their result, and the next batch is
+taken by one of them.
+
+Promises:
+- the same guarantees as a single claim: the transaction compares the mod
+  revision of every provider it read and the absence of every consumer, so
+  nothing is ever overcommitted and no consumer is claimed twice;
+- a claim the batch could not make (no candidate left, a consumer that
+  already holds something, the write refused or its outcome unknown) comes
+  back as None: its caller claims it alone, the usual way, on a fresh read.
+  Nothing is concluded from the batch but success.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import structlog
+
+__all__ = ["NewClaim", "claim_new", "LIMIT"]
+
+log = structlog.get_logger("placement")
+
+LIMIT = 32      # claims per transaction: two keys each at most (etcd allows 128 operations)
+
+
+@dataclass
+class NewClaim:
+    """One consumer to place: ``allowed(host)`` filters the candidates."""
+    consumer: str
+    query: str
+    required: str | None
+    allowed: Callable[[str], bool]
+    owner: dict
+    result: dict | None = None          # {consumer, allocations, host} once claimed
+    done: bool = False
+
+
+class _Together:
+    def __init__(self, store):
+        self._store = weakref.ref(store)
+        self._lock = threading.Condition()
+        self._waiting: list[NewClaim] = []
+        self._leading = False
+
+    def claim(self, item: NewClaim) -> dict | None:
+        with self._lock:
+            self._waiting.append(item)
+            while True:
+                while self._leading and not item.done:
+                    self._lock.wait()
+                if item.done:
+                    return item.result
+                # Lead: take what waits, first come first placed.
+                self._leading = True
+                batch, self._waiting = self._waiting[:LIMIT], self._waiting[LIMIT:]
+                self._lock.release()
+                results: list = [None] * len(batch)
+                try:
+                    results = self._write(batch)
+                finally:
+                    self._lock.acquire()
+                    for claim, result in zip(batch, results):
+                        claim.result, claim.done = result, True
+                    self._leading = False
+                    self._lock.notify_all()
+
+    def _write(self, batch: list[NewClaim]) -> list[dict | None]:
+        from engine.placement.etcd import EtcdPlacement
+        store = self._store()
+        if store is None:
+            return [None] * len(batch)
+        try:
+            return EtcdPlacement(store).claim_new_together(batch)
+        except Exception as exc:    # each claims alone, and meets the error itself
+            log.info("claims_together_refused", claims=len(batch), error=str(exc))
+            return [None] * len(batch)
+
+
+_queues: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_queues_lock = threading.Lock()
+
+
+def claim_new(store, item: NewClaim) -> dict | None:
+    """Claim ``item`` together with what other threads claim now; None when
+    it must be claimed alone."""
+    with _queues_lock:
+        queue = _queues.get(store)
+        if queue is None:
+            queue = _queues[store] = _Together(store)
+    return queue.claim(item)
