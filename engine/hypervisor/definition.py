@@ -10,7 +10,8 @@ Promises:
   inactive XML and peerctl metadata), so a VM built before definitions were
   recorded gets one the first time it is asked for (``set_ha``);
 - :func:`record_definition` writes only what changed: recording the same
-  VM again writes nothing.
+  VM again writes nothing (a first build writes it with the VM's record,
+  in one transaction: :func:`engine.hypervisor.vm.build`).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from engine.core import keys
 from engine.hypervisor import shapes  # noqa: F401  (declares vmdef/)
 from engine.hypervisor.domain_xml import read_metadata
 
-__all__ = ["definition_of", "record_definition", "seed_metadata", "seed_from_metadata"]
+__all__ = ["definition_of", "definition_record", "record_definition", "seed_metadata", "seed_from_metadata"]
 
 _ACCEL = {"kvm": "kvm", "qemu": "tcg"}
 
@@ -81,15 +82,21 @@ def definition_of(dom) -> dict:
     return build
 
 
+def definition_record(dom) -> dict:
+    """What ``vmdef/<uuid>`` holds for ``dom`` (:func:`record_definition`
+    writes it; a caller may write it in a transaction of its own)."""
+    build = definition_of(dom)
+    return {"uuid": build["uuid"], "name": build["name"], "build": build,
+            "time": time.time()}
+
+
 def record_definition(store, dom) -> dict:
     """``vmdef/<uuid>`` for ``dom``, written unless it holds that already."""
     from engine.core.values import readable
-    build = definition_of(dom)
-    key = keys.vm_definition(build["uuid"])
+    value = definition_record(dom)
+    key = keys.vm_definition(value["uuid"])
     known = readable(store.get(key))
-    if known is not None and known["build"] == build:
+    if known is not None and known["build"] == value["build"]:
         return known
-    value = {"uuid": build["uuid"], "name": build["name"], "build": build,
-             "time": time.time()}
     store.put(key, value)
     return value

@@ -42,9 +42,11 @@ import libvirt
 import structlog
 
 from engine.core import failpoints, keys
+from engine.core.store import Put, absent
 from engine.errors import RequestError
 from engine.hypervisor import images, seed
-from engine.hypervisor.definition import record_definition, seed_from_metadata, seed_metadata
+from engine.hypervisor.definition import (definition_record, record_definition,
+                                          seed_from_metadata, seed_metadata)
 from engine.hypervisor.networks import mac_for
 from engine.hypervisor.shapes import HA_POLICIES
 from engine.hypervisor.records import vm_record, vm_state
@@ -182,7 +184,8 @@ def build(host, args: dict) -> dict:
 
     with _vm_lock(host, uuid):
         dom = _find(host, uuid)
-        if dom is None:
+        defined = dom is None
+        if defined:
             dom = _define(host, uuid, name, vcpus, memory_mb, disk_gb, image,
                           kernel, initrd, cmdline, accel, required, nets, seed_args, marks)
         if vm_state(dom) in ("shutoff", "building"):
@@ -192,9 +195,23 @@ def build(host, args: dict) -> dict:
             # What it was built from, for an HA restart elsewhere; then,
             # before replying, its record: when boot reports done, vms/
             # already shows the VM (a pattern or vmlist right after sees it).
-            record_definition(host.store, dom)
-            publish_domain(host.store, host.host, dom)
+            if not (defined and _record_new(host, dom)):
+                record_definition(host.store, dom)
+                publish_domain(host.store, host.host, dom)
         return {"uuid": uuid, "name": dom.name(), "host": host.host, "state": vm_state(dom)}
+
+
+def _record_new(host, dom) -> bool:
+    """A VM this build defined: its definition and its ``vms/`` record in
+    one transaction that holds only while neither key exists (the usual
+    case: nobody has written them).  False, writing nothing, otherwise (a
+    rebuild, an HA restart, the publisher got there first): then each is
+    written the usual way, read and compared first."""
+    uuid = dom.UUIDString()
+    definition, record = keys.vm_definition(uuid), keys.vm(host.host, uuid)
+    return host.store.txn([absent(definition), absent(record)],
+                          [Put(definition, definition_record(dom)),
+                           Put(record, vm_record(host.host, dom))]).succeeded
 
 
 def _ha(args: dict) -> str | None:

@@ -14,7 +14,10 @@ Promises:
   handler, before it replies) and the reconcile pass both write this way;
 - once started, a libvirt lifecycle event (start, stop, suspend, undefine...)
   reaches etcd within a reconcile's time, and a periodic reconcile repairs
-  whatever an event could not (etcd away, libvirtd restarted, events lost);
+  whatever an event could not (etcd away, libvirtd restarted, events lost).
+  An event re-publishes only the domains it names (one read and at most
+  one write each), not the whole host: a host booting its 250th VM does
+  not read and compare the other 249 on each of its events;
 - a running VM with interfaces but no address yet is looked at every
   :data:`ADDRESS_INTERVAL` seconds until its guest has one (DHCP takes a
   few seconds after the start event), so ``boot --wait-ip`` is not held up
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import libvirt
 import structlog
@@ -71,9 +75,36 @@ def ensure_event_loop() -> None:
         _loop_thread.start()
 
 
+def _awaits_address(record: dict) -> bool:
+    return bool(record.get("networks")) and record["state"] == "running" \
+        and not record.get("addresses")
+
+
 def _guard(key: str, kv) -> "object":
     """The compare that holds while ``key`` is as it was read."""
     return modified_at(key, kv.mod_revision) if kv is not None else absent(key)
+
+
+def _publish_uuid(store, host: str, conn, uuid: str) -> tuple[bool, dict | None]:
+    """:func:`publish_domain` for the domain ``uuid`` of ``conn``; a domain
+    gone (or not this host's) has its record deleted, fenced the same way.
+    (whether the key changed, the record or None)."""
+    key = keys.vm(host, uuid)
+    for _ in range(_TRIES):
+        kv = store.get(key)
+        try:
+            dom = conn.lookupByUUIDString(uuid)
+            record = vm_record(host, dom) if owned_by(dom, host) else None
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise
+            record = None
+        if (kv.value if kv is not None else None) == record:
+            return False, record
+        op = Put(key, record) if record is not None else Delete(key)
+        if store.txn([_guard(key, kv)], [op]).succeeded:
+            return True, record
+    raise StoreUnavailable(f"{key}: refused {_TRIES} times in a row (concurrent writers)")
 
 
 def publish_domain(store, host: str, dom) -> bool:
@@ -110,6 +141,9 @@ class VmPublisher:
         self._events_conn = None
         self._callback_id = None
         self._wake = threading.Event()
+        self._lock_events = threading.Lock()
+        self._events: set[str] = set()      # uuids named by events, not yet published
+        self._due = True                    # a whole reconcile is wanted (start, period)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -151,9 +185,7 @@ class VmPublisher:
             else:
                 raise StoreUnavailable(f"{self.prefix}: reconcile refused {_TRIES} times")
             self.reconciles += 1
-            self.awaiting_address = any(
-                record.get("networks") and record["state"] == "running"
-                and not record.get("addresses") for record in wanted.values())
+            self.awaiting_address = any(_awaits_address(r) for r in wanted.values())
             if changed:
                 log.info("vms_published", host=self.host, changed=changed, vms=len(wanted))
             return changed
@@ -183,7 +215,35 @@ class VmPublisher:
     # -- running -----------------------------------------------------------
 
     def _on_lifecycle(self, _conn, dom, event, detail, _opaque):
+        try:
+            uuid = dom.UUIDString()
+        except libvirt.libvirtError:
+            uuid = None
+        with self._lock_events:
+            if uuid is None:
+                self._due = True
+            else:
+                self._events.add(uuid)
         self._wake.set()
+
+    EVENT_BATCH = 32    # more domains named at once than this: one reconcile instead
+
+    def publish_events(self) -> int:
+        """Publish the domains events named since the last call (a whole
+        reconcile when there are many); how many keys changed."""
+        with self._lock_events:
+            uuids, self._events = self._events, set()
+        if len(uuids) > self.EVENT_BATCH:
+            return self.reconcile()
+        changed = 0
+        with self._lock:
+            conn = self._conn()
+            for uuid in sorted(uuids):
+                done, record = _publish_uuid(self.store, self.host, conn, uuid)
+                changed += done
+                if record and _awaits_address(record):
+                    self.awaiting_address = True
+        return changed
 
     def _listen(self) -> None:
         """(Re)open the event connection if it is missing or dead."""
@@ -211,6 +271,7 @@ class VmPublisher:
     def start(self) -> "VmPublisher":
         ensure_event_loop()
         self._listen()
+        self._due = True
         self._wake.set()            # publish at once
         self._thread = threading.Thread(target=self._run, name=f"vmpublish-{self.host}",
                                         daemon=True)
@@ -218,23 +279,38 @@ class VmPublisher:
         return self
 
     def _run(self) -> None:
-        delay = self.interval
+        """A whole reconcile at start and every period (sooner while a VM
+        waits for its address, or after a failure); in between, each wake
+        publishes the domains events named."""
+        whole_at = 0.0      # monotonic time of the next whole reconcile
         while not self._stopped.is_set():
-            self._wake.wait(delay)
+            self._wake.wait(max(0.0, whole_at - time.monotonic()))
             self._wake.clear()
             if self._stopped.is_set():
                 break
             self._listen()
+            with self._lock_events:
+                whole = self._due or time.monotonic() >= whole_at
+                self._due = False
             try:
-                self.reconcile()
-                delay = (min(ADDRESS_INTERVAL, self.interval) if self.awaiting_address
-                         else self.interval)
+                if whole:
+                    self.reconcile()
+                    whole_at = time.monotonic() + (
+                        min(ADDRESS_INTERVAL, self.interval) if self.awaiting_address
+                        else self.interval)
+                else:
+                    self.publish_events()
+                    if self.awaiting_address:
+                        whole_at = min(whole_at, time.monotonic()
+                                       + min(ADDRESS_INTERVAL, self.interval))
             except (StoreUnavailable, libvirt.libvirtError) as exc:
                 log.warning("vm_reconcile_failed", host=self.host, error=str(exc))
-                delay = min(1.0, self.interval)
+                self._due = True        # what the events named may be lost: all of it
+                whole_at = time.monotonic() + min(1.0, self.interval)
+                self._wake.clear()
             except Exception:
                 log.exception("vm_reconcile_crashed", host=self.host)
-                delay = self.interval
+                whole_at = time.monotonic() + self.interval
 
     def stop(self) -> None:
         self._stopped.set()
