@@ -249,7 +249,7 @@ def test_help_as_the_console_script_says_peerctl(cluster, tmp_path):
 
 def test_docs_point_at_the_contract_beside_the_repository():
     """The contract is ../shared/CONTRACT.md relative to this repository."""
-    for name in ("README.md", "peerctl.py"):
+    for name in ("README.md", "peerctl.py", "engine/commandline.py"):
         with open(os.path.join(ROOT, name)) as f:
             text = f.read()
         assert "../shared/CONTRACT.md" in text, name

@@ -108,6 +108,14 @@ def test_leases_sit_on_the_core_and_placement_only():
     assert forbidden_imports(room("engine", "leases"), above) == {}
 
 
+def test_only_the_launcher_imports_the_command_line():
+    """engine/commandline.py sits on top of every room: nothing imports it
+    but peerctl.py (the tests may)."""
+    everything = [path for path in glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True)
+                  if not os.path.relpath(path, ROOT).startswith(("tests", "bench", "peerctl.py"))]
+    assert forbidden_imports(everything, ["engine.commandline", "peerctl"]) == {}
+
+
 def test_the_error_root_imports_the_standard_library_only():
     outside = sorted(name for name in imports(ERRORS)
                      if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"})
