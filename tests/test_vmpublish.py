@@ -105,3 +105,46 @@ def test_build_publishes_before_replying_and_an_older_view_never_overwrites_it(
     publisher.reconcile()
     assert store.get(key).value["state"] == "paused"
     call(host, "destroy", uuid=args["uuid"])
+
+
+def test_an_event_publishes_the_domain_it_names_not_the_whole_host(store, tmp_path):
+    """Between periodic reconciles an event re-reads only its own domain: a
+    stale key of another VM stays until the period (a host booting many VMs
+    does not compare them all on each event), while the VM evented is
+    published and, once undefined, unpublished."""
+    host = new_host(tmp_path / "state", store)
+    publisher = VmPublisher(store, host.host, lambda: host.conn, interval=300).start()
+    try:
+        wait_for(lambda: publisher.reconciles >= 1)
+        stale = f"vms/{host.host}/{uuidlib.uuid4()}"
+        store.put(stale, {"state": "running"})
+        args = build(host)
+        store.delete(f"vms/{host.host}/{args['uuid']}")        # only events can bring it back
+        call(host, "suspend", uuid=args["uuid"])
+        wait_for(lambda: published(store, host).get(args["uuid"], {}).get("state") == "paused")
+        call(host, "destroy", uuid=args["uuid"])
+        wait_for(lambda: args["uuid"] not in published(store, host))
+        assert store.get(stale) is not None
+        assert publisher.reconciles == 1
+    finally:
+        publisher.stop()
+
+
+def test_a_first_build_writes_definition_and_record_in_one_transaction(store, tmp_path):
+    host = new_host(tmp_path / "state", store)
+    args = build(host)
+    definition = store.get(f"vmdef/{args['uuid']}")
+    record = store.get(f"vms/{host.host}/{args['uuid']}")
+    assert definition.mod_revision == record.mod_revision
+    assert definition.value["build"]["name"] == args["name"]
+    assert record.value["state"] == "running"
+    call(host, "destroy", uuid=args["uuid"])
+
+    # Built again (an HA restart, a retry): the definition is there, the
+    # record written the usual way, read and compared first.
+    store.delete(f"vms/{host.host}/{args['uuid']}")
+    revision = store.revision()
+    build(host, uuid=args["uuid"], name=args["name"])
+    assert store.get(f"vmdef/{args['uuid']}").mod_revision <= revision    # unchanged
+    assert store.get(f"vms/{host.host}/{args['uuid']}").value["state"] == "running"
+    call(host, "destroy", uuid=args["uuid"])
