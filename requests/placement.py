@@ -25,6 +25,7 @@ from engine.core.handlers import handler
 from engine.errors import Conflict, NotFound, RequestError
 from engine.leases.events import unreserved
 from engine.placement import for_request, parse_query
+from engine.placement import together
 from engine.placement.together import NewClaim, claim_new
 
 
@@ -127,7 +128,11 @@ def _first_fit(placement, query: str, args: dict, allowed, write, none: str, wha
 @handler("release")
 def release(host, args: dict) -> dict:
     with _placement(host) as placement:
-        placement.release(args.get("consumer"))
+        # With the releases other threads of this peer make now, in one
+        # transaction; alone if that could not be written.
+        if not (placement.backend == "etcd" and isinstance(args.get("consumer"), str)
+                and together.release(host.store, args["consumer"])):
+            placement.release(args.get("consumer"))
         return {"consumer": args.get("consumer"), "released": True}
 
 

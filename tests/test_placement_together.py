@@ -81,3 +81,27 @@ def test_a_consumer_holding_elsewhere_sends_the_whole_batch_the_usual_way(store,
     assert again["host"] == "a"                     # what it holds, unchanged
     assert call(host, "claim", consumer=fresh, resources="VCPU:1")["host"] in ("a", "b")
     assert sum(p["usages"].get("VCPU", 0) for p in placement.providers()) == 2
+
+
+def test_releases_from_many_threads_land_together(store, tmp_path):
+    placement = open_placement("etcd", store)
+    a = make_provider(placement, "a", {"VCPU": 64})
+    consumers = [new_uuid() for _ in range(24)]
+    for consumer in consumers:
+        placement.claim(consumer, {a["uuid"]: {"VCPU": 1}}, project="p", user="u")
+    host = new_host(tmp_path, store)
+    start = threading.Barrier(len(consumers))
+
+    def releaser(consumer):
+        start.wait()
+        call(host, "release", consumer=consumer)
+    threads = [threading.Thread(target=releaser, args=(c,)) for c in consumers]
+    before = store.revision()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert placement.provider("a")["usages"] == {}
+    assert all(placement.allocations(c)["allocations"] == {} for c in consumers)
+    revisions = store.revision() - before
+    assert revisions < len(consumers)               # some were written together

@@ -327,6 +327,12 @@ class EtcdPlacement(Placement):
         return [None if c is None else {"consumer": c, "allocations": want[c]["allocations"],
                                         "host": placed[c]} for c in results]
 
+    def release_together(self, consumers: list[str]) -> None:
+        """Release every consumer in one transaction (``release`` for each,
+        at once: the same read, compares and retries)."""
+        consumers = [check_uuid(c, "consumer") for c in consumers]
+        self._write({c: None for c in consumers}, {c: ANY for c in consumers})
+
     # -- allocations ---------------------------------------------------------------
 
     def allocations(self, consumer: str) -> dict:

@@ -1,5 +1,6 @@
 """Claims of new consumers made by several threads of one process, written
-together: one provider read and one transaction for all of them.
+together: one provider read and one transaction for all of them; releases
+likewise (:func:`release`: one read and one transaction for all).
 
 A peer runs its requests in a pool of threads; a bulk boot gives its
 initiator hundreds of ``claim`` requests, several at a time.  Claimed one by
@@ -31,7 +32,7 @@ from typing import Callable
 
 import structlog
 
-__all__ = ["NewClaim", "claim_new", "LIMIT"]
+__all__ = ["NewClaim", "claim_new", "release", "LIMIT"]
 
 log = structlog.get_logger("placement")
 
@@ -46,18 +47,26 @@ class NewClaim:
     required: str | None
     allowed: Callable[[str], bool]
     owner: dict
-    result: dict | None = None          # {consumer, allocations, host} once claimed
+
+
+@dataclass
+class _Slot:
+    item: object
+    result: object = None
     done: bool = False
 
 
 class _Together:
-    def __init__(self, store):
+    def __init__(self, store, write):
         self._store = weakref.ref(store)
+        self._write_batch = write       # fn(placement, batch) -> results
         self._lock = threading.Condition()
-        self._waiting: list[NewClaim] = []
+        self._waiting: list[_Slot] = []
         self._leading = False
 
-    def claim(self, item: NewClaim) -> dict | None:
+    def submit(self, item):
+        """``item``'s result, once a batch holding it was written."""
+        item = _Slot(item)
         with self._lock:
             self._waiting.append(item)
             while True:
@@ -71,35 +80,54 @@ class _Together:
                 self._lock.release()
                 results: list = [None] * len(batch)
                 try:
-                    results = self._write(batch)
+                    results = self._write([slot.item for slot in batch])
                 finally:
                     self._lock.acquire()
-                    for claim, result in zip(batch, results):
-                        claim.result, claim.done = result, True
+                    for slot, result in zip(batch, results):
+                        slot.result, slot.done = result, True
                     self._leading = False
                     self._lock.notify_all()
 
-    def _write(self, batch: list[NewClaim]) -> list[dict | None]:
+    def _write(self, batch: list) -> list:
         from engine.placement.etcd import EtcdPlacement
         store = self._store()
         if store is None:
             return [None] * len(batch)
         try:
-            return EtcdPlacement(store).claim_new_together(batch)
-        except Exception as exc:    # each claims alone, and meets the error itself
-            log.info("claims_together_refused", claims=len(batch), error=str(exc))
+            return self._write_batch(EtcdPlacement(store), batch)
+        except Exception as exc:    # each goes alone, and meets the error itself
+            log.info("placement_together_refused", items=len(batch), error=str(exc))
             return [None] * len(batch)
+
+
+def _claims(placement, batch: list[NewClaim]) -> list:
+    return placement.claim_new_together(batch)
+
+
+def _releases(placement, batch: list[str]) -> list:
+    placement.release_together(batch)
+    return [True] * len(batch)
 
 
 _queues: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _queues_lock = threading.Lock()
 
 
+def _queue(store, write) -> _Together:
+    with _queues_lock:
+        queues = _queues.setdefault(store, {})
+        if write not in queues:
+            queues[write] = _Together(store, write)
+        return queues[write]
+
+
 def claim_new(store, item: NewClaim) -> dict | None:
     """Claim ``item`` together with what other threads claim now; None when
     it must be claimed alone."""
-    with _queues_lock:
-        queue = _queues.get(store)
-        if queue is None:
-            queue = _queues[store] = _Together(store)
-    return queue.claim(item)
+    return _queue(store, _claims).submit(item)
+
+
+def release(store, consumer: str) -> bool:
+    """Release ``consumer``'s allocations together with what other threads
+    release now (one transaction); False when it must be released alone."""
+    return bool(_queue(store, _releases).submit(consumer))
