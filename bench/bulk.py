@@ -1,12 +1,16 @@
 """Bulk benchmark: boot, then destroy, N VMs across P peers on libvirt's test driver.
 
     python bench/bulk.py [--peers 20] [--sizes 10,100,1000]
+    python bench/bulk.py --sizes 100,1000,5000
 
 One automation boots all N VMs (placement claim + build per VM, in
 parallel), then one automation destroys them all (destroy + release).
 Prints VMs/s for each N, and the cost per VM, to show how it grows with N,
-then PASS/MISS against the target (issue 4): 1,000 VMs booted in 20 s or
-less, and cost linear in N (ms/VM at the largest N within 1.5x of N=100).
+then PASS/MISS against the targets: issue 4, 1,000 VMs booted in 20 s or
+less; issue 15, at least 200 VMs/s booted at N=1,000; both, cost linear in
+N (ms/VM at the largest N within 1.5x of N=100).  The machine's load
+average is printed before and after: figures from a loaded machine are
+not comparable.
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
 
 VM = {"VCPU": 1, "MEMORY_MB": 32, "DISK_GB": 1}
-TARGET_N, TARGET_S = 1000, 20.0
+TARGET_N, TARGET_S = 1000, 20.0         # issue 4
+TARGET_RATE = 200.0                     # issue 15: VMs/s booted at N = TARGET_N
 LINEAR_SLACK = 1.5      # ms/VM at the largest N over ms/VM at N=100
 
 
@@ -50,6 +55,29 @@ def run(store, kind, args):
     return elapsed, status["result"]
 
 
+def _load(load) -> str:
+    return " ".join(f"{x:.2f}" for x in load)
+
+
+def make_room(store, n: int, peers: int) -> None:
+    """Raise the allocation ratio of every host's inventories so that each
+    fits its share of ``n`` VMs with room to spare (the test driver's host
+    has 16 CPUs: 1,280 one-VCPU VMs at the default ratio of 4 over 20
+    hosts).  A ratio an operator set is kept when a peer registers again."""
+    from engine.placement import open_placement
+    placement = open_placement("etcd", store)
+    share = 2 * n // peers + 1
+    for provider in placement.providers():
+        inventories = {}
+        for rc, inv in provider["inventories"].items():
+            need = share * VM.get(rc, 0)
+            ratio = max(inv["allocation_ratio"],
+                        need / max(1, inv["total"] - inv["reserved"]))
+            inventories[rc] = {**inv, "allocation_ratio": ratio}
+        if inventories != provider["inventories"]:
+            placement.set_inventory(provider["uuid"], inventories)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=20)
@@ -57,6 +85,7 @@ def main():
     parser.add_argument("--ttl", type=int, default=5)
     options = parser.parse_args()
     sizes = [int(n) for n in options.sizes.split(",")]
+    load_before = os.getloadavg()
     workdir = tempfile.mkdtemp(prefix="peerctl-bulk-")
     etcd = EtcdServer(os.path.join(workdir, "etcd")).start()
     store = Store(etcd.url, "bulk")
@@ -72,6 +101,7 @@ def main():
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         wait(lambda: len(api.live_hosts(store)) == options.peers, timeout=120)
         wait(lambda: len(store.range("placement/rp/", keys_only=True)[0]) >= options.peers)
+        make_room(store, max(sizes), options.peers)
         rows = []
         for n in sizes:
             names = [f"n{n}-vm{i:04d}" for i in range(n)]
@@ -99,11 +129,26 @@ def main():
                 verdict = "(the target is for N >= 1,000)"
             print(f"  N={n}: {n / boot_time:.1f} VMs/s booted, {boot_time:.2f} s: {verdict}")
         big = [(n, t / n) for n, t, _, _ in rows if n >= 100]
+        linear = None
         if len(big) >= 2:
             (n0, c0), (n1, c1) = big[0], big[-1]
-            verdict = "PASS" if c1 <= LINEAR_SLACK * c0 else "MISS"
+            linear = "PASS" if c1 <= LINEAR_SLACK * c0 else "MISS"
             print(f"  linear: {1000 * c1:.2f} ms/VM at N={n1} vs {1000 * c0:.2f} at N={n0} "
-                  f"(allowed x{LINEAR_SLACK}): {verdict}")
+                  f"(allowed x{LINEAR_SLACK}): {linear}")
+        print(f"\ntarget (issue 15): >= {TARGET_RATE:.0f} VMs/s booted at N={TARGET_N:,} "
+              f"(was 107/s), ms/VM at the largest N within x{LINEAR_SLACK} of N=100")
+        at_target = [(n, t) for n, t, _, _ in rows if n == TARGET_N]
+        if at_target:
+            n, boot_time = at_target[0]
+            verdict = "PASS" if n / boot_time >= TARGET_RATE else "MISS"
+            print(f"  N={n:,}: {n / boot_time:.1f} VMs/s booted: {verdict}")
+        else:
+            print(f"  N={TARGET_N:,} not run (--sizes): not judged")
+        if linear:
+            print(f"  linear to N={big[-1][0]:,}: {linear}")
+        load_after = os.getloadavg()
+        print(f"\nload average (1, 5, 15 min): before {_load(load_before)}, "
+              f"after {_load(load_after)} ({os.cpu_count()} CPUs)")
     finally:
         for process in peers:
             if process.poll() is None:
