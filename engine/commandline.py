@@ -1689,6 +1689,13 @@ def build_parser() -> Parser:
         sub.set_defaults(func=func)
         return sub
 
+    def detach_option(sub):
+        sub.add_argument("--detach", action="store_true",
+                         help="print the automation id and return at once")
+
+    def yes_option(sub, help="do not ask when several VMs match"):
+        sub.add_argument("--yes", "-y", action="store_true", help=help)
+
     def listing_options(sub, columns, default_sort):
         sub.add_argument("-o", "--output", metavar="FIELDS",
                          help="comma-separated fields to show, '+F1,F2' adds to the "
@@ -1761,8 +1768,7 @@ def build_parser() -> Parser:
                      help="after the build, wait for each VM's guest address and print it")
     sub.add_argument("--ip-timeout", type=_positive, default=300, metavar="SECONDS",
                      help="how long --wait-ip waits (default 300)")
-    sub.add_argument("--detach", action="store_true",
-                     help="print the automation id and return at once")
+    detach_option(sub)
 
     for action in VM_ACTIONS:
         caution = (" On more than one VM it lists them and asks for --yes."
@@ -1774,12 +1780,10 @@ def build_parser() -> Parser:
                       f"automation.{caution} A pattern matching nothing exits 1.")
         sub.add_argument("patterns", nargs="+", metavar="PATTERN",
                          help="HOSTGLOB/VMGLOB or VMGLOB")
-        sub.add_argument("--yes", "-y", action="store_true",
-                         help="do not ask when several VMs match")
+        yes_option(sub)
         sub.add_argument("--dry-run", action="store_true",
                          help="only list the VMs that would be acted on")
-        sub.add_argument("--detach", action="store_true",
-                         help="print the automation id and return at once")
+        detach_option(sub)
 
     sub = command("console", "an interactive serial console to a VM",
                   "python peerctl.py console web1\n"
@@ -1814,8 +1818,7 @@ def build_parser() -> Parser:
     sub.add_argument("patterns", nargs="+", metavar="PATTERN",
                      help="HOSTGLOB/VMGLOB or VMGLOB")
     sub.add_argument("policy", choices=("restart", "none"), metavar="restart|none")
-    sub.add_argument("--detach", action="store_true",
-                     help="print the automation id and return at once")
+    detach_option(sub)
 
     sub = command("aside", "disks of stale VM copies kept aside after an HA restart",
                   "python peerctl.py aside list\n"
@@ -1833,10 +1836,8 @@ def build_parser() -> Parser:
                         "their hosts (which must be up). More than one asks for --yes.")
     p.add_argument("patterns", nargs="+", metavar="PATTERN",
                    help="HOSTGLOB/VMGLOB or VMGLOB (the VM's name or uuid)")
-    p.add_argument("--yes", "-y", action="store_true",
-                   help="do not ask when several match")
-    p.add_argument("--detach", action="store_true",
-                   help="print the automation id and return at once")
+    yes_option(p, "do not ask when several match")
+    detach_option(p)
 
     sub = command("migrate", "move VMs to other hosts, live where they run",
                   "python peerctl.py migrate db1 --to 'host2*'\n"
@@ -1863,12 +1864,10 @@ def build_parser() -> Parser:
     sub.add_argument("--postcopy", action="store_true",
                      help="a live move that has not converged within its time (120 s per "
                           "GiB of RAM and disk) switches to post-copy instead of aborting")
-    sub.add_argument("--yes", "-y", action="store_true",
-                     help="do not ask when several VMs match")
+    yes_option(sub)
     sub.add_argument("--dry-run", action="store_true",
                      help="only list the VMs that would move")
-    sub.add_argument("--detach", action="store_true",
-                     help="print the automation id and return at once")
+    detach_option(sub)
 
     for name, summary, what in (
             ("drain", "place no new VM on hosts; their VMs stay",
@@ -1896,18 +1895,15 @@ def build_parser() -> Parser:
     sub.add_argument("--to", metavar="HOSTGLOB", help="only move to hosts matching this")
     sub.add_argument("--parallel", type=_positive, default=4, metavar="N",
                      help="VMs moved at the same time (default 4)")
-    sub.add_argument("--yes", "-y", action="store_true",
-                     help="do not ask when several VMs would move")
-    sub.add_argument("--detach", action="store_true",
-                     help="print the automation id and return at once")
+    yes_option(sub, "do not ask when several VMs would move")
+    detach_option(sub)
 
     sub = command("ping", "round trips through the automation machinery to live hosts",
                   "python peerctl.py ping 'host*' --rounds 3", cmd_ping)
     sub.add_argument("hostglob", nargs="?", metavar="HOSTGLOB")
     sub.add_argument("--rounds", type=_rounds, default=1, metavar="N",
                      help=f"round trips per host, 1 to {MAX_ROUNDS} (default 1)")
-    sub.add_argument("--detach", action="store_true",
-                     help="print the automation id and return at once")
+    detach_option(sub)
 
     sub = command("tasks", "list running automations (--all: finished ones too)",
                   "python peerctl.py tasks --all", cmd_tasks)
@@ -2024,8 +2020,7 @@ def build_parser() -> Parser:
                   "a warning). With --delete, delete them after asking; a key rewritten "
                   "meanwhile is kept.")
     sub.add_argument("--delete", action="store_true", help="delete the keys listed")
-    sub.add_argument("--yes", "-y", action="store_true",
-                     help="do not ask before deleting (needed without a terminal)")
+    yes_option(sub, "do not ask before deleting (needed without a terminal)")
 
     sub = command("tls", "certificates and etcd roles for an etcd of your own",
                   "python peerctl.py tls certs /etc/peerctl/tls --peer kvm1 --peer kvm2 "
