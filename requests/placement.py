@@ -26,7 +26,6 @@ from engine.errors import Conflict, NotFound, RequestError
 from engine.leases.events import unreserved
 from engine.placement import for_request, parse_query
 from engine.placement import together
-from engine.placement.together import NewClaim, claim_new
 
 
 def _spec(args: dict) -> str:
@@ -81,7 +80,7 @@ def claim(host, args: dict) -> dict:
             # batch could not (the consumer holds something, nothing fits):
             # then alone, as follows.
             pattern = args.get("hosts") or "*"
-            done = claim_new(host.store, NewClaim(
+            done = together.claim_new(host.store, together.NewClaim(
                 consumer, query, required,
                 lambda name: name not in excluded and fnmatch.fnmatchcase(name, pattern), owner))
             if done is not None:

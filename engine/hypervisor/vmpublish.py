@@ -89,16 +89,25 @@ def _publish_uuid(store, host: str, conn, uuid: str) -> tuple[bool, dict | None]
     """:func:`publish_domain` for the domain ``uuid`` of ``conn``; a domain
     gone (or not this host's) has its record deleted, fenced the same way.
     (whether the key changed, the record or None)."""
-    key = keys.vm(host, uuid)
-    for _ in range(_TRIES):
-        kv = store.get(key)
+    def seen() -> dict | None:
         try:
             dom = conn.lookupByUUIDString(uuid)
-            record = vm_record(host, dom) if owned_by(dom, host) else None
+            return vm_record(host, dom) if owned_by(dom, host) else None
         except libvirt.libvirtError as exc:
             if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                 raise
-            record = None
+            return None
+    return _write_seen(store, keys.vm(host, uuid), seen)
+
+
+def _write_seen(store, key: str, seen) -> tuple[bool, dict | None]:
+    """Write ``key`` as ``seen()`` has it (None: delete it) unless it holds
+    that already; (whether it changed, the record).  The key is read before
+    ``seen`` looks at libvirt and the write holds only if the key is still
+    as read, so it never replaces a record written from a later view."""
+    for _ in range(_TRIES):
+        kv = store.get(key)
+        record = seen()
         if (kv.value if kv is not None else None) == record:
             return False, record
         op = Put(key, record) if record is not None else Delete(key)
@@ -112,16 +121,11 @@ def publish_domain(store, host: str, dom) -> bool:
     record the publisher writes); True if it changed.  Idempotent: a key
     already right is not rewritten.  Fenced like :meth:`VmPublisher.reconcile`:
     the key is read before libvirt and the put holds only if the key is
-    still as read, so it never replaces a record written from a later view."""
-    key = keys.vm(host, dom.UUIDString())
-    for _ in range(_TRIES):
-        kv = store.get(key)
-        record = vm_record(host, dom)
-        if kv is not None and kv.value == record:
-            return False
-        if store.txn([_guard(key, kv)], [Put(key, record)]).succeeded:
-            return True
-    raise StoreUnavailable(f"{key}: refused {_TRIES} times in a row (concurrent writers)")
+    still as read, so it never replaces a record written from a later view
+    (:func:`_write_seen`)."""
+    changed, _ = _write_seen(store, keys.vm(host, dom.UUIDString()),
+                             lambda: vm_record(host, dom))
+    return changed
 
 
 class VmPublisher:
