@@ -97,18 +97,20 @@ def read_vms(store) -> list[dict]:
         vm = readable(kv, VM)       # vms/ holds VM records only: no lookup of the shape
         if vm is None:
             continue
-        state = vm["state"] if vm["host"] in alive else "unknown"
-        if vm["uuid"] in moving:
-            if moving[vm["uuid"]] not in (None, vm["host"]):
+        host, uuid, get = vm["host"], vm["uuid"], vm.get
+        state = vm["state"] if host in alive else "unknown"
+        if uuid in moving:
+            if moving[uuid] not in (None, host):
                 continue
             state = "migrating"
-        addresses = _addresses(vm.get("addresses"))
-        vms.append({"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"],
-                    "state": state, "vcpus": vm.get("vcpus"),
-                    "memory_mb": vm.get("memory_mb"), "disk_gb": vm.get("disk_gb"),
-                    "ip": first_ip(addresses), "addresses": addresses,
-                    "ha": vm.get("ha") if vm.get("ha") in HA_POLICIES else "none",
-                    "recovered": _recovered(vm.get("recovered"))})
+        addresses = _addresses(get("addresses"))
+        ha = get("ha")
+        vms.append({"host": host, "name": vm["name"], "uuid": uuid,
+                    "state": state, "vcpus": get("vcpus"),
+                    "memory_mb": get("memory_mb"), "disk_gb": get("disk_gb"),
+                    "ip": first_ip(addresses) if addresses else None, "addresses": addresses,
+                    "ha": ha if ha in HA_POLICIES else "none",
+                    "recovered": _recovered(get("recovered"))})
     return vms
 
 
@@ -126,7 +128,9 @@ def _addresses(value) -> list[dict]:
     """A record's ``addresses``, keeping only well-formed entries (a bad
     value in etcd costs that entry, never the listing)."""
     kept = []
-    for entry in value if isinstance(value, list) else []:
+    if not value or not isinstance(value, list):
+        return kept
+    for entry in value:
         if isinstance(entry, dict) and all(isinstance(entry.get(k), t)
                                            for k, t in _ADDRESS_FIELDS.items()):
             try:

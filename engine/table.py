@@ -35,7 +35,18 @@ class Column:
     right: bool = False                         # right-align (numbers)
 
     def text(self, row: dict) -> str:
-        value = row.get(self.field)
+        return self.shown(row.get(self.field))
+
+    def texts(self, rows: Sequence[dict]) -> list[str]:
+        """The column's cell in each row: :meth:`text` of each, the plain
+        strings (most cells) without a call."""
+        field, shown = self.field, self.shown
+        if self.show is None:
+            return [value if type(value) is str else shown(value)
+                    for value in [row.get(field) for row in rows]]
+        return [shown(row.get(field)) for row in rows]
+
+    def shown(self, value) -> str:
         if value is None:
             return "-"
         if type(value) is str and self.show is None:       # the common case, first
@@ -153,11 +164,13 @@ def sort_rows(rows: list[dict], spec: str | None, known: Iterable[str]) -> list[
         else:
             runs.append((descending, [key.lstrip("-")]))
     for descending, fields in reversed(runs):
-        if all(type(r.get(f)) is str for r in rows for f in fields):
+        values = [[row.get(f) for row in rows] for f in fields]
+        if all(set(map(type, column)) <= {str} for column in values):
             # The common case (host, name): one string per row, its numbers
             # zero-padded, compares in C; ten times cheaper than tuples.
-            rows.sort(key=lambda r: "\0".join([_padded(r[f]) for f in fields]),
-                      reverse=descending)
+            padded = list(map("\0".join, zip(*[map(_padded, column) for column in values])))
+            order = sorted(range(len(rows)), key=padded.__getitem__, reverse=descending)
+            rows = [rows[i] for i in order]
         elif len(fields) == 1:
             field = fields[0]
             rows.sort(key=lambda r: natural_key(r.get(field)), reverse=descending)
@@ -179,18 +192,17 @@ def _padded(text: str) -> str:
 def render(rows: Sequence[dict], columns: Sequence[Column], headers: bool = True,
            separator: str | None = None) -> str:
     """The table as text (no trailing newline; empty when there is nothing)."""
-    texts = [c.text for c in columns]
-    cells = [[text(row) for text in texts] for row in rows]
-    if headers:
-        cells.insert(0, [c.header for c in columns])
-    if not cells:
+    if not rows and not headers:
         return ""
+    # Column by column: each column's cells in one pass, then its width.
+    cells = [([c.header] if headers else []) + c.texts(rows) for c in columns]
+    lines = zip(*cells)
     if separator is not None:
-        return "\n".join(separator.join(line) for line in cells)
-    widths = [max(map(len, column)) for column in zip(*cells)]
+        return "\n".join(map(separator.join, lines))
+    widths = [max(map(len, column)) for column in cells]
     line_format = " ".join(("{:>%d}" if c.right else "{:<%d}") % w if w else "{}"
                            for c, w in zip(columns, widths))
-    return "\n".join([line_format.format(*line).rstrip() for line in cells])
+    return "\n".join([line_format.format(*line).rstrip() for line in lines])
 
 
 def to_json(doc: Any) -> str:
