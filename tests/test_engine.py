@@ -10,6 +10,7 @@ import time
 import pytest
 
 from engine.core import api, failpoints, keys
+from engine.core.initiator import SUMMARY_INTERVAL
 from engine.core.store import KV, Store
 from tests.support import TEST_AUTOMATIONS, wait_for
 from tests.support.cluster import Cluster, finished, start_automation, start_peers
@@ -598,6 +599,32 @@ def test_sigkill_during_steps_run_on_the_initiator(cluster, store, tmp_path):
     answered_ok = {e["index"] for e in task["log"] if e["status"] == "ok"}
     assert answered_ok <= {int(i) for _, i in runs}, "an answer without an execution"
     assert {o["executor"] for o in outcomes if o["status"] == "ok"} == {"m1", "m2"}
+
+
+def test_a_running_tasks_summary_counts_steps_without_a_write_per_step(cluster, store, tmp_path):
+    """tasks/<id> names its leader from the first step and counts steps as
+    they go, but is rewritten at most every SUMMARY_INTERVAL, not with each
+    append (a write and a watch event less on most steps)."""
+    hooks = str(tmp_path / "hooks")
+    counting_hook(hooks, request="noop")       # a process per step: a run of seconds
+    start_peers(cluster, store, ["m1"], hooks=hooks,
+                env={"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
+    started = time.monotonic()
+    automation_id = start_automation(store, "local_steps", {"count": 150}, members=1,
+                                     prefer=["m1"])
+    counted = set()
+
+    def summary_once_done():
+        summary = store.get(keys.task(automation_id)).value
+        counted.add(summary.get("steps"))
+        return summary if summary["state"] in keys.TERMINAL_STATES else None
+    summary = wait_for(summary_once_done, timeout=120, what="the automation to finish")
+    elapsed = time.monotonic() - started
+    assert (summary["state"], summary["steps"], summary["initiator"]) == ("done", 150, "m1")
+    assert len({n for n in counted if n and 0 < n < 150}) >= 2, "no count while running"
+    writes = store.get(keys.task(automation_id)).version
+    assert writes <= 3 + elapsed / SUMMARY_INTERVAL, (writes, elapsed)
+    assert writes < 150 / 2
 
 
 def test_members_that_die_are_replaced_so_the_automation_outlives_them(cluster, store, tmp_path):

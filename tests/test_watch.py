@@ -54,3 +54,20 @@ def test_compacted_revision_gives_a_fresh_read(own_etcd):
         assert [e.kv.value for e in batch] == [3]
     finally:
         watch.stop()
+
+
+def test_a_puts_only_watch_is_sent_the_puts_and_none_of_the_deletes(own_etcd):
+    store = Store(own_etcd.url, "w")
+    _, revision = store.range("jobs/")
+    watch = PrefixWatch(store, "jobs/", revision, puts_only=True).start()
+    try:
+        store.put("jobs/1", 1)
+        store.delete("jobs/1")
+        store.put("jobs/2", 2)
+        store.delete("jobs/2")
+        store.put("jobs/3", 3)
+        batches = drain(watch, lambda bs: 3 in [e.kv.value for b in bs for e in b])
+        events = [(e.kind, e.kv.value) for b in batches for e in b]
+        assert events == [("put", 1), ("put", 2), ("put", 3)]
+    finally:
+        watch.stop()

@@ -40,6 +40,7 @@ APPEND_BATCH = 40           # requests per transaction (etcd allows 128 operatio
 LEFTOVER_PATIENCE = 10.0    # seconds to keep trying to write taken responses on exit
 HOST_CHECK_INTERVAL = 0.5
 FINISH_TXN_OPS = 100        # operations in the finishing transaction (etcd allows 128)
+SUMMARY_INTERVAL = 0.5      # seconds between updates of a running task's summary (its steps)
 
 
 class Outcome:
@@ -71,6 +72,7 @@ class Initiator:
         self.run_local = run_local      # fn(automation_id, index, entry, take=): runs it here
         self.stop = stop
         self.log = log.bind(automation=automation_id, host=host)
+        self._summary_at: float | None = None       # when this leader last wrote tasks/<id>
 
     # -- fenced writes ------------------------------------------------------
 
@@ -149,6 +151,7 @@ class Initiator:
         self.telling_abort = record.aborting is not None
         self.next_index = max(self.entries, default=-1) + 1
         self._gone_since: dict[str, float] = {}    # target host -> first seen not alive
+        self._summary_at = None
         self.log.info("initiator_leads", replayed=len(self.entries), pending=len(record.pending()))
         watch = PrefixWatch(self.store, keys.auto(self.id), revision).start()
         self._watch = watch
@@ -341,13 +344,22 @@ class Initiator:
                 else:
                     ops.append(Put(keys.inbox(request.target, self.id, index), {}))
                 appended.append(entry)
-            ops.append(Put(keys.task(self.id), self._summary("running", self.next_index + len(appended))))
+            # The summary (tasks/<id>: who leads, how many steps) with the
+            # first append of each leader, then at most every SUMMARY_INTERVAL:
+            # a write and a watch event less on most steps.
+            summarised = self._summary_at is None or \
+                time.monotonic() - self._summary_at >= SUMMARY_INTERVAL
+            if summarised:
+                ops.append(Put(keys.task(self.id),
+                               self._summary("running", self.next_index + len(appended))))
             compares, ops = self._with_carry(compares, ops)
             for entry in appended:
                 failpoints.crash(f"append {entry['index']}")
                 failpoints.crash(f"append {entry['request']}")
             if not self._txn(compares, ops):
                 raise _Restart()    # someone else wrote our indices: never continue blind
+            if summarised:
+                self._summary_at = time.monotonic()
             for entry in appended:
                 self.entries[entry["index"]] = entry
                 if entry["request"] == TIMER:

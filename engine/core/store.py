@@ -469,14 +469,16 @@ class Store:
 
     def watch(self, prefix: str, start_revision: int,
               callback: Callable[[list[Event] | Exception, int], None],
-              exact: bool = False) -> Callable[[], None]:
+              exact: bool = False, puts_only: bool = False) -> Callable[[], None]:
         """Watch ``prefix`` from ``start_revision``.
 
         ``callback(events, header_revision)`` runs on the client's watch
         thread: keep it short.  A broken stream calls ``callback(error, 0)``
         once with :class:`WatchBroken` or :class:`Compacted`.  ``exact``
-        watches the one key ``prefix`` names.  Returns cancel.
+        watches the one key ``prefix`` names; ``puts_only``: etcd sends no
+        delete events.  Returns cancel.
         """
+        filters = [etcdrpc.WatchCreateRequest.NODELETE] if puts_only else None
         full = self._full(prefix)
         broken = threading.Event()
 
@@ -504,10 +506,10 @@ class Store:
             try:
                 if exact:
                     watch_id = self._client.add_watch_callback(
-                        full, on_response, start_revision=start_revision)
+                        full, on_response, start_revision=start_revision, filters=filters)
                 else:
                     watch_id = self._client.add_watch_prefix_callback(
-                        full, on_response, start_revision=start_revision)
+                        full, on_response, start_revision=start_revision, filters=filters)
             except etcd_exceptions.RevisionCompactedError as exc:
                 raise Compacted(exc.compacted_revision) from None
             except grpc.RpcError as exc:

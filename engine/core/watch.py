@@ -29,8 +29,9 @@ class Reset:
 
 class PrefixWatch:
     def __init__(self, store: Store, prefix: str, after_revision: int,
-                 retry_interval: float = 0.2, exact: bool = False):
+                 retry_interval: float = 0.2, exact: bool = False, puts_only: bool = False):
         self.exact = exact
+        self.puts_only = puts_only      # no delete events (fewer to send and decode)
         self.store = store
         self.prefix = prefix
         self.last_revision = after_revision
@@ -84,7 +85,8 @@ class PrefixWatch:
                     self._compacted = False
                     self.events.put(Reset(kvs, revision))
                 self._cancel = self.store.watch(self.prefix, self.last_revision + 1,
-                                                self._on_response, exact=self.exact)
+                                                self._on_response, exact=self.exact,
+                                                puts_only=self.puts_only)
             except Compacted:
                 self._compacted = True
                 continue
