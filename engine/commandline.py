@@ -40,6 +40,7 @@ import signal
 import sys
 import time
 import uuid
+from collections import Counter
 
 from engine import table  # pure Python, no engine dependencies
 from engine.core.credentials import Credentials  # cheap
@@ -418,7 +419,6 @@ def host_totals(hosts: list[dict]) -> str:
 
 
 def vm_totals(vms: list[dict]) -> str:
-    from collections import Counter
     states = Counter([vm.get("state") or "unknown" for vm in vms])
     hosts = len({vm.get("host") for vm in vms})
     def total(key):
