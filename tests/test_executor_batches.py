@@ -78,6 +78,21 @@ def executing(store, tmp_path, hooks, held: HeldResponses | None = None):
         session.close()
 
 
+@contextlib.contextmanager
+def queued_behind_a_held_response(store, tmp_path):
+    """WIDTH pings run by an executor whose first response is held in
+    flight: yields ``(executor, held, runs)`` once every other response has
+    queued behind it (``runs``: the counting hook's log)."""
+    hooks = str(tmp_path / "hooks")
+    runs = counting_hook(hooks)
+    log_pings(store, "a1", WIDTH)
+    held = HeldResponses(store)
+    with executing(store, tmp_path, hooks, held) as executor:
+        wait_for(held.held.is_set, what="a first response in flight")
+        wait_for(lambda: len(executor._answers) == WIDTH - 1, what="the others to queue")
+        yield executor, held, runs
+
+
 def test_entries_appended_together_are_claimed_in_one_transaction(store, tmp_path):
     hooks = str(tmp_path / "hooks")
     runs = counting_hook(hooks)
@@ -114,14 +129,8 @@ def test_an_entry_answered_already_is_left_and_the_others_run(store, tmp_path):
 def test_responses_finishing_together_land_in_one_transaction(store, tmp_path):
     """The first response is held in flight until every other request has
     finished: those queue and land together, in one transaction."""
-    hooks = str(tmp_path / "hooks")
-    runs = counting_hook(hooks)
-    log_pings(store, "a1", WIDTH)
-    held = HeldResponses(store)
-    with executing(store, tmp_path, hooks, held) as executor:
-        wait_for(held.held.is_set, what="a first response in flight")
-        wait_for(lambda: len(executions(runs)) == WIDTH, what="every ping to run")
-        wait_for(lambda: len(executor._answers) == WIDTH - 1, what="the others to queue")
+    with queued_behind_a_held_response(store, tmp_path) as (executor, held, runs):
+        assert len(executions(runs)) == WIDTH, "every ping ran"
         held.release.set()
         wait_for(lambda: len(responses(store, "a1")) == WIDTH, what="every ping answered")
         assert executor.wait_idle(10)
@@ -133,13 +142,7 @@ def test_a_timeout_written_while_a_batch_waits_stays_and_the_others_land(store, 
     """While the queued responses wait, the initiator times one of them out: the
     batch is refused, each response is then written on its own, and the
     timeout stays (a late answer loses)."""
-    hooks = str(tmp_path / "hooks")
-    runs = counting_hook(hooks)
-    log_pings(store, "a1", WIDTH)
-    held = HeldResponses(store)
-    with executing(store, tmp_path, hooks, held) as executor:
-        wait_for(held.held.is_set, what="a first response in flight")
-        wait_for(lambda: len(executor._answers) == WIDTH - 1, what="the others to queue")
+    with queued_behind_a_held_response(store, tmp_path) as (executor, held, runs):
         late = executor._answers[0][1]      # a queued response, not the one held
         store.put(keys.response("a1", late), {"status": "timeout", "error": "test",
                                               "executor": None})
