@@ -3,7 +3,8 @@ also installed as the ``peerctl`` console script).
 
 It lives in this module rather than in ``peerctl.py`` itself because Python
 never caches the bytecode of the script it is given: 2,000 lines compiled
-on every command cost more than a listing's own work.  It runs a peer (``peer``), starts and follows replicated automations (``boot``,
+on every command cost more than a listing's own work.  It runs a peer
+(``peer``), starts and follows replicated automations (``boot``,
 ``destroy`` ... ``ping``, ``migrate``, ``evacuate``), drains hosts (``drain``,
 ``undrain``), lists what the cluster knows (``vmlist``,
 ``hostlist``, ``hoststats``, ``tasks``, ``placement``), finds what nobody

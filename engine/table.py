@@ -34,12 +34,9 @@ class Column:
     show: Callable[[Any], str] | None = None    # value -> table text
     right: bool = False                         # right-align (numbers)
 
-    def text(self, row: dict) -> str:
-        return self.shown(row.get(self.field))
-
     def texts(self, rows: Sequence[dict]) -> list[str]:
-        """The column's cell in each row: :meth:`text` of each, the plain
-        strings (most cells) without a call."""
+        """The column's cell in each row (:meth:`shown` of its value), the
+        plain strings (most cells) taken without a call."""
         field, shown = self.field, self.shown
         if self.show is None:
             return [value if type(value) is str else shown(value)
@@ -47,6 +44,7 @@ class Column:
         return [shown(row.get(field)) for row in rows]
 
     def shown(self, value) -> str:
+        """One value as its cell."""
         if value is None:
             return "-"
         if type(value) is str and self.show is None:       # the common case, first
