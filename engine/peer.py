@@ -155,7 +155,7 @@ class Peer:
         # this host was away (its libvirtd kept the domain) never shows up.
         self._sweep_ghosts()
         swept = time.monotonic()
-        publisher = self._start_publisher()
+        publisher = self._start_publisher(session)
         self._ensure_guard()
         self.executor.attach(session)
         duties = Duties(self.store, session, self.name, self.executor.submit).start()
@@ -190,7 +190,7 @@ class Peer:
                 if not registered:
                     registered = self._register_provider(record["networks"])
                 if publisher is None:
-                    publisher = self._start_publisher()
+                    publisher = self._start_publisher(session)
                 self._ensure_guard()
                 if self._unfence() or time.monotonic() - swept >= GHOST_INTERVAL:
                     self._sweep_ghosts()
@@ -294,8 +294,9 @@ class Peer:
         except Exception as exc:
             self.log.warning("ghost_sweep_failed", error=str(exc))
 
-    def _start_publisher(self):
-        """Keep ``vms/<host>/`` in line with the hypervisor."""
+    def _start_publisher(self, session: Session):
+        """Keep ``vms/<host>/`` in line with the hypervisor, while this
+        session's lease holds the host record."""
         try:
             from .hypervisor.vmpublish import VmPublisher
         except ImportError:
@@ -305,7 +306,7 @@ class Peer:
         except Exception as exc:    # the hypervisor is down: the stats tick tries again
             self.log.warning("vm_publisher_waits", error=str(exc))
             return None
-        publisher = VmPublisher(self.store, self.name, conn)
+        publisher = VmPublisher(self.store, self.name, conn, lease=session.lease)
         publisher.start()
         return publisher
 

@@ -9,11 +9,14 @@ the initiator (no target).  The lock is ``locks/vm/<uuid>``
   a failed move left held for an operator.
 - ``ha_lock`` ``{uuid, host, owner, name?}`` (HA restart,
   ``automations/ha.py``): the lock, kind ``recover``, taken only while
-  ``vms/<host>/<uuid>`` exists *and* ``hosts/<host>`` does not: once it is
-  held the VM is the recovery's, and a host coming back leaves it alone.
+  ``vms/<host>/<uuid>`` exists *and* ``hosts/<host>`` does not *and* the
+  VM is not disowned there (``disowned/<host>/<uuid>``: a recovery restarted
+  it elsewhere already, and the record is one a hung peer published again
+  before it noticed its lease had gone): once it is held the VM is the
+  recovery's, and a host coming back leaves it alone.
   -> ``{uuid, locked: true}``, or ``{uuid, locked: false, why}`` when the
-  host is back (it keeps its VMs) or the VM left it; a VM another
-  automation holds is an error.
+  host is back (it keeps its VMs), the VM left it or was restarted
+  elsewhere; a VM another automation holds is an error.
 - ``unlock_vm`` ``{uuid, owner, drop_record?, hold?}``: releases it, in the
   same transaction deleting ``vms/<drop_record>/<uuid>`` (the source's
   record after a move); with ``hold`` (a reason) the lock stays, held for an
@@ -68,13 +71,17 @@ def ha_lock(host, args: dict) -> dict:
     uuid, where, owner = _lock_args(args, "ha_lock")
     try:
         locks.take(host.store, f"vm/{uuid}", owner, f"being restarted: {where} is down",
-                   [exists(keys.vm(where, uuid)), absent(keys.host(where))],
+                   [exists(keys.vm(where, uuid)), absent(keys.host(where)),
+                    absent(keys.disowned(where, uuid))],
                    kind="recover", host=where)
     except Conflict as exc:
         if exc.reason != "condition":
             raise RequestError(f"{_name(args)} is busy: {exc}") from None
         if host.store.get(keys.host(where)) is not None:
             return {"uuid": uuid, "locked": False, "why": f"{where} is back: it keeps its VMs"}
+        if host.store.get(keys.disowned(where, uuid)) is not None:
+            return {"uuid": uuid, "locked": False,
+                    "why": f"disowned on {where}: it runs elsewhere already"}
         return {"uuid": uuid, "locked": False,
                 "why": f"no longer on {where} (moved or destroyed meanwhile)"}
     return {"uuid": uuid, "locked": True}

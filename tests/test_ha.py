@@ -12,7 +12,7 @@ from engine.hypervisor import images
 from engine.placement import open_placement
 from tests.support import wait_for
 from tests.support.cluster import finished
-from tests.support.handlers import call, new_host
+from tests.support.handlers import HANDLERS, call, new_host
 from tests.support.vms import allocations, big_test_host, inventory, start
 
 MARGIN = 1.0
@@ -234,3 +234,29 @@ def test_a_definition_outlives_its_vm_by_two_reconciler_passes(store):
     reconcile_once(store, placement, suspects)
     assert store.get(keys.vm_definition(gone)) is None
     assert store.get(keys.vm_definition(listed)) is not None
+
+
+def test_a_vm_restarted_elsewhere_is_not_recovered_again_from_a_record_its_dead_host_republished(
+        store, tmp_path):
+    """A hung peer, thawed, can publish its stale copy's record once more
+    before it notices that its lease is gone.  That VM was disowned there by
+    the recovery that restarted it elsewhere: the recoverer does not pick it
+    again, and ``ha_lock`` refuses it, taking no lock.  An HA VM of the same
+    dead host that was not restarted yet is still recovered."""
+    from engine.hypervisor.ha import ha_vms
+    moved, waiting = "3b0e7c1a-5d2f-4e8b-9c6a-1f2e3d4c5b6a", "8d9c0b1a-2e3f-4a5b-8c7d-6e5f4a3b2c1d"
+    for uuid, name in ((moved, "moved"), (waiting, "waiting")):
+        store.put(keys.vm("h1", uuid), {"host": "h1", "name": name, "uuid": uuid,
+                                        "state": "shutoff", "ha": "restart"})
+    store.put(keys.disowned("h1", moved), {"uuid": moved, "host": "h1", "keep": True,
+                                           "automation": "recover-1",
+                                           "reason": "restarted on h2"})
+    assert [vm["name"] for vm in ha_vms(store, "h1")] == ["waiting"]
+
+    host = new_host(tmp_path / "state", store)
+    lock = HANDLERS["ha_lock"]      # its argument "host" is the dead host's name
+    refused = lock(host, {"uuid": moved, "host": "h1", "owner": "recover-2", "name": "moved"})
+    assert refused == {"uuid": moved, "locked": False,
+                       "why": "disowned on h1: it runs elsewhere already"}
+    assert store.get(keys.lock(f"vm/{moved}")) is None
+    assert lock(host, {"uuid": waiting, "host": "h1", "owner": "recover-2"})["locked"]

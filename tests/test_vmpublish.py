@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import uuid as uuidlib
 
+import pytest
+
+from engine.core import keys
+from engine.errors import StoreUnavailable
 from engine.hypervisor.vmpublish import VmPublisher, publish_domain
 from tests.support import wait_for
 from tests.support.handlers import call, host, new_host  # noqa: F401  (host: a fixture)
@@ -19,6 +23,33 @@ def build(host, **overrides):
 def published(store, host):
     kvs, _ = store.range(f"vms/{host.host}/")
     return {kv.key.rsplit("/", 1)[1]: kv.value for kv in kvs}
+
+
+def test_a_publisher_whose_lease_is_gone_writes_nothing(store, host):
+    """A peer thawed after a hang (or back from a partition) has threads that
+    run on before it notices that its lease expired, and its host may have
+    been recovered meanwhile: its publisher writes only while
+    ``hosts/<host>`` holds the peer's lease."""
+    lease = store.grant(30)
+    store.put(keys.host(host.host), {"host": host.host}, lease)
+    vm = build(host)
+    publisher = VmPublisher(store, host.host, host.conn, lease=lease)
+    assert publisher.reconcile() == 1
+    store.revoke(lease)                 # the lease expired: hosts/<host> went with it
+    store.delete(keys.vm(host.host, vm["uuid"]))     # the recovery dropped the record
+    call(host, "suspend", uuid=vm["uuid"])
+    with pytest.raises(StoreUnavailable, match="no longer holds this peer's lease"):
+        publisher.reconcile()
+    publisher._events.add(vm["uuid"])   # as a lifecycle event names it
+    with pytest.raises(StoreUnavailable, match="no longer holds this peer's lease"):
+        publisher.publish_events()
+    assert published(store, host) == {}
+    # The next session registers the host under its own lease: still not this publisher's.
+    store.put(keys.host(host.host), {"host": host.host}, store.grant(30))
+    with pytest.raises(StoreUnavailable):
+        publisher.reconcile()
+    assert published(store, host) == {}
+    call(host, "destroy", uuid=vm["uuid"])
 
 
 def test_reconcile_publishes_exactly_this_hosts_vms(store, host):

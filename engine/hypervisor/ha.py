@@ -42,9 +42,14 @@ _KNOWN_EVERY = 10.0         # how often every host ever seen is read again
 
 
 def ha_vms(store: Store, host: str) -> list[dict]:
-    """``host``'s VM records whose policy is ``restart``."""
+    """``host``'s VM records whose policy is ``restart``, but those disowned
+    there (``disowned/<host>/<uuid>``: restarted elsewhere already, or left
+    for an alternate by ``boot``).  A hung or partitioned peer may publish
+    such a record again before it notices its lease is gone; it names a
+    copy that is no longer the VM."""
+    gone = _names(store, keys.disowned(host))
     return [vm for vm in (readable(kv) for kv in store.range(keys.vm(host))[0])
-            if vm is not None and vm.get("ha") == "restart"]
+            if vm is not None and vm.get("ha") == "restart" and vm["uuid"] not in gone]
 
 
 def _names(store: Store, prefix: str) -> set[str]:

@@ -198,8 +198,10 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
                  if u not in vm_uuids and u not in allocations and u not in busy}
     forgotten = sorted(undefined & suspects)
     for start in range(0, len(forgotten), _BATCH):
-        txn([], [Delete(keys.vm_definition(mark.split(":", 1)[1]))
-                 for mark in forgotten[start:start + _BATCH]])
+        batch = [mark.split(":", 1)[1] for mark in forgotten[start:start + _BATCH]]
+        txn([], [Delete(keys.vm_definition(uuid)) for uuid in batch])
+        for uuid in batch:
+            log.warning("vm_definition_forgotten", uuid=uuid)
     unallocated = sorted(f"{kv.value['host']}/{kv.value['name']}" for kv in vms
                          if kv.value["uuid"] not in allocations)
     for vm in unallocated:

@@ -8,7 +8,10 @@ Promises:
   written only when its value changed;
 - every write is fenced by what was read: etcd is read first, libvirt
   second, and each put or delete carries a compare on the key's mod
-  revision (or its absence) as read.  A writer whose etcd view is older than
+  revision (or its absence) as read.  A publisher given its peer's lease
+  writes only while ``hosts/<host>`` holds that lease: a peer thawed after
+  a hang, or back from a partition, publishes nothing before it notices its
+  lease is gone (its host may have been recovered meanwhile).  A writer whose etcd view is older than
   another's write is refused and reads again, so an older view of libvirt
   never overwrites a newer one.  :func:`publish_domain` (the ``build``
   handler, before it replies) and the reconcile pass both write this way;
@@ -37,7 +40,7 @@ import libvirt
 import structlog
 
 from engine.core import keys
-from engine.core.store import Delete, Put, absent, modified_at
+from engine.core.store import Delete, Put, absent, lease_is, modified_at
 from engine.errors import StoreUnavailable
 from engine.hypervisor import shapes  # noqa: F401  (declares the vms/ record's shape)
 from engine.hypervisor.records import owned_by, vm_record
@@ -85,7 +88,8 @@ def _guard(key: str, kv) -> "object":
     return modified_at(key, kv.mod_revision) if kv is not None else absent(key)
 
 
-def _publish_uuid(store, host: str, conn, uuid: str) -> tuple[bool, dict | None]:
+def _publish_uuid(store, host: str, conn, uuid: str,
+                  fence: tuple = ()) -> tuple[bool, dict | None]:
     """:func:`publish_domain` for the domain ``uuid`` of ``conn``; a domain
     gone (or not this host's) has its record deleted, fenced the same way.
     (whether the key changed, the record or None)."""
@@ -97,23 +101,34 @@ def _publish_uuid(store, host: str, conn, uuid: str) -> tuple[bool, dict | None]
             if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                 raise
             return None
-    return _write_seen(store, keys.vm(host, uuid), seen)
+    return _write_seen(store, keys.vm(host, uuid), seen, fence)
 
 
-def _write_seen(store, key: str, seen) -> tuple[bool, dict | None]:
+def _write_seen(store, key: str, seen, fence: tuple = ()) -> tuple[bool, dict | None]:
     """Write ``key`` as ``seen()`` has it (None: delete it) unless it holds
     that already; (whether it changed, the record).  The key is read before
     ``seen`` looks at libvirt and the write holds only if the key is still
-    as read, so it never replaces a record written from a later view."""
+    as read, so it never replaces a record written from a later view; and
+    only while the ``fence`` compares hold (:class:`StoreUnavailable` once
+    they do not)."""
     for _ in range(_TRIES):
         kv = store.get(key)
         record = seen()
         if (kv.value if kv is not None else None) == record:
             return False, record
         op = Put(key, record) if record is not None else Delete(key)
-        if store.txn([_guard(key, kv)], [op]).succeeded:
+        if store.txn([_guard(key, kv), *fence], [op]).succeeded:
             return True, record
+        _check_fence(store, fence)
     raise StoreUnavailable(f"{key}: refused {_TRIES} times in a row (concurrent writers)")
+
+
+def _check_fence(store, fence: tuple) -> None:
+    """Raise :class:`StoreUnavailable` when a write was refused by the
+    publisher's lease fence, not by a concurrent writer."""
+    if fence and not store.txn(fence).succeeded:
+        raise StoreUnavailable(f"{fence[0].key} no longer holds this peer's lease: "
+                               "not publishing until its next session")
 
 
 def publish_domain(store, host: str, dom) -> bool:
@@ -130,11 +145,14 @@ def publish_domain(store, host: str, dom) -> bool:
 
 class VmPublisher:
     """Publishes one host's VMs; ``conn`` is the host's libvirt connection
-    (or a zero-argument callable returning it, to follow reconnections)."""
+    (or a zero-argument callable returning it, to follow reconnections);
+    ``lease``: the peer's, which ``hosts/<host>`` must hold for a write to
+    land (None: no such fence, for a publisher outside a peer)."""
 
     def __init__(self, store, host: str, conn, interval: float = DEFAULT_INTERVAL,
-                 events: bool = EVENTS):
+                 events: bool = EVENTS, lease: int | None = None):
         self.store = store
+        self.fence = (lease_is(keys.host(host), lease),) if lease is not None else ()
         self.events = events
         self.host = host
         self._conn_source = conn if callable(conn) else (lambda: conn)
@@ -211,7 +229,9 @@ class VmPublisher:
         for start in range(0, len(changes), _BATCH):
             batch = changes[start:start + _BATCH]
             compares = [_guard(self.prefix + uuid, present.get(uuid)) for uuid, _op in batch]
-            if not self.store.txn(compares, [op for _uuid, op in batch]).succeeded:
+            if not self.store.txn([*compares, *self.fence],
+                                  [op for _uuid, op in batch]).succeeded:
+                _check_fence(self.store, self.fence)
                 return written, None
             written += len(batch)
         return written, wanted
@@ -243,7 +263,7 @@ class VmPublisher:
         with self._lock:
             conn = self._conn()
             for uuid in sorted(uuids):
-                done, record = _publish_uuid(self.store, self.host, conn, uuid)
+                done, record = _publish_uuid(self.store, self.host, conn, uuid, self.fence)
                 changed += done
                 if record and _awaits_address(record):
                     self.awaiting_address = True
