@@ -68,6 +68,22 @@ def restart_the_killed(kvm, store):
              what="the killed peer back")
 
 
+def recovery_story(kvm, store) -> str:
+    """What a failed wait needs to be understood: host1's recovery, its
+    task and steps, and the peers' warnings."""
+    record = store.get(keys.recovery("host1"))
+    lines = [f"recovery/host1: {record.value if record else None}"]
+    if record is not None:
+        task = api.get_task(store, record.value["automation"])
+        lines.append(f"task: {task['state']} {task.get('error')}")
+        lines += [f"  {step}" for step in task["log"][-30:]]
+    for host, process in kvm.cluster.peers.items():
+        noted = [line for line in kvm.cluster.log(host).splitlines()
+                 if "[warning" in line or "[error" in line][-15:]
+        lines += [f"{host} (exit {process.poll()}):", *[f"  {line}" for line in noted]]
+    return "\n".join(lines)
+
+
 def ha_scenario(kvm, store, name, take_away, bring_back):
     vm = kvm.boot(name, "--ha", "restart")
     uuid = vm["uuid"]
@@ -90,8 +106,11 @@ def ha_scenario(kvm, store, name, take_away, bring_back):
     wait_for(lambda: (kvm.armed.parent / "failpoints.fired").exists(), timeout=60,
              what="the recovery's initiator to reach its failpoint")
     restart_the_killed(kvm, store)
-    wait_for(lambda: kvm.where(uuid).get("host2") == "running", timeout=120, interval=0.5,
-             what="the guest running on host2")
+    try:
+        wait_for(lambda: kvm.where(uuid).get("host2") == "running", timeout=120, interval=0.5,
+                 what="the guest running on host2")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{recovery_story(kvm, store)}") from None
     assert qemu_guest.wait_for_console(kvm.console("host2", uuid), qemu_guest.READY_MARKER,
                                        BOOT_TIMEOUT), "the restarted guest did not boot"
     listed = [v for v in kvm.cluster.cli_json("vmlist") if v["name"] == name]

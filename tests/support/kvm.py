@@ -61,10 +61,15 @@ class Kvm:
                  timeout=30, interval=0.2, what="both hosts registered")
 
     def close(self):
-        """Stop the guards the peers started (by recorded PID), drop the files."""
+        """Stop the guards the peers started (by recorded PID), clear the
+        guests this test left on the module's daemons (a failed test's guest
+        would otherwise be the next test's VM: its metadata names host1),
+        drop the files."""
         from pathlib import Path
         for host in HOSTS:
             stop_guard(Path(self.state[host]))
+        for daemon in self.pair.daemons:
+            daemon.clear_guests()
         shutil.rmtree(self.work, ignore_errors=True)
 
     def start_peer(self, host):
