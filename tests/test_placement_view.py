@@ -55,6 +55,39 @@ def test_the_reader_sees_every_change_the_writer_made(two):
     assert hosts(reader) == ["a"]                   # drained: reserved = total
 
 
+def test_a_sharing_provider_joined_later_is_reached_by_the_next_query(two):
+    """Who is in which tree is kept between queries (the layout): a change
+    of aggregates or traits makes the next query compute it again."""
+    reader, writer = two
+    a = make_provider(writer, "a", {"VCPU": 4, "MEMORY_MB": 4096})
+    assert hosts(reader, "VCPU:1,DISK_GB:10") == []          # a has no disk
+    disk = make_provider(writer, "nas", {"DISK_GB": 1000})
+    aggregate = new_uuid()
+    writer.set_aggregates(a["uuid"], [aggregate])
+    writer.set_aggregates(disk["uuid"], [aggregate])
+    assert hosts(reader, "VCPU:1,DISK_GB:10") == []          # not shared yet
+    writer.set_traits(disk["uuid"], ["MISC_SHARES_VIA_AGGREGATE"])
+    [found] = reader.candidates("VCPU:1,DISK_GB:10")
+    assert found["host"] == "a"
+    assert found["allocations"] == {a["uuid"]: {"VCPU": 1}, disk["uuid"]: {"DISK_GB": 10}}
+
+
+def test_what_is_derived_from_the_documents_is_made_once_per_version(two):
+    reader, writer = two
+    a = make_provider(writer, "a", COMPUTE)
+    made = []
+
+    def names(docs):
+        made.append(len(docs))
+        return sorted(doc["name"] for doc in docs.values())
+    view = view_of(reader.store)
+    assert view.derived(names)[1] == ["a"]
+    assert view.derived(names)[1] == ["a"] and made == [1]      # nothing changed: kept
+    writer.claim(new_uuid(), {a["uuid"]: {"VCPU": 1}}, **P)
+    docs, value = view.derived(names)
+    assert made == [1, 1] and docs[a["uuid"]]["usages"]["VCPU"] == 1
+
+
 def test_a_deletion_and_a_creation_between_two_queries(two):
     reader, writer = two
     make_provider(writer, "a", COMPUTE)

@@ -13,6 +13,11 @@ Semantics follow OpenStack Placement (microversion 1.39):
   ``root_required`` filters on the traits of the tree's root.
 
 Candidates are ordered by :func:`weigh`: least loaded first.
+
+Who is in which tree changes rarely, usages at every claim: :func:`layout_of`
+computes the first once (a :class:`Layout`), and a caller that keeps it
+(the provider view does, per version of the documents) hands it to every
+query on the same providers.
 """
 from __future__ import annotations
 
@@ -20,11 +25,12 @@ import heapq
 import itertools
 import random
 from collections import defaultdict
+from dataclasses import dataclass
 
 from engine.placement.model import SHARING_TRAIT, capacity
 from engine.placement.query import Query, RequestGroup
 
-__all__ = ["find_candidates", "weigh", "order"]
+__all__ = ["find_candidates", "weigh", "order", "Layout", "layout_of"]
 
 _MAX_PER_TREE = 64      # bound the combinations one tree may contribute
 
@@ -88,94 +94,146 @@ def _numbered_options(group, pool, tree_of):
             and _traits_hold(group.required, set(p["traits"]))]
 
 
-def find_candidates(providers: dict, query: Query, limit: int | None = None) -> list[dict]:
-    """``providers``: uuid -> provider document with ``usages``; unordered
-    result.  With ``limit``, trees of one provider beyond the ``limit`` best
-    of them (ties picked at random) are left out: :func:`order` would drop
-    them."""
-    tree_of = {u: p["root"] for u, p in providers.items()}
+@dataclass(frozen=True)
+class Layout:
+    """What candidates need of the providers but their inventories and
+    usages (by uuid, so that it holds for any documents of the same
+    providers): each provider's root, the trees, and the sharing providers
+    each tree reaches."""
+    tree_of: dict           # provider -> its root
+    lone: tuple             # roots of trees of one provider that reach no sharing provider
+    trees: dict             # every other root -> the providers of its tree
+    anchored: dict          # root -> the sharing providers of other trees it reaches
+
+
+def layout_of(providers: dict) -> Layout:
+    """The :class:`Layout` of ``providers`` (uuid -> document)."""
     trees = defaultdict(list)
     roots_in_agg = defaultdict(set)
-    for p in providers.values():
-        trees[p["root"]].append(p)
+    for uuid, p in providers.items():
+        trees[p["root"]].append(uuid)
         for agg in p["aggregates"]:
             roots_in_agg[agg].add(p["root"])
     anchored = defaultdict(list)
-    for p in providers.values():
-        if SHARING_TRAIT in p["traits"]:
-            for root in set().union(*(roots_in_agg[a] for a in p["aggregates"])) if p["aggregates"] else ():
+    for uuid, p in providers.items():
+        if SHARING_TRAIT in p["traits"] and p["aggregates"]:
+            for root in set().union(*(roots_in_agg[a] for a in p["aggregates"])):
                 if root != p["root"]:
-                    anchored[root].append(p)
-    needed = query.resource_classes
+                    anchored[root].append(uuid)
+    lone = tuple(root for root, members in trees.items()
+                 if len(members) == 1 and root not in anchored)
+    return Layout({u: p["root"] for u, p in providers.items()}, lone,
+                  {root: members for root, members in trees.items()
+                   if len(members) > 1 or root in anchored}, dict(anchored))
+
+
+def find_candidates(providers: dict, query: Query, limit: int | None = None,
+                    layout: Layout | None = None) -> list[dict]:
+    """``providers``: uuid -> provider document with ``usages``; unordered
+    result.  With ``limit``, trees of one provider beyond the ``limit`` best
+    of them (ties picked at random) are left out: :func:`order` would drop
+    them.  ``layout``: :func:`layout_of` these providers (or of documents
+    of the same providers that differ in usages only), computed if not given."""
+    layout = layout_of(providers) if layout is None else layout
+    tree_of = layout.tree_of
     single = query.groups[0] if len(query.groups) == 1 and not query.groups[0].suffix else None
-    results, seen, lone = [], set(), []
-    for root, local in trees.items():
+    results, seen, best = [], set(), []
+    for root in layout.lone:
         root_doc = providers[root]
-        if query.root_required and not query.root_required <= set(root_doc["traits"]):
+        if _root_refused(query, root_doc):
             continue
-        if query.root_forbidden & set(root_doc["traits"]):
+        if single is None:
+            _tree_candidates(providers, query, root_doc, [root_doc], [root_doc], tree_of,
+                             results, seen)
             continue
-        if single is not None and len(local) == 1 and root not in anchored:
-            weight = _lone_weight(root_doc, single, tree_of)    # the common case, made fast
-            if weight is not None:
-                lone.append((-weight, random.random(), root_doc))
+        weight = _lone_weight(root_doc, single, tree_of)    # the common case, made fast
+        if weight is None:
             continue
-        pool = local + anchored.get(root, [])
-        # cheap rejection: the pool must at least have every class asked for
-        if len(pool) == 1:
-            if not needed <= pool[0]["inventories"].keys():
-                continue
-        elif not needed <= {rc for p in pool for rc in p["inventories"]}:
+        # The best `limit` kept in a heap whose top is the worst of them
+        # (lowest weight, then highest draw): a tie's draw is made only
+        # when it must be compared.
+        if not limit or len(best) < limit:
+            heapq.heappush(best, (weight, -random.random(), root))
+        elif weight > best[0][0]:
+            heapq.heapreplace(best, (weight, -random.random(), root))
+        elif weight == best[0][0]:
+            draw = -random.random()
+            if draw > best[0][1]:
+                heapq.heapreplace(best, (weight, draw, root))
+    for root, members in layout.trees.items():
+        root_doc = providers[root]
+        if _root_refused(query, root_doc):
             continue
-        per_group = []
-        for group in query.groups:
-            options = (_unnumbered_options(group, pool, tree_of) if group.suffix == ""
-                       else _numbered_options(group, pool, tree_of))
-            if not options:
-                break
-            per_group.append(options)
-        else:
-            local_ids = {p["uuid"] for p in local}
-            count = 0
-            for combo in itertools.product(*per_group):
-                if query.group_policy == "isolate":
-                    numbered = [next(iter(c)) for g, c in zip(query.groups, combo) if g.suffix]
-                    if len(numbered) != len(set(numbered)):
-                        continue
-                if len(combo) == 1:
-                    allocations = combo[0]      # fits, checked per provider already
-                else:
-                    merged = defaultdict(lambda: defaultdict(int))
-                    for part in combo:
-                        for rp, resources in part.items():
-                            for rc, n in resources.items():
-                                merged[rp][rc] += n
-                    if any(not _fits(providers[rp], rc, n) for rp, res in merged.items()
-                           for rc, n in res.items()):
-                        continue    # two groups on one provider: must fit together
-                    allocations = {rp: dict(res) for rp, res in merged.items()}
-                if local_ids.isdisjoint(allocations):
-                    continue        # only sharing providers: found under their own tree
-                key = tuple(sorted((rp, tuple(sorted(r.items()))) for rp, r in allocations.items()))
-                if key in seen:
-                    continue
-                seen.add(key)
-                mappings = {}
-                for g, part in zip(query.groups, combo):
-                    mappings[g.suffix] = sorted(part)
-                results.append({"allocations": allocations, "host": root_doc["name"],
-                                "root": root, "mappings": mappings,
-                                "weight": _weight(providers, allocations)})
-                count += 1
-                if count >= _MAX_PER_TREE:
-                    break
-    if limit and len(lone) > limit:
-        lone = heapq.nsmallest(limit, lone, key=lambda entry: entry[:2])
-    for negative, _, doc in lone:
-        uuid = doc["uuid"]
+        local = [providers[u] for u in members]
+        _tree_candidates(providers, query, root_doc, local,
+                         local + [providers[u] for u in layout.anchored.get(root, ())],
+                         tree_of, results, seen)
+    for weight, _, uuid in best:
+        doc = providers[uuid]
         results.append({"allocations": {uuid: dict(single.resources)}, "host": doc["name"],
-                        "root": uuid, "mappings": {"": [uuid]}, "weight": -negative})
+                        "root": uuid, "mappings": {"": [uuid]}, "weight": weight})
     return results
+
+
+def _root_refused(query: Query, root_doc: dict) -> bool:
+    if query.root_required and not query.root_required <= set(root_doc["traits"]):
+        return True
+    return bool(query.root_forbidden) and bool(query.root_forbidden & set(root_doc["traits"]))
+
+
+def _tree_candidates(providers, query, root_doc, local, pool, tree_of, results, seen) -> None:
+    """The general path: the candidates of one tree (``local``, its
+    providers; ``pool``, those plus the sharing providers it reaches),
+    appended to ``results``."""
+    root = root_doc["uuid"]
+    needed = query.resource_classes
+    # cheap rejection: the pool must at least have every class asked for
+    if len(pool) == 1:
+        if not needed <= pool[0]["inventories"].keys():
+            return
+    elif not needed <= {rc for p in pool for rc in p["inventories"]}:
+        return
+    per_group = []
+    for group in query.groups:
+        options = (_unnumbered_options(group, pool, tree_of) if group.suffix == ""
+                   else _numbered_options(group, pool, tree_of))
+        if not options:
+            return
+        per_group.append(options)
+    local_ids = {p["uuid"] for p in local}
+    count = 0
+    for combo in itertools.product(*per_group):
+        if query.group_policy == "isolate":
+            numbered = [next(iter(c)) for g, c in zip(query.groups, combo) if g.suffix]
+            if len(numbered) != len(set(numbered)):
+                continue
+        if len(combo) == 1:
+            allocations = combo[0]      # fits, checked per provider already
+        else:
+            merged = defaultdict(lambda: defaultdict(int))
+            for part in combo:
+                for rp, resources in part.items():
+                    for rc, n in resources.items():
+                        merged[rp][rc] += n
+            if any(not _fits(providers[rp], rc, n) for rp, res in merged.items()
+                   for rc, n in res.items()):
+                continue    # two groups on one provider: must fit together
+            allocations = {rp: dict(res) for rp, res in merged.items()}
+        if local_ids.isdisjoint(allocations):
+            continue        # only sharing providers: found under their own tree
+        key = tuple(sorted((rp, tuple(sorted(r.items()))) for rp, r in allocations.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        mappings = {}
+        for g, part in zip(query.groups, combo):
+            mappings[g.suffix] = sorted(part)
+        results.append({"allocations": allocations, "host": root_doc["name"],
+                        "root": root, "mappings": mappings,
+                        "weight": _weight(providers, allocations)})
+        count += 1
+        if count >= _MAX_PER_TREE:
+            break
 
 
 def _lone_weight(p: dict, group: RequestGroup, tree_of: dict) -> float | None:

@@ -33,7 +33,7 @@ from copy import deepcopy
 import structlog
 
 from engine.placement.api import ANY, Placement, subtree
-from engine.placement.candidates import find_candidates, order
+from engine.placement.candidates import find_candidates, layout_of, order
 from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, PlacementError,
                                     STANDARD_RESOURCE_CLASSES, amount_problem, capacity,
                                     check_resource_class_name, check_trait_name, check_uuid,
@@ -282,11 +282,11 @@ class EtcdPlacement(Placement):
         one read of what changed since the last query."""
         query = parse_query(query, required, limit)
         self._check_classes_exist(query.resource_classes)
-        providers = self._view.providers()
+        providers, layout = self._view.derived(layout_of)
         for group in query.groups:
             if group.in_tree and group.in_tree not in providers:
                 raise NotFound(f"in_tree{group.suffix}: no provider with uuid {group.in_tree}")
-        return order(find_candidates(providers, query, query.limit), limit=query.limit)
+        return order(find_candidates(providers, query, query.limit, layout), limit=query.limit)
 
     def claim_new_together(self, claims) -> list[dict | None]:
         """Place and claim new consumers in one transaction
@@ -300,14 +300,14 @@ class EtcdPlacement(Placement):
         ``{consumer, allocations, host}``, or None for a claim that found
         no candidate here (it is then claimed alone, on a fresh read).
         Raises what :meth:`_write` raises: nothing is then claimed."""
-        providers = self._view.providers()
+        providers, layout = self._view.derived(layout_of)
         working: dict[str, dict] = {}       # uuid -> copy with this batch's usages
         placed, want, results = {}, {}, []
         for claim in claims:
             query = parse_query(claim.query, claim.required)
             self._check_classes_exist(query.resource_classes)
             view = {**providers, **working} if working else providers
-            best = next((c for c in order(find_candidates(view, query, None))
+            best = next((c for c in order(find_candidates(view, query, None, layout))
                          if claim.allowed(c["host"])), None)
             if best is None or claim.consumer in want or _bad_uuid(claim.consumer):
                 results.append(None)

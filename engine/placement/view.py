@@ -15,6 +15,8 @@ Promises:
   request), safe to use from several threads;
 - :meth:`ProviderView.providers` returns what etcd holds at the moment of
   the call, unreadable documents left out (and reported once);
+  :meth:`ProviderView.derived` returns the same with a value computed from
+  them, once per version of the documents;
 - a key never goes back in time: what this process wrote
   (:meth:`ProviderView.saw`, :meth:`ProviderView.gone`) and what a read
   brought apply only over an older revision of that key, whatever order
@@ -54,6 +56,7 @@ class ProviderView:
         self._unreadable: set[str] = set()      # keys present whose values are not
         self._revisions: dict[str, int] = {}    # key -> revision of its last put or delete
         self._docs: dict[str, dict] | None = None   # uuid -> document, rebuilt on change
+        self._derived: dict = {}                # make -> (the docs it was made of, its value)
         self._synced = 0        # the revision the view was last brought up to
 
     # -- reading ---------------------------------------------------------------------
@@ -65,6 +68,20 @@ class ProviderView:
             if self._docs is None:
                 self._docs = {kv.value["uuid"]: kv.value for kv in self._kvs.values()}
             return self._docs
+
+    def derived(self, make) -> tuple[dict, object]:
+        """``(documents, make(documents))``: the documents as :meth:`providers`
+        returns them, and what ``make`` computes of them, computed again
+        only when they have changed."""
+        docs = self.providers()
+        with self._lock:
+            made = self._derived.get(make)
+            if made is not None and made[0] is docs:
+                return docs, made[1]
+        value = make(docs)
+        with self._lock:
+            self._derived[make] = (docs, value)
+        return docs, value
 
     def kv(self, uuid: str) -> KV | None:
         """The provider as the view last saw it (no read)."""
