@@ -8,13 +8,15 @@ Promises:
   written only when its value changed;
 - every write is fenced by what was read: etcd is read first, libvirt
   second, and each put or delete carries a compare on the key's mod
-  revision (or its absence) as read.  A publisher given its peer's lease
-  writes only while ``hosts/<host>`` holds that lease: a peer thawed after
-  a hang, or back from a partition, publishes nothing before it notices its
-  lease is gone (its host may have been recovered meanwhile).  A writer whose etcd view is older than
-  another's write is refused and reads again, so an older view of libvirt
-  never overwrites a newer one.  :func:`publish_domain` (the ``build``
-  handler, before it replies) and the reconcile pass both write this way;
+  revision (or its absence) as read.  A writer whose etcd view is older
+  than another's write is refused and reads again, so an older view of
+  libvirt never overwrites a newer one.  :func:`publish_domain` (the
+  ``build`` handler, before it replies) and the reconcile pass both write
+  this way;
+- a publisher given its peer's lease writes only while ``hosts/<host>``
+  holds that lease: a peer thawed after a hang, or back from a partition,
+  publishes nothing before it notices that its lease is gone (its VMs may
+  have been recovered elsewhere meanwhile);
 - once started, a libvirt lifecycle event (start, stop, suspend, undefine...)
   reaches etcd within a reconcile's time, and a periodic reconcile repairs
   whatever an event could not (etcd away, libvirtd restarted, events lost).
