@@ -12,7 +12,7 @@ from engine.hypervisor import images
 from engine.placement import open_placement
 from tests.support import wait_for
 from tests.support.cluster import finished
-from tests.support.handlers import HANDLERS, call, new_host
+from tests.support.handlers import call, new_host
 from tests.support.vms import allocations, big_test_host, inventory, start
 
 MARGIN = 1.0
@@ -254,9 +254,8 @@ def test_a_vm_restarted_elsewhere_is_not_recovered_again_from_a_record_its_dead_
     assert [vm["name"] for vm in ha_vms(store, "h1")] == ["waiting"]
 
     host = new_host(tmp_path / "state", store)
-    lock = HANDLERS["ha_lock"]      # its argument "host" is the dead host's name
-    refused = lock(host, {"uuid": moved, "host": "h1", "owner": "recover-2", "name": "moved"})
+    refused = call(host, "ha_lock", uuid=moved, host="h1", owner="recover-2", name="moved")
     assert refused == {"uuid": moved, "locked": False,
                        "why": "disowned on h1: it runs elsewhere already"}
     assert store.get(keys.lock(f"vm/{moved}")) is None
-    assert lock(host, {"uuid": waiting, "host": "h1", "owner": "recover-2"})["locked"]
+    assert call(host, "ha_lock", uuid=waiting, host="h1", owner="recover-2")["locked"]

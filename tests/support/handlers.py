@@ -23,8 +23,9 @@ HANDLERS = load_request_handlers()
 TEST_URI = "test:///default"
 
 
-def call(host, request, **args):
-    """What the handler registered for ``request`` returns for ``args`` on ``host``."""
+def call(host, request, /, **args):
+    """What the handler registered for ``request`` returns for ``args`` on
+    ``host`` (``args`` may name a ``host`` of their own: ``ha_lock`` does)."""
     return HANDLERS[request](host, args)
 
 
