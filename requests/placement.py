@@ -24,8 +24,7 @@ from engine.core import keys
 from engine.core.handlers import handler
 from engine.errors import Conflict, NotFound, RequestError
 from engine.leases.events import unreserved
-from engine.placement import for_request, parse_query
-from engine.placement import together
+from engine.placement import for_request, parse_query, together
 
 
 def _spec(args: dict) -> str:

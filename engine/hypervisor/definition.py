@@ -24,7 +24,8 @@ from engine.core import keys
 from engine.hypervisor import shapes  # noqa: F401  (declares vmdef/)
 from engine.hypervisor.domain_xml import read_metadata
 
-__all__ = ["definition_of", "definition_record", "record_definition", "seed_metadata", "seed_from_metadata"]
+__all__ = ["definition_of", "definition_record", "record_definition", "seed_metadata",
+           "seed_from_metadata"]
 
 _ACCEL = {"kvm": "kvm", "qemu": "tcg"}
 
