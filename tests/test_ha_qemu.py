@@ -54,18 +54,24 @@ def ha_kvm(cluster, store, libvirtd_pair, guest_dir, tmp_path):  # noqa: F811
 
 
 def restart_the_killed(kvm, store):
-    """Start again whichever of host2, m1, m2 died at the failpoint."""
-    for name in ("host2", "m1", "m2"):
-        process = kvm.cluster.peers[name]
-        if process.poll() is not None:
-            if name == "host2":
-                kvm.start_peer(name)
-            else:
-                kvm.cluster.start_peer(name, extra_args=["--ha-margin", MARGIN],
-                                       env={failpoints.ENV: str(kvm.armed),
-                                            "PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
-    wait_for(lambda: {"host2", "m1", "m2"} <= set(api.live_hosts(store)), timeout=30,
-             what="the killed peer back")
+    """Start again whichever of host2, m1, m2 the failpoint SIGKILLed.
+
+    The failpoint notes itself before the kill lands, so the process is
+    found by the pid it noted and waited for: polling it could still find
+    it running, and its lease outlives it for a TTL."""
+    (point, pid, _), = failpoints.fired(str(kvm.armed))
+    (name, process), = [(n, p) for n, p in kvm.cluster.peers.items() if p.pid == pid]
+    assert name in ("host2", "m1", "m2"), (point, name)
+    assert process.wait(30) == -signal.SIGKILL, (name, process.returncode)
+    if name == "host2":
+        kvm.start_peer(name)
+    else:
+        kvm.cluster.start_peer(name, extra_args=["--ha-margin", MARGIN],
+                               env={failpoints.ENV: str(kvm.armed),
+                                    "PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
+    restarted = kvm.cluster.peers[name].pid
+    wait_for(lambda: api.live_hosts(store).get(name, {}).get("pid") == restarted, timeout=30,
+             what=f"{name} back under its new pid")
 
 
 def recovery_story(kvm, store) -> str:
@@ -103,7 +109,7 @@ def ha_scenario(kvm, store, name, take_away, bring_back):
     wait_for(lambda: kvm.where(uuid)["host1"] == "shutoff", timeout=20,
              what="the guest powered off, still defined")
 
-    wait_for(lambda: (kvm.armed.parent / "failpoints.fired").exists(), timeout=60,
+    wait_for(lambda: failpoints.fired(str(kvm.armed)), timeout=60,
              what="the recovery's initiator to reach its failpoint")
     restart_the_killed(kvm, store)
     try:
