@@ -9,7 +9,9 @@ the host records of ``engine.core`` (``hostcfg/``, kept across restarts, and
 Promises:
 - each answer comes from one consistent read of etcd;
 - a record that cannot be read (see ``engine/core/values.py``) is skipped and
-  reported once, never a crash of the listing: the rest is still listed.
+  reported once, never a crash of the listing: the rest is still listed;
+- a figure (vCPUs, memory, disk, usage) that is not a number reads None,
+  its key reported once: the record is still listed, and added up.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from engine.hypervisor.shapes import HA_POLICIES, VM, first_ip   # also declares
 from engine import table
 from engine.core import keys
 from engine.core.store import Get
-from engine.core.values import readable
+from engine.core.values import readable, report
 
 __all__ = ["read_hosts", "read_vms", "ready_hosts"]
 
@@ -38,12 +40,12 @@ def read_hosts(store) -> list[dict]:
                 if readable(kv) is not None}
     records: dict[str, dict] = {}
     for kv in cfg:
-        value = readable(kv)
+        value = _host_record(kv)
         if value is not None:
             name = keys.suffix(kv.key, keys.host_config())
             records[name] = dict(value, host=name, alive=False)
     for kv in live:
-        value = readable(kv)
+        value = _host_record(kv)
         if value is None:
             continue
         name = keys.suffix(kv.key, keys.host())
@@ -72,6 +74,17 @@ def read_hosts(store) -> list[dict]:
                             else "reserved" if record["reserved_by"]
                             else "up" if record["enabled"] else "disabled")
     return sorted(records.values(), key=lambda r: table.natural_key(r["host"]))
+
+
+_VM_NUMBERS = ("vcpus", "memory_mb", "disk_gb")
+_HOST_NUMBERS = ("vcpus", "memory_mb", "free_memory_mb", "vms", "disk_gb", "free_disk_gb",
+                 "cpu_usage", "net_rx_bytes", "net_tx_bytes")
+
+
+def _host_record(kv) -> dict | None:
+    """A host record with its figures numbers (or None), else None."""
+    value = readable(kv)
+    return None if value is None else {**value, **_numbers(kv.key, value, _HOST_NUMBERS)}
 
 
 def read_vms(store) -> list[dict]:
@@ -103,15 +116,37 @@ def read_vms(store) -> list[dict]:
             if moving[uuid] not in (None, host):
                 continue
             state = "migrating"
-        addresses = _addresses(get("addresses"))
-        ha = get("ha")
-        vms.append({"host": host, "name": vm["name"], "uuid": uuid,
-                    "state": state, "vcpus": get("vcpus"),
-                    "memory_mb": get("memory_mb"), "disk_gb": get("disk_gb"),
-                    "ip": first_ip(addresses) if addresses else None, "addresses": addresses,
+        vcpus, memory_mb, disk_gb = get("vcpus"), get("memory_mb"), get("disk_gb")
+        if not (type(vcpus) is int and type(memory_mb) is int and type(disk_gb) is int):
+            counted = _numbers(kv.key, vm, _VM_NUMBERS)
+            vcpus, memory_mb, disk_gb = map(counted.get, _VM_NUMBERS)
+        addresses, ha, recovered = get("addresses"), get("ha"), get("recovered")
+        if addresses:
+            addresses = _addresses(addresses)
+        vms.append({"host": host, "name": vm["name"], "uuid": uuid, "state": state,
+                    "vcpus": vcpus, "memory_mb": memory_mb, "disk_gb": disk_gb,
+                    "ip": first_ip(addresses) if addresses else None,
+                    "addresses": addresses or [],
                     "ha": ha if ha in HA_POLICIES else "none",
-                    "recovered": _recovered(get("recovered"))})
+                    "recovered": _recovered(recovered) if recovered else None})
     return vms
+
+
+def _numbers(key: str, record: dict, fields) -> dict:
+    """Those of ``fields`` that ``record`` has, each a number or None: a
+    value of another type in etcd is shown as missing, and reported (once
+    per key), never a crash of the listing that adds it up."""
+    found, bad = {}, []
+    for field in fields:
+        if field in record:
+            value = record[field]
+            if value is not None and type(value) not in (int, float):
+                bad.append(f"{field!r} (a {type(value).__name__})")
+                value = None
+            found[field] = value
+    if bad:
+        report(key, "not a number, shown as missing: " + ", ".join(bad), skipped=False)
+    return found
 
 
 def _recovered(value) -> dict | None:

@@ -201,9 +201,11 @@ def say(message: str) -> None:
     sys.stderr.flush()
 
 
-def warn_unreadable(key: str, why: str) -> None:
-    """One line per key a command had to skip (each once; see engine/core/values.py)."""
-    say(f"peerctl: warning: skipped unreadable key {key}: {why}")
+def warn_unreadable(key: str, why: str, skipped: bool = True) -> None:
+    """One line per key a command had to skip, or read only in part (each
+    once; see engine/core/values.py)."""
+    say(f"peerctl: warning: {'skipped unreadable key' if skipped else 'partly unreadable key'} "
+        f"{key}: {why}")
 
 
 def me() -> str:

@@ -232,9 +232,11 @@ class MemoryStore:
 
 @pytest.fixture
 def warnings():
-    """What the command line would print, one entry per unreadable key."""
+    """What the command line would print, one entry per unreadable key
+    (``(key, why)``; ``(key, why, "in part")`` for a key read in part)."""
     seen = []
-    values.set_reporter(lambda key, why: seen.append((key, why)))
+    values.set_reporter(lambda key, why, skipped: seen.append(
+        (key, why) if skipped else (key, why, "in part")))
     yield seen
     values.set_reporter(None)
 
@@ -322,6 +324,23 @@ def test_bad_addresses_in_a_vm_record_cost_only_those_entries(warnings):
     assert warnings == []
 
 
+def test_a_figure_that_is_no_number_reads_none_and_costs_nothing_else(warnings):
+    """Integers, floats and None pass as they are; a bool or a string is a
+    bad figure: None, the key reported once, in part."""
+    host = fresh("host1")
+    store = MemoryStore({
+        keys.host(host): {"host": host, "vcpus": 4.0, "memory_mb": "4G", "disk_gb": None},
+        keys.vm(host, "u1"): {"host": host, "name": "web1", "uuid": "u1", "state": "running",
+                              "vcpus": False, "memory_mb": 256.5, "disk_gb": 1}})
+    for _ in range(2):
+        (vm,) = cluster.read_vms(store)
+        (record,) = cluster.read_hosts(store)
+    assert (vm["vcpus"], vm["memory_mb"], vm["disk_gb"]) == (None, 256.5, 1)
+    assert (record["vcpus"], record["memory_mb"], record["disk_gb"]) == (4.0, None, None)
+    assert sorted(warnings) == [
+        (keys.host(host), "not a number, shown as missing: 'memory_mb' (a str)", "in part"),
+        (keys.vm(host, "u1"), "not a number, shown as missing: 'vcpus' (a bool)", "in part")]
+
 
 def test_a_host_is_ready_once_alive_with_a_stocked_provider():
     """up waits for both: the live record and a provider holding inventory."""
@@ -343,6 +362,10 @@ def test_the_warning_line_names_the_key_and_the_problem(capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert err == "peerctl: warning: skipped unreadable key hosts/h9: not a host record: no 'host'\n"
+    peerctl.warn_unreadable("vms/h9/u1", "not a number, shown as missing: 'vcpus' (a str)",
+                            skipped=False)
+    assert capsys.readouterr().err == ("peerctl: warning: partly unreadable key vms/h9/u1: "
+                                       "not a number, shown as missing: 'vcpus' (a str)\n")
 
 
 # -- scrub -----------------------------------------------------------------------

@@ -132,3 +132,40 @@ def test_an_unreadable_inbox_entry_is_answered_error_or_left_never_run(store, et
     finally:
         executor.detach()
         session.close()
+
+
+def test_figures_that_are_not_numbers_show_as_missing_and_the_tables_still_add_up(cluster,
+                                                                                   store):
+    """A host or VM record whose vCPUs, memory or disk are not numbers is
+    still listed, those figures shown as '-' and left out of the totals,
+    with one warning line per key; the good records add up as before."""
+    store.put(keys.host("host7"), {"host": "host7", "vcpus": "eight", "memory_mb": 4096,
+                                   "free_memory_mb": [1], "cpu_usage": "busy"})
+    store.put(keys.host("host8"), {"host": "host8", "vcpus": 8, "memory_mb": 8192,
+                                   "free_memory_mb": 4096, "cpu_usage": 50.0})
+    store.put(keys.vm("host7", "u1"), {"host": "host7", "name": "odd", "uuid": "u1",
+                                       "state": "running", "vcpus": "2", "memory_mb": True,
+                                       "disk_gb": {"gb": 1}})
+    store.put(keys.vm("host8", "u2"), {"host": "host8", "name": "even", "uuid": "u2",
+                                       "state": "running", "vcpus": 2, "memory_mb": 1024,
+                                       "disk_gb": 10})
+
+    listing = cluster.cli("vmlist")
+    assert listing.returncode == 0, listing.stderr
+    rows = [line.split() for line in listing.stdout.splitlines()]
+    assert rows[1][:5] == ["host7", "odd", "-", "-", "running"], listing.stdout
+    assert rows[2][:5] == ["host8", "even", "2", "1.0G", "running"], listing.stdout
+    assert listing.stdout.splitlines()[-1] == \
+        "2 VMs (2 running) on 2 hosts using 2 vCPUs, 1.0G memory and 10G disk"
+    assert listing.stderr.splitlines() == [
+        "peerctl: warning: partly unreadable key vms/host7/u1: not a number, shown as "
+        "missing: 'vcpus' (a str), 'memory_mb' (a bool), 'disk_gb' (a dict)"]
+    assert cluster.cli_json("vmlist")[0]["vcpus"] is None
+
+    for command in ("hostlist", "hoststats"):
+        done = cluster.cli(command)
+        assert done.returncode == 0, (command, done.stderr)
+        assert "for a total of 8 cores" in done.stdout, done.stdout
+        assert done.stderr.splitlines() == [
+            "peerctl: warning: partly unreadable key hosts/host7: not a number, shown as "
+            "missing: 'vcpus' (a str), 'free_memory_mb' (a list), 'cpu_usage' (a str)"]

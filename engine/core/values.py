@@ -156,21 +156,24 @@ def problem(kv) -> str | None:
     return kind.problem(kv.value)
 
 
-def set_reporter(fn: Callable[[str, str], None] | None) -> None:
-    """Where unreadable keys are reported (default: one structured log line)."""
+def set_reporter(fn: Callable[[str, str, bool], None] | None) -> None:
+    """Where unreadable keys are reported, ``fn(key, why, skipped)``
+    (default: one structured log line)."""
     global _reporter
     _reporter = fn
 
 
-def report(key: str, why: str) -> None:
+def report(key: str, why: str, skipped: bool = True) -> None:
+    """``key`` cannot be read (once per key and process); ``skipped``
+    False: only part of it, the rest is used."""
     with _lock:
         if key in _reported:
             return
         _reported.add(key)
     if _reporter is not None:
-        _reporter(key, why)
+        _reporter(key, why, skipped)
     else:
-        log.warning("unreadable_value", key=key, why=why)
+        log.warning("unreadable_value", key=key, why=why, skipped=skipped)
 
 
 def readable(kv, kind: Shape | None = None):
