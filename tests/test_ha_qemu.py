@@ -41,16 +41,23 @@ def ha_kvm(cluster, store, libvirtd_pair, guest_dir, tmp_path):  # noqa: F811
     kvm = Kvm(cluster, store, libvirtd_pair, guest_dir,
               peer_env={"*": common, "host1": {"PEERCTL_ETCD": proxy.url}},
               peer_args=["--ha-margin", MARGIN])
+    kvm.armed, kvm.proxy = armed, proxy
     for member in ("m1", "m2"):
-        cluster.start_peer(member, extra_args=["--ha-margin", MARGIN],
-                           env={**common, "PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
+        start_member(kvm, member)
     wait_for(lambda: {"m1", "m2"} <= set(api.live_hosts(store)), what="members alive")
     drained = cluster.cli_json("drain", "m*")
     assert sorted(h["host"] for h in drained["hosts"]) == ["m1", "m2"], drained
-    kvm.armed, kvm.proxy = armed, proxy
     yield kvm
     proxy.cut()
     kvm.close()
+
+
+def start_member(kvm, name):
+    """Start the test-driver member ``name`` (m1, m2) as every peer here
+    runs: the short margin, the quick HA retry, the armed failpoints."""
+    kvm.cluster.start_peer(name, extra_args=["--ha-margin", MARGIN],
+                           env={**kvm.peer_env["*"],
+                                "PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
 
 
 def restart_the_killed(kvm, store):
@@ -66,9 +73,7 @@ def restart_the_killed(kvm, store):
     if name == "host2":
         kvm.start_peer(name)
     else:
-        kvm.cluster.start_peer(name, extra_args=["--ha-margin", MARGIN],
-                               env={failpoints.ENV: str(kvm.armed),
-                                    "PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
+        start_member(kvm, name)
     restarted = kvm.cluster.peers[name].pid
     wait_for(lambda: api.live_hosts(store).get(name, {}).get("pid") == restarted, timeout=30,
              what=f"{name} back under its new pid")
