@@ -1,6 +1,7 @@
 """A three-member etcd: the cluster carries on when etcd's leader member is
 SIGKILLed in the middle of a 20-VM boot, the boot completes exactly once,
-nothing is orphaned, `ping` keeps working, and the member rejoins."""
+nothing is orphaned, `ping` keeps working, and the member rejoins; commands
+started while it dies each start their automation once."""
 from __future__ import annotations
 
 import json
@@ -9,8 +10,10 @@ import time
 
 import pytest
 
+from engine.core import api, keys
 from engine.core.etcd_server import EtcdCluster
 from engine.core.store import Store
+from engine.errors import PeerctlError
 from tests.support import wait_for
 from tests.support.cluster import Cluster, start_three_peers
 from tests.support.vms import allocations, published
@@ -98,3 +101,50 @@ def test_leader_member_killed_during_a_boot_of_twenty(members, tmp_path, cluster
     finally:
         rejoined.close()
         store.close()
+
+
+class Starter(threading.Thread):
+    """Automations started one after another, each by a new client, as
+    separate `peerctl.py` commands would: the ids returned, the failures."""
+
+    def __init__(self, urls, cluster_name):
+        super().__init__(daemon=True)
+        self.urls, self.cluster_name = urls, cluster_name
+        self.done, self.started, self.failed = threading.Event(), [], []
+
+    def run(self):
+        while not self.done.is_set():
+            store = Store(self.urls, self.cluster_name)
+            try:
+                self.started.append(api.start_automation(store, "ping", {"hosts": ["h1"]}))
+            except PeerctlError as exc:
+                self.failed.append(str(exc))
+            finally:
+                store.close()
+
+
+def test_automations_started_while_the_leader_member_dies_are_each_created_once(
+        members, cluster_name):
+    store = Store(members.urls, cluster_name)
+    store.put(keys.host("h1"), {"host": "h1"})
+    starters = [Starter(members.urls, cluster_name) for _ in range(4)]
+    try:
+        for starter in starters:
+            starter.start()
+        count = lambda: sum(len(starter.started) for starter in starters)    # noqa: E731
+        wait_for(lambda: count() >= 100, timeout=60, what="automations started")
+        leader_of(members).kill()
+        killed_at = count()
+        wait_for(lambda: count() >= killed_at + 400, timeout=120,
+                 what="automations started after the leader member died")
+    finally:
+        for starter in starters:
+            starter.done.set()
+            starter.join(60)
+    # none failed, none lost, none doubled
+    assert [exc for starter in starters for exc in starter.failed] == []
+    started = [automation for starter in starters for automation in starter.started]
+    written = [kv.key for kv in store.range(keys.auto())[0] if kv.key.endswith("/spec")]
+    store.close()
+    assert len(set(started)) == len(started)
+    assert sorted(written) == sorted(keys.spec(automation) for automation in started)

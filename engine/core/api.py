@@ -40,9 +40,10 @@ def new_id() -> str:
 
 def start_automation(store: Store, kind: str, args: dict, members: int = DEFAULT_MEMBERS,
                      prefer: list[str] | None = None) -> str:
-    """Create an automation; its members pick it up from etcd."""
+    """Create an automation, once even when etcd loses the reply (a member
+    dying with the write in flight); its members pick it up from etcd."""
     automation_id, compares, ops = automation_ops(store, kind, args, members, prefer)
-    if not store.txn(compares, ops).succeeded:
+    if not store.txn_once(compares, ops, proof=keys.spec(automation_id)):
         raise RuntimeError(f"automation id {automation_id} already exists")
     return automation_id
 

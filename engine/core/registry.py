@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 from typing import Callable
 
 from engine.errors import UnknownAutomation
@@ -24,6 +25,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 AUTOMATIONS_DIR = os.path.join(_ROOT, "automations")
 _WORKERS: dict[tuple[str, int], Callable] = {}
 _loaded: set[str] = set()
+_loading = threading.RLock()
 
 
 def automation(kind: str, version: int = 1, cleans_up: bool = False):
@@ -61,23 +63,31 @@ def lookup(kind: str, version: int) -> Callable:
 
 def load_automations() -> None:
     """Import ``automations/`` and every file of the directories named in
-    ``PEERCTL_AUTOMATIONS_PATH`` (colon-separated; used by tests)."""
-    if AUTOMATIONS_DIR not in _loaded:
-        _loaded.add(AUTOMATIONS_DIR)
+    ``PEERCTL_AUTOMATIONS_PATH`` (colon-separated; used by tests).  Threads
+    that ask at once wait for the first one's imports to finish."""
+    directories = [AUTOMATIONS_DIR, *filter(
+        None, os.environ.get("PEERCTL_AUTOMATIONS_PATH", "").split(":"))]
+    if _loaded.issuperset(directories):
+        return
+    with _loading:
+        for directory in directories:
+            if directory not in _loaded:
+                _load(directory)
+                _loaded.add(directory)
+
+
+def _load(directory: str) -> None:
+    if directory == AUTOMATIONS_DIR:
         root = os.path.dirname(AUTOMATIONS_DIR)
         if root not in sys.path:
             sys.path.insert(0, root)
         for filename in sorted(os.listdir(AUTOMATIONS_DIR)):
             if filename.endswith(".py") and not filename.startswith("_"):
                 importlib.import_module("automations." + filename[:-3])
-    for directory in filter(None, os.environ.get("PEERCTL_AUTOMATIONS_PATH", "").split(":")):
-        if directory in _loaded:
-            continue
-        _loaded.add(directory)
-        for filename in sorted(os.listdir(directory)):
-            if filename.endswith(".py"):
-                path = os.path.join(directory, filename)
-                spec = importlib.util.spec_from_file_location(
-                    "peerctl_extra_" + filename[:-3], path)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
+        return
+    for filename in sorted(os.listdir(directory)):
+        if filename.endswith(".py"):
+            path = os.path.join(directory, filename)
+            spec = importlib.util.spec_from_file_location("peerctl_extra_" + filename[:-3], path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)

@@ -10,6 +10,9 @@ Promises:
   :class:`~engine.core.values.Garbled`, for readers to skip (see
   ``engine/core/values.py``);
 - a transaction is all-or-nothing and reports the revision it ran at;
+- reads, and requests that never left this process, are tried again on the
+  next member; a guarded write through :meth:`Store.txn_once` is tried again
+  after a lost reply and lands once;
 - ``watch`` delivers events in revision order to a callback and reports a
   broken stream (etcd restarted, revision compacted) as one error call, so the
   caller can resume from the last revision it saw.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -201,11 +205,15 @@ class Store:
                   _decode(raw.value),
                   raw.create_revision, raw.mod_revision, raw.version, raw.lease)
 
-    def _call(self, stub: str, method: str, request):
+    _READS = frozenset({"Range", "Status"})
+
+    def _call(self, stub: str, method: str, request, read: bool | None = None):
         """One RPC; the stub is looked up inside the try because pyetcd raises
         there too while it considers the endpoint failed.  With several
-        endpoints, a failure moves to the next member, and a read, or a
-        request that never left this process, is tried again there."""
+        endpoints, a failure moves to the next member, and a read (``read``,
+        by default the methods in ``_READS``), or a request that never left
+        this process, is tried again there."""
+        read = method in self._READS if read is None else read
         members = len(self._client.endpoints)
         for attempt in range(members):
             try:
@@ -222,7 +230,7 @@ class Store:
                     raise StoreRefused(f"etcd at {self.endpoints} refused: {details}") from None
                 if members > 1:
                     self._failover()
-                    if attempt + 1 < members and (method == "Range" or self._unsent(exc)):
+                    if attempt + 1 < members and (read or self._unsent(exc)):
                         continue
                 raise StoreUnavailable(self._why(exc)) from None
             except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
@@ -382,10 +390,44 @@ class Store:
             compare=[self._compare(c) for c in compares],
             success=[self._op(op) for op in success],
             failure=[self._op(op) for op in failure])
-        response = self._call("kvstub", "Txn", request)
+        read = all(isinstance(op, Get) for op in (*success, *failure))
+        response = self._call("kvstub", "Txn", request, read=read)
         ranges = [[self._kv(kv) for kv in r.response_range.kvs]
                   for r in response.responses if r.WhichOneof("response") == "response_range"]
         return TxnResult(response.succeeded, response.header.revision, ranges)
+
+    def txn_once(self, compares: Iterable[Compare], success: Iterable, proof: str,
+                 within: float | None = None) -> bool:
+        """A guarded write that survives losing its reply: True once it is
+        written, False when its guard fails and no attempt of this call wrote it.
+
+        A member that dies with the transaction in flight (or an election
+        that outlasts the deadline) leaves its outcome unknown.  The write is
+        then tried again, for ``within`` seconds (twice the timeout by
+        default); when a later attempt's guard fails, the key ``proof``, put
+        by ``success`` with a value unique to this call, tells whether an
+        earlier attempt wrote it.  Raises StoreUnavailable when etcd stays
+        unreachable."""
+        success, compares = list(success), list(compares)
+        (mine,) = [_decode(_encode(op.value)) for op in success
+                   if isinstance(op, Put) and op.key == proof]
+        deadline = time.monotonic() + (2 * self._timeout if within is None else within)
+        unknown = False
+        while True:
+            try:
+                if self.txn(compares, success).succeeded:
+                    return True
+                if not unknown:
+                    return False
+                kv = self.get(proof)
+                return kv is not None and kv.value == mine
+            except LeaseGone:
+                raise
+            except StoreUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                unknown = True
+                time.sleep(0.1)
 
     def create(self, key: str, value: Any, lease: int = 0) -> bool:
         """Create-if-absent; True when this call created the key."""
@@ -428,7 +470,7 @@ class Store:
         revision}`` and the cluster's active ``alarms`` (``["NOSPACE"]``)."""
         status = self._call("maintenancestub", "Status", etcdrpc.StatusRequest())
         alarms = self._call("maintenancestub", "Alarm", etcdrpc.AlarmRequest(
-            action=etcdrpc.AlarmRequest.GET, memberID=0, alarm=etcdrpc.NONE))
+            action=etcdrpc.AlarmRequest.GET, memberID=0, alarm=etcdrpc.NONE), read=True)
         names = {value: name for name, value in etcdrpc.AlarmType.items()}
         return {"db_size": status.dbSize, "leader": status.leader,
                 "member": status.header.member_id, "version": status.version,

@@ -11,7 +11,8 @@ compare, reads again and sees the winner: nothing is ever double-booked.
 The cost follows the leases in the window's weeks, not all leases.
 
 Promises:
-- :func:`grant` writes everything or nothing; it raises
+- :func:`grant` writes everything or nothing, once even when etcd loses
+  the reply; it raises
   :class:`~engine.errors.Refused` (one line: what was asked, what is free,
   who holds the rest, when it would fit), ``UsageError`` (a name taken, a
   window in the past) or ``Conflict`` (lost too many races);
@@ -248,7 +249,8 @@ def grant(store, placement, lease: dict, extra_ops=(), now: float | None = None)
         record = {**lease, "state": "pending", "granted": now,
                   ("hosts" if lease["kind"] == "hosts" else "slots"): assignment}
         ops = [Put(keys.lease(name), record), *_entry_ops(record, weeks), *extra_ops]
-        if store.txn([_guard(weeks, revision), absent(keys.lease(name))], ops).succeeded:
+        if store.txn_once([_guard(weeks, revision), absent(keys.lease(name))], ops,
+                          proof=keys.lease(name)):
             return record
         placement.races_lost += 1
         _backoff(attempt)
