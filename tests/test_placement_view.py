@@ -88,6 +88,46 @@ def test_what_is_derived_from_the_documents_is_made_once_per_version(two):
     assert made == [1, 1] and docs[a["uuid"]]["usages"]["VCPU"] == 1
 
 
+def test_what_is_derived_from_the_structure_is_kept_until_a_provider_moves(two):
+    reader, writer = two
+    a = make_provider(writer, "a", COMPUTE)
+    made = []
+
+    def roots(docs):
+        made.append(len(docs))
+        return sorted((doc["name"], tuple(doc["traits"])) for doc in docs.values())
+    view = view_of(reader.store)
+    assert view.derived(roots, of_structure=True)[1] == [("a", ())]
+    writer.claim(new_uuid(), {a["uuid"]: {"VCPU": 1}}, **P)
+    writer.set_inventory(a["uuid"], {**COMPUTE, "VCPU": 8})
+    docs, _ = view.derived(roots, of_structure=True)
+    assert made == [1] and docs[a["uuid"]]["usages"]["VCPU"] == 1      # usages: kept
+    writer.set_traits(a["uuid"], ["CUSTOM_FAST"])
+    assert view.derived(roots, of_structure=True)[1] == [("a", ("CUSTOM_FAST",))]
+    b = make_provider(writer, "b", COMPUTE)
+    assert len(view.derived(roots, of_structure=True)[1]) == 2
+    writer.delete_provider(b["uuid"])
+    assert view.derived(roots, of_structure=True)[1] == [("a", ("CUSTOM_FAST",))]
+    assert made == [1, 1, 2, 1]
+
+
+def test_a_query_asked_again_sees_each_changed_provider_weighed_again(two):
+    """The weights of one query are kept per provider document: what
+    changed is weighed again, by usage or by trait, and nothing else."""
+    reader, writer = two
+    a, b = (make_provider(writer, name, COMPUTE) for name in ("a", "b"))
+
+    def weights(query="VCPU:1", **kw):
+        return {c["host"]: c["weight"] for c in reader.candidates(query, **kw)}
+    assert weights() == {"a": 0.75, "b": 0.75}
+    assert weights(required="!CUSTOM_SLOW") == {"a": 0.75, "b": 0.75}
+    writer.claim(new_uuid(), {a["uuid"]: {"VCPU": 2}}, **P)
+    assert weights() == {"a": 0.25, "b": 0.75}
+    writer.set_traits(b["uuid"], ["CUSTOM_SLOW"])
+    assert weights(required="!CUSTOM_SLOW") == {"a": 0.25}
+    assert weights() == {"a": 0.25, "b": 0.75}
+
+
 def test_a_deletion_and_a_creation_between_two_queries(two):
     reader, writer = two
     make_provider(writer, "a", COMPUTE)

@@ -16,8 +16,9 @@ Candidates are ordered by :func:`weigh`: least loaded first.
 
 Who is in which tree changes rarely, usages at every claim: :func:`layout_of`
 computes the first once (a :class:`Layout`), and a caller that keeps it
-(the provider view does, per version of the documents) hands it to every
-query on the same providers.
+(the provider view does, until a provider comes, goes or moves) hands it to
+every query on the same providers, with a memo of the weights of trees of
+one provider: a query weighs again only the providers that changed.
 """
 from __future__ import annotations
 
@@ -128,25 +129,34 @@ def layout_of(providers: dict) -> Layout:
 
 
 def find_candidates(providers: dict, query: Query, limit: int | None = None,
-                    layout: Layout | None = None) -> list[dict]:
+                    layout: Layout | None = None, memo: dict | None = None) -> list[dict]:
     """``providers``: uuid -> provider document with ``usages``; unordered
     result.  With ``limit``, trees of one provider beyond the ``limit`` best
     of them (ties picked at random) are left out: :func:`order` would drop
     them.  ``layout``: :func:`layout_of` these providers (or of documents
-    of the same providers that differ in usages only), computed if not given."""
+    of the same providers that differ in usages only), computed if not given.
+    ``memo``: kept by the caller for this query (its limit aside) and this
+    layout; a tree of one provider whose document is the very object of the
+    last call is not weighed again."""
     layout = layout_of(providers) if layout is None else layout
     tree_of = layout.tree_of
     single = query.groups[0] if len(query.groups) == 1 and not query.groups[0].suffix else None
     results, seen, best = [], set(), []
     for root in layout.lone:
         root_doc = providers[root]
-        if _root_refused(query, root_doc):
-            continue
         if single is None:
-            _tree_candidates(providers, query, root_doc, [root_doc], [root_doc], tree_of,
-                             results, seen)
+            if not _root_refused(query, root_doc):
+                _tree_candidates(providers, query, root_doc, [root_doc], [root_doc], tree_of,
+                                 results, seen)
             continue
-        weight = _lone_weight(root_doc, single, tree_of)    # the common case, made fast
+        known = memo.get(root) if memo is not None else None
+        if known is not None and known[0] is root_doc:
+            weight = known[1]
+        else:           # the common case, made fast
+            weight = None if _root_refused(query, root_doc) else \
+                _lone_weight(root_doc, single, tree_of)
+            if memo is not None:
+                memo[root] = (root_doc, weight)
         if weight is None:
             continue
         # The best `limit` kept in a heap whose top is the worst of them

@@ -282,11 +282,13 @@ class EtcdPlacement(Placement):
         one read of what changed since the last query."""
         query = parse_query(query, required, limit)
         self._check_classes_exist(query.resource_classes)
-        providers, layout = self._view.derived(layout_of)
+        providers, layout = self._view.derived(layout_of, of_structure=True)
         for group in query.groups:
             if group.in_tree and group.in_tree not in providers:
                 raise NotFound(f"in_tree{group.suffix}: no provider with uuid {group.in_tree}")
-        return order(find_candidates(providers, query, query.limit, layout), limit=query.limit)
+        memo = self._view.memo(tuple(p for p in query.to_params() if p[0] != "limit"), layout)
+        return order(find_candidates(providers, query, query.limit, layout, memo),
+                     limit=query.limit)
 
     def claim_new_together(self, claims) -> list[dict | None]:
         """Place and claim new consumers in one transaction
@@ -300,7 +302,7 @@ class EtcdPlacement(Placement):
         ``{consumer, allocations, host}``, or None for a claim that found
         no candidate here (it is then claimed alone, on a fresh read).
         Raises what :meth:`_write` raises: nothing is then claimed."""
-        providers, layout = self._view.derived(layout_of)
+        providers, layout = self._view.derived(layout_of, of_structure=True)
         working: dict[str, dict] = {}       # uuid -> copy with this batch's usages
         placed, want, results = {}, {}, []
         for claim in claims:

@@ -16,7 +16,9 @@ Promises:
 - :meth:`ProviderView.providers` returns what etcd holds at the moment of
   the call, unreadable documents left out (and reported once);
   :meth:`ProviderView.derived` returns the same with a value computed from
-  them, once per version of the documents;
+  them, once per version of the documents (or, for a value of where the
+  providers stand, once per version of that); :meth:`ProviderView.memo`
+  keeps per-document values between queries;
 - a key never goes back in time: what this process wrote
   (:meth:`ProviderView.saw`, :meth:`ProviderView.gone`) and what a read
   brought apply only over an older revision of that key, whatever order
@@ -34,6 +36,7 @@ from engine.core.values import readable
 __all__ = ["ProviderView", "view_of"]
 
 RP = keys.placement("rp/")
+MEMOS = 32
 
 _views: "weakref.WeakKeyDictionary[Store, ProviderView]" = weakref.WeakKeyDictionary()
 _views_lock = threading.Lock()
@@ -58,30 +61,53 @@ class ProviderView:
         self._docs: dict[str, dict] | None = None   # uuid -> document, rebuilt on change
         self._derived: dict = {}                # make -> (the docs it was made of, its value)
         self._synced = 0        # the revision the view was last brought up to
+        self._structure = 0     # bumped when a provider comes, goes or changes its place
+        self._memos: dict = {}  # key -> (tag, dict), least recently used first
 
     # -- reading ---------------------------------------------------------------------
 
     def providers(self) -> dict[str, dict]:
         """uuid -> provider document, as etcd holds them now (do not modify)."""
+        return self._current()[0]
+
+    def _current(self) -> tuple[dict, int]:
         self.sync()
         with self._lock:
             if self._docs is None:
                 self._docs = {kv.value["uuid"]: kv.value for kv in self._kvs.values()}
-            return self._docs
+            return self._docs, self._structure
 
-    def derived(self, make) -> tuple[dict, object]:
+    def derived(self, make, *, of_structure: bool = False) -> tuple[dict, object]:
         """``(documents, make(documents))``: the documents as :meth:`providers`
         returns them, and what ``make`` computes of them, computed again
-        only when they have changed."""
-        docs = self.providers()
+        only when they have changed.  With ``of_structure``, ``make`` reads
+        only where each provider stands (its root, parent, aggregates and
+        traits): its value is kept until a provider comes, goes or moves,
+        however often usages and inventories change."""
+        docs, structure = self._current()
+        stamp = structure if of_structure else id(docs)
         with self._lock:
             made = self._derived.get(make)
-            if made is not None and made[0] is docs:
+            if made is not None and made[0] == stamp and (of_structure or made[2] is docs):
                 return docs, made[1]
         value = make(docs)
         with self._lock:
-            self._derived[make] = (docs, value)
+            self._derived[make] = (stamp, value, docs)
         return docs, value
+
+    def memo(self, key, tag) -> dict:
+        """A dict kept with the view for ``key`` while ``tag`` stays the
+        same object, for values computed per provider document (whoever
+        reads one checks it was made of the document it has now); the
+        ``MEMOS`` keys used last are kept."""
+        with self._lock:
+            memo = self._memos.pop(key, None)
+            if memo is None or memo[0] is not tag:
+                memo = (tag, {})
+            self._memos[key] = memo
+            while len(self._memos) > MEMOS:
+                del self._memos[next(iter(self._memos))]
+            return memo[1]
 
     def kv(self, uuid: str) -> KV | None:
         """The provider as the view last saw it (no read)."""
@@ -130,11 +156,19 @@ class ProviderView:
         if revision <= self._revisions.get(key, 0):
             return          # not newer than what the view holds
         self._revisions[key] = revision
-        self._kvs.pop(key, None)
+        old = self._kvs.pop(key, None)
         self._unreadable.discard(key)
         if kv is not None:
             if checked or readable(kv) is not None:
                 self._kvs[key] = kv
             else:
                 self._unreadable.add(key)
+        new = self._kvs.get(key)
+        if old is None or new is None or _place(old.value) != _place(new.value):
+            self._structure += 1
         self._docs = None
+
+
+def _place(doc: dict) -> tuple:
+    """Where a provider stands: what a structure-derived value may read."""
+    return (doc.get("root"), doc.get("parent"), doc.get("aggregates"), doc.get("traits"))
