@@ -59,7 +59,7 @@ class ProviderView:
         self._unreadable: set[str] = set()      # keys present whose values are not
         self._revisions: dict[str, int] = {}    # key -> revision of its last put or delete
         self._docs: dict[str, dict] | None = None   # uuid -> document, rebuilt on change
-        self._derived: dict = {}                # make -> (stamp, its value, the docs it was made of)
+        self._derived: dict = {}                # make -> (stamp, value, the docs it was made of)
         self._synced = 0        # the revision the view was last brought up to
         self._structure = 0     # bumped when a provider comes, goes or changes its place
         self._memos: dict = {}  # key -> (tag, dict), least recently used first
