@@ -178,9 +178,6 @@ def sort_rows(rows: list[dict], spec: str | None, known: Iterable[str]) -> list[
     return rows
 
 
-_DIGIT_RUN = re.compile(r"\d+")
-
-
 def _zero_fill(match) -> str:
     return "\x01" + match.group().zfill(20)
 
@@ -191,7 +188,7 @@ def _padded(column: list[str]) -> list[str]:
     below 10**20), where a number sorts before any text at its place
     (``web1`` before ``web-1``).  Each distinct text once (a column of
     hosts repeats)."""
-    done = {text: _DIGIT_RUN.sub(_zero_fill, text) for text in set(column)}
+    done = {text: _DIGITS.sub(_zero_fill, text) for text in set(column)}
     return list(map(done.__getitem__, column))
 
 
