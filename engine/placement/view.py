@@ -59,7 +59,7 @@ class ProviderView:
         self._unreadable: set[str] = set()      # keys present whose values are not
         self._revisions: dict[str, int] = {}    # key -> revision of its last put or delete
         self._docs: dict[str, dict] | None = None   # uuid -> document, rebuilt on change
-        self._derived: dict = {}                # make -> (stamp, value, the docs it was made of)
+        self._derived: dict = {}                # make -> (structure, value, docs it was made of)
         self._synced = 0        # the revision the view was last brought up to
         self._structure = 0     # bumped when a provider comes, goes or changes its place
         self._memos: dict = {}  # key -> (tag, dict), least recently used first
@@ -85,14 +85,13 @@ class ProviderView:
         traits): its value is kept until a provider comes, goes or moves,
         however often usages and inventories change."""
         docs, structure = self._current()
-        stamp = structure if of_structure else id(docs)
         with self._lock:
             made = self._derived.get(make)
-            if made is not None and made[0] == stamp and (of_structure or made[2] is docs):
+            if made is not None and (made[0] == structure if of_structure else made[2] is docs):
                 return docs, made[1]
         value = make(docs)
         with self._lock:
-            self._derived[make] = (stamp, value, docs)
+            self._derived[make] = (structure, value, docs)
         return docs, value
 
     def memo(self, key, tag) -> dict:
