@@ -7,7 +7,8 @@ Prints, side by side and measured in the same run on the same etcd:
 raw sequential etcd transactions/s through the same client; replicated steps/s
 of a no-op automation, sequential and with 16 parallel workers, both with the
 step run on the initiator itself and on another peer; failover time from
-SIGKILL of the initiator to the next request appended by another peer.
+SIGKILL of the initiator to the next request appended by another peer; and
+where a step on another peer spends its time (``step_timeline``).
 Each figure is printed next to its target, with PASS or MISS: sequential
 steps/s at least 40% of raw sequential transactions/s (issue 2), 16 parallel
 workers at least 40% of raw transactions/s from 8 threads (issue 15);
@@ -84,8 +85,9 @@ def wait(predicate, timeout=60.0):
 
 
 def run_automation(store, kind, args, members, prefer):
-    """Seconds from the start of an automation to its terminal status, seen
-    through a watch (polling would load etcd beside what it measures)."""
+    """``(seconds, id)``: seconds from the start of an automation to its
+    terminal status, seen through a watch (polling would load etcd beside
+    what it measures)."""
     before = store.revision()
     started = time.perf_counter()
     automation_id = api.start_automation(store, kind, args, members=members, prefer=prefer)
@@ -103,7 +105,31 @@ def run_automation(store, kind, args, members, prefer):
         watch.stop()
     elapsed = time.perf_counter() - started
     assert states[0]["state"] == "done", states[0]
-    return elapsed
+    return elapsed, automation_id
+
+
+def step_timeline(store, automation_id) -> dict[str, float]:
+    """Median milliseconds of each hop of a sequential run's steps, from the
+    clocks its entries and responses carry (one machine, one clock):
+    ``to handler``: from building the log entry to the handler's start (the
+    append, the watch, the claim, the hand-off to a pool thread); ``handler``;
+    ``to next entry``: from the handler's end to building the next entry
+    (the response, the watch, the replay of the worker)."""
+    kvs, _ = store.range(keys.auto(automation_id))
+    entries = {int(kv.key.rsplit("/", 1)[1]): kv.value for kv in kvs
+               if kv.key.startswith(keys.auto(automation_id, "log/"))}
+    responses = {int(kv.key.rsplit("/", 1)[1]): kv.value for kv in kvs
+                 if kv.key.startswith(keys.auto(automation_id, "resp/"))}
+    hops = {"to handler": [], "handler": [], "to next entry": []}
+    for index in sorted(entries):
+        if index + 1 not in entries or index not in responses:
+            continue
+        answered = responses[index]["time"]
+        handler_started = answered - responses[index]["duration"]
+        hops["to handler"].append(handler_started - entries[index]["time"])
+        hops["handler"].append(answered - handler_started)
+        hops["to next entry"].append(entries[index + 1]["time"] - answered)
+    return {hop: 1000 * statistics.median(times) for hop, times in hops.items() if times}
 
 
 def main():
@@ -138,9 +164,10 @@ def main():
                 ("16 parallel workers, on another peer", "noop_parallel",
                  {"lanes": 16, "steps": lane_steps, "target": "p2"})]:
             steps = n if kind == "noop_sequence" else 16 * lane_steps
-            rates = [steps / run_automation(store, kind, args, 1, ["p1"])
-                     for _ in range(options.runs)]
-            rows.append((label, statistics.median(rates)))
+            runs = [run_automation(store, kind, args, 1, ["p1"]) for _ in range(options.runs)]
+            rows.append((label, statistics.median(steps / seconds for seconds, _ in runs)))
+            if kind == "noop_sequence" and "target" in args:
+                timeline = step_timeline(store, sorted(runs)[len(runs) // 2][1])
 
         failovers = []
         for _ in range(options.failovers):
@@ -177,6 +204,8 @@ def main():
             verdict = f">= {share:.0%} " + verdict_of(rate / reference >= share)
             print(f"{'steps/s, ' + label:45} {rate:10.0f} {rate / raw:12.0%} {verdict:>12}"
                   + ("" if sequential else f"  ({rate / raw8:.0%} of 8 threads)"))
+        print("\na step on another peer, median ms per hop (the median run): "
+              + ", ".join(f"{hop} {ms:.2f}" for hop, ms in timeline.items()))
         print(f"\nload average before -> after: {' '.join(f'{x:.2f}' for x in load)} -> "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print(f"\nfailover, SIGKILL of the initiator -> next append by another peer "
