@@ -27,13 +27,15 @@ def log_pings(store, automation_id: str, count: int, target: str = "t1") -> None
     store.put(keys.spec(automation_id), {"id": automation_id, "kind": "fanout", "version": 1,
                                          "args": {}})
     store.put(keys.status(automation_id), {"state": "running"})
-    ops = []
-    for index in range(count):
-        ops += [Put(keys.log_entry(automation_id, index),
-                    {"index": index, "worker": "0", "seq": index, "request": "ping",
-                     "target": target, "args": {}, "fingerprint": "f"}),
-                Put(keys.inbox(target, automation_id, index), {})]
-    store.txn([], ops)
+    store.txn([], [op for index in range(count) for op in ping_ops(automation_id, index, target)])
+
+
+def ping_ops(automation_id: str, index: int, target: str = "t1") -> list[Put]:
+    """The log entry and inbox key of ping number ``index``."""
+    return [Put(keys.log_entry(automation_id, index),
+                {"index": index, "worker": "0", "seq": index, "request": "ping",
+                 "target": target, "args": {}, "fingerprint": "f"}),
+            Put(keys.inbox(target, automation_id, index), {})]
 
 
 def responses(store, automation_id: str):
@@ -41,30 +43,32 @@ def responses(store, automation_id: str):
             for kv in store.range(keys.auto(automation_id, "resp/"))[0]}
 
 
-class HeldResponses:
-    """Wraps the executor's store: the first transaction writing a response
-    waits until ``release`` is set, so responses finishing meanwhile queue."""
+class HeldWrites:
+    """Wraps the executor's store: the first transaction putting a key that
+    holds ``part`` (``/resp/``: a response; ``/claim/``: a claim) waits
+    until ``release`` is set, so work arriving meanwhile queues."""
 
-    def __init__(self, store):
+    def __init__(self, store, part: str = "/resp/"):
         self._store = store
+        self.part = part
         self.held = threading.Event()
         self.release = threading.Event()
-        self.count = 0      # responses in the held transaction
+        self.count = 0      # such keys in the held transaction
 
     def __getattr__(self, name):
         return getattr(self._store, name)
 
     def txn(self, compares, success, failure=()):
-        if not self.held.is_set() and any("/resp/" in op.key for op in success
-                                          if isinstance(op, Put)):
-            self.count = sum(1 for op in success if isinstance(op, Put) and "/resp/" in op.key)
+        puts = [op for op in success if isinstance(op, Put) and self.part in op.key]
+        if not self.held.is_set() and puts:
+            self.count = len(puts)
             self.held.set()
-            assert self.release.wait(30), "the test never released the held response"
+            assert self.release.wait(30), "the test never released the held write"
         return self._store.txn(compares, success, failure)
 
 
 @contextlib.contextmanager
-def executing(store, tmp_path, hooks, held: HeldResponses | None = None):
+def executing(store, tmp_path, hooks, held: HeldWrites | None = None):
     """An executor for host t1 taking its inbox, through ``held`` if given
     (released on the way out, whatever happened)."""
     session = Session(store, 5)
@@ -88,7 +92,7 @@ def queued_behind_a_held_response(store, tmp_path):
     hooks = str(tmp_path / "hooks")
     runs = counting_hook(hooks)
     log_pings(store, "a1", WIDTH)
-    held = HeldResponses(store)
+    held = HeldWrites(store)
     with executing(store, tmp_path, hooks, held) as executor:
         wait_for(held.held.is_set, what="a first response in flight")
         # The held transaction may carry a few responses that finished together.
@@ -109,6 +113,30 @@ def test_entries_appended_together_are_claimed_in_one_transaction(store, tmp_pat
         assert all(r.value["status"] == "ok" for r in responses(store, "a1").values())
         assert sorted(int(i) for _, i, _ in executions(runs)) == list(range(WIDTH))
         assert store.range(keys.inbox("t1"))[0] == []
+
+
+def test_entries_appended_while_a_claim_is_in_flight_are_claimed_together(store, tmp_path):
+    """Pings appended one transaction each, while the executor's claim of
+    the first is in flight, reach it as separate watch batches: it claims
+    them all in its next transaction."""
+    hooks = str(tmp_path / "hooks")
+    runs = counting_hook(hooks)
+    held = HeldWrites(store, "/claim/")
+    with executing(store, tmp_path, hooks, held) as executor:
+        log_pings(store, "a1", 1)
+        wait_for(held.held.is_set, what="the claim of the first ping in flight")
+        for index in range(1, WIDTH):
+            store.txn([], ping_ops("a1", index))
+        wait_for(lambda: executor._watch.events.qsize() == WIDTH - 1,
+                 what="each append queued as a batch of its own")
+        held.release.set()
+        wait_for(lambda: len(responses(store, "a1")) == WIDTH, what="every ping answered")
+        assert executor.wait_idle(10)
+        claims = {int(kv.key.rsplit("/", 1)[1]): kv.create_revision
+                  for kv in store.range(keys.auto("a1", "claim/"))[0]}
+        assert sorted(claims) == list(range(WIDTH))
+        assert len({claims[i] for i in range(1, WIDTH)}) == 1, "claimed batch by batch"
+        assert sorted(int(i) for _, i, _ in executions(runs)) == list(range(WIDTH))
 
 
 def test_an_entry_answered_already_is_left_and_the_others_run(store, tmp_path):

@@ -71,3 +71,18 @@ def test_a_puts_only_watch_is_sent_the_puts_and_none_of_the_deletes(own_etcd):
         assert events == [("put", 1), ("put", 2), ("put", 3)]
     finally:
         watch.stop()
+
+
+def test_drain_hands_over_every_queued_batch_in_order(store):
+    _, revision = store.range("jobs/")
+    watch = PrefixWatch(store, "jobs/", revision).start()
+    try:
+        assert watch.drain(timeout=0.05) == []
+        for i in range(4):
+            store.put(f"jobs/{i}", i)       # a transaction, so a batch, each
+        wait_for(lambda: watch.events.qsize() == 4, what="four batches queued")
+        batches = watch.drain(timeout=1)
+        assert [[event.kv.value for event in batch] for batch in batches] == [[0], [1], [2], [3]]
+        assert watch.drain(timeout=0.05) == []
+    finally:
+        watch.stop()

@@ -97,15 +97,18 @@ class Executor:
 
     def _follow_inbox(self):
         while not self._detached.is_set():
-            batch = self._watch.get(timeout=0.5)
-            if batch is None:
-                continue
+            # Every batch queued meanwhile is claimed together.
+            puts = []
             try:
-                if isinstance(batch, Reset):
-                    for kv in batch.kvs:
-                        self._take_inbox(kv)
-                    continue
-                self._take_inboxes([event.kv for event in batch if event.kind == "put"])
+                for batch in self._watch.drain(timeout=0.5):
+                    if isinstance(batch, Reset):
+                        self._take_inboxes(puts)
+                        puts = []
+                        for kv in batch.kvs:
+                            self._take_inbox(kv)
+                    else:
+                        puts += [event.kv for event in batch if event.kind == "put"]
+                self._take_inboxes(puts)
             except StoreUnavailable as exc:
                 self.log.warning("inbox_unavailable", error=str(exc))
 

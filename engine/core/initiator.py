@@ -185,10 +185,11 @@ class Initiator:
             except NonDeterminism as exc:
                 return self._finish("stuck", None, str(exc), record)
             self._flush_carry()
-            batch = watch.get(timeout=self._next_wakeup())
-            if isinstance(batch, Reset):
-                return Outcome.RESTART
-            if batch:
+            # Everything that arrived meanwhile, before the next append: the
+            # responses of several batches lead to one transaction.
+            for batch in watch.drain(timeout=self._next_wakeup()):
+                if isinstance(batch, Reset):
+                    return Outcome.RESTART
                 outcome = self._apply(batch, replayer, record)
                 if outcome:
                     return outcome

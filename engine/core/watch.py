@@ -60,6 +60,21 @@ class PrefixWatch:
         except queue.Empty:
             return None
 
+    def drain(self, timeout: float | None = None) -> list:
+        """Every batch queued now, in order, waiting up to ``timeout`` for the
+        first; [] on timeout.  A consumer that takes them together acts once
+        on what arrived while it was busy (one transaction, not one per
+        batch)."""
+        first = self.get(timeout)
+        if first is None:
+            return []
+        batches = [first]
+        while True:
+            try:
+                batches.append(self.events.get_nowait())
+            except queue.Empty:
+                return batches
+
     def _on_response(self, events, header_revision):
         if isinstance(events, Exception):
             if isinstance(events, Compacted):
