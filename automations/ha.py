@@ -1,5 +1,6 @@
 """HA: ``ha`` sets VMs' policy; ``recover`` restarts a dead host's HA VMs
-on other hosts.
+on other hosts; ``ha_restart`` restarts an HA VM that crashed or went
+missing on a live host.
 
 ``ha`` per VM: ``lock_vm``, ``set_ha`` on its host (the domain's metadata,
 which the host's guard reads, and its record), ``unlock_vm``.
@@ -31,6 +32,15 @@ A VM that found no host stays listed on the dead host (state ``unknown``),
 its lock released, and the recoverer tries again later.  Every step is
 idempotent, so the automation survives the death of any member, its
 initiator included.
+
+``ha_restart`` (one VM; started by the same ``recoverer`` from a
+``restart/<uuid>`` request its host's publisher wrote): ``lock_vm`` while
+the VM is listed on its host; ``ha_start`` there, which starts it again in
+place when its domain is there (and leaves a VM running again, or stopped
+on purpose meanwhile); a domain gone from the host is rebuilt elsewhere by
+steps 2-5 above.  ``note_restart`` counts the restart in the VM's record
+(``restarts``), which is how the recoverer stops after
+``ha_max_restarts`` within ``ha_restart_window`` (docs/ha.md).
 """
 from engine.core.registry import automation
 from engine.core.replay import Request
@@ -46,32 +56,44 @@ def _result(vm, host, state, error=None, note=None):
             "state": state, "error": error, "note": note}
 
 
-def recover_one(ctx, vm, attempts=3):
+def recover_one(ctx, vm, attempts=3, note=False):
+    """``note`` (version 2): the restart is counted in the VM's record."""
     uuid, dead, name = vm["uuid"], vm["host"], vm["name"]
-
-    def step(request, args, target=None, deadline=ACTION_DEADLINE):
-        return Request(request, {"uuid": uuid, "name": name, **args}, target=target,
-                       deadline=deadline, label=name)
-
+    step = _stepper(vm)
     locked = yield from resend(step("ha_lock", {"host": dead, "owner": ctx.automation_id}))
     if not locked.ok:
         return _result(vm, dead, "unknown", locked.error)
     if not locked.value["locked"]:
         return _result(vm, dead, "left", note=locked.value["why"])
+    return (yield from _rebuild_elsewhere(ctx, vm, step, attempts, note))
 
-    def unlock(**extra):
-        return resend(step("unlock_vm", {"owner": ctx.automation_id, **extra}))
 
+def _stepper(vm):
+    def step(request, args, target=None, deadline=ACTION_DEADLINE):
+        return Request(request, {"uuid": vm["uuid"], "name": vm["name"], **args},
+                       target=target, deadline=deadline, label=vm["name"])
+    return step
+
+
+def _unlock(ctx, step, **extra):
+    return resend(step("unlock_vm", {"owner": ctx.automation_id, **extra}))
+
+
+def _rebuild_elsewhere(ctx, vm, step, attempts, note):
+    """Steps 2-5 of the module docstring, under the VM's lock: the VM is
+    built again from its definition on another live host, and ``vm['host']``
+    lets go of it."""
+    uuid, source = vm["uuid"], vm["host"]
     defined = yield from resend(step("vm_definition", {}))
     if not defined.ok:
-        yield from unlock()
-        return _result(vm, dead, "unknown", defined.error)
+        yield from _unlock(ctx, step)
+        return _result(vm, source, "unknown", defined.error)
     build = dict(defined.value)
     migration = ctx.uuid("recovery/" + uuid)
     tried, reasons = [], []
     for _ in range(attempts):
         claimed = yield from resend(step("claim_move", {
-            "consumer": migration, "source": dead, "required": build.get("required"),
+            "consumer": migration, "source": source, "required": build.get("required"),
             "exclude": tried, "live_only": True}))
         if not claimed.ok:
             reasons.append(f"no host can take it: {claimed.error}")
@@ -79,17 +101,20 @@ def recover_one(ctx, vm, attempts=3):
         dest = claimed.value["host"]
         # Not re-sent: a build lost with its host is retried on another one.
         built = yield step("build", {**build, "ha": "restart",
-                                     "recovered": {"from": dead, "time": ctx.now()}},
+                                     "recovered": {"from": source, "time": ctx.now()}},
                            dest, BUILD_DEADLINE)
         if built.ok:
             yield from resend(step("confirm_move", {"consumer": migration}))
-            yield from resend(step("disown", {"host": dead, "keep": True,
+            yield from resend(step("disown", {"host": source, "keep": True,
                                               "automation": ctx.automation_id,
                                               "reason": f"restarted on {dest}"}))
-            yield from unlock(drop_record=dead)
+            if note:
+                yield from resend(step("note_restart", {"host": dest, "time": ctx.now(),
+                                                        "automation": ctx.automation_id}))
+            yield from _unlock(ctx, step, drop_record=source)
             return _result(vm, dest, "restarted",
-                           note=f"started from its image; its disks on {dead} are kept aside "
-                                "when it comes back")
+                           note=f"started from its image; its disks on {source} are kept "
+                                "aside when it comes back")
         tried.append(dest)
         reasons.append(f"{dest}: {built.error or built.status}")
         cleaned = yield from resend(step("destroy", {}, dest))
@@ -97,8 +122,36 @@ def recover_one(ctx, vm, attempts=3):
             yield from resend(step("disown", {"host": dest, "automation": ctx.automation_id,
                                               "reason": f"recovery build {built.status}"}))
         yield from resend(step("revert_move", {"consumer": migration}))
-    yield from unlock()
-    return _result(vm, dead, "unknown", "; ".join(reasons) or "no attempt left")
+    yield from _unlock(ctx, step)
+    return _result(vm, source, "unknown", "; ".join(reasons) or "no attempt left")
+
+
+def restart_one(ctx, vm, attempts=3):
+    """An HA VM found down or missing on its live host ``vm['host']``: under
+    its lock, ``ha_start`` there starts it again in place; a domain that is
+    gone from that host is rebuilt elsewhere, exactly as for a dead host
+    (claim, build, confirm, disown with ``keep``, unlock dropping the
+    host's record).  Each restart is counted in the VM's record."""
+    where = vm["host"]
+    step = _stepper(vm)
+    locked = yield from resend(step("lock_vm", {
+        "host": where, "owner": ctx.automation_id, "kind": "recover",
+        "why": f"being restarted: {vm.get('why') or 'down'} on {where}"}))
+    if not locked.ok:
+        return _result(vm, where, "left", note=locked.error)
+    started = yield from resend(step("ha_start", {}, where))
+    if not started.ok:
+        yield from _unlock(ctx, step)
+        return _result(vm, where, "unknown", started.error or started.status)
+    if started.value["state"] == "absent":
+        return (yield from _rebuild_elsewhere(ctx, vm, step, attempts, True))
+    if not started.value.get("restarted"):
+        yield from _unlock(ctx, step)
+        return _result(vm, where, "left", note=started.value.get("why"))
+    yield from resend(step("note_restart", {"host": where, "time": ctx.now(),
+                                            "automation": ctx.automation_id}))
+    yield from _unlock(ctx, step)
+    return _result(vm, where, "restarted", note="started again in place")
 
 
 def policy_one(ctx, vm, policy):
@@ -126,9 +179,27 @@ def ha(ctx, vms, policy):
                   "changed")
 
 
-@automation("recover", version=1)
+@automation("recover", version=2)
 def recover(ctx, host, vms, attempts=3):
-    """``host``: the dead host; ``vms``: its HA VMs ``{name, uuid, host}``."""
+    """``host``: the dead host; ``vms``: its HA VMs ``{name, uuid, host}``.
+    Since version 2 each restart is counted in the VM's record."""
+    results = yield ctx.all([ctx.worker(recover_one, vm, attempts, True, label=vm["name"])
+                             for vm in vms])
+    return finish(results, "restarted")
+
+
+@automation("recover", version=1)
+def recover_v1(ctx, host, vms, attempts=3):
+    """Without counting restarts: kept so that recoveries started before
+    version 2 replay."""
     results = yield ctx.all([ctx.worker(recover_one, vm, attempts, label=vm["name"])
                              for vm in vms])
     return finish(results, "restarted")
+
+
+@automation("ha_restart", version=1)
+def ha_restart(ctx, vm, attempts=3):
+    """``vm``: ``{name, uuid, host, why}``, an HA VM found down (``crashed``)
+    or ``missing`` on its live host (:func:`restart_one`)."""
+    result = yield ctx.worker(restart_one, vm, attempts, label=vm["name"])
+    return finish([result], "restarted")

@@ -1,4 +1,5 @@
-"""VmPublisher: vms/<host>/ follows libvirt, by reconcile and by events
+"""VmPublisher: the records of vms/<host>/ follow libvirt, by reconcile and
+by events, and a publisher never makes a VM exist nor forgets one
 (test:///default in this process, a real etcd)."""
 from __future__ import annotations
 
@@ -25,6 +26,16 @@ def published(store, host):
     return {kv.key.rsplit("/", 1)[1]: kv.value for kv in kvs}
 
 
+def recorded(store, host, args, **fields):
+    """The record ``build`` writes before it replies, put by hand for a host
+    whose handlers write to no etcd (the publisher alone then writes)."""
+    record = {"host": host.host, "name": args["name"], "uuid": args["uuid"],
+              "state": "running", "vcpus": args["vcpus"], "memory_mb": args["memory_mb"],
+              "disk_gb": args["disk_gb"], "ha": "none", "want": "running", **fields}
+    store.put(keys.vm(host.host, args["uuid"]), record)
+    return record
+
+
 def test_a_publisher_whose_lease_is_gone_writes_nothing(store, host):
     """A peer thawed after a hang (or back from a partition) has threads that
     run on before it notices that its lease expired, and its host may have
@@ -33,39 +44,47 @@ def test_a_publisher_whose_lease_is_gone_writes_nothing(store, host):
     lease = store.grant(30)
     store.put(keys.host(host.host), {"host": host.host}, lease)
     vm = build(host)
+    recorded(store, host, vm, state="building")
     publisher = VmPublisher(store, host.host, host.conn, lease=lease)
     assert publisher.reconcile() == 1
     store.revoke(lease)                 # the lease expired: hosts/<host> went with it
-    store.delete(keys.vm(host.host, vm["uuid"]))     # the recovery dropped the record
     call(host, "suspend", uuid=vm["uuid"])
     with pytest.raises(StoreUnavailable, match="no longer holds this peer's lease"):
         publisher.reconcile()
     publisher._events.add(vm["uuid"])   # as a lifecycle event names it
     with pytest.raises(StoreUnavailable, match="no longer holds this peer's lease"):
         publisher.publish_events()
-    assert published(store, host) == {}
+    assert published(store, host)[vm["uuid"]]["state"] == "running"
     # The next session registers the host under its own lease: still not this publisher's.
     store.put(keys.host(host.host), {"host": host.host}, store.grant(30))
     with pytest.raises(StoreUnavailable):
         publisher.reconcile()
-    assert published(store, host) == {}
+    assert published(store, host)[vm["uuid"]]["state"] == "running"
     call(host, "destroy", uuid=vm["uuid"])
 
 
-def test_reconcile_publishes_exactly_this_hosts_vms(store, host):
+def test_reconcile_brings_records_up_to_date_and_never_makes_or_forgets_a_vm(store, host):
+    """A record follows its domain; a domain without a record is nobody's VM
+    yet (a build writes it) and stays unlisted; a record whose domain is
+    gone stays, ``missing``, with what it was; another host's is not ours."""
     a = build(host, vcpus=2, memory_mb=128, disk_gb=3)
     b = build(host)
-    store.put(f"vms/{host.host}/{uuidlib.uuid4()}", {"state": "running"})     # stale
+    recorded(store, host, a, state="building", vcpus=1)
+    gone = {"uuid": str(uuidlib.uuid4()), "name": "gone", "vcpus": 1, "memory_mb": 64,
+            "disk_gb": 1}
+    recorded(store, host, gone, restarts={"x": 1.0})
     store.put("vms/other-host/x", {"state": "running"})                       # not ours
     publisher = VmPublisher(store, host.host, host.conn)
 
-    assert publisher.reconcile() == 3
+    assert publisher.reconcile() == 2
     records = published(store, host)
-    assert records == {
-        a["uuid"]: {"host": host.host, "name": a["name"], "uuid": a["uuid"],
-                    "state": "running", "vcpus": 2, "memory_mb": 128, "disk_gb": 3, "ha": "none"},
-        b["uuid"]: {"host": host.host, "name": b["name"], "uuid": b["uuid"],
-                    "state": "running", "vcpus": 1, "memory_mb": 64, "disk_gb": 1, "ha": "none"}}
+    assert set(records) == {a["uuid"], gone["uuid"]}
+    assert records[a["uuid"]] == {
+        "host": host.host, "name": a["name"], "uuid": a["uuid"], "state": "running",
+        "vcpus": 2, "memory_mb": 128, "disk_gb": 3, "ha": "none", "want": "running"}
+    assert records[gone["uuid"]]["state"] == "missing"
+    assert records[gone["uuid"]]["restarts"] == {"x": 1.0}      # what it was, kept
+    assert records[gone["uuid"]]["missing_since"] > 0
     assert store.get("vms/other-host/x") is not None
 
     revision = store.revision()
@@ -73,10 +92,53 @@ def test_reconcile_publishes_exactly_this_hosts_vms(store, host):
     assert store.revision() == revision          # nothing rewritten
 
     call(host, "suspend", uuid=a["uuid"])
-    call(host, "destroy", uuid=b["uuid"])
-    assert publisher.reconcile() == 2
-    assert {u: r["state"] for u, r in published(store, host).items()} == {a["uuid"]: "paused"}
-    call(host, "destroy", uuid=a["uuid"])
+    dom = host.conn.lookupByUUIDString(a["uuid"])
+    dom.destroy()                                # behind peerctl's back
+    assert publisher.reconcile() == 1
+    assert published(store, host)[a["uuid"]]["state"] == "shutoff"
+    assert published(store, host)[a["uuid"]]["crashed"] is True
+    assert store.get(keys.restart(a["uuid"])) is None       # not an HA VM
+    for vm in (a, b):
+        call(host, "destroy", uuid=vm["uuid"])
+
+
+def test_a_vm_an_automation_holds_is_not_marked_missing(store, host):
+    """A move away undefines the source's domain before the automation drops
+    the source's record: meanwhile the VM is not missing."""
+    vm = {"uuid": str(uuidlib.uuid4()), "name": "leaving", "vcpus": 1, "memory_mb": 64,
+          "disk_gb": 1}
+    recorded(store, host, vm)
+    store.put(keys.status("t1"), {"state": "running"})
+    store.put(keys.lock(f"vm/{vm['uuid']}"), {"owner": "t1", "kind": "migrate"})
+    publisher = VmPublisher(store, host.host, host.conn)
+    assert publisher.reconcile() == 0
+    assert published(store, host)[vm["uuid"]]["state"] == "running"
+    store.put(keys.status("t1"), {"state": "done"})     # its owner ended
+    assert publisher.reconcile() == 1
+    assert published(store, host)[vm["uuid"]]["state"] == "missing"
+
+
+def test_an_ha_vm_down_or_missing_asks_a_restart_once(store, host):
+    """What the ``recoverer`` acts on: ``restart/<uuid>``, written once
+    (create if absent) for an HA VM whose domain crashed or vanished."""
+    crashed = build(host, ha="restart")
+    recorded(store, host, crashed, ha="restart")
+    host.conn.lookupByUUIDString(crashed["uuid"]).destroy()
+    vanished = {"uuid": str(uuidlib.uuid4()), "name": "vanished", "vcpus": 1,
+                "memory_mb": 64, "disk_gb": 1}
+    recorded(store, host, vanished, ha="restart")
+    stopped = build(host, ha="restart")
+    recorded(store, host, stopped, ha="restart", want="shutoff")
+    host.conn.lookupByUUIDString(stopped["uuid"]).destroy()       # stopped on purpose
+    publisher = VmPublisher(store, host.host, host.conn)
+    publisher.reconcile()
+    asked = {kv.value["uuid"]: kv.value["why"] for kv in store.range(keys.restart())[0]}
+    assert asked == {crashed["uuid"]: "crashed", vanished["uuid"]: "missing"}
+    revision = store.revision()
+    publisher.reconcile()
+    assert store.revision() == revision          # asked once
+    for vm in (crashed, stopped):
+        call(host, "destroy", uuid=vm["uuid"])
 
 
 def test_lifecycle_events_reach_etcd_without_waiting_for_the_period(store, host):
@@ -84,13 +146,13 @@ def test_lifecycle_events_reach_etcd_without_waiting_for_the_period(store, host)
     try:
         wait_for(lambda: publisher.reconciles >= 1)
         args = build(host)
-        wait_for(lambda: published(store, host).get(args["uuid"], {}).get("state") == "running")
+        recorded(store, host, args, state="building")
         call(host, "suspend", uuid=args["uuid"])
         wait_for(lambda: published(store, host)[args["uuid"]]["state"] == "paused")
         call(host, "stop", uuid=args["uuid"])
         wait_for(lambda: published(store, host)[args["uuid"]]["state"] == "shutoff")
-        call(host, "destroy", uuid=args["uuid"])
-        wait_for(lambda: published(store, host) == {})
+        call(host, "destroy", uuid=args["uuid"])      # its handler writes no etcd here
+        wait_for(lambda: published(store, host)[args["uuid"]]["state"] == "missing")
     finally:
         publisher.stop()
 
@@ -99,9 +161,8 @@ def test_the_period_repairs_what_events_cannot_see(store, host):
     publisher = VmPublisher(store, host.host, host.conn, interval=0.2).start()
     try:
         args = build(host)
-        wait_for(lambda: args["uuid"] in published(store, host))
-        store.delete(f"vms/{host.host}/{args['uuid']}")        # lost behind our back
-        wait_for(lambda: args["uuid"] in published(store, host))
+        recorded(store, host, args, state="paused")     # wrong behind our back
+        wait_for(lambda: published(store, host)[args["uuid"]]["state"] == "running")
     finally:
         publisher.stop()
         call(host, "destroy", uuid=args["uuid"])
@@ -117,45 +178,43 @@ def test_build_publishes_before_replying_and_an_older_view_never_overwrites_it(
     args = build(host)
     key = f"vms/{host.host}/{args['uuid']}"
     assert store.get(key).value["state"] == "running"
+    assert store.get(key).value["want"] == "running"
     revision = store.revision()
     call(host, "build", **args)
     assert store.revision() == revision                 # idempotent: nothing rewritten
 
-    store.delete(key)
     publisher = VmPublisher(store, host.host, host.conn)
     listed = publisher.records
 
     def stale_listing():
-        seen = listed()                                  # running, key absent
+        seen = listed()                                  # running
         if seen[args["uuid"]]["state"] == "running":
-            dom = host.conn.lookupByUUIDString(args["uuid"])
-            call(host, "suspend", uuid=args["uuid"])
-            publish_domain(store, host.host, dom)        # paused, written after our read
+            call(host, "suspend", uuid=args["uuid"])     # paused, written after our read
         return seen
     publisher.records = stale_listing
     publisher.reconcile()
     assert store.get(key).value["state"] == "paused"
     call(host, "destroy", uuid=args["uuid"])
+    assert store.get(key) is None                       # destroy forgets it
 
 
-def test_an_event_publishes_the_domain_it_names_not_the_whole_host(store, tmp_path):
+def test_an_event_publishes_the_domain_it_names_not_the_whole_host(store, host):
     """Between periodic reconciles an event re-reads only its own domain: a
     stale key of another VM stays until the period (a host booting many VMs
     does not compare them all on each event), while the VM evented is
-    published and, once undefined, unpublished."""
-    host = new_host(tmp_path / "state", store)
+    published and, once undefined, marked missing."""
     publisher = VmPublisher(store, host.host, lambda: host.conn, interval=300).start()
     try:
         wait_for(lambda: publisher.reconciles >= 1)
         stale = f"vms/{host.host}/{uuidlib.uuid4()}"
-        store.put(stale, {"state": "running"})
+        store.put(stale, {"host": host.host, "name": "stale", "uuid": "x", "state": "running"})
         args = build(host)
-        store.delete(f"vms/{host.host}/{args['uuid']}")        # only events can bring it back
+        recorded(store, host, args, state="building")
         call(host, "suspend", uuid=args["uuid"])
-        wait_for(lambda: published(store, host).get(args["uuid"], {}).get("state") == "paused")
+        wait_for(lambda: published(store, host)[args["uuid"]]["state"] == "paused")
         call(host, "destroy", uuid=args["uuid"])
-        wait_for(lambda: args["uuid"] not in published(store, host))
-        assert store.get(stale) is not None
+        wait_for(lambda: published(store, host)[args["uuid"]]["state"] == "missing")
+        assert store.get(stale).value["state"] == "running"
         assert publisher.reconciles == 1
     finally:
         publisher.stop()

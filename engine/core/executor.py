@@ -67,7 +67,8 @@ class Executor:
         self._thread: threading.Thread | None = None
         self._detached = threading.Event()
         self._unknown_claims: dict[str, str] = {}   # inbox key -> nonce, outcome unknown
-        self._answers: list[tuple[str, int, dict]] = []     # responses waiting to be written
+        # responses waiting to be written: (automation, index, response, request name)
+        self._answers: list[tuple[str, int, dict, str]] = []
         self._answers_lock = threading.Lock()
         self._answering = False     # a thread is writing _answers
         self.log = log.bind(host=host.host)
@@ -323,7 +324,7 @@ class Executor:
                             duration=time.time() - started)
             failpoints.crash(f"respond {name}")     # done, but nobody will know
             if take is None or not take(index, response):
-                answered = self._answer(automation_id, index, response)
+                answered = self._answer(automation_id, index, response, name)
         except Exception:
             self.log.exception("response_failed", automation=automation_id, index=index)
         finally:
@@ -335,7 +336,7 @@ class Executor:
             self._running -= count
             self._idle.notify_all()
 
-    def _answer(self, automation_id: str, index: int, response: dict) -> bool:
+    def _answer(self, automation_id: str, index: int, response: dict, request: str = "") -> bool:
         """Write a response, together with those of other requests finishing
         meanwhile (group commit): the first thread to arrive writes every
         response queued while its transaction is in flight, in one
@@ -350,7 +351,7 @@ class Executor:
         transaction per response into one per claimed batch, and the
         batches of the whole pipeline grow with it (docs/performance.md)."""
         with self._answers_lock:
-            self._answers.append((automation_id, index, response))
+            self._answers.append((automation_id, index, response, request))
             if self._answering:
                 return True
             self._answering = True
@@ -365,7 +366,9 @@ class Executor:
                     self._answering = False
                     return True
             try:
-                self._respond_together(batch)
+                self._respond_together([entry[:3] for entry in batch])
+                for entry in batch:     # written: nobody will hear more of this peer
+                    failpoints.crash(f"responded {entry[3]}")
             except Exception:
                 self.log.exception("responses_failed", count=len(batch))
             finally:

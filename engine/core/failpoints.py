@@ -5,7 +5,7 @@ its work; a crash point can.  ``PEERCTL_FAILPOINTS`` names a file of point
 names, one a line (``append 3``: just before the transaction that appends
 log index 3; ``append claim``: the first append of a step of that request; ``finish``: just before the terminal status is written;
 ``respond build``: a request of that name has run, its response not yet
-written).  The
+written; ``responded build``: its response written, by an executor).  The
 first process to reach a listed point removes its line, under an exclusive
 lock so that exactly one process fires it, notes it in ``<file>.fired``, and
 SIGKILLs itself: no ``finally``, no lease revoke, a real crash.

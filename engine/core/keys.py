@@ -134,6 +134,12 @@ def recovery(host: str = "") -> str:
     return f"recovery/{host}"
 
 
+def restart(uuid: str = "") -> str:
+    """``restart/<uuid>``: an HA VM found crashed or missing on a live host,
+    waiting for (or being given) a restart."""
+    return f"restart/{uuid}"
+
+
 def singleton(name: str) -> str:
     """Election prefix of a cluster singleton (janitor, reconciler)."""
     return f"singleton/{name}/"

@@ -54,8 +54,9 @@ def _rename(pool, vol, new_name: str) -> None:
 
 
 def keep_aside(host, uuid: str, mark: dict) -> dict | None:
-    """Stop and undefine ``host``'s copy of ``uuid`` and keep its volumes
-    aside; the ``aside/`` record written, or None when there was no volume."""
+    """Stop and undefine ``host``'s copy of ``uuid``, keep its volumes aside
+    and drop this host's ``vms/`` record of it; the ``aside/`` record
+    written, or None when there was no volume."""
     from engine.hypervisor.vm import _find, _vm_lock, power_off_and_undefine
     stamp = int(mark.get("time") or time.time())
     prefix = aside_prefix(uuid, stamp)
@@ -69,6 +70,8 @@ def keep_aside(host, uuid: str, mark: dict) -> dict | None:
         for vol in images.volumes_of(pool, uuid):
             _rename(pool, vol, prefix + vol.name()[len(uuid):])
         kept = [vol for vol in pool.listAllVolumes(0) if vol.name().startswith(prefix)]
+        # The VM lives elsewhere: this host's record of it (if any) goes.
+        host.store.delete(keys.vm(host.host, uuid))
         if not kept:
             return None
         if name is None:

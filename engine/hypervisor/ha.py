@@ -11,6 +11,12 @@ recoverer starts nothing, and while that automation runs no second one
 starts for the host.  A recovery that left VMs behind (no room anywhere) is
 tried again :data:`RETRY` seconds after it ended.
 
+The same singleton serves the ``restart/<uuid>`` requests that live hosts'
+publishers write for HA VMs found crashed or missing there
+(:func:`serve_restarts`): one ``ha_restart`` automation per VM, in place
+when its domain is there, else elsewhere; at most :data:`MAX_RESTARTS`
+within :data:`RESTART_WINDOW`.
+
 A host that comes back within the margin recovers nothing (flapping): its
 VMs stay its own.  The margin is counted from the moment this recoverer saw
 the host dead, so a new recoverer (the old one died with its host) waits a
@@ -25,12 +31,15 @@ import time
 import structlog
 
 from engine.core import api, keys
-from engine.core.store import Put, Store, StoreUnavailable, absent, modified_at
+from engine.core.hosts import live_host_names
+from engine.core.store import Delete, Put, Store, StoreUnavailable, absent, modified_at
 from engine.core.values import readable
 from engine.errors import Deposed
-from engine.hypervisor import shapes  # noqa: F401  (declares vms/, recovery/)
+from engine.hypervisor import shapes  # noqa: F401  (declares vms/, recovery/, restart/)
+from engine.hypervisor.harules import MAX_RESTARTS, RESTART_WINDOW, restarts_within, \
+    wants_restart
 
-__all__ = ["recoverer", "ha_vms", "DEFAULT_MARGIN", "POLL", "RETRY"]
+__all__ = ["recoverer", "ha_vms", "serve_restarts", "DEFAULT_MARGIN", "POLL", "RETRY"]
 
 log = structlog.get_logger("peerctl.ha")
 
@@ -39,6 +48,7 @@ POLL = 0.25                 # how often live hosts are compared
 RETRY = float(os.environ.get("PEERCTL_HA_RETRY", "30"))  # after a recovery that left VMs behind
 RECHECK = 5.0               # how often a dead host's HA VMs are looked at again
 _KNOWN_EVERY = 10.0         # how often every host ever seen is read again
+RESTART_POLL = 1.0          # how often restart/ requests are looked at
 
 
 def ha_vms(store: Store, host: str) -> list[dict]:
@@ -89,16 +99,74 @@ def start_recovery(store: Store, candidacy, host: str, vms: list[dict]) -> str |
     return automation_id
 
 
+def serve_restarts(store: Store, candidacy, live: set[str], now: float) -> list[str]:
+    """Act on the ``restart/<uuid>`` requests of live hosts' publishers:
+    start an ``ha_restart`` automation for each HA VM still down or missing
+    on a live host, one at a time per VM (the automation is named in the
+    request, in the same fenced write that starts it; a failed one is tried
+    again :data:`RETRY` seconds after it ended), at most
+    :data:`MAX_RESTARTS` within :data:`RESTART_WINDOW` (then the request is
+    marked ``gave_up`` and the VM left as it is); a request whose VM is up
+    again, gone, or no longer HA is dropped.  The automations started."""
+    started = []
+    for kv in store.range(keys.restart())[0]:
+        request = readable(kv)
+        if request is None:
+            continue                # left for ``peerctl scrub``
+        if request["host"] not in live:
+            continue                # a dead host's VMs are the host recovery's
+        record = readable(store.get(keys.vm(request["host"], request["uuid"])))
+        status = _status(store, request.get("automation"))
+        if status is not None and status["state"] not in keys.TERMINAL_STATES:
+            continue
+        if not wants_restart(record):
+            store.txn([modified_at(kv.key, kv.mod_revision)], [Delete(kv.key)])
+            continue
+        if status is not None and now - (status.get("updated") or request.get("time") or 0) \
+                < RETRY:
+            continue
+        if restarts_within(record, now) >= MAX_RESTARTS:
+            if not request.get("gave_up"):
+                store.txn([modified_at(kv.key, kv.mod_revision)],
+                          [Put(kv.key, {**request, "gave_up": True, "time": now})])
+                log.error("vm_restart_given_up", host=request["host"], uuid=request["uuid"],
+                          vm=record.get("name"), restarts=MAX_RESTARTS, window=RESTART_WINDOW)
+            continue
+        vm = {"name": record["name"], "uuid": record["uuid"], "host": record["host"],
+              "why": request.get("why")}
+        automation_id, compares, ops = api.automation_ops(store, "ha_restart", {"vm": vm})
+        update = {**request, "automation": automation_id, "time": now}
+        update.pop("gave_up", None)
+        if candidacy.txn([*compares, modified_at(kv.key, kv.mod_revision)],
+                         [*ops, Put(kv.key, update)]).succeeded:
+            log.warning("vm_restart_started", host=vm["host"], vm=vm["name"],
+                        uuid=vm["uuid"], why=vm["why"], automation=automation_id)
+            started.append(automation_id)
+    return started
+
+
+def _status(store: Store, automation_id) -> dict | None:
+    """The automation's status (``state`` running while it cannot be read,
+    done once it is gone), or None when there is no automation."""
+    if not automation_id:
+        return None
+    kv = store.get(keys.status(automation_id))
+    if kv is None:
+        return {"state": "done"}        # ended long ago, cleaned up since
+    status = readable(kv) or {}
+    return {**status, "state": status.get("state", "running")}
+
+
 def recoverer(store: Store, margin: float = DEFAULT_MARGIN, poll: float = POLL):
     """The singleton's duty (see the module docstring)."""
     def duty(stop: threading.Event, candidacy):
         due: dict[str, float] = {}      # dead host -> when to look at its VMs
         known: set[str] = set()
-        known_read = 0.0
+        known_read = restarts_due = 0.0
         while not stop.wait(poll):
             try:
                 now = time.monotonic()
-                live = _names(store, keys.host())
+                live = live_host_names(store)
                 if now - known_read >= _KNOWN_EVERY:
                     known, known_read = _names(store, keys.host_config()), now
                 known |= live
@@ -112,6 +180,9 @@ def recoverer(store: Store, margin: float = DEFAULT_MARGIN, poll: float = POLL):
                     vms = ha_vms(store, host)
                     if vms:
                         start_recovery(store, candidacy, host, vms)
+                if now >= restarts_due:
+                    serve_restarts(store, candidacy, live, time.time())
+                    restarts_due = now + RESTART_POLL
             except Deposed:
                 return          # the new recoverer carries on
             except StoreUnavailable as exc:

@@ -210,7 +210,7 @@ def adopt(host, args: dict) -> dict:
         elif want == "paused" and state == "running":
             _libvirt_call(f"cannot pause {_label(args, uuid)}", dom.suspend)
         if host.store is not None:
-            publish_domain(host.store, host.host, dom)
+            publish_domain(host.store, host.host, dom, want=want)
         return {"uuid": uuid, "host": host.host, "state": vm_state(dom)}
 
 

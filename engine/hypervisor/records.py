@@ -1,6 +1,16 @@
 """What a peerctl domain is, as the cluster sees it: its state name, its
 ``vms/<host>/<uuid>`` record, and whether it belongs to a given host.
 
+A record holds two kinds of fields.  What libvirt shows (state, size,
+addresses...) is observed, and rewritten by whoever publishes it.  What
+the cluster decided is kept across those rewrites (:data:`KEPT`): ``want``,
+the state the VM's last automation left it in (running, paused, shutoff),
+and ``restarts``, ``{automation: time}`` of its HA restarts.  From both
+comes ``crashed: true``: the VM is down though nobody stopped it through
+peerctl.  A VM whose domain is gone from its live host is ``missing``
+(:func:`missing`), never dropped: only the automations that end or move a
+VM delete its record.
+
 Shared by the lifecycle (:mod:`engine.hypervisor.vm`) and the publisher
 (:mod:`engine.hypervisor.vmpublish`); it imports neither.
 """
@@ -9,10 +19,15 @@ from __future__ import annotations
 import libvirt
 
 from engine.hypervisor.domain_xml import read_metadata
+from engine.hypervisor.harules import wants_restart
 from engine.hypervisor.networks import guest_addresses, mac_for
 from engine.hypervisor.shapes import first_ip
 
-__all__ = ["vm_state", "vm_record", "owned_by"]
+__all__ = ["vm_state", "vm_record", "owned_by", "merged", "missing", "wants_restart",
+           "KEPT", "DOWN"]
+
+KEPT = ("want", "restarts")     # the cluster's decisions: a publish keeps them
+DOWN = ("shutoff", "error")     # states in which a VM that should run has crashed
 
 _STATES = {
     libvirt.VIR_DOMAIN_NOSTATE: "building",
@@ -63,3 +78,31 @@ def owned_by(dom, host_name: str) -> bool:
     """A peerctl VM of ``host_name`` (not another peer's on a shared libvirtd,
     not a domain peerctl did not make)."""
     return read_metadata(dom).get("host") == host_name
+
+
+def merged(observed: dict, previous: dict | None, want: str | None = None) -> dict:
+    """The record to write for a domain libvirt shows as ``observed``: with
+    the fields the cluster decided kept from ``previous`` (``want``
+    overriding), and ``crashed: true`` when it is down though it should run."""
+    record = dict(observed)
+    for field in KEPT:
+        if previous and field in previous:
+            record[field] = previous[field]
+    if want:
+        record["want"] = want
+    if record.get("want") in ("running", "paused") and record["state"] in DOWN:
+        record["crashed"] = True
+    return record
+
+
+def missing(previous: dict, now: float) -> dict:
+    """``previous`` for a VM whose domain its live host no longer has: state
+    ``missing`` since ``missing_since``, no addresses; the rest (size,
+    policy, ``want``, ``restarts``) as it was."""
+    if previous.get("state") == "missing":
+        return previous
+    record = {k: v for k, v in previous.items() if k not in ("crashed",)}
+    record.update(state="missing", missing_since=now)
+    if "addresses" in record:
+        record.update(addresses=[], ip=None)
+    return record

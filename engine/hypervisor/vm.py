@@ -49,14 +49,14 @@ from engine.hypervisor.definition import (definition_record, record_definition,
                                           seed_from_metadata, seed_metadata)
 from engine.hypervisor.networks import mac_for
 from engine.hypervisor.shapes import HA_POLICIES
-from engine.hypervisor.records import vm_record, vm_state
-from engine.hypervisor.vmpublish import publish_domain
+from engine.hypervisor.records import merged, vm_record, vm_state
+from engine.hypervisor.vmpublish import forget, publish_domain
 from engine.hypervisor.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
                                         read_metadata, read_reboot_token,
                                         record_reboot_token, write_metadata)
 
 __all__ = ["build", "start", "stop", "reboot", "suspend", "resume", "destroy", "disown",
-           "vm_info", "set_ha", "console_log_path", "seed_from_metadata",
+           "vm_info", "set_ha", "ha_start", "console_log_path", "seed_from_metadata",
            "DEFAULT_STOP_TIMEOUT"]
 
 log = structlog.get_logger("peerctl.vm")
@@ -197,7 +197,7 @@ def build(host, args: dict) -> dict:
             # already shows the VM (a pattern or vmlist right after sees it).
             if not (defined and _record_new(host, dom)):
                 record_definition(host.store, dom)
-                publish_domain(host.store, host.host, dom)
+                publish_domain(host.store, host.host, dom, want="running")
         return {"uuid": uuid, "name": dom.name(), "host": host.host, "state": vm_state(dom)}
 
 
@@ -211,7 +211,8 @@ def _record_new(host, dom) -> bool:
     definition, record = keys.vm_definition(uuid), keys.vm(host.host, uuid)
     return host.store.txn([absent(definition), absent(record)],
                           [Put(definition, definition_record(dom)),
-                           Put(record, vm_record(host.host, dom))]).succeeded
+                           Put(record, merged(vm_record(host.host, dom), None,
+                                              want="running"))]).succeeded
 
 
 def _ha(args: dict) -> str | None:
@@ -323,7 +324,17 @@ def start(host, args: dict) -> dict:
             _libvirt_call(f"cannot resume {_label(args, uuid)}", dom.resume)
         elif state in ("shutoff", "error", "building"):
             _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
+        _want(host, dom, "running")
         return _reply(uuid, dom)
+
+
+def _want(host, dom, want: str) -> None:
+    """Record in the VM's ``vms/`` record the state this request leaves it
+    in (``want``): a VM down though its ``want`` is up has crashed.  A stop
+    records it before it acts, a start once it has: either way a look at
+    the VM in between never takes a wanted stop for a crash."""
+    if host.store is not None:
+        publish_domain(host.store, host.host, dom, want=want, create=False)
 
 
 def stop(host, args: dict) -> dict:
@@ -331,6 +342,7 @@ def stop(host, args: dict) -> dict:
     uuid, dom = _require(host, args)
     timeout = _seconds(args, "timeout", DEFAULT_STOP_TIMEOUT)
     with _vm_lock(host, uuid):
+        _want(host, dom, "shutoff")
         if vm_state(dom) == "shutoff":
             return {**_reply(uuid, dom), "forced": False}
         if vm_state(dom) == "paused":
@@ -370,6 +382,7 @@ def reboot(host, args: dict) -> dict:
             # on a retry, which is better than not at all.
             _libvirt_call(f"cannot record the reboot of {_label(args, uuid)}",
                           record_reboot_token, dom, token)
+        _want(host, dom, "running")
         return {**_reply(uuid, dom), "rebooted": True}
 
 
@@ -382,6 +395,7 @@ def _pause_or_resume(host, args: dict, verb: str, before: str, after: str) -> di
             _libvirt_call(f"cannot {verb} {_label(args, uuid)}", getattr(dom, verb))
         elif state != after:
             raise RequestError(f"cannot {verb} {_label(args, uuid)}: it is {state}")
+        _want(host, dom, after)
         return _reply(uuid, dom)
 
 
@@ -426,8 +440,9 @@ def power_off_and_undefine(dom, label: str) -> None:
 
 
 def destroy(host, args: dict) -> dict:
-    """Power off, undefine, delete the VM's volumes and console log.  A VM
-    already gone is fine: its leftovers are swept all the same."""
+    """Power off, undefine, delete the VM's volumes and console log, then
+    its ``vms/`` record here.  A VM already gone is fine: its leftovers are
+    swept all the same."""
     uuid = _uuid(args)
     with _vm_lock(host, uuid):
         dom = _find(host, uuid)
@@ -438,6 +453,8 @@ def destroy(host, args: dict) -> dict:
             os.unlink(console_log_path(host, uuid))
         except FileNotFoundError:
             pass
+        if host.store is not None:
+            forget(host.store, host.host, uuid)
         return {"uuid": uuid, "state": "destroyed", "volumes_deleted": deleted}
 
 
@@ -482,6 +499,32 @@ def set_ha(host, args: dict) -> dict:
             publish_domain(host.store, host.host, dom)
         return {"uuid": uuid, "name": dom.name(), "host": host.host,
                 "ha": policy or "none"}
+
+
+def ha_start(host, args: dict) -> dict:
+    """Start again, in place, an HA VM found down or missing here (the
+    ``ha_restart`` automation, under the VM's lock).  ``{uuid, state,
+    restarted, why?}``: ``state: absent`` when this host has no such domain
+    (the automation then rebuilds it elsewhere); a VM running again, or
+    stopped on purpose meanwhile (its record's ``want`` is ``shutoff``), is
+    left as it is."""
+    uuid = _uuid(args)
+    with _vm_lock(host, uuid):
+        dom = _find(host, uuid)
+        if dom is None:
+            return {"uuid": uuid, "state": "absent", "restarted": False}
+        state = vm_state(dom)
+        if state in ("running", "paused"):
+            return {"uuid": uuid, "state": state, "restarted": False, "why": f"{state} already"}
+        record = host.store.get(keys.vm(host.host, uuid)) if host.store is not None else None
+        if record is not None and isinstance(record.value, dict) \
+                and record.value.get("want") == "shutoff":
+            return {"uuid": uuid, "state": state, "restarted": False,
+                    "why": "stopped on purpose"}
+        _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
+        log.warning("vm_restarted_in_place", vm=dom.name(), uuid=uuid)
+        _want(host, dom, "running")
+        return {"uuid": uuid, "state": vm_state(dom), "restarted": True}
 
 
 def vm_info(host, args: dict) -> dict:

@@ -2,10 +2,19 @@
 ``vmlist`` is one range read instead of a fan-out to every host.
 
 Promises:
-- after :meth:`VmPublisher.reconcile` returns, ``vms/<host>/`` holds exactly
-  this host's peerctl domains (owner in their metadata), each as
-  ``{host, name, uuid, state, vcpus, memory_mb, disk_gb}``, and a key is
-  written only when its value changed;
+- a publisher never makes a VM exist nor forgets one: the automations'
+  requests write a VM's record when they make it on a host (``build``, a
+  move's ``adopt``, :func:`publish_domain` with ``create``) and delete it
+  when they end it there (``destroy``, :func:`forget`; a confirmed move or
+  an HA restart elsewhere drops the source's).  After
+  :meth:`VmPublisher.reconcile` returns, every record of ``vms/<host>/``
+  shows its domain as libvirt has it (with what the cluster decided kept,
+  see :mod:`engine.hypervisor.records`), or ``missing`` when libvirt has no
+  such domain and no automation holds the VM.  A domain with no record is
+  reported once and left alone; a key is written only when its value
+  changed;
+- an HA VM found missing or crashed is asked a restart (``restart/<uuid>``,
+  created if absent, each time it is looked at);
 - every write is fenced by what was read: etcd is read first, libvirt
   second, and each put or delete carries a compare on the key's mod
   revision (or its absence) as read.  A writer whose etcd view is older
@@ -41,13 +50,14 @@ import time
 import libvirt
 import structlog
 
-from engine.core import keys
-from engine.core.store import Delete, Put, absent, lease_is, modified_at
+from engine.core import keys, locks
+from engine.core.store import Put, absent, lease_is, modified_at
+from engine.core.values import readable
 from engine.errors import StoreUnavailable
 from engine.hypervisor import shapes  # noqa: F401  (declares the vms/ record's shape)
-from engine.hypervisor.records import owned_by, vm_record
+from engine.hypervisor.records import merged, missing, owned_by, vm_record, wants_restart
 
-__all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "DEFAULT_INTERVAL"]
+__all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "forget", "DEFAULT_INTERVAL"]
 
 log = structlog.get_logger("peerctl.vmpublish")
 
@@ -92,37 +102,74 @@ def _guard(key: str, kv) -> "object":
 
 def _publish_uuid(store, host: str, conn, uuid: str,
                   fence: tuple = ()) -> tuple[bool, dict | None]:
-    """:func:`publish_domain` for the domain ``uuid`` of ``conn``; a domain
-    gone (or not this host's) has its record deleted, fenced the same way.
-    (whether the key changed, the record or None)."""
-    def seen() -> dict | None:
+    """Bring the existing record of the domain ``uuid`` of ``conn`` up to
+    date; a domain gone (or not this host's) makes it ``missing``, unless
+    an automation holds the VM (a move away, a destroy: it settles the
+    record itself).  No record: nothing is written.  (whether the key
+    changed, the record or None)."""
+    def seen(previous: dict) -> dict | None:
         try:
             dom = conn.lookupByUUIDString(uuid)
-            return vm_record(host, dom) if owned_by(dom, host) else None
+            if owned_by(dom, host):
+                return merged(vm_record(host, dom), previous)
         except libvirt.libvirtError as exc:
             if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                 raise
-            return None
+        return None if _acted_on(store, uuid) else missing(previous, time.time())
     return _write_seen(store, keys.vm(host, uuid), seen, fence)
 
 
-def _write_seen(store, key: str, seen, fence: tuple = ()) -> tuple[bool, dict | None]:
-    """Write ``key`` as ``seen()`` has it (None: delete it) unless it holds
-    that already; (whether it changed, the record).  The key is read before
-    ``seen`` looks at libvirt and the write holds only if the key is still
-    as read, so it never replaces a record written from a later view; and
-    only while the ``fence`` compares hold (:class:`StoreUnavailable` once
-    they do not)."""
+def _acted_on(store, uuid: str) -> bool:
+    """An automation holds the VM (or a failed move left it held)."""
+    kv = store.get(keys.lock(f"vm/{uuid}"))
+    lock = readable(kv)
+    return kv is not None and (lock is None or lock.get("held")
+                               or locks.holder(store, f"vm/{uuid}") is not None)
+
+
+def _write_seen(store, key: str, seen, fence: tuple = (),
+                create: bool = False) -> tuple[bool, dict | None]:
+    """Write ``key`` as ``seen(previous)`` has it unless it holds that
+    already or ``seen`` says None (leave it); (whether it changed, the
+    record).  Without ``create`` a key that does not exist stays so: a
+    publisher never makes a VM exist.  The key is read before ``seen`` looks
+    at libvirt and the write holds only if the key is still as read, so it
+    never replaces a record written from a later view; and only while the
+    ``fence`` compares hold (:class:`StoreUnavailable` once they do not).
+    An HA VM found down or missing is asked a restart (:func:`_ask_restart`)."""
     for _ in range(_TRIES):
         kv = store.get(key)
-        record = seen()
-        if (kv.value if kv is not None else None) == record:
+        if kv is None and not create:
+            return False, None
+        previous = readable(kv) if kv is not None else None
+        if kv is not None and previous is None:
+            return False, None          # unreadable: left for ``peerctl scrub``
+        record = seen(previous)
+        if record is None or previous == record:
+            if record is not None:
+                _ask_restart(store, record, fence)
             return False, record
-        op = Put(key, record) if record is not None else Delete(key)
-        if store.txn([_guard(key, kv), *fence], [op]).succeeded:
+        if store.txn([_guard(key, kv), *fence], [Put(key, record)]).succeeded:
+            _ask_restart(store, record, fence)
             return True, record
         _check_fence(store, fence)
     raise StoreUnavailable(f"{key}: refused {_TRIES} times in a row (concurrent writers)")
+
+
+def _ask_restart(store, record: dict, fence: tuple = ()) -> None:
+    """``restart/<uuid>`` for an HA VM that is missing or crashed here, if
+    none is there yet (the ``recoverer`` acts on it, see
+    :mod:`engine.hypervisor.ha`).  Asked on every look, not only on the
+    change, so a publisher that died between the two writes asks next time."""
+    if not wants_restart(record) or _acted_on(store, record["uuid"]):
+        return
+    key = keys.restart(record["uuid"])
+    request = {"uuid": record["uuid"], "host": record["host"], "name": record.get("name"),
+               "why": "missing" if record["state"] == "missing" else "crashed",
+               "time": time.time()}
+    if store.txn([absent(key), *fence], [Put(key, request)]).succeeded:
+        log.warning("vm_restart_asked", host=record["host"], uuid=record["uuid"],
+                    vm=record.get("name"), why=request["why"])
 
 
 def _check_fence(store, fence: tuple) -> None:
@@ -133,16 +180,24 @@ def _check_fence(store, fence: tuple) -> None:
                                "not publishing until its next session")
 
 
-def publish_domain(store, host: str, dom) -> bool:
-    """Write ``vms/<host>/<uuid>`` for ``dom`` as libvirt has it now (the
-    record the publisher writes); True if it changed.  Idempotent: a key
-    already right is not rewritten.  Fenced like :meth:`VmPublisher.reconcile`:
-    the key is read before libvirt and the put holds only if the key is
-    still as read, so it never replaces a record written from a later view
-    (:func:`_write_seen`)."""
+def publish_domain(store, host: str, dom, want: str | None = None,
+                   create: bool = True) -> bool:
+    """Write ``vms/<host>/<uuid>`` for ``dom`` as libvirt has it now, with
+    ``want`` (the state the request that calls this left it in) when given;
+    True if it changed.  For the requests of automations: ``build`` and a
+    move's ``adopt`` make the record (``create``), the others bring it up to
+    date.  Idempotent: a key already right is not rewritten.  Fenced like
+    :meth:`VmPublisher.reconcile` (:func:`_write_seen`)."""
     changed, _ = _write_seen(store, keys.vm(host, dom.UUIDString()),
-                             lambda: vm_record(host, dom))
+                             lambda previous: merged(vm_record(host, dom), previous, want),
+                             create=create)
     return changed
+
+
+def forget(store, host: str, uuid: str) -> None:
+    """Delete ``vms/<host>/<uuid>``: for ``destroy``, once the VM is gone
+    from ``host``."""
+    store.delete(keys.vm(host, uuid))
 
 
 class VmPublisher:
@@ -173,6 +228,7 @@ class VmPublisher:
         self._lock = threading.Lock()
         self.reconciles = 0
         self.awaiting_address = False
+        self._unrecorded: set[str] = set()     # domains without a record, reported once
 
     # -- one pass ----------------------------------------------------------
 
@@ -217,16 +273,34 @@ class VmPublisher:
     def _pass(self) -> tuple[int, dict | None]:
         """One fenced pass: etcd first, then libvirt (so libvirt's view is
         the newer), each key's write guarded by its mod revision as read.
-        Returns (keys written, wanted), wanted None when a batch was refused
-        because someone else (``publish_domain``) wrote in between."""
+        Only records that exist are written: a domain without one is
+        nobody's VM yet (a build or a move writes it); a record without a
+        domain is ``missing`` (unless an automation holds the VM).
+        Returns (keys written, libvirt's records), the latter None when a
+        batch was refused because someone else wrote in between."""
         kvs, _revision = self.store.range(self.prefix)
         present = {kv.key[len(self.prefix):]: kv for kv in kvs}
-        wanted = self.records()
-        changes = [(uuid, Put(self.prefix + uuid, record))
-                   for uuid, record in sorted(wanted.items())
-                   if uuid not in present or present[uuid].value != record]
-        changes += [(uuid, Delete(self.prefix + uuid)) for uuid in sorted(present)
-                    if uuid not in wanted]
+        seen = self.records()
+        now = time.time()
+        changes, after = [], []
+        for uuid, kv in sorted(present.items()):
+            previous = readable(kv)
+            if previous is None:
+                continue                # unreadable: left for ``peerctl scrub``
+            if uuid in seen:
+                record = merged(seen[uuid], previous)
+            elif _acted_on(self.store, uuid):
+                continue
+            else:
+                record = missing(previous, now)
+            after.append(record)
+            if record != previous:
+                changes.append((uuid, Put(self.prefix + uuid, record)))
+        unrecorded = set(seen) - set(present) - self._unrecorded
+        for uuid in sorted(unrecorded):
+            log.info("vm_without_record", host=self.host, uuid=uuid,
+                     vm=seen[uuid].get("name"))
+        self._unrecorded = set(seen) - set(present)
         written = 0
         for start in range(0, len(changes), _BATCH):
             batch = changes[start:start + _BATCH]
@@ -236,7 +310,9 @@ class VmPublisher:
                 _check_fence(self.store, self.fence)
                 return written, None
             written += len(batch)
-        return written, wanted
+        for record in after:
+            _ask_restart(self.store, record, self.fence)
+        return written, seen
 
     # -- running -----------------------------------------------------------
 
