@@ -82,27 +82,33 @@ def boot_on(store, name, host, ha=False, members=("m1",)):
 
 def test_a_vanished_domain_is_kept_missing_and_an_ha_one_restarted(cluster, store, tmp_path):
     """h1's peer is SIGKILLed and started again at once, within its lease:
-    its domains are gone.  The HA VM runs again (rebuilt on h2: its domain
-    is not on h1 any more), counted once; the other is listed ``missing`` on
-    h1, its allocation kept through five reconciler passes, until
-    ``destroy`` clears both."""
-    hosts = Hosts(cluster, store, tmp_path, margin=60)  # never a dead-host recovery here
-    hosts.start("h1", "h2")
+    its domains are gone.  The HA VM runs again, rebuilt on another host
+    (its domain is not on h1 any more) by an ``ha_restart`` whose initiator
+    is SIGKILLed at its first placement step, and is counted once; the
+    other is listed ``missing`` on h1, its allocation kept through five
+    reconciler passes, until ``destroy`` clears both."""
+    armed = tmp_path / "failpoints"
+    armed.write_text("")
+    hosts = Hosts(cluster, store, tmp_path, margin=60,  # never a dead-host recovery here
+                  env={failpoints.ENV: str(armed)})
+    hosts.start("h1", "h2", "h3")
     doc = cluster.cli_json("boot", "web1", "--resources", CLI_SMALL, "--network", "none",
                            "--on", "h1", "--ha", "restart")
     web1 = doc["vms"][0]["uuid"]
     db1 = cluster.cli_json("boot", "db1", "--resources", CLI_SMALL, "--network", "none",
                            "--on", "h1")["vms"][0]["uuid"]
+    failpoints.arm(str(armed), ["append claim_move"])
 
     cluster.kill("h1")
     hosts.start("h1")
 
     def settled():
         vms = vmlist(cluster)
-        return vms if vms.get("web1", {}).get("host") == "h2" \
+        return vms if vms.get("web1", {}).get("host") in ("h2", "h3") \
             and vms["web1"]["state"] == "running" and vms["db1"]["state"] == "missing" \
             else None
-    vms = wait_for(settled, timeout=60, what="web1 running on h2, db1 missing on h1")
+    vms = wait_for(settled, timeout=60, what="web1 running elsewhere, db1 missing on h1")
+    assert [point for point, *_ in failpoints.fired(str(armed))] == ["append claim_move"]
     assert vms["web1"]["uuid"] == web1 and vms["web1"]["recovered"]["from"] == "h1"
     assert vms["web1"]["restarts"] == 1
     assert (vms["db1"]["uuid"], vms["db1"]["host"]) == (db1, "h1")
@@ -110,13 +116,42 @@ def test_a_vanished_domain_is_kept_missing_and_an_ha_one_restarted(cluster, stor
     assert "missing" in table.stdout and "Restarts" in table.stdout
 
     reconciler_passes(store, 5)
-    assert held_on(store) == {web1: ["h2"], db1: ["h1"]}
+    assert held_on(store) == {web1: [vms["web1"]["host"]], db1: ["h1"]}
     wait_for(lambda: store.range(keys.restart())[0] == [], what="the restart request dropped")
+    for name in [h for h in ("h1", "h2", "h3") if cluster.peers[h].poll() is not None]:
+        hosts.start(name)                                   # the initiator the failpoint killed
+    assert [v["name"] for v in cluster.cli_json("vmlist", "web1")] == ["web1"]
 
     gone = cluster.cli_json("destroy", "db1", "--yes")
     assert gone["vms"][0]["state"] == "destroyed", gone
     assert set(vmlist(cluster)) == {"web1"}
-    assert held_on(store) == {web1: ["h2"]}
+    assert held_on(store) == {web1: [vms["web1"]["host"]]}
+
+
+def test_restarts_stop_after_the_stated_number_within_the_window(cluster, store, tmp_path):
+    """With ``PEERCTL_HA_MAX_RESTARTS=1``, web1 vanishes twice: the first
+    time it is rebuilt elsewhere, the second it is left ``missing``, its
+    request marked given up, and ``vmlist`` counts the one restart."""
+    hosts = Hosts(cluster, store, tmp_path, margin=60,
+                  env={"PEERCTL_HA_MAX_RESTARTS": "1"})
+    hosts.start("h1", "h2")
+    cluster.cli_json("boot", "web1", "--resources", CLI_SMALL, "--network", "none",
+                     "--on", "h1", "--ha", "restart")
+    cluster.kill("h1")
+    hosts.start("h1")
+    wait_for(lambda: (lambda vm: vm["host"] == "h2" and vm["state"] == "running")(
+        vmlist(cluster)["web1"]), timeout=60, what="web1 rebuilt on h2")
+    cluster.kill("h2")
+    hosts.start("h2")
+    uuid = vmlist(cluster)["web1"]["uuid"]
+
+    def given_up():
+        request = store.get(keys.restart(uuid))
+        return request is not None and request.value.get("gave_up")
+    wait_for(given_up, timeout=30, what="the second restart given up")
+    vm = vmlist(cluster)["web1"]
+    assert (vm["host"], vm["state"], vm["restarts"]) == ("h2", "missing", 1)
+    assert "vm_restart_given_up" in "".join(cluster.log(h) for h in ("h1", "h2"))
 
 
 def test_a_host_killed_right_after_a_build_replied_takes_no_vm_with_it(
