@@ -16,7 +16,7 @@ import pytest
 from engine.core import keys
 from engine.core.values import readable
 from engine.errors import Refused, UsageError
-from engine.leases import admission
+from engine.leases import admission, records
 from engine.leases.admission import WEEK, fit_capacity, fit_hosts
 from engine.placement import open_placement
 from tests.support import ROOT, wait_for
@@ -26,6 +26,7 @@ NOW = 1_800_000_000.0
 HOUR = 3600.0
 INVENTORY = {"VCPU": 4, "MEMORY_MB": 4096, "DISK_GB": 40}
 SLOT = {"VCPU": 1, "MEMORY_MB": 512, "DISK_GB": 5}
+CONSUMER = "0b9a3e8e-7f5e-4a8c-9d61-3f2b8c1a4d5e"      # a capacity lease's reservation
 
 
 # -- pure fit rules -----------------------------------------------------------------
@@ -79,11 +80,15 @@ def test_capacity_skips_hosts_of_host_leases_and_packs_the_freest_first():
 
 @pytest.fixture
 def cluster3(store):
+    """Three live hosts: providers, and host records bound to a lease as
+    their peers hold them (a record without one is no live host)."""
     placement = open_placement(None, store)
+    alive = store.grant(60)
     for name in ("host1", "host2", "host3"):
         make_provider(placement, name, INVENTORY)
-        store.put(keys.host(name), {"host": name})
+        store.put(keys.host(name), {"host": name}, lease=alive)
     yield placement
+    store.revoke(alive)
     placement.close()
 
 
@@ -143,6 +148,58 @@ def test_extending_into_another_lease_is_refused_and_changes_nothing(store, clus
     assert moved["end"] == NOW + 2 * HOUR
 
 
+def held(store, placement, record: dict) -> dict:
+    """``record`` active: its slots held in placement, as ``lease_start`` holds them."""
+    assert records.hold(store, placement, record) == {}
+    return record
+
+
+@pytest.mark.parametrize("state", ["pending", "active"])
+def test_extending_a_capacity_lease_counts_its_own_slots_once(store, cluster3, state):
+    # 3 slots of 1 VCPU on host1 (4 VCPU): counted twice, they would not fit.
+    mine = grant(store, cluster3, "mine", NOW, NOW + HOUR, amount=3, consumer=CONSUMER)
+    assert mine["slots"] == {"host1": 3}
+    if state == "active":
+        held(store, cluster3, mine)
+        assert cluster3.provider("host1")["usages"]["VCPU"] == 3
+    moved = admission.reschedule(store, cluster3, "mine", NOW + 3 * HOUR, now=NOW)
+    assert moved["end"] == NOW + 3 * HOUR
+    entries = [readable(kv) for kv in store.range(keys.lease_calendar())[0]]
+    assert {e["end"] for e in entries} == {NOW + 3 * HOUR}
+
+
+def test_an_extension_is_refused_by_what_really_holds_its_hosts_and_only_that(store, cluster3):
+    mine = held(store, cluster3, grant(store, cluster3, "mine", NOW, NOW + HOUR, amount=3,
+                                       consumer=CONSUMER))
+    # After mine: 2 slots of "next" on host1, and a host lease elsewhere.
+    after = grant(store, cluster3, "next", NOW + HOUR, NOW + 2 * HOUR, amount=2)
+    elsewhere = grant(store, cluster3, "elsewhere", NOW + HOUR, NOW + 2 * HOUR, count=1)
+    assert after["slots"] == {"host1": 2} and elsewhere["hosts"] != ["host1"]
+    before = {kv.key: kv.mod_revision for kv in store.range("")[0]}
+    with pytest.raises(Refused) as refused:
+        admission.reschedule(store, cluster3, "mine", NOW + 1.5 * HOUR, now=NOW)
+    said = str(refused.value)
+    assert said.startswith("lease mine cannot run to ")
+    assert said.endswith("its slots on host1 are taken then (held by lease next)"), said
+    assert {kv.key: kv.mod_revision for kv in store.range("")[0]} == before
+    # next was all that was in the way: without it, the same extension fits.
+    store.txn([], admission.release_ops(after))
+    assert admission.reschedule(store, cluster3, "mine", NOW + 1.5 * HOUR,
+                                now=NOW)["end"] == NOW + 1.5 * HOUR
+    assert mine["slots"] == {"host1": 3}
+
+
+def test_an_extension_refused_by_vms_outside_leases_says_so(store, cluster3):
+    mine = grant(store, cluster3, "mine", NOW, NOW + HOUR, amount=3, consumer=CONSUMER)
+    rp = cluster3.provider("host1")["uuid"]
+    cluster3.claim("6f1c1c36-3c1e-4a4e-9b5e-0a0c4c1d2e3f", {rp: {"VCPU": 2}},
+                   project="peerctl", user="someone")
+    with pytest.raises(Refused, match=r"its slots on host1 are taken then "
+                                      r"\(used now by VMs outside leases\)$"):
+        admission.reschedule(store, cluster3, "mine", NOW + 2 * HOUR, now=NOW)
+    assert mine["end"] == readable(store.get(keys.lease("mine")))["end"]
+
+
 def test_a_dead_host_is_replaced_by_a_free_one_or_not_at_all(store, cluster3):
     grant(store, cluster3, "one", NOW, NOW + HOUR, count=1)
     grant(store, cluster3, "two", NOW, NOW + HOUR, count=1)
@@ -161,7 +218,7 @@ import json, sys, time
 sys.path.insert(0, {root!r})
 from engine.core.store import Store
 from engine.errors import PeerctlError
-from engine.leases import admission
+from engine.leases import admission, records
 from engine.placement import open_placement
 store = Store({url!r}, {cluster!r})
 placement = open_placement(None, store)

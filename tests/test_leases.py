@@ -13,6 +13,7 @@ from engine.leases.times import iso
 from tests.support import wait_for
 from tests.support.cluster import start_peers
 from tests.support.hooks import assert_each_index_ran_once, counting_hook, failing_hook
+from tests.support.vms import allocations
 
 SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
 LEASE_KEYS = {"lease", "state", "start", "end", "kind", "hosts", "resources", "amount",
@@ -72,6 +73,10 @@ def usage(cluster):
         for rc, n in rp["usages"].items():
             total[rc] = total.get(rc, 0) + n
     return total
+
+
+def lease_record(store, name) -> dict:
+    return store.get(keys.lease(name)).value
 
 
 def lease_keys(store) -> list[str]:
@@ -158,6 +163,70 @@ def test_a_capacity_lease_holds_real_resources_and_vms_take_slices(cluster, stor
     wait_for(lambda: not {"ci1", "ci2", "ci3"} & set(vms(cluster)), what="the VMs destroyed")
     assert usage(cluster) == before
     assert held() == {}
+
+
+# -- a capacity lease under a busy reconciler ----------------------------------------------
+
+def reconciler_passes(store, count, exclude=()):
+    """Wait for ``count`` more reconciler passes (its reports), by any
+    reconciler but those on ``exclude``; the hosts that made them."""
+    seen: dict = {}
+    first = store.get(keys.RECONCILE_REPORT)
+    last = first.mod_revision if first else 0
+
+    def more():
+        kv = store.get(keys.RECONCILE_REPORT)
+        if kv and kv.mod_revision > last and kv.value["host"] not in exclude:
+            seen[kv.mod_revision] = kv.value
+        return len(seen) >= count
+    wait_for(more, timeout=30, interval=0.02, what=f"{count} reconciler passes")
+    reports = list(seen.values())
+    assert not [c for r in reports for c in r["released"]], reports
+    return {r["host"] for r in reports}
+
+
+def test_a_capacity_lease_keeps_its_slots_through_reconciler_passes_and_extends_while_active(
+        cluster, store):
+    """The reconciler (a pass every 0.3 s) never takes a live lease's
+    reservation for an orphan, nor the VMs booted into it, nor after its
+    leader is SIGKILLed; extending the active lease counts its slots once."""
+    three_hosts(cluster, store, env={"PEERCTL_RECONCILE_INTERVAL": "0.3"})
+    host_memory = min(p["inventories"]["MEMORY_MB"]["total"]
+                      for p in cluster.cli_json("placement", "providers"))
+    # Two slots fill most of a host: counted twice, they would not fit it.
+    slot = f"VCPU:1,MEMORY_MB:{int(host_memory * 0.4)},DISK_GB:1"
+    before = usage(cluster)
+    cluster.cli_json("lease", "create", "cap3", "--resources", slot, "--amount", "3",
+                     "--start", "now", "--end", "+3m")
+    active = reaches(cluster, "cap3", "active")
+    consumer, slots = active["consumer"], lease_record(store, "cap3")["slots"]
+    assert sorted(slots.values()) == [1, 2]
+
+    def held():
+        return {row["consumer"]: row["allocations"] for row in cluster.cli_json(
+            "placement", "allocations", consumer) if row["allocations"]}
+    whole = held()
+    assert sum(r["MEMORY_MB"] for r in whole[consumer].values()) == 3 * int(host_memory * 0.4)
+    (leader,) = reconciler_passes(store, 5)
+    assert held() == whole, "the reservation outlived five passes"
+
+    booted = cluster.cli_json("boot", "k1", "k2", "k3", "--resources", slot,
+                              "--reservation", "cap3")
+    assert sorted(vm["host"] for vm in booted["vms"]) == sorted(
+        host for host, n in slots.items() for _ in range(n)), "exactly its slots"
+    full = cluster.cli_json("boot", "k4", "--resources", slot, "--reservation", "cap3",
+                            expect_rc=1)
+    assert "lease cap3 is full" in full["vms"][0]["error"]
+    assert held() == {} and usage(cluster)["MEMORY_MB"] == \
+        before.get("MEMORY_MB", 0) + 3 * int(host_memory * 0.4)
+
+    extended = cluster.cli_json("lease", "extend", "cap3", "--end", "+4m")
+    assert extended["state"] == "active" and extended["end"] > active["end"]
+    cluster.kill(leader)            # the next reconciler starts with no suspects
+    reconciler_passes(store, 5, exclude={leader})
+    assert {vm["uuid"] for vm in booted["vms"]} <= set(allocations(store))
+    assert sorted(lease(cluster, "cap3")["vms"]) == ["k1", "k2", "k3"]
+    assert lease(cluster, "cap3")["state"] == "active"
 
 
 # -- back to back ---------------------------------------------------------------------

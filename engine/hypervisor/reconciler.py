@@ -5,18 +5,19 @@ Two halves.
 The cluster half, :func:`reconcile_once`, runs on one peer at a time (the
 ``reconciler`` singleton):
 
-- an allocation whose consumer has neither a VM (in ``vms/``) nor a running
-  automation that names it is an orphan: left behind by an automation that
-  was aborted between claim and build, or by a host that vanished with its
-  VMs.  Orphans are released once they have been seen orphaned on two passes
+- an allocation whose consumer nobody holds is an orphan: left behind by an
+  automation that was aborted between claim and build, or by a host that
+  vanished with its VMs.  Who may hold a consumer is written in one place,
+  :func:`held_consumers` (a VM's record in any state, a live lease's
+  reservation and its VMs, what a running automation names, a locked VM);
+  everything else is released once it has been seen orphaned on two passes
   in a row (a VM that was just built may not be published yet);
 - a ``vms/<host>/<uuid>`` record of a dead host (no ``hosts/<host>``) whose
   VM was disowned there or is allocated on another host is a ghost: that host
   cannot publish any more, and the VM lives elsewhere.  The record is
   deleted, and never counts as a VM;
-- a VM definition (``vmdef/<uuid>``) whose VM has no record, no
-  allocation and no running automation naming it, on two passes in a row,
-  is deleted;
+- a VM definition (``vmdef/<uuid>``) whose VM has no allocation and is
+  held by nobody (the same list), on two passes in a row, is deleted;
 - VMs without allocations are reported (``reconcile/report``), not touched:
   they may be someone's VM started by hand.
 
@@ -52,6 +53,7 @@ import libvirt
 import structlog
 
 from engine.core import keys
+from engine.core.hosts import live_host_names
 from engine.core.store import Delete, Put, Store
 from engine.core.values import readable
 from engine.errors import Deposed, RequestError, StoreUnavailable
@@ -60,8 +62,8 @@ from engine.hypervisor import vm as lifecycle
 from engine.hypervisor.aside import keep_aside
 from engine.hypervisor.records import owned_by
 
-__all__ = ["reconciler", "reconcile_once", "sweep_ghosts", "DEFAULT_INTERVAL",
-           "GHOST_INTERVAL"]
+__all__ = ["reconciler", "reconcile_once", "held_consumers", "sweep_ghosts",
+           "DEFAULT_INTERVAL", "GHOST_INTERVAL"]
 
 log = structlog.get_logger("peerctl.reconciler")
 
@@ -137,9 +139,66 @@ def _locked_vms(store: Store) -> set[str]:
     return {keys.suffix(kv.key, prefix) for kv in store.range(prefix, keys_only=True)[0]}
 
 
+def _live_leases(store) -> tuple[dict, set[str]]:
+    """``({lease: reservation consumer or None}, names of unreadable records)``
+    for every lease not ended.  Read through the keys, not the lease room:
+    the hypervisor and the leases are sibling rooms (a lease record's
+    ``state`` and ``consumer`` are its promises, docs/leases.md)."""
+    live, unread = {}, set()
+    for kv in store.range(keys.lease())[0]:
+        name = keys.suffix(kv.key, keys.lease())
+        record = readable(kv)
+        if record is None:
+            unread.add(name)
+        elif record.get("state") != "ended":
+            consumer = record.get("consumer")
+            live[name] = consumer if isinstance(consumer, str) else None
+    return live, unread
+
+
+def held_consumers(store: Store, allocations: dict | None = None) -> set[str]:
+    """Every placement consumer that is legitimately held: the one list the
+    reconciler works from; what is in none of these kinds, on two passes in
+    a row, is an orphan and released.
+
+    1. **A VM with a record**: ``vms/<host>/<uuid>``, in any state
+       (``running``, ``shutoff``, ``missing``, ``unknown``, ...), readable or
+       not (its key names it).  Ghost records are deleted before this is
+       read, so they do not count.
+    2. **A capacity lease's reservation consumer** (the ``consumer`` of
+       ``leases/<name>``) while the lease's record exists and is not
+       ``ended``: pending, active, degraded, ending or in error.  A lease
+       record that cannot be read holds every consumer whose placement
+       ``user`` names it (its reservation and its VMs' claims; from
+       ``allocations``, as the pass read them).
+    3. **A lease's VMs** (``leasevm/<lease>/<uuid>``) while that lease's
+       record exists and is not ``ended`` (or cannot be read): a VM booted
+       into it, from its claim on, built or not yet.
+    4. **Whatever a running automation names**: the ``vms`` of its spec and
+       the ``consumer`` and ``uuid`` of its steps: a boot between claim and
+       publish, a migration consumer (``claim_move``), a recovery consumer,
+       a release or a lease step in flight.  An automation whose summary
+       cannot be read counts as running.
+    5. **A locked VM** (``locks/vm/<uuid>``): one automation acts on it, or a
+       move whose outcome nobody could tell left it held for an operator.
+    """
+    held = {kv.key.rsplit("/", 1)[-1] for kv in store.range(keys.vm(), keys_only=True)[0]}
+    live, unread = _live_leases(store)
+    held.update(consumer for consumer in live.values() if consumer)
+    if unread:
+        held.update(c for c, doc in (allocations or {}).items() if doc.get("user") in unread)
+    for kv in store.range(keys.lease_vm(), keys_only=True)[0]:
+        lease, _, uuid = keys.suffix(kv.key, keys.lease_vm()).partition("/")
+        if uuid and (lease in live or lease in unread):
+            held.add(uuid)
+    held |= _referenced_consumers(store)
+    held |= _locked_vms(store)
+    return held
+
+
 def _ghost_records(store: Store, placement, vms, allocations) -> list:
     """``vms/`` records of dead hosts whose VM belongs elsewhere."""
-    live = {keys.suffix(kv.key, keys.host()) for kv in store.range(keys.host(), keys_only=True)[0]}
+    live = live_host_names(store)
     dead = [kv for kv in vms if kv.value["host"] not in live]
     if not dead:
         return []
@@ -164,8 +223,6 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
     allocations = {a["consumer"]: a for a in placement.all_allocations() if a["allocations"]}
     records, _ = store.range(keys.vm())
     vms = [kv for kv in records if readable(kv) is not None]
-    # A record that cannot be read still says, by its key, that the VM exists.
-    unread = {kv.key.rsplit("/", 1)[-1] for kv in records if readable(kv) is None}
     ghosts = _ghost_records(store, placement, vms, allocations)
     ghost_keys = {kv.key for kv in ghosts}
     txn = fence.txn if fence is not None else store.txn
@@ -176,9 +233,8 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
             log.warning("ghost_vm_record_deleted", host=kv.value["host"], uuid=kv.value["uuid"],
                         vm=kv.value.get("name"))
     vms = [kv for kv in vms if kv.key not in ghost_keys]
-    vm_uuids = {kv.value["uuid"] for kv in vms} | unread
-    busy = _referenced_consumers(store)
-    orphans = {c for c in allocations if c not in vm_uuids and c not in busy}
+    held = held_consumers(store, allocations)
+    orphans = {c for c in allocations if c not in held}
     released = sorted(orphans & suspects)
     writer = _fenced_writer(placement, fence)
     for consumer in released:
@@ -194,8 +250,7 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
     # no running automation naming it (the same rule as for orphans).
     defined = {keys.suffix(kv.key, keys.vm_definition())
                for kv in store.range(keys.vm_definition(), keys_only=True)[0]}
-    undefined = {f"vmdef:{u}" for u in defined
-                 if u not in vm_uuids and u not in allocations and u not in busy}
+    undefined = {f"vmdef:{u}" for u in defined if u not in allocations and u not in held}
     forgotten = sorted(undefined & suspects)
     for start in range(0, len(forgotten), _BATCH):
         batch = [mark.split(":", 1)[1] for mark in forgotten[start:start + _BATCH]]

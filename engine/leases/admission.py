@@ -16,8 +16,10 @@ Promises:
   :class:`~engine.errors.Refused` (one line: what was asked, what is free,
   who holds the rest, when it would fit), ``UsageError`` (a name taken, a
   window in the past) or ``Conflict`` (lost too many races);
-- :func:`reschedule` moves the end, checking only the added time against
-  other leases; :func:`replace_host` swaps a dead host of a host lease for
+- :func:`reschedule` moves the end, checking only the added time, against
+  everything but the lease itself (an active lease's own slots count once);
+  a refusal names only what holds the hosts that fall short;
+  :func:`replace_host` swaps a dead host of a host lease for
   a free one; both are guarded the same way;
 - :func:`release_ops` / :func:`activate_ops`: the writes that drop a
   lease's entries, or mark a capacity lease as held in placement.
@@ -30,6 +32,7 @@ import random
 import time
 
 from engine.core import keys
+from engine.core.hosts import live_host_names
 from engine.core.store import Delete, Get, Put, absent, modified_at, untouched_since
 from engine.core.values import readable
 from engine.errors import Conflict, Refused, UsageError
@@ -159,8 +162,7 @@ def fit_capacity(lease: dict, hosts: dict, others: list[dict],
 # -- reading what placement and the hosts say ------------------------------------------
 
 def _cluster(store, placement, lease: dict) -> dict:
-    alive = {keys.suffix(kv.key, keys.host())
-             for kv in store.range(keys.host(), keys_only=True)[0]}
+    alive = live_host_names(store)
     drained = {keys.suffix(kv.key, keys.drained())
                for kv in store.range(keys.drained(), keys_only=True)[0]}
     return _hosts(placement.providers(), alive, drained, lease.get("required"),
@@ -288,17 +290,11 @@ def reschedule(store, placement, name: str, end: float, now: float | None = None
                                   + ", ".join(f"{h} is held by lease {lease}"
                                               for h, lease in sorted(clash.items())))
             else:
-                hosts = {h: p for h, p in _cluster(store, placement, record).items()
-                         if h in mine}
-                extra = {**record, "start": record["end"], "end": end}
-                others = list(found.values())
-                fits = fit_capacity({**extra, "amount": 10 ** 9}, hosts, others, [
-                    a for a in active if a["lease"] != name])
-                short = [h for h, n in record["slots"].items() if fits.get(h, 0) < n]
+                short, gone = _short_hosts(store, placement, record, end, found, active)
                 if short:
                     raise Refused(f"lease {name} cannot run to {iso(end)}: its slots on "
-                                  f"{', '.join(sorted(short))} are taken then"
-                                  + (f" (leases {', '.join(sorted(found))})" if found else ""))
+                                  f"{', '.join(short)} are taken then "
+                                  f"({_in_the_way(short, gone, found)})")
             compares.append(_guard(added, revision))
         new = {**record, "end": end}
         ops = [Put(kv.key, new), *_entry_ops(new, weeks, old_weeks)]
@@ -306,6 +302,37 @@ def reschedule(store, placement, name: str, end: float, now: float | None = None
             return new
         _backoff(attempt)
     raise Conflict("concurrent_update", f"lease {name}: lost {RACES} races for the calendar")
+
+
+def _short_hosts(store, placement, record: dict, end: float, found: dict,
+                 active: list[dict]) -> tuple[list[str], set[str]]:
+    """The hosts where a capacity lease's own slots do not fit from its end
+    to ``end``, and those of them that cannot hold a lease now (dead,
+    drained, disabled).  Checked against everything but the lease itself:
+    its calendar entry is not in ``found``, and while it is active its
+    allocation is in ``active``, so that placement's usage counts its slots
+    once (as its own), not twice."""
+    mine = set(record.get("slots") or ())
+    hosts = {h: p for h, p in _cluster(store, placement, record).items() if h in mine}
+    extra = {**record, "start": record["end"], "end": end, "amount": 10 ** 9}
+    fits = fit_capacity(extra, hosts, list(found.values()), active)
+    short = sorted(h for h, n in record["slots"].items() if fits.get(h, 0) < n)
+    return short, {h for h in short if h not in hosts}
+
+
+def _in_the_way(short: list[str], gone: set[str], found: dict) -> str:
+    """What holds the ``short`` hosts over the added time: the leases whose
+    hosts or slots are there, hosts that cannot hold a lease, else the VMs
+    that use them now."""
+    holders = sorted({o["lease"] for o in found.values()
+                      if set(o.get("hosts") or o.get("slots") or ()) & set(short)})
+    why = []
+    if holders:
+        why.append(f"held by lease{'s' if len(holders) > 1 else ''} {', '.join(holders)}")
+    if gone:
+        why.append(f"{', '.join(sorted(gone))} cannot hold a lease now (dead, drained or "
+                   "disabled)")
+    return "; ".join(why) or "used now by VMs outside leases"
 
 
 def replace_host(store, placement, name: str, gone: str, now: float | None = None) -> str | None:

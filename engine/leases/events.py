@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 
 from engine.core import keys
+from engine.core.hosts import live_host_names
 from engine.core.values import readable
 from engine.errors import Conflict, NotFound, RequestError
 from engine.placement import for_request, parse_query
@@ -50,15 +51,11 @@ def lease_read(host, args: dict) -> dict:
     return {"record": records.read(host.store, args.get("name"))}
 
 
-def _alive(store) -> set[str]:
-    return {keys.suffix(kv.key, keys.host()) for kv in store.range(keys.host(), keys_only=True)[0]}
-
-
 def _heal(store, placement, record: dict) -> dict:
     """Replace the lease's dead hosts (hosts leases); ``degraded`` when none fits."""
     if record["kind"] != "hosts" or record["state"] not in ("pending", "active", "degraded"):
         return record
-    alive = _alive(store)
+    alive = live_host_names(store)
     dead = [h for h in record.get("hosts", []) if h not in alive]
     short = False
     for gone in dead:

@@ -13,7 +13,8 @@ import threading
 
 import structlog
 
-from engine.core import api, keys
+from engine.core import api
+from engine.core.hosts import live_host_names
 from engine.core.store import StoreUnavailable
 
 from . import records
@@ -33,8 +34,7 @@ def lease_guard(store, interval: float = INTERVAL):
                 held = records.reserved_hosts(store)
                 if not held and not told:
                     continue
-                alive = {keys.suffix(kv.key, keys.host())
-                         for kv in store.range(keys.host(), keys_only=True)[0]}
+                alive = live_host_names(store)
                 gone = {(host, lease) for host, lease in held.items() if host not in alive}
                 for host, lease in sorted(gone - told):
                     record = records.read(store, lease)
