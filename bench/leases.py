@@ -50,12 +50,13 @@ YEAR = 365 * 86400
 
 
 def setup_hosts(store, placement, count: int) -> None:
+    lease = store.grant(YEAR)       # live hosts are records a lease holds
     for i in range(count):
         name = f"host{i:03d}"
         rp = placement.ensure_provider(name)
         placement.set_inventory(rp["uuid"], {"VCPU": 32, "MEMORY_MB": 131072,
                                              "DISK_GB": 2000})
-        store.put(keys.host(name), {"host": name})
+        store.put(keys.host(name), {"host": name}, lease)
 
 
 def random_lease(rng: random.Random, name: str, now: float) -> dict:

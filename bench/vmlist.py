@@ -51,11 +51,12 @@ assert len(kvs) == {count}
 
 def populate(store: Store, hosts: int, per_host: int) -> int:
     ops = []
+    lease = store.grant(86400)      # live hosts are records a lease holds
     for h in range(1, hosts + 1):
         host = f"host{h}"
         ops.append(Put(f"hosts/{host}", {"host": host, "vcpus": 32, "memory_mb": 131072,
                                          "free_memory_mb": 65536, "vms": per_host,
-                                         "disk_gb": 2000, "free_disk_gb": 1000}))
+                                         "disk_gb": 2000, "free_disk_gb": 1000}, lease))
         for v in range(per_host):
             vm_uuid = str(uuid.uuid4())
             ops.append(Put(f"vms/{host}/{vm_uuid}", {

@@ -16,10 +16,13 @@ Promises:
 from __future__ import annotations
 
 import ipaddress
+import time
 
+from engine.hypervisor.harules import restarts_within
 from engine.hypervisor.shapes import HA_POLICIES, VM, first_ip   # also declares vms/ shapes
 from engine import table
 from engine.core import keys
+from engine.core.hosts import is_live_record
 from engine.core.store import Get
 from engine.core.values import readable, report
 
@@ -28,12 +31,15 @@ __all__ = ["read_hosts", "read_vms", "ready_hosts"]
 
 def read_hosts(store) -> list[dict]:
     """Every host ever seen (``hostcfg/``), merged with its live record when
-    it is alive (``hosts/``), with ``alive``, ``enabled``, ``drained``,
-    ``reserved_by`` (the active host lease holding it, or None),
-    ``status`` (up, drained, reserved, disabled, down) and ``vms``; by host name, naturally sorted."""
-    cfg, live, drained, reserved = store.txn([], [
+    it is alive (``hosts/``, see :mod:`engine.core.hosts`: a record no lease
+    holds, or naming another host, makes no host alive; it is reported and
+    skipped), with ``alive``, ``enabled``, ``drained``, ``reserved_by`` (the
+    active host lease holding it, or None), ``status`` (up, drained,
+    reserved, disabled, down) and ``vms``: the VMs vmlist lists on it, counted
+    from ``vms/`` in the same read; by host name, naturally sorted."""
+    cfg, live, drained, reserved, vms, held = store.txn([], [
         Get(keys.host_config(), True), Get(keys.host(), True), Get(keys.drained(), True),
-        Get(keys.reserved(), True)]).ranges
+        Get(keys.reserved(), True), Get(keys.vm(), True), Get(keys.lock("vm/"), True)]).ranges
     drained = {keys.suffix(kv.key, keys.drained()) for kv in drained
                if readable(kv) is not None}
     reserved = {keys.suffix(kv.key, keys.reserved()): kv.value["lease"] for kv in reserved
@@ -45,27 +51,21 @@ def read_hosts(store) -> list[dict]:
             name = keys.suffix(kv.key, keys.host_config())
             records[name] = dict(value, host=name, alive=False)
     for kv in live:
-        value = _host_record(kv)
-        if value is None:
+        if not is_live_record(kv):
             continue
         name = keys.suffix(kv.key, keys.host())
         record = dict(records.get(name, {}))
         enabled = record.get("enabled")
-        record.update(value)
+        record.update(_host_record(kv))
         if enabled is not None:     # hostcfg holds the operator's word (drain)
             record["enabled"] = enabled
         record.update(host=name, alive=True)
         records[name] = record
-    if any(r.get("vms") is None for r in records.values()):
-        counts: dict[str, int] = {}
-        for kv in store.range(keys.vm())[0]:
-            if readable(kv) is not None:      # the VMs vmlist shows, no more
-                host = keys.suffix(kv.key, keys.vm()).split("/")[0]
-                counts[host] = counts.get(host, 0) + 1
-        for name, record in records.items():
-            if record.get("vms") is None:
-                record["vms"] = counts.get(name, 0)
+    # Not the host's own figure, published every few seconds: a VM booted a
+    # moment ago is counted as soon as vmlist lists it.
+    counts = _vm_counts(vms, held)
     for name, record in records.items():
+        record["vms"] = counts.get(name, 0)
         record.setdefault("enabled", True)
         record["drained"] = name in drained
         record["reserved_by"] = reserved.get(name)
@@ -76,8 +76,35 @@ def read_hosts(store) -> list[dict]:
     return sorted(records.values(), key=lambda r: table.natural_key(r["host"]))
 
 
+def _vm_counts(records, held) -> dict[str, int]:
+    """``{host: VMs}`` as :func:`read_vms` lists them: readable records, a VM
+    being moved counted once, on the host it leaves."""
+    moving = _moving(held)
+    counts: dict[str, int] = {}
+    for kv in records:
+        vm = readable(kv, VM)
+        if vm is None:
+            continue
+        host = vm["host"]
+        if moving.get(vm["uuid"], host) not in (None, host):
+            continue
+        counts[host] = counts.get(host, 0) + 1
+    return counts
+
+
+def _moving(held) -> dict[str, str | None]:
+    """``{uuid: the host it leaves}`` of the VMs a migration holds (``locks/vm/``)."""
+    moving = {}
+    for kv in held:
+        lock = readable(kv)
+        if lock is not None and lock.get("kind") == "migrate" and not lock.get("held"):
+            moving[keys.suffix(kv.key, keys.lock("vm/"))] = lock.get("host")
+    return moving
+
+
 _VM_NUMBERS = ("vcpus", "memory_mb", "disk_gb")
-_HOST_NUMBERS = ("vcpus", "memory_mb", "free_memory_mb", "vms", "disk_gb", "free_disk_gb",
+DOWN = ("shutoff", "error")     # states in which a VM that should run has crashed
+_HOST_NUMBERS = ("vcpus", "memory_mb", "free_memory_mb", "disk_gb", "free_disk_gb",
                  "cpu_usage", "net_rx_bytes", "net_tx_bytes")
 
 
@@ -94,18 +121,22 @@ def read_vms(store) -> list[dict]:
     A VM being moved (its lock is a migration's) is listed once, on the host
     it leaves, in state ``migrating``: the copy arriving on the destination is
     not a second VM.  A VM whose host is dead is ``unknown``: its record is
-    the last its host wrote, and nobody can tell what runs there now.
+    the last its host wrote, and nobody can tell what runs there now.  A VM
+    whose live host has no domain for it is ``missing``; ``crashed``: it is
+    down though nobody stopped it through peerctl; ``restarts``: its HA
+    restarts within the window (:mod:`engine.hypervisor.harules`).
     ``recovered`` (``{from, time}``, else None): an HA restart rebuilt the VM
     from its image after its host ``from`` died."""
     records, held, live = store.txn([], [Get(keys.vm(), True), Get(keys.lock("vm/"), True),
                                          Get(keys.host(), True)]).ranges
-    alive = {keys.suffix(kv.key, keys.host()) for kv in live}
+    alive = {keys.suffix(kv.key, keys.host()) for kv in live if is_live_record(kv)}
     moving = {}
     for kv in held:
         lock = readable(kv)
         if lock is not None and lock.get("kind") == "migrate" and not lock.get("held"):
             moving[keys.suffix(kv.key, keys.lock("vm/"))] = lock.get("host")
     vms = []
+    now = time.time()
     for kv in records:
         vm = readable(kv, VM)       # vms/ holds VM records only: no lookup of the shape
         if vm is None:
@@ -128,7 +159,9 @@ def read_vms(store) -> list[dict]:
                     "ip": first_ip(addresses) if addresses else None,
                     "addresses": addresses or [],
                     "ha": ha if ha in HA_POLICIES else "none",
-                    "recovered": _recovered(recovered) if recovered else None})
+                    "recovered": _recovered(recovered) if recovered else None,
+                    "crashed": get("crashed") is True and state in DOWN,
+                    "restarts": restarts_within(vm, now) if get("restarts") else 0})
     return vms
 
 
@@ -156,7 +189,10 @@ def _recovered(value) -> dict | None:
     return None
 
 
-_ADDRESS_FIELDS = {"interface": str, "mac": str, "addr": str, "prefix": int}
+# Each field's types; None: may be null (an interface libvirt does not name,
+# a prefix nobody knows), but present.
+_ADDRESS_FIELDS = {"interface": (str, type(None)), "mac": (str,), "addr": (str,),
+                   "prefix": (int, type(None))}
 
 
 def _addresses(value) -> list[dict]:
@@ -166,8 +202,8 @@ def _addresses(value) -> list[dict]:
     if not value or not isinstance(value, list):
         return kept
     for entry in value:
-        if isinstance(entry, dict) and all(isinstance(entry.get(k), t)
-                                           for k, t in _ADDRESS_FIELDS.items()):
+        if isinstance(entry, dict) and all(k in entry and type(entry[k]) in types
+                                           for k, types in _ADDRESS_FIELDS.items()):
             try:
                 ipaddress.ip_address(entry["addr"])
             except ValueError:
@@ -183,7 +219,7 @@ def ready_hosts(store, hosts: list[str]) -> set[str]:
     live, names, providers = store.txn([], [
         Get(keys.host(), True), Get(keys.placement("name/"), True),
         Get(keys.placement("rp/"), True)]).ranges
-    alive = {keys.suffix(kv.key, keys.host()) for kv in live if readable(kv) is not None}
+    alive = {keys.suffix(kv.key, keys.host()) for kv in live if is_live_record(kv)}
     uuid_of = {}
     for kv in names:
         uuid = readable(kv)

@@ -9,7 +9,8 @@ the initiator (no target).  The lock is ``locks/vm/<uuid>``
   a failed move left held for an operator.
 - ``ha_lock`` ``{uuid, host, owner, name?}`` (HA restart,
   ``automations/ha.py``): the lock, kind ``recover``, taken only while
-  ``vms/<host>/<uuid>`` exists *and* ``hosts/<host>`` does not *and* the
+  ``vms/<host>/<uuid>`` exists *and* no lease holds ``hosts/<host>`` (a
+  record put by hand is no live host) *and* the
   VM is not disowned there (``disowned/<host>/<uuid>``: a recovery restarted
   it elsewhere already, and the record is one a hung peer published again
   before it noticed its lease had gone): once it is held the VM is the
@@ -23,8 +24,9 @@ the initiator (no target).  The lock is ``locks/vm/<uuid>``
   operator (a move whose outcome nobody can tell).
 """
 from engine.core import keys, locks
+from engine.core.hosts import is_live_record
 from engine.core.handlers import handler
-from engine.core.store import Delete, absent, exists
+from engine.core.store import Delete, absent, exists, lease_is
 from engine.errors import Conflict, RequestError
 
 
@@ -71,13 +73,14 @@ def ha_lock(host, args: dict) -> dict:
     uuid, where, owner = _lock_args(args, "ha_lock")
     try:
         locks.take(host.store, f"vm/{uuid}", owner, f"being restarted: {where} is down",
-                   [exists(keys.vm(where, uuid)), absent(keys.host(where)),
+                   [exists(keys.vm(where, uuid)), lease_is(keys.host(where), 0),
                     absent(keys.disowned(where, uuid))],
                    kind="recover", host=where)
     except Conflict as exc:
         if exc.reason != "condition":
             raise RequestError(f"{_name(args)} is busy: {exc}") from None
-        if host.store.get(keys.host(where)) is not None:
+        record = host.store.get(keys.host(where))
+        if record is not None and is_live_record(record):
             return {"uuid": uuid, "locked": False, "why": f"{where} is back: it keeps its VMs"}
         if host.store.get(keys.disowned(where, uuid)) is not None:
             return {"uuid": uuid, "locked": False,

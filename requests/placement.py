@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import fnmatch
 
-from engine.core import keys
 from engine.core.handlers import handler
+from engine.core.hosts import live_host_names
 from engine.errors import Conflict, NotFound, RequestError
 from engine.leases.events import unreserved
 from engine.placement import for_request, parse_query, together
@@ -172,16 +172,13 @@ def claim_move(host, args: dict) -> dict:
             doc = placement.move_to_migration(instance, migration, candidate["allocations"])
             return {"host": candidate["host"], "allocations": doc["allocations"]}
         excluded = {source, *(args.get("exclude") or ())}
-        live = _live(host.store) if args.get("live_only") else None
+        live = live_host_names(host.store) if args.get("live_only") else None
         return _first_fit(placement, query, args,
                           lambda name: name not in excluded and (live is None or name in live),
                           moved, f"no {'live ' if live is not None else ''}host but "
                           f"{', '.join(sorted(excluded))} can fit {query}", f"moving {instance}")
 
 
-def _live(store) -> set[str]:
-    """Hosts whose peer holds its lease now."""
-    return {keys.suffix(kv.key, keys.host()) for kv in store.range(keys.host(), keys_only=True)[0]}
 
 
 @handler("confirm_move")

@@ -202,7 +202,7 @@ def test_etcd_dying_while_following_exits_3_naming_the_endpoint(own_etcd, tmp_pa
     they must not hang but exit 3 with one line naming the endpoint."""
     cluster = Cluster(own_etcd.url, "t" + uuid.uuid4().hex[:10], tmp_path)
     store = Store(own_etcd.url, cluster.name)
-    store.put("hosts/ghost", {"host": "ghost"})     # a member that never answers
+    store.put("hosts/ghost", {"host": "ghost"}, store.grant(600))     # a member that never answers
     store.close()
     automation = cluster.cli_json("ping", "--rounds", "2", "--detach")["automation"]
 

@@ -205,16 +205,18 @@ class MemoryStore:
         self.revision = 1
         self.kvs = {}
         for key, value in data.items():
-            self.put(key, value)
+            # hosts/ keys are held by a lease, as a peer writes them
+            self.put(key, value, lease=7 if key.startswith(keys.host()) else 0)
 
-    def put(self, key, value):
+    def put(self, key, value, lease=0):
         self.revision += 1
-        self.kvs[key] = KV(key, value, self.revision, self.revision, 1, 0)
+        self.kvs[key] = KV(key, value, self.revision, self.revision, 1, lease)
 
     def range(self, prefix, keys_only=False, revision=0):
         kvs = [kv for key, kv in sorted(self.kvs.items()) if key.startswith(prefix)]
         if keys_only:
-            kvs = [KV(kv.key, None, kv.create_revision, kv.mod_revision, 1, 0) for kv in kvs]
+            kvs = [KV(kv.key, None, kv.create_revision, kv.mod_revision, 1, kv.lease)
+                   for kv in kvs]
         return kvs, self.revision
 
     def txn(self, compares, success=(), failure=()):
@@ -285,7 +287,8 @@ def test_a_vm_record_without_its_fields_is_skipped(warnings):
     assert cluster.read_vms(store) == [{"host": host, "name": "web1", "uuid": "u1",
                                         "state": "running", "vcpus": 1, "memory_mb": 256,
                                         "disk_gb": 1, "ip": None, "addresses": [],
-                                        "ha": "none", "recovered": None}]
+                                        "ha": "none", "recovered": None, "crashed": False,
+                                        "restarts": 0}]
     assert [key for key, _ in warnings] == [keys.vm(host, "u2")]
 
 

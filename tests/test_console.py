@@ -37,7 +37,8 @@ def test_driver_host(tmp_path, store):
                     + domain.format("off1", SHUTOFF, "<test:runstate>5</test:runstate>")
                     + "</node>")
     uri = f"test://{path}"
-    store.put(keys.host("hfile"), {"host": "hfile", "libvirt_uri": uri})
+    store.put(keys.host("hfile"), {"host": "hfile", "libvirt_uri": uri},
+              store.grant(600))      # a live host's record, held by a lease
     for name, uid, state in (("run1", RUNNING, "running"), ("off1", SHUTOFF, "shutoff")):
         store.put(keys.vm("hfile", uid), {"host": "hfile", "name": name, "uuid": uid,
                                           "state": state})
@@ -73,7 +74,7 @@ def test_a_vm_booted_by_a_test_driver_peer_cannot_be_reached_from_here(cluster, 
 def test_an_unreachable_host_is_exit_3_naming_its_uri(cluster, store):
     uri = "qemu+unix:///system?socket=/nonexistent"
     uid = str(uuid.uuid4())
-    store.put(keys.host("far"), {"host": "far", "libvirt_uri": uri})
+    store.put(keys.host("far"), {"host": "far", "libvirt_uri": uri}, store.grant(600))
     store.put(keys.vm("far", uid), {"host": "far", "name": "web9", "uuid": uid,
                                     "state": "running"})
     done = cluster.cli("console", "web9", input="")

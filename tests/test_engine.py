@@ -186,7 +186,7 @@ def test_fence_refuses_a_deposed_initiators_append(etcd, cluster_name):
     from engine.core.registry import lookup
 
     store = Store(etcd.url, cluster_name)
-    store.put("hosts/h1", {})
+    store.put("hosts/h1", {"host": "h1"}, store.grant(60))
     automation_id = api.start_automation(store, "ping", {"hosts": ["h1"], "rounds": 1}, members=1)
     session = Session(store, 2)
     candidacy = Candidacy(store, session, keys.elect(automation_id), "h1")

@@ -126,7 +126,7 @@ class Starter(threading.Thread):
 def test_automations_started_while_the_leader_member_dies_are_each_created_once(
         members, cluster_name):
     store = Store(members.urls, cluster_name)
-    store.put(keys.host("h1"), {"host": "h1"})
+    store.put(keys.host("h1"), {"host": "h1"}, store.grant(600))
     starters = [Starter(members.urls, cluster_name) for _ in range(4)]
     try:
         for starter in starters:

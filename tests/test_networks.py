@@ -8,15 +8,19 @@ with one line before anything is written.
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
 
+import libvirt
 import pytest
 
 from engine.core import keys
 from engine.errors import RequestError
 from engine.hypervisor import images
 from engine.hypervisor.domain_xml import SEED_DEV, read_metadata
+from engine.hypervisor.arp import arp_interfaces, connected_prefix, tap_devices
 from engine.hypervisor.networks import mac_for, network_trait, parse_offer
 from engine.placement import open_placement
 from tests.support import wait_for
@@ -230,3 +234,78 @@ def test_a_migrated_vm_keeps_its_macs_in_the_listing(cluster, store):
     refused = cluster.cli("migrate", "m2")
     assert refused.returncode == 1 and "m2" in refused.stdout + refused.stderr
     assert cluster.cli_json("vmlist", "m2")[0]["host"] == "host3"
+
+
+# -- addresses found by ARP ------------------------------------------------------
+
+def arp_table(*rows) -> str:
+    """``/proc/net/arp`` as the kernel writes it: ``(addr, flags, mac, device)``."""
+    lines = ["IP address       HW type     Flags       HW address            Mask     Device"]
+    lines += [f"{addr:<16} 0x1         {flags:<11} {mac:<21} *        {device}"
+              for addr, flags, mac, device in rows]
+    return "\n".join(lines) + "\n"
+
+
+def route_table(*rows) -> str:
+    """``/proc/net/route`` as the kernel writes it (addresses in the host's
+    byte order): ``(device, destination, gateway, mask)``."""
+    def word(addr):
+        return "%08X" % struct.unpack("=I", socket.inet_aton(addr))[0]
+    lines = ["Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT"]
+    for device, destination, gateway, mask in rows:
+        flags = 0x3 if gateway != "0.0.0.0" else 0x1
+        lines.append(f"{device}\t{word(destination)}\t{word(gateway)}\t{flags:04X}\t0\t0\t0\t"
+                     f"{word(mask)}\t0\t0\t0")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_arp_entry_is_named_as_libvirt_names_the_interface_else_null():
+    """The tap device of the domain's interface with that MAC (libvirt's
+    <target dev>), or None: never a name made up from the MAC."""
+    conn = libvirt.open("test:///default")
+    try:
+        taps = tap_devices(conn.lookupByName("test"))
+    finally:
+        conn.close()
+    assert taps == {"aa:bb:cc:dd:ee:ff": "testnet0"}
+    table = arp_table(("192.168.122.3", "0x2", "AA:BB:CC:DD:EE:FF", "virbr0"),
+                      ("192.168.122.4", "0x2", "52:54:00:00:00:09", "virbr0"),
+                      ("192.168.122.5", "0x0", "52:54:00:00:00:0a", "virbr0"))  # incomplete
+    assert arp_interfaces(table, taps) == [
+        ("testnet0", {"hwaddr": "aa:bb:cc:dd:ee:ff",
+                      "addrs": [{"addr": "192.168.122.3", "prefix": None}]}),
+        (None, {"hwaddr": "52:54:00:00:00:09",
+                "addrs": [{"addr": "192.168.122.4", "prefix": None}]})]
+
+
+def test_an_arp_address_gets_the_prefix_of_its_connected_route_else_null():
+    routes = route_table(("eth0", "0.0.0.0", "192.0.2.1", "0.0.0.0"),       # default: no
+                         ("eth0", "192.0.2.0", "0.0.0.0", "255.255.255.0"),
+                         ("virbr0", "192.168.0.0", "0.0.0.0", "255.255.0.0"),
+                         ("virbr1", "192.168.122.0", "0.0.0.0", "255.255.255.0"),
+                         ("eth0", "10.9.0.0", "192.0.2.1", "255.255.0.0"))   # via a gateway
+    assert connected_prefix(routes, "192.168.122.3") == 24     # the longest that holds it
+    assert connected_prefix(routes, "192.168.7.7") == 16
+    assert connected_prefix(routes, "192.0.2.77") == 24
+    assert connected_prefix(routes, "10.9.0.5") is None
+    assert connected_prefix(routes, "203.0.113.9") is None
+    assert connected_prefix(open("/proc/net/route").read(), "203.0.113.9") is None
+
+
+def test_null_interface_and_prefix_are_listed_as_null_and_bad_entries_dropped(cluster, store):
+    """An address whose interface libvirt does not name, or whose prefix
+    nobody knows, is listed with null; a wrong type still costs its entry."""
+    vm_uuid = str(uuidlib.uuid4())
+    found = {"interface": None, "mac": "52:54:00:00:00:09", "addr": "192.168.122.4",
+             "prefix": None}
+    named = {"interface": "vnet0", "mac": "52:54:00:00:00:0a", "addr": "192.168.122.5",
+             "prefix": 24}
+    store.put(keys.vm("host1", vm_uuid), {
+        "host": "host1", "name": "arp1", "uuid": vm_uuid, "state": "running",
+        "addresses": [found, {**named, "prefix": "24"}, {**named, "interface": 5},
+                      {k: v for k, v in named.items() if k != "prefix"}, named]})
+    (vm,) = cluster.cli_json("vmlist")
+    assert vm["addresses"] == [found, named] and vm["ip"] == "192.168.122.4"
+    table = cluster.cli("vmlist", "-o", "name,addresses")
+    assert table.stdout.splitlines()[1].split() == ["arp1", "192.168.122.4",
+                                                    "192.168.122.5/24"]

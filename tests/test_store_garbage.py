@@ -139,10 +139,11 @@ def test_figures_that_are_not_numbers_show_as_missing_and_the_tables_still_add_u
     """A host or VM record whose vCPUs, memory or disk are not numbers is
     still listed, those figures shown as '-' and left out of the totals,
     with one warning line per key; the good records add up as before."""
+    lease = store.grant(600)        # live hosts' records, as their peers hold them
     store.put(keys.host("host7"), {"host": "host7", "vcpus": "eight", "memory_mb": 4096,
-                                   "free_memory_mb": [1], "cpu_usage": "busy"})
+                                   "free_memory_mb": [1], "cpu_usage": "busy"}, lease)
     store.put(keys.host("host8"), {"host": "host8", "vcpus": 8, "memory_mb": 8192,
-                                   "free_memory_mb": 4096, "cpu_usage": 50.0})
+                                   "free_memory_mb": 4096, "cpu_usage": 50.0}, lease)
     store.put(keys.vm("host7", "u1"), {"host": "host7", "name": "odd", "uuid": "u1",
                                        "state": "running", "vcpus": "2", "memory_mb": True,
                                        "disk_gb": {"gb": 1}})

@@ -41,7 +41,7 @@ def specs(store):
 
 @pytest.fixture
 def live_host(store):
-    store.put(keys.host("h1"), {"host": "h1"})
+    store.put(keys.host("h1"), {"host": "h1"}, store.grant(60))     # as a peer holds it
 
 
 def test_an_automation_whose_reply_was_lost_is_created_once(store, monkeypatch, live_host):
@@ -89,7 +89,7 @@ def test_a_lease_whose_grant_reply_was_lost_is_granted_once(store, monkeypatch):
     try:
         for name in ("host1", "host2"):
             make_provider(placement, name, {"VCPU": 8, "MEMORY_MB": 8192, "DISK_GB": 100})
-            store.put(keys.host(name), {"host": name})
+            store.put(keys.host(name), {"host": name}, store.grant(60))
         lost = lose_replies(store, monkeypatch, 1, landed=True)
         now = 1_800_000_000.0
         record = admission.grant(store, placement, {

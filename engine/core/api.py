@@ -13,7 +13,7 @@ from typing import Iterator
 
 from engine.errors import NoPeers, UnknownTask
 
-from . import keys
+from . import hosts, keys
 from .record import AutomationRecord
 from .registry import latest
 from .replay import TIMER
@@ -30,8 +30,8 @@ DEFAULT_MEMBERS = 3
 
 
 def live_hosts(store: Store) -> dict[str, dict]:
-    kvs, _ = store.range(keys.host())
-    return {keys.suffix(kv.key, keys.host()): kv.value for kv in kvs if readable(kv) is not None}
+    """``{host: record}`` of the live hosts (:mod:`engine.core.hosts`)."""
+    return hosts.live_hosts(store)
 
 
 def new_id() -> str:

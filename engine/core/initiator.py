@@ -24,11 +24,12 @@ from engine.errors import Deposed
 
 from . import failpoints, keys
 from .election import Candidacy
+from .hosts import live_host_names
 from .record import AutomationRecord, response_from
 from .registry import UnknownAutomation, lookup
 from .replay import TIMER, LoggedStep, NewRequest, NonDeterminism, Replayer
 from .session import Session
-from .store import KV, Delete, Put, Store, StoreUnavailable, absent
+from .store import KV, Delete, Put, Store, StoreUnavailable, absent, lease_is
 from .values import readable
 from .watch import PrefixWatch, Reset
 
@@ -198,8 +199,7 @@ class Initiator:
             self._fire_timers(now)
             if now - last_host_check >= HOST_CHECK_INTERVAL:
                 last_host_check = now
-                alive = {keys.suffix(kv.key, keys.host())
-                         for kv in self.store.range(keys.host(), keys_only=True)[0]}
+                alive = live_host_names(self.store)
                 self._check_targets(alive)
                 self._replenish_members(alive)
 
@@ -496,7 +496,8 @@ class Initiator:
                 continue
             if now - self._gone_since.setdefault(target, now) >= self.session.ttl:
                 if self._respond(index, "lost", f"host {target} is not alive",
-                                 [absent(keys.claim(self.id, index)), absent(keys.host(target))]):
+                                 [absent(keys.claim(self.id, index)),
+                                  lease_is(keys.host(target), 0)]):
                     self.log.info("request_lost", index=index, target=target, reason="host dead")
 
     def _replenish_members(self, alive: set[str]) -> None:

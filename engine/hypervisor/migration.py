@@ -63,6 +63,7 @@ import libvirt
 import structlog
 
 from engine.core import keys, steps
+from engine.core.hosts import is_live_record
 from engine.core.store import StoreUnavailable
 from engine.errors import RequestError
 from engine.hypervisor.domain_xml import read_metadata
@@ -482,11 +483,13 @@ def _paused_for_migration(dom) -> bool:
 
 
 def _peer_alive(store, name: str) -> bool | None:
-    """Whether ``hosts/<name>`` exists; None when etcd cannot tell."""
+    """Whether ``name`` is a live host (:mod:`engine.core.hosts`); None
+    when etcd cannot tell."""
     try:
-        return store.get(keys.host(name)) is not None
+        kv = store.get(keys.host(name))
     except StoreUnavailable:
         return None
+    return kv is not None and is_live_record(kv)
 
 
 def _line(exc: libvirt.libvirtError) -> str:

@@ -22,7 +22,9 @@ Promises:
   the namespace of the guest's QEMU process when libvirt cannot), and
   returns the first answer that has addresses, as
   ``[{interface, mac, addr, prefix}]`` (IPv4 first); loopback and
-  link-local addresses are left out.
+  link-local addresses are left out; ``interface`` is libvirt's name for
+  the VM's interface (``vnet0``) or None, ``prefix`` the real prefix length
+  or None (what an ARP table tells: engine/hypervisor/arp.py).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from engine.errors import UsageError
+from engine.hypervisor.arp import arp_interfaces, arp_prefixes, qemu_table, tap_devices
 
 __all__ = ["parse_offer", "parse_names", "offered", "network_trait", "mac_for",
            "interface_elements", "retarget", "guest_addresses", "NONE",
@@ -151,10 +154,16 @@ _SOURCES = (("lease", "VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE"),
 def guest_addresses(dom, macs: list[str] | None = None) -> list[dict]:
     """The guest's addresses from the first source that has any; [] when
     none does (or the domain is not running).  ``macs``: keep only these
-    interfaces' addresses (the agent also reports the guest's loopback)."""
+    interfaces' addresses (the agent also reports the guest's loopback).
+
+    ``interface`` is the name libvirt gives the VM's interface (its tap
+    device, ``vnet0``), or None when nobody can tell; ``prefix`` is the
+    address's real prefix length, or None when it is not known: an ARP
+    table has none, so it is the prefix of the route that reaches the
+    address from the guest's host, when that host is this machine."""
     import libvirt
     wanted = {mac.lower() for mac in macs} if macs else None
-    for _source, constant in _SOURCES:
+    for source, constant in _SOURCES:
         flag = getattr(libvirt, constant, None)
         if flag is None:
             continue
@@ -162,58 +171,28 @@ def guest_addresses(dom, macs: list[str] | None = None) -> list[dict]:
             answer = dom.interfaceAddresses(flag, 0) or {}
         except libvirt.libvirtError:
             continue            # no network leases, no agent, not running...
-        found = _flatten(answer, wanted)
+        found = _flatten(answer.items(), wanted)
         if found:
+            if source == "arp":
+                arp_prefixes(found, dom.UUIDString())
             return found
     if wanted:
         # libvirt's own ARP source fails on some kernels ("wrong nlmsg
         # len"): read the ARP table of the guest's QEMU process instead.
-        return _flatten(_qemu_arp(dom.UUIDString()), wanted)
+        arp = qemu_table(dom.UUIDString(), "arp")
+        if not arp:
+            return []
+        found = _flatten(arp_interfaces(arp, tap_devices(dom)), wanted)
+        arp_prefixes(found, dom.UUIDString())
+        return found
     return []
 
 
-def _qemu_arp(uuid: str) -> dict:
-    """The ARP table of the network namespace the QEMU process of domain
-    ``uuid`` runs in (its libvirtd's), in ``interfaceAddresses``' form; {}
-    when that process is not on this machine (a remote hypervisor)."""
-    import psutil
-    pid = _qemu_pids.get(uuid)
-    if pid is None or not _is_qemu_of(pid, uuid):
-        pid = next((p.pid for p in psutil.process_iter(["name"])
-                    if "qemu" in (p.info["name"] or "") and _is_qemu_of(p.pid, uuid)), None)
-        if pid is None:
-            return {}
-        _qemu_pids[uuid] = pid
-    try:
-        with open(f"/proc/{pid}/net/arp") as f:
-            lines = f.read().splitlines()[1:]
-    except OSError:
-        return {}
-    answer = {}
-    for line in lines:
-        fields = line.split()
-        # IP address, HW type, Flags, HW address, Mask, Device; 0x2: complete
-        if len(fields) >= 6 and int(fields[2], 16) & 0x2:
-            entry = answer.setdefault(f"arp-{fields[3]}", {"hwaddr": fields[3], "addrs": []})
-            entry["addrs"].append({"addr": fields[0], "prefix": 0})
-    return answer
-
-
-_qemu_pids: dict[str, int] = {}
-
-
-def _is_qemu_of(pid: int, uuid: str) -> bool:
-    import psutil
-    try:
-        cmdline = psutil.Process(pid).cmdline()
-    except (psutil.Error, OSError):
-        return False
-    return "-uuid" in cmdline and uuid in cmdline
-
-
-def _flatten(answer: dict, wanted: set | None) -> list[dict]:
+def _flatten(interfaces, wanted: set | None) -> list[dict]:
+    """``[{interface, mac, addr, prefix}]`` of ``(name, {hwaddr, addrs})``
+    pairs, IPv4 first; ``prefix`` None when the source gave none."""
     found = []
-    for interface, values in sorted(answer.items()):
+    for interface, values in interfaces:
         mac = (values.get("hwaddr") or "").lower()
         if wanted is not None and mac not in wanted:
             continue
@@ -225,7 +204,9 @@ def _flatten(answer: dict, wanted: set | None) -> list[dict]:
                 continue
             if ip.is_loopback or ip.is_link_local or ip.is_unspecified:
                 continue
+            prefix = entry.get("prefix")
             found.append({"interface": interface, "mac": mac, "addr": str(ip),
-                          "prefix": int(entry.get("prefix") or 0)})
-    found.sort(key=lambda a: (ipaddress.ip_address(a["addr"]).version, a["interface"]))
+                          "prefix": prefix if type(prefix) is int else None})
+    found.sort(key=lambda a: (ipaddress.ip_address(a["addr"]).version, a["interface"] or "",
+                              a["mac"]))
     return found
