@@ -354,12 +354,15 @@ VM_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
               C("memory_mb", "Memory", table.human_mb, True), C("state", "State"),
               C("disk_gb", "Disk", table.human_gb, True), C("ip", "IP"),
               C("addresses", "Addresses", lambda a: " ".join(
-                  f"{x['addr']}/{x['prefix']}" for x in a or []) or "-"),
+                  x["addr"] if x["prefix"] is None else f"{x['addr']}/{x['prefix']}"
+                  for x in a or []) or "-"),
               C("ha", "HA"),
-              C("recovered", "Recovered", lambda r: f"from {r['from']}" if r else "-")]
+              C("recovered", "Recovered", lambda r: f"from {r['from']}" if r else "-"),
+              C("crashed", "Crashed", lambda c: "yes" if c else "-"),
+              C("restarts", "Restarts", right=True)]
 VMLIST_DEFAULT = ["host", "name", "vcpus", "memory_mb", "state", "ip"]
 VMLIST_JSON = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
-               "addresses", "ha", "recovered"]
+               "addresses", "ha", "recovered", "crashed", "restarts"]
 ASIDE_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
                  C("time", "Since", lambda t: _when(t)), C("bytes", "Size", table.human_bytes,
                                                           True),
@@ -428,6 +431,8 @@ def vm_totals(vms: list[dict]) -> str:
     for vm in vms:
         get = vm.get
         state = get("state") or "unknown"
+        if get("crashed"):
+            state += " crashed"
         states[state] = states.get(state, 0) + 1
         hosts.add(get("host"))
         vcpus += get("vcpus") or 0
@@ -1481,9 +1486,13 @@ def cmd_up(ctx: Context) -> int:
     state_dir = os.path.abspath(args.state_dir or settings["state_dir"])
     recorded = supervisor.read_up(state_dir)
     _check_up_flags(ctx, state_dir, recorded)
+    # a directory set up before keeps its host count and libvirt: flags may
+    # only repeat them (checked above), the config file's defaults never apply
+    config = supervisor.configuration(recorded)
+    hosts = args.hosts or config["hosts"] or int(settings["hosts"])
     outcome = supervisor.start(
-        state_dir, settings["cluster"], args.libvirt or settings["libvirt"],
-        args.hosts if args.hosts is not None else int(settings["hosts"]), settings["ttl"],
+        state_dir, settings["cluster"], args.libvirt or config["libvirt"] or settings["libvirt"],
+        hosts, settings["ttl"],
         up=recorded, members=args.etcd_members or 1, tls=args.tls,
         history=f"{int(parse_duration(settings['etcd_history']))}s")
     up = outcome.up
@@ -1524,11 +1533,11 @@ def cmd_up(ctx: Context) -> int:
 
 
 def _check_up_flags(ctx: Context, state_dir: str, up: dict) -> None:
-    """A cluster name, libvirt URI, etcd size or TLS asked for explicitly must
-    be what the state directory was set up with: `up` never silently keeps the
-    recorded one, and switching a set-up directory over is not clean (etcd
-    data, peer state and VMs belong to the old one), so it is a usage error
-    naming both ways out."""
+    """A cluster name, libvirt URI, host count, etcd size or TLS asked for
+    explicitly must be what the state directory was set up with: `up` never
+    silently keeps the recorded one, and switching a set-up directory over is
+    not clean (etcd data, peer state and VMs belong to the old one), so it is
+    a usage error naming both ways out, before anything starts."""
     from engine import supervisor
     args = ctx.args
     where = _short(state_dir)
@@ -1553,12 +1562,21 @@ def _check_up_flags(ctx: Context, state_dir: str, up: dict) -> None:
         raise UsageError(f"{where} was set up for cluster {recorded!r}, not "
                          f"{ctx.settings['cluster']!r} ({asked}): to use that, {redo}; "
                          f"or ask for --cluster {recorded}")
+    config = supervisor.configuration(up)
     if args.libvirt is not None:
+        if config.get("libvirt") and config["libvirt"] != args.libvirt:
+            raise UsageError(f"{where} was set up with --libvirt {config['libvirt']}, not "
+                             f"{args.libvirt}: to use that, {redo}; or ask for --libvirt "
+                             f"{config['libvirt']}, or for nothing")
         for peer in up.get("peers") or []:
             if peer.get("libvirt") and peer["libvirt"] != args.libvirt:
                 raise UsageError(f"{peer['host']} in {where} was set up with --libvirt "
                                  f"{peer['libvirt']}, not {args.libvirt}: to use that, "
                                  f"{redo}; or ask for --libvirt {peer['libvirt']}")
+    if args.hosts is not None and config.get("hosts") and args.hosts != config["hosts"]:
+        raise UsageError(f"{where} was set up with {config['hosts']} host"
+                         f"{'s' if config['hosts'] != 1 else ''}, not {args.hosts}: to change "
+                         f"that, {redo}; or ask for --hosts {config['hosts']}, or for nothing")
 
 
 def _short(path: str) -> str:
@@ -1572,16 +1590,26 @@ def _public(record: dict) -> dict:
 
 def cmd_down(ctx: Context) -> int:
     from engine import supervisor
-    state_dir = os.path.abspath(ctx.args.state_dir or ctx.settings["state_dir"])
-    stopped = supervisor.stop(state_dir)
+    args = ctx.args
+    state_dir = os.path.abspath(args.state_dir or ctx.settings["state_dir"])
+    stopped = supervisor.stop(state_dir, keep_guests=args.keep_guests,
+                              guest_timeout=args.guest_timeout, say=say)
     if stopped is None:
-        ctx.emit({"state_dir": state_dir, "stopped": []},
+        ctx.emit({"state_dir": state_dir, "stopped": [], "kept": []},
                  f"nothing to stop: no {_short(supervisor.up_file(state_dir))}")
         return EXIT_OK
+    kept = [s for s in stopped if s["what"] == "kept"]
+    width = max([len(s["name"]) for s in stopped] + [8])
+    lines = [f"{s['name']:<{width}} {s['role']:<9} pid {s['pid'] or '-':<8} {s['what']}"
+             + (f" ({', '.join(s['inside'])} in it)" if s.get("inside") else "")
+             for s in stopped]
+    if kept:
+        lines.append("kept running: " + ", ".join(
+            f"{s['name']}" + (f" (pid {s['pid']})" if s["pid"] else "") for s in kept)
+            + f"; the next '{me()} up' takes them up again")
     # up.json stays: the next `up` reuses its ports with the data kept here
-    ctx.emit({"state_dir": state_dir, "stopped": stopped},
-             "\n".join(f"{s['name']:<8} pid {s['pid']:<8} {s['what']}" for s in stopped)
-             + f"\ndata kept in {_short(state_dir)}")
+    lines.append(f"data kept in {_short(state_dir)}")
+    ctx.emit({"state_dir": state_dir, "stopped": stopped, "kept": kept}, "\n".join(lines))
     return EXIT_OK
 
 
@@ -2089,12 +2117,16 @@ def build_parser() -> Parser:
                   cmd_up, "Start the embedded default: Debian's etcd with its data in the "
                   "state directory and N peers named host1..hostN (libvirt test driver "
                   "by default), all detached, with PIDs in STATE_DIR/up.json. Running it "
-                  "again reports what is up and starts what is missing.")
-    sub.add_argument("--hosts", type=_positive, metavar="N", help="number of peers (default 3)")
+                  "again reports what is up and starts what is missing, with the host count "
+                  "and libvirt the directory was set up with (other ones are refused).")
+    sub.add_argument("--hosts", type=_positive, metavar="N",
+                     help="number of peers (default 3; on a directory already set up, "
+                          "what it was set up with)")
     sub.add_argument("--libvirt", metavar="URI",
                      help="libvirt URI, or 'qemu': a private libvirtd per host inside a "
                           "network namespace for the cluster, so that VMs can migrate "
-                          "between hosts (default test:///default; docs/local-kvm.md)")
+                          "between hosts (default test:///default; on a directory already "
+                          "set up, what it was set up with; docs/local-kvm.md)")
     sub.add_argument("--state-dir", metavar="DIR", help="default ./state")
     sub.add_argument("--etcd-members", type=_positive, metavar="N",
                      help="etcd members on loopback (default 1; 3 survives one's death); "
@@ -2105,10 +2137,20 @@ def build_parser() -> Parser:
                           "root); commands here use the operator's (docs/security.md)")
 
     sub = command("down", "stop what `up` started, by PID",
-                  "python peerctl.py down", cmd_down,
-                  "Stop the peers and the etcd that `up` started (by recorded PID, "
-                  "only if the process still runs the recorded command); data stays.")
+                  "python peerctl.py down\npython peerctl.py down --keep-guests", cmd_down,
+                  "Stop what `up` started (by recorded PID, only if the process still "
+                  "runs the recorded command): the peers, etcd, each host's guard and, "
+                  "with --libvirt qemu, the guests (ACPI shutdown, powered off after "
+                  "--guest-timeout), the guests' network, the private libvirtd and "
+                  "virtlogd and the network namespace. Data stays; on the test driver "
+                  "the VMs lived in the peers and are gone.")
     sub.add_argument("--state-dir", metavar="DIR", help="default ./state")
+    sub.add_argument("--keep-guests", action="store_true",
+                     help="leave the QEMU guests running, with what they need (their "
+                          "virtlogd, the network's dnsmasq, the namespace); listed as kept")
+    sub.add_argument("--guest-timeout", type=_seconds, default=None, metavar="SECONDS",
+                     help="how long guests have to shut down before they are powered off "
+                          "(default 30)")
     parser.command_names = list(commands.choices)
     return parser
 

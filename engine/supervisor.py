@@ -14,15 +14,27 @@ and the host's peer pointed at its daemon.  A peer's record keeps
 the daemons are recorded under ``daemons``, the namespace under ``netns``.
 The daemons share one guest network, ``default``, inside the namespace
 (:mod:`engine.hypervisor.localnet`).
-``down`` stops the peers, then the daemons, then deletes the namespace if
-``up`` made it and nothing runs in it any more.  Guests are left running, as
-across any libvirtd restart (QEMU is daemonised, not libvirtd's child), with
-their daemon's virtlogd (their consoles go through it) and so the namespace;
-the next ``up`` brings the daemon back and it takes them up again.
+
+``up.json`` also keeps ``config``: the host count and the libvirt (a URI
+or :data:`QEMU`) the directory was set up with (:func:`configuration`);
+``up`` with no flags uses them, so it never adds a host, nor one of
+another kind.
+
+``down`` stops the peers, then etcd (from then on nothing can restart a VM
+elsewhere), then each host's guard, then the embedded KVM hosts
+(:mod:`engine.hypervisor.teardown`): their guests (an ACPI shutdown, then
+powered off after a timeout; or kept, with what they need: their virtlogd,
+the network's dnsmasq and the namespace), the network, the daemons and the
+namespace.  With guests kept, the next ``up`` brings their daemons back,
+which take them up again.
 
 Promises:
 - starting again starts only what is not running, on the ports recorded, so
   the cluster comes back with its data;
+- the configuration is recorded before anything starts (failpoint
+  ``up_configured``: just after);
+- ``down`` leaves no process ``up`` started running, unless asked to keep
+  the guests, and then lists exactly what it kept;
 - a process is stopped only if the recorded PID still runs the recorded
   command, never a stranger that reused the PID;
 - ``start`` returns once every peer it started is registered and can take a
@@ -42,11 +54,12 @@ import time
 from dataclasses import dataclass, field
 
 from engine import table
+from engine.core import failpoints
 from engine.errors import Failed
 
 __all__ = ["Started", "start", "stop", "read_up", "running_up", "is_ours", "up_file",
-           "etcd_members", "etcd_urls", "client_tls", "processes", "PEERCTL", "QEMU",
-           "netns_name"]
+           "etcd_members", "etcd_urls", "client_tls", "processes", "configuration",
+           "PEERCTL", "QEMU", "netns_name"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERCTL = os.path.join(ROOT, "peerctl.py")      # what each peer runs
@@ -114,6 +127,19 @@ def processes(up: dict) -> list[dict]:
     return listed
 
 
+def configuration(up: dict) -> dict:
+    """``{hosts, libvirt}`` the state directory was set up with (None for
+    what it does not say): ``up.json``'s ``config``, or for one written
+    before it was kept, what its peers say (libvirt: when they all agree)."""
+    config = up.get("config")
+    if isinstance(config, dict):
+        return {"hosts": config.get("hosts"), "libvirt": config.get("libvirt")}
+    peers = [p for p in up.get("peers") or [] if isinstance(p, dict)]
+    kinds = {p.get("libvirt") for p in peers}
+    return {"hosts": len(peers) or None,
+            "libvirt": kinds.pop() if len(kinds) == 1 else None}
+
+
 def is_ours(record: dict) -> bool:
     """The recorded process is alive and still runs the recorded command."""
     from engine.hypervisor.daemons import cmdline   # not on every command's path
@@ -145,6 +171,10 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
     os.makedirs(state_dir, exist_ok=True)
     cluster = up.get("cluster") or cluster
     up["cluster"] = cluster
+    if not isinstance(up.get("config"), dict):
+        up["config"] = {"hosts": hosts, "libvirt": libvirt}
+        _save_up(state_dir, up)
+    failpoints.crash("up_configured")
     outcome = Started(up)
     tls = tls or bool((up.get("tls") or {}).get("dir"))
     if tls and not up.get("tls"):
@@ -396,56 +426,58 @@ def _wait_hosts(up: dict, cluster: str, peers: dict, hosts: list[str],
         store.close()
 
 
-def stop(state_dir: str) -> list[dict] | None:
-    """Stop the peers (in parallel: each hands over what it leads), then the
-    private daemons, then etcd; ``[{name, pid, what}]`` with what = stopped,
-    killed or not running (a daemon's virtlogd: ``kept`` while its guests
-    run); None when nothing was ever started here.  The network namespace
-    ``up`` made goes once nothing runs in it (``up.json`` says which:
-    ``netns.deleted``).  ``up.json`` and the data stay, for the next
-    ``start``."""
+def stop(state_dir: str, *, keep_guests: bool = False, guest_timeout: float | None = None,
+         say=lambda message: None) -> list[dict] | None:
+    """Stop everything ``up`` started here, by recorded PID: the peers (in
+    parallel: each hands over what it leads), etcd, each host's guard, then
+    the embedded KVM hosts (:func:`engine.hypervisor.teardown.take_down`:
+    guests shut down unless ``keep_guests``, powered off after
+    ``guest_timeout`` s).  ``[{name, role, pid, what}]``, what = stopped,
+    killed, not running, kept, ...; None when nothing was ever started
+    here.  ``say`` gets progress lines.  ``up.json`` and the data stay, for
+    the next ``start`` (``netns.deleted`` says whether the namespace went)."""
     up = read_up(state_dir)
     if not up:
         return None
     stopped = []
     peers = up.get("peers") or []
     running = [p for p in peers if is_ours(p)]
+    if running:
+        say(f"stopping {len(running)} peer{'s' if len(running) != 1 else ''}")
     for peer in running:
         os.kill(peer["pid"], signal.SIGTERM)
     for peer in peers:
         what = _stop_process(peer) if peer in running else "not running"
-        stopped.append({"name": peer["host"], "pid": peer["pid"], "what": what})
-    if up.get("daemons"):
-        stopped += _stop_daemons(state_dir, up)
+        stopped.append({"name": peer["host"], "role": "peer", "pid": peer["pid"], "what": what})
     for member in etcd_members(up):
-        stopped.append({"name": member.get("name", "etcd"), "pid": member["pid"],
+        stopped.append({"name": member.get("name", "etcd"), "role": "etcd", "pid": member["pid"],
                         "what": _stop_process(member) if is_ours(member) else "not running"})
+    stopped += _stop_guards(state_dir, peers)
+    if up.get("daemons"):
+        from engine.hypervisor.teardown import GUEST_TIMEOUT, take_down
+        netns = up.get("netns") or {}
+        stopped += take_down(up["daemons"], netns, keep_guests=keep_guests, say=say,
+                             guest_timeout=GUEST_TIMEOUT if guest_timeout is None
+                             else guest_timeout)
+        if netns:
+            up["netns"] = netns
+            _save_up(state_dir, up)
     return stopped
 
 
-def _stop_daemons(state_dir: str, up: dict) -> list[dict]:
-    """Each private daemon stopped by its recorded PIDs (their guest network
-    first when no guest runs), then the namespace deleted if ``up`` made it
-    and nothing runs in it."""
-    from engine.hypervisor.daemons import PrivateLibvirtd, delete_netns
-    from engine.hypervisor.localnet import stop_local_network
-    daemons = [PrivateLibvirtd.from_record(record) for record in up["daemons"]]
-    running = [daemon for daemon in daemons if daemon.running()]
-    if not any(daemon.guests() for daemon in running):
-        # No guest needs it: its DHCP server would keep the namespace alive.
-        stop_local_network([daemon.uri for daemon in running])
+def _stop_guards(state_dir: str, peers: list[dict]) -> list[dict]:
+    """The guard of each host that has one (a hypervisor whose VMs outlive
+    the peer).  Called once etcd is stopped: no VM can be restarted
+    elsewhere any more, so no HA VM needs fencing."""
+    from engine.hypervisor.guard import stop_guard
     stopped = []
-    for record in up["daemons"]:
-        outcome = PrivateLibvirtd.from_record(record).stop()
-        pids = {"libvirtd": record.get("pid"),
-                "virtlogd": (record.get("virtlogd") or {}).get("pid")}
-        for what, pid in pids.items():
-            stopped.append({"name": f"{record['host']}/{what}", "pid": pid or 0,
-                            "what": outcome[what]})
-    netns = up.get("netns") or {}
-    if netns.get("created"):
-        netns["deleted"] = delete_netns(netns["name"])
-        _save_up(state_dir, up)
+    for peer in peers:
+        directory = os.path.join(state_dir, peer["host"])
+        if not os.path.exists(os.path.join(directory, "guard", "pid")):
+            continue
+        pid, what = stop_guard(directory)
+        stopped.append({"name": f"{peer['host']}/guard", "role": "guard", "pid": pid,
+                        "what": what})
     return stopped
 
 

@@ -66,11 +66,35 @@ sys.meta_path.insert(0, SlowRegistration())
 """
 
 
+def processes_naming(path) -> list[int]:
+    """PIDs of the processes whose command line names ``path``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and running(int(entry)):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if str(path).encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
 def test_up_again_and_down(local, tmp_path, cluster_name):
+    # killed right after recording what it was asked for, before starting
+    # anything: the directory is set up with 2 hosts all the same
+    armed = tmp_path / "failpoints"
+    armed.write_text("up_configured\n")
+    killed = local("up", "--hosts", "2", extra_env={"PEERCTL_FAILPOINTS": str(armed)})
+    assert killed.returncode == -9, (killed.stdout, killed.stderr)
+    assert json.loads((tmp_path / "state" / "up.json").read_text())["config"] == \
+        {"hosts": 2, "libvirt": "test:///default"}
+    assert processes_naming(tmp_path / "state") == []
     slow = tmp_path / "slow-registration"
     slow.mkdir()
     (slow / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    done = local("--format", "json", "up", "--hosts", "2", extra_env={"PYTHONPATH": str(slow)})
+    # no flags: what the directory was set up with (the default would be 3)
+    done = local("--format", "json", "up", extra_env={"PYTHONPATH": str(slow)})
     assert done.returncode == 0, done.stderr
     up = json.loads(done.stdout)
     assert up["state_dir"] == str(tmp_path / "state") and up["cluster"] == cluster_name
@@ -107,16 +131,20 @@ def test_up_again_and_down(local, tmp_path, cluster_name):
     assert ping.returncode == 0, ping.stderr
     assert json.loads(ping.stdout)["state"] == "done"
 
-    # again: reports what is up, starts nothing new
-    again = local("up", "--hosts", "2")
-    assert again.returncode == 0, again.stderr
-    assert again.stdout.count("already running") == 3
-    assert f"export PEERCTL_ETCD={up['etcd'][0]} " in again.stdout
-    # a cluster or libvirt other than the recorded one is refused, never ignored
+    # again, with or without flags: reports what is up, starts nothing new
+    for flags in (["--hosts", "2"], []):
+        again = local("up", *flags)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.count("already running") == 3, again.stdout
+        assert "host3" not in again.stdout
+        assert f"export PEERCTL_ETCD={up['etcd'][0]} " in again.stdout
+    # a cluster, libvirt or host count other than the recorded one is
+    # refused, never ignored
     before = (tmp_path / "state" / "up.json").read_text()
     for flags, recorded in [(["--cluster", "other"], f"cluster '{cluster_name}'"),
-                            (["--libvirt", "test:///other"], "--libvirt test:///default")]:
-        refused = local("up", "--hosts", "2", *flags)
+                            (["--libvirt", "test:///other"], "--libvirt test:///default"),
+                            (["--hosts", "3"], "with 2 hosts, not 3")]:
+        refused = local("up", *flags)
         assert refused.returncode == 2, (flags, refused.stdout, refused.stderr)
         line = refused.stderr.strip()
         assert len(line.splitlines()) == 1 and refused.stdout == "", refused.stderr
@@ -125,19 +153,18 @@ def test_up_again_and_down(local, tmp_path, cluster_name):
     assert all(running(pid) for pid in pids)
     same = local("--cluster", cluster_name, "up", "--hosts", "2", "--libvirt", "test:///default")
     assert same.returncode == 0 and same.stdout.count("already running") == 3, same.stderr
-    # more hosts: only the new one starts
-    more = json.loads(local("--format", "json", "up", "--hosts", "3").stdout)
-    assert [(p["host"], p["started"]) for p in more["peers"]] == \
-        [("host1", False), ("host2", False), ("host3", True)]
-    pids.append(more["peers"][2]["pid"])
 
     down = local("--format", "json", "down")
     assert down.returncode == 0, down.stderr
-    stopped = json.loads(down.stdout)["stopped"]
-    assert [s["name"] for s in stopped] == ["host1", "host2", "host3", "etcd"]
-    assert all(s["what"] in ("stopped", "killed") for s in stopped)
+    stopped = json.loads(down.stdout)
+    # the test driver's hosts have no guard, no daemon: peers and etcd only
+    assert [(s["name"], s["role"]) for s in stopped["stopped"]] == \
+        [("host1", "peer"), ("host2", "peer"), ("etcd", "etcd")]
+    assert all(s["what"] in ("stopped", "killed") for s in stopped["stopped"])
+    assert stopped["kept"] == []
     assert not any(running(pid) for pid in pids)
-    assert local("down").stdout.count("not running") == 4
+    assert processes_naming(tmp_path / "state") == []
+    assert local("down").stdout.count("not running") == 3
 
     # with nothing up, the default endpoint is the config's, unreachable here
     done = local("--etcd", "http://127.0.0.1:1", "vmlist")
@@ -161,6 +188,30 @@ def test_down_leaves_a_foreign_process_alone(local, tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_up_on_a_qemu_directory_refuses_another_hypervisor_or_host_count(local, tmp_path,
+                                                                        cluster_name):
+    """A directory set up with `--hosts 2 --libvirt qemu` (down now): asking
+    for the test driver or a third host is refused in one line, before
+    anything starts, and the directory is left as it was."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "up.json").write_text(json.dumps({
+        "cluster": cluster_name, "config": {"hosts": 2, "libvirt": "qemu"}, "peers": [
+            {"host": f"host{i}", "pid": 1, "cmd": ["never"], "libvirt": "qemu"}
+            for i in (1, 2)]}))
+    before = sorted(os.listdir(state)), (state / "up.json").read_text()
+    for flags, said in [(["--libvirt", "test:///default"], "--libvirt qemu, not test:///default"),
+                        (["--hosts", "3"], "with 2 hosts, not 3"),
+                        (["--hosts", "3", "--libvirt", "qemu"], "with 2 hosts, not 3")]:
+        refused = local("up", *flags)
+        assert refused.returncode == 2, (flags, refused.stdout, refused.stderr)
+        assert refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1, \
+            refused.stderr
+        assert said in refused.stderr, refused.stderr
+    assert (sorted(os.listdir(state)), (state / "up.json").read_text()) == before
+    assert processes_naming(state) == []
 
 
 def test_up_with_tls_and_three_etcd_members(local, tmp_path, cluster_name):

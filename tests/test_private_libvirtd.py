@@ -114,10 +114,12 @@ def running(pid: int) -> bool:
 def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, kernel,
                                                                  cluster_name):
     """`up --libvirt qemu`: a daemon per host in the cluster's network
-    namespace, each peer on its own.  `down` stops peers and daemons; a guest
-    left running keeps running, with its daemon's virtlogd and so the
-    namespace, and the next `up` takes it up again; with none, the namespace
-    goes too."""
+    namespace, each peer on its own.  `down --keep-guests` stops peers,
+    guards and daemons; a guest left running keeps running, with its
+    daemon's virtlogd, the network's dnsmasq and so the namespace, all
+    listed as kept, and the next `up` takes it up again.  A plain `down`
+    powers off a guest that does not shut down in time, and everything
+    goes, the namespace too."""
     state = qemu_guest.world_readable_tmpdir("peerctl-up-")   # short: socket paths
     env = {k: v for k, v in os.environ.items() if not k.startswith("PEERCTL_")}
     env.update(PEERCTL_CLUSTER=cluster_name, PEERCTL_CONF=os.path.join(state, "none.conf"),
@@ -133,8 +135,9 @@ def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, 
     def up():
         return cli("up", "--hosts", "2", "--libvirt", "qemu", "--state-dir", state)
 
-    def down():
-        return {s["name"]: s["what"] for s in cli("down", "--state-dir", state)["stopped"]}
+    def down(*flags):
+        doc = cli("down", "--state-dir", state, *flags)
+        return {s["name"]: s["what"] for s in doc["stopped"]}, doc["kept"]
 
     namespace = supervisor.netns_name(cluster_name)
     try:
@@ -144,6 +147,7 @@ def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, 
         peers = first["peers"]
         assert [(p["host"], p["libvirt"]) for p in peers] == [("host1", "qemu"), ("host2", "qemu")]
         recorded = supervisor.read_up(state)
+        assert recorded["config"] == {"hosts": 2, "libvirt": "qemu"}
         daemons = recorded["daemons"]
         assert [d["host"] for d in daemons] == ["host1", "host2"]
         assert [p["libvirt_uri"] for p in peers] == [d["uri"] for d in daemons]
@@ -165,15 +169,24 @@ def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, 
         assert [d["pid"] for d in supervisor.read_up(state)["daemons"]] == \
             [d["pid"] for d in daemons]
 
-        # down with a guest running on host1
+        # down --keep-guests with a guest running on host1
         dom, _console = diskless_guest(conns[0], kernel, state, "stays")
+        qemu = PrivateLibvirtd.from_record(daemons[0]).guest_pids()["stays"]
         for conn in conns:
             conn.close()
-        what = down()
-        assert list(what) == ["host1", "host2", "host1/libvirtd", "host1/virtlogd",
-                              "host2/libvirtd", "host2/virtlogd", "etcd"]
-        assert what.pop("host1/virtlogd") == "kept"
-        assert all(w in ("stopped", "killed") for w in what.values()), what
+        what, kept = down("--keep-guests")
+        assert list(what) == ["host1", "host2", "etcd", "host1/guard", "host2/guard",
+                              "host1/stays", "host1/dnsmasq", "host1/libvirtd",
+                              "host1/virtlogd", "host2/libvirtd", "host2/virtlogd",
+                              f"netns {namespace}"]
+        assert [(k["name"], k["role"], k["pid"]) for k in kept] == \
+            [("host1/stays", "guest", qemu),
+             ("host1/dnsmasq", "dnsmasq", kept[1]["pid"]),
+             ("host1/virtlogd", "virtlogd", daemons[0]["virtlogd"]["pid"]),
+             (f"netns {namespace}", "netns", None)]
+        assert all(running(k["pid"]) for k in kept[:3])
+        assert all(w in ("stopped", "killed") for n, w in what.items()
+                   if n not in {k["name"] for k in kept}), what
         pids = [p["pid"] for p in peers] + [d["pid"] for d in daemons] \
             + [daemons[1]["virtlogd"]["pid"]]
         assert not any(running(pid) for pid in pids)
@@ -186,16 +199,16 @@ def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, 
         assert again[0]["virtlogd"]["pid"] == daemons[0]["virtlogd"]["pid"]
         conn = libvirt.open(again[0]["uri"])
         try:
-            back = conn.lookupByName("stays")
-            assert back.state()[0] == libvirt.VIR_DOMAIN_RUNNING
-            back.destroy()
+            assert conn.lookupByName("stays").state()[0] == libvirt.VIR_DOMAIN_RUNNING
         finally:
             conn.close()
 
-        # down with no guest left: everything goes, the namespace too
-        what = down()
-        assert all(w in ("stopped", "killed") for w in what.values()), what
-        pids = [d["pid"] for d in again] + [d["virtlogd"]["pid"] for d in again]
+        # down: the guest, still in early boot, cannot hear the power button
+        # in time and is powered off; everything goes, the namespace too
+        what, kept = down("--guest-timeout", "1")
+        assert what.pop("host1/stays") == "powered off" and kept == []
+        assert all(w in ("stopped", "killed", "deleted") for w in what.values()), what
+        pids = [d["pid"] for d in again] + [d["virtlogd"]["pid"] for d in again] + [qemu]
         assert not any(running(pid) for pid in pids)
         assert not netns_exists(namespace)
         assert supervisor.read_up(state)["netns"]["deleted"] is True

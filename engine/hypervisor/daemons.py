@@ -25,6 +25,10 @@ Promises:
   check; it leaves guests running, as any libvirtd restart does (QEMU is
   daemonised, not libvirtd's child), and leaves virtlogd running while they
   do, since their consoles go through it; the next ``start`` reattaches;
+- :meth:`PrivateLibvirtd.guest_pids` and :meth:`PrivateLibvirtd.dnsmasq_pid`
+  read libvirt's own status and PID files and check the command line, so a
+  guest's QEMU or the guest network's DHCP server is found (and ``down``
+  stops it by PID) even with libvirtd stopped;
 - the host UUID is a function of the directory: the same daemon keeps it
   across restarts, two directories never share one;
 - guests of a private daemon run outside cgroups: libvirt names a guest's
@@ -50,7 +54,7 @@ from urllib.parse import quote
 from engine.errors import Failed
 
 __all__ = ["PrivateLibvirtd", "ensure_netns", "delete_netns", "netns_exists", "netns_pids",
-           "cmdline"]
+           "cmdline", "terminate"]
 
 # The directories a root libvirtd and virtlogd use, and what each is bound to.
 MOUNTS = (("etc", "/etc/libvirt"), ("run", "/run/libvirt"), ("lib", "/var/lib/libvirt"),
@@ -265,15 +269,43 @@ class PrivateLibvirtd:
     def guests(self) -> list[str]:
         """Names of this daemon's guests whose QEMU still runs, read from
         libvirt's status files (so it works with libvirtd stopped)."""
-        names = []
+        return sorted(self.guest_pids())
+
+    def guest_pids(self) -> dict[str, int]:
+        """``{name: pid}`` of this daemon's guests whose QEMU still runs:
+        the PID in libvirt's status file, running a QEMU."""
+        found = {}
         for status in glob.glob(os.path.join(self.dir, "run", "qemu", "*.xml")):
             try:
                 pid = int(ET.parse(status).getroot().get("pid") or 0)
             except (OSError, ET.ParseError, ValueError):
                 continue
             if pid and "qemu" in os.path.basename((cmdline(pid) or [""])[0]):
-                names.append(os.path.basename(status)[:-len(".xml")])
-        return sorted(names)
+                found[os.path.basename(status)[:-len(".xml")]] = pid
+        return found
+
+    def dnsmasq_pid(self, network: str = "default") -> int | None:
+        """The PID of the dnsmasq libvirt runs for ``network`` (from the
+        network driver's PID file here), when it still runs one, inside
+        this daemon's network namespace."""
+        try:
+            with open(os.path.join(self.dir, "run", "network", f"{network}.pid")) as f:
+                pid = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return None
+        if not pid or os.path.basename((cmdline(pid) or [""])[0]) != "dnsmasq":
+            return None
+        if self.netns and pid not in netns_pids(self.netns):
+            return None
+        return pid
+
+    def stop_dnsmasq(self, network: str = "default", grace: float = 5.0) -> tuple[int | None, str]:
+        """Stop the dnsmasq of ``network`` left by a daemon that no longer
+        runs (a running daemon stops it with the network): ``(pid, what)``."""
+        pid = self.dnsmasq_pid(network)
+        if pid is None:
+            return None, "not running"
+        return pid, terminate(pid, lambda: self.dnsmasq_pid(network) == pid, grace)
 
     def stop(self, grace: float = 15.0) -> dict:
         """Stop libvirtd (SIGTERM, SIGKILL after ``grace`` s), then virtlogd
@@ -396,6 +428,28 @@ def _binary(name: str) -> str:
         if os.path.exists(os.path.join(directory, name)):
             return os.path.join(directory, name)
     return os.path.join("/usr/sbin", name)
+
+
+def terminate(pid: int, still_ours, grace: float) -> str:
+    """SIGTERM ``pid``, SIGKILL after ``grace`` s while ``still_ours()``
+    (the caller's check that the PID still runs what it signalled): stopped
+    or killed."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "stopped"
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not still_ours():
+            return "stopped"
+        time.sleep(0.05)
+    if not still_ours():
+        return "stopped"
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return "stopped"
+    return "killed"
 
 
 def cmdline(pid: int) -> list[str]:

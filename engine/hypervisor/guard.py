@@ -22,8 +22,15 @@ How it works:
   says it is still its own (:func:`engine.peer.Peer._unfence`);
 - it needs no etcd and no credentials: libvirt and the heartbeat file only.
   One guard per state directory (an ``flock``); the peer starts it when it
-  has none and checks it every few seconds.  A guard whose peer is gone and
-  which has nothing left to fence exits.
+  has none and checks it every few seconds;
+- a guard whose peer is gone for good (its pid no longer runs the process
+  that wrote the heartbeat: exited, a zombie, or the pid reused) and which
+  has nothing left to fence exits; SIGTERM (what ``down`` sends, once
+  nothing can restart a VM elsewhere) makes it exit at once;
+- a libvirt that does not answer is retried with a growing delay (from
+  :data:`POLL` to :data:`BACKOFF_CAP`), never past the moment a fence is
+  due; each change (``libvirt_unreachable``, ``libvirt_reachable``,
+  ``peer_gone``) is logged once, not at every poll.
 
 Why a process and not libvirt's AUTODESTROY (a domain destroyed when the
 connection that started it closes): AUTODESTROY covers the peer's death but
@@ -50,11 +57,12 @@ import subprocess
 import sys
 import time
 
-__all__ = ["needs_guard", "Heartbeat", "ensure_guard", "fenced", "forget_fenced",
-           "ha_domains", "run_guard", "LEAD", "POLL"]
+__all__ = ["needs_guard", "Heartbeat", "ensure_guard", "stop_guard", "fenced",
+           "forget_fenced", "ha_domains", "run_guard", "LEAD", "POLL", "BACKOFF_CAP"]
 
 LEAD = 1.0          # seconds before the lease's earliest expiry that the guard fences
 POLL = 0.2          # how often the guard reads the heartbeat
+BACKOFF_CAP = 2.0   # the longest wait between two attempts to reach libvirt
 _IDLE_EXIT = 5.0    # a guard without peer and without HA VM to fence exits after this
 _BLIND_EXIT = 60.0  # ... or without peer and without libvirt (it can fence nothing)
 
@@ -94,14 +102,34 @@ def _read_json(path: str, default):
         return default
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (the
+    process state first), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def _start_time(pid: int):
+    """When process ``pid`` started (clock ticks since boot), or None when
+    it is gone; with the pid, it names one process for good."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
 class Heartbeat:
     """The peer's side: ``beat(until)`` after every lease renewal."""
 
     def __init__(self, state_dir: str):
         self.path = os.path.join(_dir(state_dir), "heartbeat")
+        self.started = _start_time(os.getpid())
 
     def beat(self, until: float) -> None:
-        _write_json(self.path, {"pid": os.getpid(), "until": until, "written": time.monotonic()})
+        _write_json(self.path, {"pid": os.getpid(), "started": self.started, "until": until,
+                                "written": time.monotonic()})
 
 
 def fenced(state_dir: str) -> list[str]:
@@ -181,22 +209,116 @@ def ensure_guard(state_dir: str, host: str, libvirt_uri: str, lead: float,
     raise RuntimeError("the guard did not start in time")
 
 
-def _alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
+def _is_guard_of(pid, state_dir: str) -> bool:
+    """Process ``pid`` is the guard of ``state_dir`` (its command line says
+    so; a zombie's is empty)."""
+    from engine.hypervisor.daemons import cmdline
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
+    command = cmdline(pid)
+    if "engine.hypervisor.guard" not in command or "--state-dir" not in command:
+        return False
+    given = command[command.index("--state-dir") + 1:][:1]
+    return bool(given) and os.path.realpath(given[0]) == os.path.realpath(state_dir)
+
+
+def stop_guard(state_dir: str, grace: float = 5.0) -> tuple[int | None, str]:
+    """Stop the guard of ``state_dir`` by the pid it recorded, if that
+    process is still this directory's guard: SIGTERM, SIGKILL after
+    ``grace`` s.  ``(pid, what)``, what = stopped, killed or not running.
+    Only once nothing can restart this host's HA VMs elsewhere (``down``
+    stops etcd first): a guard stopped earlier could not fence them."""
+    pid = _read_json(os.path.join(state_dir, "guard", "pid"), None)
+    if not _is_guard_of(pid, state_dir):
+        return (pid if isinstance(pid, int) else None), "not running"
     try:
-        os.kill(pid, 0)
+        os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
+        return pid, "stopped"
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not _is_guard_of(pid, state_dir):
+            return pid, "stopped"
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return pid, "stopped"
+    return pid, "killed"
+
+
+def _peer_alive(beat) -> bool:
+    """The process that wrote the heartbeat ``beat`` still runs: its pid
+    is there, is not a zombie (a parent that never reaps keeps one, and
+    ``kill(pid, 0)`` succeeds on it) and, when the heartbeat says when it
+    started, started then (not a stranger that reused the pid)."""
+    pid = beat.get("pid") if isinstance(beat, dict) else None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
-    except PermissionError:
-        return True
-    return True
+    fields = _stat(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    started = beat.get("started")
+    return not isinstance(started, int) or (len(fields) > 19 and int(fields[19]) == started)
 
 
 def _say(event: str, **fields) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     print(f"{stamp} guard {event} " + " ".join(f"{k}={v}" for k, v in fields.items()),
           flush=True)
+
+
+class _Link:
+    """The guard's connection to libvirt: opened when needed; while the
+    daemon does not answer, tried again after a delay that doubles from
+    :data:`POLL` up to :data:`BACKOFF_CAP`; each change of state logged
+    once."""
+
+    def __init__(self, uri: str, cap: float = BACKOFF_CAP):
+        self.uri, self.cap = uri, cap
+        self.conn = None
+        self.down_since = None      # monotonic time of the first failure, while unreachable
+        self.attempts = 0           # failed attempts since then
+        self.delay = POLL
+        self.retry_at = 0.0
+
+    def get(self):
+        """An open connection, or None while libvirt does not answer (and
+        before the back-off allows the next attempt)."""
+        import libvirt
+        if self.conn is not None:
+            return self.conn
+        now = time.monotonic()
+        if now < self.retry_at:
+            return None
+        try:
+            self.conn = libvirt.open(self.uri)
+        except libvirt.libvirtError as exc:
+            self.lost(exc)
+            return None
+        if self.down_since is not None:
+            _say("libvirt_reachable", after=round(now - self.down_since, 1),
+                 attempts=self.attempts + 1)
+        self.down_since, self.attempts, self.delay = None, 0, POLL
+        return self.conn
+
+    def lost(self, exc) -> None:
+        """The connection failed (``exc``, a libvirtError): drop it, try
+        again later."""
+        now = time.monotonic()
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+            self.conn = None
+        self.attempts += 1
+        if self.down_since is None:
+            self.down_since = now
+            _say("libvirt_unreachable", error=repr(exc.get_error_message()),
+                 retry=f"every {POLL}s doubling up to {self.cap}s")
+        self.retry_at = now + self.delay
+        self.delay = min(self.delay * 2, self.cap)
 
 
 def run_guard(state_dir: str, host: str, libvirt_uri: str, lead: float = LEAD,
@@ -213,8 +335,9 @@ def run_guard(state_dir: str, host: str, libvirt_uri: str, lead: float = LEAD,
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     heartbeat_path = os.path.join(_dir(state_dir), "heartbeat")
     libvirt.registerErrorHandler(lambda *_: None, None)     # errors are raised, not printed
-    conn = None
-    idle_since = None
+    link = _Link(libvirt_uri)
+    idle_since = None           # since when the peer is gone
+    failures = set()            # fence failures already said
     _say("started", host=host, libvirt=libvirt_uri, lead=lead, pid=os.getpid())
     while not stopping:
         beat = _read_json(heartbeat_path, None)
@@ -222,44 +345,32 @@ def run_guard(state_dir: str, host: str, libvirt_uri: str, lead: float = LEAD,
         now = time.monotonic()
         if isinstance(until, (int, float)) and now < until - lead:
             idle_since = None
-            if conn is None:        # connected before it is needed, not when it is
-                try:
-                    conn = libvirt.open(libvirt_uri)
-                except libvirt.libvirtError as exc:
-                    _say("libvirt_unreachable", error=exc.get_error_message())
+            link.get()          # connected before it is needed, not when it is
             time.sleep(min(poll, max(0.01, until - lead - now)))
             continue
         # The peer's lease may lapse within ``lead``: no HA VM may run here.
-        try:
-            if conn is None:
-                conn = libvirt.open(libvirt_uri)
-            running = ha_domains(conn, host)
-            for dom in running:
-                uuid = dom.UUIDString()
-                _note_fenced(state_dir, uuid)
-                # Paused first (its vCPUs stop at once), then powered off
-                # (QEMU may take a moment to exit).
-                for step in (dom.suspend, dom.destroy):
-                    try:
-                        step()
-                    except libvirt.libvirtError as exc:
-                        if exc.get_error_code() not in (libvirt.VIR_ERR_OPERATION_INVALID,
-                                                        libvirt.VIR_ERR_NO_DOMAIN):
-                            _say("fence_failed", vm=dom.name(), step=step.__name__,
-                                 error=exc.get_error_message())
-                _say("fenced", vm=dom.name(), uuid=uuid, took=round(time.monotonic() - now, 3),
-                     late_by=round(now - (until - lead), 3) if until else "no heartbeat")
-        except libvirt.libvirtError as exc:
-            _say("libvirt_unreachable", error=exc.get_error_message())
-            conn = None
-            running = [None]
-        peer_gone = not _alive(beat.get("pid") if isinstance(beat, dict) else None)
-        if peer_gone:
-            idle_since = idle_since or now
-            if not running and now - idle_since >= _IDLE_EXIT:
+        running = None          # unknown: libvirt does not answer
+        conn = link.get()
+        if conn is not None:
+            try:
+                running = ha_domains(conn, host)
+                for dom in running:
+                    if _fence(state_dir, dom, failures):
+                        _say("fenced", vm=dom.name(), uuid=dom.UUIDString(),
+                             took=round(time.monotonic() - now, 3),
+                             late_by=round(now - (until - lead), 3) if until
+                             else "no heartbeat")
+            except libvirt.libvirtError as exc:
+                link.lost(exc)
+                running = None
+        if not _peer_alive(beat):
+            if idle_since is None:
+                idle_since = now
+                _say("peer_gone", pid=beat.get("pid") if isinstance(beat, dict) else None)
+            if running == [] and now - idle_since >= _IDLE_EXIT:
                 _say("exiting", why="no peer and nothing to fence")
                 return 0
-            if running == [None] and now - idle_since >= _BLIND_EXIT:
+            if running is None and now - idle_since >= _BLIND_EXIT:
                 _say("exiting", why="no peer, and libvirt unreachable: nothing to fence with")
                 return 0
         else:
@@ -267,6 +378,33 @@ def run_guard(state_dir: str, host: str, libvirt_uri: str, lead: float = LEAD,
         time.sleep(poll)
     _say("stopped", why="SIGTERM")
     return 0
+
+
+def _fence(state_dir: str, dom, failures: set) -> bool:
+    """Note ``dom`` as fenced, then pause it (its vCPUs stop at once) and
+    power it off (QEMU may take a moment to exit); whether it is off.  A
+    step that fails is said once per VM, step and error; a lost connection
+    is raised."""
+    import libvirt
+    _note_fenced(state_dir, dom.UUIDString())
+    off = True
+    for step in (dom.suspend, dom.destroy):
+        try:
+            step()
+        except libvirt.libvirtError as exc:
+            code = exc.get_error_code()
+            if code in (libvirt.VIR_ERR_OPERATION_INVALID, libvirt.VIR_ERR_NO_DOMAIN):
+                continue
+            if code in (libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_RPC,
+                        libvirt.VIR_ERR_NO_CONNECT, libvirt.VIR_ERR_INVALID_CONN):
+                raise
+            off = False
+            said = (dom.UUIDString(), step.__name__, exc.get_error_message())
+            if said not in failures:
+                failures.add(said)
+                _say("fence_failed", vm=dom.name(), step=step.__name__,
+                     error=repr(exc.get_error_message()))
+    return off
 
 
 def main(argv=None) -> int:
