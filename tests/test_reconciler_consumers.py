@@ -145,12 +145,18 @@ ORPHANS = {
 }
 
 
-@pytest.mark.parametrize("kind", HELD)
-def test_a_legitimate_consumer_outlives_every_pass(store, placement, kind):
-    plant = HELD[kind]
+def planted(store, placement, plant) -> str:
+    """A consumer claimed as ``plant`` says (its user and type), then
+    given the holder ``plant`` writes (or none)."""
     consumer = claimed(placement, getattr(plant, "user", "peerctl"),
                        getattr(plant, "consumer_type", "INSTANCE"))
     plant(store, consumer)
+    return consumer
+
+
+@pytest.mark.parametrize("kind", HELD)
+def test_a_legitimate_consumer_outlives_every_pass(store, placement, kind):
+    consumer = planted(store, placement, HELD[kind])
     assert consumer in held_consumers(store, {a["consumer"]: a
                                               for a in placement.all_allocations()})
     assert passes(store, placement) == [[]] * PASSES
@@ -159,10 +165,7 @@ def test_a_legitimate_consumer_outlives_every_pass(store, placement, kind):
 
 @pytest.mark.parametrize("kind", ORPHANS)
 def test_a_true_orphan_is_released_on_its_second_pass(store, placement, kind):
-    plant = ORPHANS[kind]
-    consumer = claimed(placement, getattr(plant, "user", "peerctl"),
-                       getattr(plant, "consumer_type", "INSTANCE"))
-    plant(store, consumer)
+    consumer = planted(store, placement, ORPHANS[kind])
     assert passes(store, placement, 3) == [[], [consumer], []]
     assert consumer not in held_by_placement(placement)
 

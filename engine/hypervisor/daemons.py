@@ -323,24 +323,14 @@ class PrivateLibvirtd:
         if pid is None:
             return "not running"
         command = self._command(what)
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return "stopped"
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
+
+        def still_ours() -> bool:
             self._reap(pid)
-            if cmdline(pid) != command:
-                return "stopped"
-            time.sleep(0.05)
-        if cmdline(pid) == command:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return "stopped"
+            return cmdline(pid) == command
+        outcome = terminate(pid, still_ours, grace)
+        if outcome == "killed":
             self._reap(pid, 5.0)
-            return "killed"
-        return "stopped"
+        return outcome
 
     def _reap(self, pid: int, timeout: float = 0.0) -> None:
         """Collect our own child once it exits (else a zombie holds its PID)."""
