@@ -120,7 +120,9 @@ def read_vms(store) -> list[dict]:
 
     A VM being moved (its lock is a migration's) is listed once, on the host
     it leaves, in state ``migrating``: the copy arriving on the destination is
-    not a second VM.  A VM whose host is dead is ``unknown``: its record is
+    not a second VM; a VM an HA restart rebuilt on another host is listed
+    there only, before the restart drops its old record.  A VM whose host
+    is dead is ``unknown``: its record is
     the last its host wrote, and nobody can tell what runs there now.  A VM
     whose live host has no domain for it is ``missing``; ``crashed``: it is
     down though nobody stopped it through peerctl; ``restarts``: its HA
@@ -130,11 +132,14 @@ def read_vms(store) -> list[dict]:
     records, held, live = store.txn([], [Get(keys.vm(), True), Get(keys.lock("vm/"), True),
                                          Get(keys.host(), True)]).ranges
     alive = {keys.suffix(kv.key, keys.host()) for kv in live if is_live_record(kv)}
-    moving = {}
+    moving, recovering = {}, {}
     for kv in held:
         lock = readable(kv)
-        if lock is not None and lock.get("kind") == "migrate" and not lock.get("held"):
-            moving[keys.suffix(kv.key, keys.lock("vm/"))] = lock.get("host")
+        if lock is not None and not lock.get("held") and lock.get("kind") in ("migrate",
+                                                                              "recover"):
+            into = moving if lock["kind"] == "migrate" else recovering
+            into[keys.suffix(kv.key, keys.lock("vm/"))] = lock.get("host")
+    left = _rebuilt_elsewhere(records, recovering) if recovering else set()
     vms = []
     now = time.time()
     for kv in records:
@@ -142,6 +147,8 @@ def read_vms(store) -> list[dict]:
         if vm is None:
             continue
         host, uuid, get = vm["host"], vm["uuid"], vm.get
+        if (host, uuid) in left:
+            continue
         state = vm["state"] if host in alive else "unknown"
         if uuid in moving:
             if moving[uuid] not in (None, host):
@@ -163,6 +170,20 @@ def read_vms(store) -> list[dict]:
                     "crashed": get("crashed") is True and state in DOWN,
                     "restarts": restarts_within(vm, now) if get("restarts") else 0})
     return vms
+
+
+def _rebuilt_elsewhere(records, recovering: dict) -> set[tuple[str, str]]:
+    """``(host, uuid)`` of the records an HA restart is leaving: the VM's
+    lock is a recovery's from ``host`` and the VM has a record on another
+    host already (rebuilt there; the recovery drops the old one when it
+    unlocks).  Such a VM is listed once, where it runs now."""
+    seen = {}
+    for kv in records:
+        vm = readable(kv, VM)
+        if vm is not None and vm["uuid"] in recovering:
+            seen.setdefault(vm["uuid"], set()).add(vm["host"])
+    return {(recovering[uuid], uuid) for uuid, hosts in seen.items()
+            if recovering[uuid] in hosts and len(hosts) > 1}
 
 
 def _numbers(key: str, record: dict, fields) -> dict:

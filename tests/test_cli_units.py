@@ -292,6 +292,25 @@ def test_a_vm_record_without_its_fields_is_skipped(warnings):
     assert [key for key, _ in warnings] == [keys.vm(host, "u2")]
 
 
+def test_a_vm_an_ha_restart_rebuilt_elsewhere_is_listed_once_where_it_runs(warnings):
+    """Between its build on host2 and its unlock, a recovery leaves two
+    records of the VM: it is listed once, on host2; a VM whose recovery has
+    built nothing yet stays listed where it was."""
+    old, new = fresh("host1"), fresh("host2")
+    record = {"name": "web1", "uuid": "u1", "ha": "restart", "vcpus": 1, "memory_mb": 64,
+              "disk_gb": 1}
+    store = MemoryStore({
+        keys.host(old): {"host": old}, keys.host(new): {"host": new},
+        keys.vm(old, "u1"): {**record, "host": old, "state": "missing"},
+        keys.vm(new, "u1"): {**record, "host": new, "state": "running"},
+        keys.vm(old, "u2"): {**record, "host": old, "state": "missing", "uuid": "u2",
+                             "name": "web2"},
+        keys.lock("vm/u1"): {"owner": "a1", "kind": "recover", "host": old},
+        keys.lock("vm/u2"): {"owner": "a1", "kind": "recover", "host": old}})
+    assert sorted((vm["name"], vm["host"], vm["state"]) for vm in cluster.read_vms(store)) \
+        == [("web1", new, "running"), ("web2", old, "missing")]
+
+
 def test_a_vm_whose_host_is_dead_is_unknown_and_a_bad_policy_reads_none(warnings):
     """The record is what the dead host last wrote: nobody can tell its
     state.  A policy that is not restart or none counts as none."""

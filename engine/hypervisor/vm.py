@@ -496,7 +496,7 @@ def set_ha(host, args: dict) -> dict:
             _libvirt_call(f"cannot set the HA policy of {_label(args, uuid)}",
                           write_metadata, dom, {"ha": policy})
         if host.store is not None:
-            publish_domain(host.store, host.host, dom)
+            publish_domain(host.store, host.host, dom, create=False)
         return {"uuid": uuid, "name": dom.name(), "host": host.host,
                 "ha": policy or "none"}
 
