@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 import time
 
-from engine.hypervisor.harules import restarts_within
+from engine.hypervisor.harules import DOWN, restarts_within
 from engine.hypervisor.shapes import HA_POLICIES, VM, first_ip   # also declares vms/ shapes
 from engine import table
 from engine.core import keys
@@ -103,7 +103,6 @@ def _moving(held) -> dict[str, str | None]:
 
 
 _VM_NUMBERS = ("vcpus", "memory_mb", "disk_gb")
-DOWN = ("shutoff", "error")     # states in which a VM that should run has crashed
 _HOST_NUMBERS = ("vcpus", "memory_mb", "free_memory_mb", "disk_gb", "free_disk_gb",
                  "cpu_usage", "net_rx_bytes", "net_tx_bytes")
 

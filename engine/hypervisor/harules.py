@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["wants_restart", "restarts_within", "MAX_RESTARTS", "RESTART_WINDOW"]
+__all__ = ["wants_restart", "restarts_within", "MAX_RESTARTS", "RESTART_WINDOW", "DOWN"]
+
+DOWN = ("shutoff", "error")     # states in which a VM that should run has crashed
 
 MAX_RESTARTS = int(os.environ.get("PEERCTL_HA_MAX_RESTARTS", "3"))
 RESTART_WINDOW = float(os.environ.get("PEERCTL_HA_RESTART_WINDOW", "3600"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import libvirt
 
 from engine.hypervisor.domain_xml import read_metadata
-from engine.hypervisor.harules import wants_restart
+from engine.hypervisor.harules import DOWN, wants_restart
 from engine.hypervisor.networks import guest_addresses, mac_for
 from engine.hypervisor.shapes import first_ip
 
@@ -27,7 +27,6 @@ __all__ = ["vm_state", "vm_record", "owned_by", "merged", "missing", "wants_rest
            "KEPT", "DOWN"]
 
 KEPT = ("want", "restarts")     # the cluster's decisions: a publish keeps them
-DOWN = ("shutoff", "error")     # states in which a VM that should run has crashed
 
 _STATES = {
     libvirt.VIR_DOMAIN_NOSTATE: "building",
