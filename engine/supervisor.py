@@ -482,16 +482,7 @@ def _stop_guards(state_dir: str, peers: list[dict]) -> list[dict]:
 
 
 def _stop_process(record: dict, grace: float = 15.0) -> str:
-    pid = record["pid"]
+    from engine.hypervisor.daemons import terminate     # not on every command's path
     if not is_ours(record):
         return "stopped"
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not is_ours(record):
-            return "stopped"
-        time.sleep(0.05)
-    if is_ours(record):
-        os.kill(pid, signal.SIGKILL)
-        return "killed"
-    return "stopped"
+    return terminate(record["pid"], lambda: is_ours(record), grace)

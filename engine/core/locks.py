@@ -26,7 +26,7 @@ from . import keys
 from .store import Delete, Get, Put, absent, modified_at
 from .values import readable
 
-__all__ = ["take", "hold", "release", "holder"]
+__all__ = ["take", "hold", "release", "holder", "in_force"]
 
 
 def holder(store, name: str) -> dict | None:
@@ -38,6 +38,17 @@ def holder(store, name: str) -> dict | None:
         return None
     state = _state(store, lock["owner"])
     return None if state in keys.TERMINAL_STATES else {**lock, "state": state}
+
+
+def in_force(store, name: str) -> bool:
+    """Someone acts on the thing: its lock's owner is running, or left it
+    held for an operator.  A lock that cannot be read counts as in force."""
+    kv = store.get(keys.lock(name))
+    if kv is None:
+        return False
+    lock = readable(kv)
+    return lock is None or bool(lock.get("held")) \
+        or _state(store, lock["owner"]) not in keys.TERMINAL_STATES
 
 
 def _state(store, automation_id: str) -> str:

@@ -231,20 +231,8 @@ def stop_guard(state_dir: str, grace: float = 5.0) -> tuple[int | None, str]:
     pid = _read_json(os.path.join(state_dir, "guard", "pid"), None)
     if not _is_guard_of(pid, state_dir):
         return (pid if isinstance(pid, int) else None), "not running"
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return pid, "stopped"
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not _is_guard_of(pid, state_dir):
-            return pid, "stopped"
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return pid, "stopped"
-    return pid, "killed"
+    from engine.hypervisor.daemons import terminate
+    return pid, terminate(pid, lambda: _is_guard_of(pid, state_dir), grace)
 
 
 def _peer_alive(beat) -> bool:

@@ -121,10 +121,7 @@ def _publish_uuid(store, host: str, conn, uuid: str,
 
 def _acted_on(store, uuid: str) -> bool:
     """An automation holds the VM (or a failed move left it held)."""
-    kv = store.get(keys.lock(f"vm/{uuid}"))
-    lock = readable(kv)
-    return kv is not None and (lock is None or lock.get("held")
-                               or locks.holder(store, f"vm/{uuid}") is not None)
+    return locks.in_force(store, f"vm/{uuid}")
 
 
 def _write_seen(store, key: str, seen, fence: tuple = (),
