@@ -46,6 +46,9 @@ One worker per VM (:func:`move_one`), run in ``parallel`` lanes.  For each VM:
 the lanes from starting more VMs; each VM under way is reverted or
 confirmed as above.
 """
+from dataclasses import dataclass
+from typing import Any
+
 from engine.core.registry import automation
 from engine.core.replay import Request
 
@@ -69,21 +72,63 @@ def _copy_deadline(described: dict) -> float:
     return max(300.0, TIMEOUT_PER_GIB * gib * 1.5 + 120.0)
 
 
-def _locate(ctx, vm, source, dest, described, prepared):
+@dataclass
+class _Move:
+    """One VM's move, filled in as :func:`move_one` learns it: the steps
+    that follow read it instead of a long list of arguments.  It lives in
+    one replay only; everything in it comes from the arguments and the
+    logged answers, so every replay fills it alike."""
+    ctx: Any
+    vm: dict                    # {name, uuid, host, state?}: as the automation was given it
+    was: str | None = None      # its state on the source before the move
+    mode: str | None = None     # live, cold or redefine
+    migration: str | None = None    # placement consumer holding the source's share
+    dest: str | None = None
+    stopped: bool = False       # stopped on the source for an offline move
+
+    @property
+    def uuid(self) -> str:
+        return self.vm["uuid"]
+
+    @property
+    def name(self) -> str:
+        return self.vm["name"]
+
+    @property
+    def source(self) -> str:
+        return self.vm["host"]
+
+    @property
+    def final(self) -> str:
+        """The state the VM must have on the destination."""
+        return "running" if self.stopped else self.was
+
+    def step(self, request, args, target=None, deadline=ACTION_DEADLINE) -> Request:
+        return Request(request, {"uuid": self.uuid, "name": self.name, **args}, target=target,
+                       deadline=deadline, label=self.name)
+
+    def unlock(self, **extra):
+        return resend(self.step("unlock_vm", {"owner": self.ctx.automation_id, **extra}))
+
+    def result(self, host, state, error=None, copied=None) -> dict:
+        return _result(self.vm, host, state, self.mode, error, copied)
+
+
+def _locate(move: _Move, described, prepared):
     """``(state at source, state at dest)``, each running, paused, shutoff,
     absent or unreachable, as the hypervisors say."""
     if described["driver"].upper() == "TEST":     # each peer's test driver is its own
         states = []
-        for host in (source, dest):
-            info = yield from resend(Request("vm_info", {"uuid": vm["uuid"]}, target=host,
-                                             deadline=ACTION_DEADLINE, label=vm["name"]))
+        for host in (move.source, move.dest):
+            info = yield from resend(Request("vm_info", {"uuid": move.uuid}, target=host,
+                                             deadline=ACTION_DEADLINE, label=move.name))
             states.append(info.value["state"] if info.ok else "unreachable")
         return tuple(states)
     found = yield from resend(Request("move_locate", {
-        "uuid": vm["uuid"], "hosts": {"source": described["libvirt_uri"],
-                                      "dest": prepared["libvirt_uri"]},
+        "uuid": move.uuid, "hosts": {"source": described["libvirt_uri"],
+                                     "dest": prepared["libvirt_uri"]},
         "wait": _copy_deadline(described)},
-        deadline=_copy_deadline(described) + 60, label=vm["name"]))
+        deadline=_copy_deadline(described) + 60, label=move.name))
     if not found.ok:
         return "unreachable", "unreachable"
     return tuple(_seen(found.value[side]) for side in ("source", "dest"))
@@ -109,136 +154,146 @@ def _decide(mode: str, was: str, at_source: str, at_dest: str) -> str:
 
 
 def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False):
-    uuid, source, name = vm["uuid"], vm["host"], vm["name"]
-
-    def step(request, args, target=None, deadline=ACTION_DEADLINE):
-        return Request(request, {"uuid": uuid, "name": name, **args}, target=target,
-                       deadline=deadline, label=name)
-
-    locked = yield from resend(step("lock_vm", {
-        "host": source, "owner": ctx.automation_id, "kind": "migrate",
+    """One VM's move, steps 1 to 7 of the module's docstring; its result
+    row, ``error`` saying what went wrong."""
+    move = _Move(ctx, vm)
+    locked = yield from resend(move.step("lock_vm", {
+        "host": move.source, "owner": ctx.automation_id, "kind": "migrate",
         "why": "being moved"}))
     if not locked.ok:
-        return _result(vm, source, vm.get("state"), error=locked.error)
+        return move.result(move.source, vm.get("state"), locked.error)
 
-    def unlock(**extra):
-        return resend(step("unlock_vm", {"owner": ctx.automation_id, **extra}))
-
-    described = yield from resend(step("move_describe", {}, source))
+    described = yield from resend(move.step("move_describe", {}, move.source))
     if not described.ok:
-        yield from unlock()
-        return _result(vm, source, vm.get("state"), error=described.error or described.status)
+        yield from move.unlock()
+        return move.result(move.source, vm.get("state"), described.error or described.status)
     described = described.value
-    was = described["state"]
+    move.was = described["state"]
     if described["driver"].upper() == "TEST":
-        mode = "redefine"
+        move.mode = "redefine"
     else:
-        mode = "live" if was in ACTIVE and not offline else "cold"
-    migration = ctx.uuid("migration/" + uuid)
-    claimed = yield from resend(step("claim_move", {
-        "consumer": migration, "source": source, "hosts": to,
+        move.mode = "live" if move.was in ACTIVE and not offline else "cold"
+    move.migration = ctx.uuid("migration/" + move.uuid)
+    claimed = yield from resend(move.step("claim_move", {
+        "consumer": move.migration, "source": move.source, "hosts": to,
         "required": described.get("required")}))
     if not claimed.ok:
-        yield from unlock()
-        return _result(vm, source, was, mode, f"no destination: {claimed.error}")
-    dest = claimed.value["host"]
+        yield from move.unlock()
+        return move.result(move.source, move.was, f"no destination: {claimed.error}")
+    move.dest = claimed.value["host"]
 
-    stopped = False
-    if mode != "live" and was in ACTIVE:           # an offline move: stop it first
-        halted = yield from resend(step("stop", {}, source))
+    if move.mode != "live" and move.was in ACTIVE:     # an offline move: stop it first
+        halted = yield from resend(move.step("stop", {}, move.source))
         if not halted.ok:
-            return (yield from _revert(ctx, vm, step, unlock, migration, dest, mode, False,
-                                       f"stop before the move: {halted.error}", was))
-        stopped = True
-    final = "running" if stopped else was
+            return (yield from _revert(move, f"stop before the move: {halted.error}"))
+        move.stopped = True
 
-    prepared = yield from resend(step("move_prepare", {"describe": described}, dest))
+    prepared = yield from resend(move.step("move_prepare", {"describe": described}, move.dest))
     if not prepared.ok:
-        return (yield from _revert(ctx, vm, step, unlock, migration, dest, mode, stopped,
-                                   f"prepare on {dest}: {prepared.error or prepared.status}",
-                                   was))
+        return (yield from _revert(
+            move, f"prepare on {move.dest}: {prepared.error or prepared.status}"))
     prepared = prepared.value
 
-    copied = {}
-    if mode == "redefine":
-        moved = yield step("move_adopt", {"xml": prepared["xml"], "state": final}, dest)
-    else:
-        moved = yield step("move_migrate", {
-            "destination": dest, "destination_uri": prepared["libvirt_uri"],
-            "xml": prepared["xml"], "disks": [d["dev"] for d in prepared["disks"]],
-            "incremental": prepared["incremental"], "live": mode == "live",
-            "timeout_per_gib": TIMEOUT_PER_GIB,
-            **({"bandwidth_mib": bandwidth_mib} if bandwidth_mib else {}),
-            **({"postcopy": True} if postcopy else {})},
-            source, _copy_deadline(described))
-        if moved.ok:
-            copied = moved.value or {}
-    why = None if moved.ok else f"{moved.status}: {moved.error}"
-
-    if moved.ok and mode == "redefine":
-        outcome = "confirm"
-    else:
-        at_source, at_dest = yield from _locate(ctx, vm, source, dest, described, prepared)
-        outcome = _decide(mode if mode == "live" else "cold", "shutoff" if stopped else was,
-                          at_source, at_dest)
-        if outcome == "unknown":
-            why = (f"{why or 'moved'}; then the source has it {at_source} and the "
-                   f"destination {at_dest}")
-
+    moved = yield from _copy(move, described, prepared, bandwidth_mib, postcopy)
+    outcome, why = yield from _outcome(move, moved, described, prepared)
     if outcome == "confirm":
-        return (yield from _confirm(ctx, vm, step, unlock, migration, source, dest, mode,
-                                    final, copied))
+        copied = (moved.value or {}) if moved.ok and move.mode != "redefine" else {}
+        return (yield from _confirm(move, copied))
     if outcome in ("revert", "both"):
-        return (yield from _revert(ctx, vm, step, unlock, migration, dest, mode, stopped,
-                                   why or "the move did not complete", was))
-    # Nobody runs it: keep both disks and every copy, count it on the source.
-    yield from resend(step("revert_move", {"consumer": migration}))
-    yield from unlock(hold=f"a move to {dest} failed and no host runs it ({why}); both "
-                           f"copies and disks are kept: destroy it, or start it by hand")
-    return _result(vm, source, "error", mode, why)
+        return (yield from _revert(move, why or "the move did not complete"))
+    return (yield from _keep_both(move, why))
 
 
-def _gone(ctx, step, host, why):
+def _copy(move: _Move, described, prepared, bandwidth_mib, postcopy):
+    """The move itself, one step: the domain defined anew on the test
+    driver, else libvirt's copy from the source.  Its answer, unresent: a
+    copy whose outcome is unknown is decided from both hosts, never run
+    twice."""
+    if move.mode == "redefine":
+        return (yield move.step("move_adopt", {"xml": prepared["xml"], "state": move.final},
+                                move.dest))
+    return (yield move.step("move_migrate", {
+        "destination": move.dest, "destination_uri": prepared["libvirt_uri"],
+        "xml": prepared["xml"], "disks": [d["dev"] for d in prepared["disks"]],
+        "incremental": prepared["incremental"], "live": move.mode == "live",
+        "timeout_per_gib": TIMEOUT_PER_GIB,
+        **({"bandwidth_mib": bandwidth_mib} if bandwidth_mib else {}),
+        **({"postcopy": True} if postcopy else {})},
+        move.source, _copy_deadline(described)))
+
+
+def _outcome(move: _Move, moved, described, prepared):
+    """``(outcome, why)``: see :func:`_decide`; a redefinition that
+    succeeded is confirmed at once, anything else is decided from what
+    both hypervisors say."""
+    why = None if moved.ok else f"{moved.status}: {moved.error}"
+    if moved.ok and move.mode == "redefine":
+        return "confirm", why
+    at_source, at_dest = yield from _locate(move, described, prepared)
+    outcome = _decide(move.mode if move.mode == "live" else "cold",
+                      "shutoff" if move.stopped else move.was, at_source, at_dest)
+    if outcome == "unknown":
+        why = (f"{why or 'moved'}; then the source has it {at_source} and the "
+               f"destination {at_dest}")
+    return outcome, why
+
+
+def _gone(move: _Move, host, why):
     """Destroy the VM's copy on ``host``; if that host's peer is dead, disown
     it there (it destroys the copy when it comes back)."""
-    done = yield from resend(step("destroy", {}, host))
+    done = yield from resend(move.step("destroy", {}, host))
     if done.ok or done.status != "lost":
         return done
-    return (yield from resend(step("disown", {"host": host, "automation": ctx.automation_id,
-                                             "reason": why})))
+    return (yield from resend(move.step("disown", {
+        "host": host, "automation": move.ctx.automation_id, "reason": why})))
 
 
-def _confirm(ctx, vm, step, unlock, migration, source, dest, mode, final, copied):
-    errors = []
-    if mode != "redefine":
-        settled = yield from resend(step("move_adopt", {"state": final}, dest))
+def _confirm(move: _Move, copied):
+    """The destination has it: settle its state there, destroy the source's
+    copy, let placement drop the migration's hold on the source."""
+    errors, final = [], move.final
+    if move.mode != "redefine":
+        settled = yield from resend(move.step("move_adopt", {"state": final}, move.dest))
         if not settled.ok:
-            errors.append(f"on {dest}: {settled.error or settled.status}")
+            errors.append(f"on {move.dest}: {settled.error or settled.status}")
             final = "error"
-    cleaned = yield from _gone(ctx, step, source, "moved away")
+    cleaned = yield from _gone(move, move.source, "moved away")
     if not cleaned.ok:
-        errors.append(f"cleaning {source}: {cleaned.error or cleaned.status}")
-    confirmed = yield from resend(step("confirm_move", {"consumer": migration}))
+        errors.append(f"cleaning {move.source}: {cleaned.error or cleaned.status}")
+    confirmed = yield from resend(move.step("confirm_move", {"consumer": move.migration}))
     if not confirmed.ok:
         errors.append(f"placement: {confirmed.error}")
-    yield from unlock(drop_record=source)
-    return _result(vm, dest, final, mode, "; ".join(errors) or None, copied)
+    yield from move.unlock(drop_record=move.source)
+    return move.result(move.dest, final, "; ".join(errors) or None, copied)
 
 
-def _revert(ctx, vm, step, unlock, migration, dest, mode, stopped, why, was):
+def _revert(move: _Move, why):
+    """The source keeps it: destroy the destination's copy, give the
+    instance its source allocations back, start again what an offline move
+    stopped."""
     errors = [f"not moved: {why}"]
-    cleaned = yield from _gone(ctx, step, dest, "move reverted")
+    cleaned = yield from _gone(move, move.dest, "move reverted")
     if not cleaned.ok:
-        errors.append(f"cleaning {dest}: {cleaned.error or cleaned.status}")
-    reverted = yield from resend(step("revert_move", {"consumer": migration}))
+        errors.append(f"cleaning {move.dest}: {cleaned.error or cleaned.status}")
+    reverted = yield from resend(move.step("revert_move", {"consumer": move.migration}))
     if not reverted.ok:
         errors.append(f"placement: {reverted.error}")
-    state = was
-    if stopped:
-        restarted = yield from resend(step("start", {}, vm["host"]))
+    state = move.was
+    if move.stopped:
+        restarted = yield from resend(move.step("start", {}, move.source))
         state = (restarted.value or {}).get("state", "error") if restarted.ok else "shutoff"
-    yield from unlock()
-    return _result(vm, vm["host"], state, mode, "; ".join(errors))
+    yield from move.unlock()
+    return move.result(move.source, state, "; ".join(errors))
+
+
+def _keep_both(move: _Move, why):
+    """Nobody runs it: keep both disks and every copy, count it on the
+    source, and hold its lock until an operator decides."""
+    yield from resend(move.step("revert_move", {"consumer": move.migration}))
+    yield from move.unlock(hold=f"a move to {move.dest} failed and no host runs it ({why}); "
+                                f"both copies and disks are kept: destroy it, or start it "
+                                f"by hand")
+    return move.result(move.source, "error", why)
 
 
 def _lane(ctx, vms, to, offline, bandwidth_mib, postcopy=False):

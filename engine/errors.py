@@ -3,7 +3,8 @@
 Cheap to import (nothing but the standard library: no grpc, no libvirt, no
 engine module), so the command line can catch classes, never names, before
 it has loaded anything else.  ``exit_code`` is what the command line makes
-of each: 1 failed, 2 usage, 3 unreachable, 4 permission denied.
+of each: 1 failed, 2 usage, 3 unreachable, 4 permission denied, 130
+detached.
 
     try:
         ...
@@ -16,7 +17,8 @@ __all__ = [
     "PeerctlError", "UsageError", "Failed", "Refused", "Unavailable", "StoreUnavailable",
     "StoreRefused", "PlacementUnavailable", "PermissionDenied", "Deposed", "Conflict", "PlacementError",
     "NotFound", "RequestError", "NonDeterminism", "UnknownAutomation", "UnknownTask",
-    "NoPeers", "Unreadable",
+    "NoPeers", "Unreadable", "WorkerFailed", "WatchBroken", "Compacted", "Detached",
+    "FieldError",
 ]
 
 
@@ -31,6 +33,17 @@ class UsageError(PeerctlError):
     """Bad input (a flag, spec, pattern, endpoint, config value): the message
     names the bad part.  Nothing was written."""
     exit_code = 2
+
+
+class FieldError(UsageError):
+    """An unknown or missing listing field in ``-o`` or ``--sort``: the
+    message names it.  Nothing was written."""
+
+
+class Detached(PeerctlError):
+    """Ctrl-C while following an automation: it goes on without this
+    command, which exits 130 (as the shell does for an interrupt)."""
+    exit_code = 130
 
 
 class Failed(PeerctlError):
@@ -130,6 +143,26 @@ class RequestError(PeerctlError):
 
 class NonDeterminism(PeerctlError):
     """A worker yielded something else than its log holds at that step."""
+
+
+class WorkerFailed(PeerctlError):
+    """A child worker failed: thrown into its parent at the ``yield`` that
+    waited for it, carrying the child's error text.  A parent that does not
+    catch it fails with the same text.  Deliberately not a :class:`Failed`:
+    a worker's ``except Failed`` is not meant to catch its children."""
+
+
+class WatchBroken(PeerctlError):
+    """A watch stream ended: resume from the last revision seen."""
+
+
+class Compacted(WatchBroken):
+    """The revision a watch wanted to resume from was compacted away: read
+    the whole range again, then watch from its revision."""
+
+    def __init__(self, compacted_revision: int):
+        super().__init__(f"revision compacted up to {compacted_revision}")
+        self.compacted_revision = compacted_revision
 
 
 class UnknownAutomation(PeerctlError, LookupError):

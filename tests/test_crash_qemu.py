@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from tests.support import qemu_guest, wait_for
+from tests.support import qemu_guest, wait_for, wait_until
 from tests.support.kvm import BOOT_TIMEOUT, kvm  # noqa: F401  (a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
@@ -51,9 +51,9 @@ def test_an_ha_guest_whose_qemu_died_is_started_again_in_place(kvm):  # noqa: F8
     assert qemu_guest.wait_for_console(kvm.console("host1", uuid), qemu_guest.READY_MARKER,
                                        BOOT_TIMEOUT), "the restarted guest did not boot"
     assert kvm.where(uuid) == {"host1": "running"}
-    wait_for(lambda: (lambda v: v["state"] == "running" and v["restarts"] == 1
-                      and not v["crashed"])(listed(kvm, "web1")),
-             timeout=30, what="web1 listed running, restarted once")
+    wait_until(lambda: listed(kvm, "web1"),
+               lambda v: v["state"] == "running" and v["restarts"] == 1 and not v["crashed"],
+               timeout=30, what="web1 listed running, restarted once")
     assert listed(kvm, "web1")["host"] == "host1"
     kvm.assert_on(uuid, "host1")
 
@@ -63,8 +63,9 @@ def test_a_guest_without_ha_whose_qemu_died_is_listed_crashed_and_left(kvm):  # 
     uuid = vm["uuid"]
     killed = qemu_pid(uuid)
     os.kill(killed, signal.SIGKILL)
-    wait_for(lambda: (lambda v: (v["state"], v["crashed"]) == ("shutoff", True))(
-        listed(kvm, "db1")), timeout=30, what="db1 listed shutoff, crashed")
+    wait_until(lambda: listed(kvm, "db1"),
+               lambda v: (v["state"], v["crashed"]) == ("shutoff", True),
+               timeout=30, what="db1 listed shutoff, crashed")
     assert kvm.where(uuid) == {"host1": "shutoff"}
     assert kvm.store.range("restart/")[0] == []
     table = kvm.cluster.cli("vmlist", "-o", "name,state,crashed")

@@ -12,7 +12,7 @@ import pytest
 from engine.core import api, failpoints, keys
 from engine.core.initiator import SUMMARY_INTERVAL
 from engine.core.store import KV, Store
-from tests.support import TEST_AUTOMATIONS, wait_for
+from tests.support import TEST_AUTOMATIONS, wait_for, wait_until
 from tests.support.cluster import Cluster, finished, start_automation, start_peers
 from tests.support.hooks import (assert_each_index_ran_once, counting_hook, executions,
                                  recorded, recording_hook)
@@ -108,8 +108,8 @@ def test_paused_initiator_is_fenced_after_its_lease_expires(cluster, store, tmp_
     start_peers(cluster, store, ["m1", "m2"])
     automation_id = api.start_automation(store, "ping", {"hosts": ["t1"], "rounds": 30},
                                          prefer=["m1", "m2"], members=2)
-    task = wait_for(lambda: (lambda t: t if len(t["log"]) >= 3 else None)(
-        api.get_task(store, automation_id)), what="3 steps")
+    task = wait_until(lambda: api.get_task(store, automation_id), lambda t: len(t["log"]) >= 3,
+                      what="3 steps")
     old = task["initiator"]
     cluster.kill(old, signal.SIGSTOP)
     stopped_at = len(api.get_task(store, automation_id)["log"])
@@ -417,8 +417,8 @@ def test_etcd_down_longer_than_the_ttl_mid_automation(own_etcd, tmp_path):
         runs_log = counting_hook(hooks, sleep=0.1)
         start_peers(cluster, store, hosts, hooks=hooks)
         automation_id = api.start_automation(store, "ping", {"hosts": hosts, "rounds": 12})
-        before = wait_for(lambda: (lambda t: t if len(t["log"]) >= 9 else None)(
-            api.get_task(store, automation_id)), what="3 rounds")
+        before = wait_until(lambda: api.get_task(store, automation_id),
+                            lambda t: len(t["log"]) >= 9, what="3 rounds")
         own_etcd.kill()
         assert before["state"] == "running" and len(before["log"]) < 36
         # Down for longer than the TTL: every peer sees its lease go.
@@ -511,9 +511,8 @@ def test_a_peer_without_the_version_steps_aside_for_one_that_has_it(cluster, sto
     try:
         automation_id = start_versioned(store, new_code, {"target": "old", "count": 3},
                                         members=2, prefer=["old", "new"])
-        waiting = wait_for(lambda: (lambda t: t if t["error"] else None)(
-            api.get_task(store, automation_id)), timeout=8,
-            what="the older peer to step aside, saying why")
+        waiting = wait_until(lambda: api.get_task(store, automation_id), lambda t: t["error"],
+                             timeout=8, what="the older peer to step aside, saying why")
         assert waiting["state"] == "running"
         assert waiting["error"].startswith("waiting for a peer that can run it:"), waiting
         assert "version 2" in waiting["error"]
@@ -548,8 +547,7 @@ def test_hooks_see_the_request_and_a_failing_pre_hook_fails_it(cluster, store, t
     outcomes = task["result"]["outcomes"]
     assert [(o["status"], o["error"]) for o in outcomes] == \
         [("ok", None), ("error", refusal), ("ok", None)]
-    seen = wait_for(lambda: (lambda r: r if len(r) == 3 else None)(recorded(posts)),
-                    what="three post hooks")
+    seen = wait_until(lambda: recorded(posts), lambda r: len(r) == 3, what="three post hooks")
     by_index = {event["index"]: event for event in seen}
     for index in range(3):
         event = by_index[index]
@@ -585,8 +583,8 @@ def test_sigkill_during_steps_run_on_the_initiator(cluster, store, tmp_path):
     start_peers(cluster, store, ["m1", "m2"], hooks=hooks, env=env)
     automation_id = start_automation(store, "local_steps", {"count": 40}, members=2,
                                      prefer=["m1", "m2"])
-    task = wait_for(lambda: (lambda t: t if len(t["log"]) >= 10 else None)(
-        api.get_task(store, automation_id)), what="10 steps")
+    task = wait_until(lambda: api.get_task(store, automation_id), lambda t: len(t["log"]) >= 10,
+                      what="10 steps")
     first = task["initiator"]
     cluster.kill(first)
     task = finished(store, automation_id)
@@ -637,8 +635,8 @@ def test_members_that_die_are_replaced_so_the_automation_outlives_them(cluster, 
     leader = wait_for(lambda: api.get_task(store, automation_id)["initiator"], what="a leader")
     for member in {"m1", "m2", "m3"} - {leader}:
         cluster.kill(member)
-    spec = wait_for(lambda: (lambda s: s if "x1" in s["members"] else None)(
-        store.get(keys.spec(automation_id)).value), what="x1 recruited")
+    spec = wait_until(lambda: store.get(keys.spec(automation_id)).value,
+                      lambda s: "x1" in s["members"], what="x1 recruited")
     assert set(spec["members"]) >= {"m1", "m2", "m3", "x1"}
     cluster.kill(leader)
     task = finished(store, automation_id)

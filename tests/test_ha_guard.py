@@ -13,7 +13,7 @@ import libvirt
 from engine.core import api, failpoints, keys
 from engine.hypervisor.domain_xml import read_metadata
 from engine.placement import open_placement
-from tests.support import TEST_AUTOMATIONS, wait_for
+from tests.support import TEST_AUTOMATIONS, wait_for, wait_until
 from tests.support.cluster import finished
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.daemon_hosts import daemon_hosts  # noqa: F401  (a fixture)
@@ -129,8 +129,8 @@ def scenario(cluster, store, daemon_hosts, tmp_path, tag, stop_peer, resume_peer
     asides = {vm["name"]: vm for vm in cluster.cli_json("aside", "list", "g1")}
     assert set(asides) == set(ha), asides
     assert all(vm["volumes"] for vm in asides.values())
-    vms = wait_for(lambda: (lambda v: v if v[f"{tag}c"]["state"] == "running" else None)(
-        hosts.vmlist()), what="g1's own VM listed running again")
+    vms = wait_until(hosts.vmlist, lambda v: v[f"{tag}c"]["state"] == "running",
+                     what="g1's own VM listed running again")
     assert vms[f"{tag}c"]["host"] == "g1"
     copies = {name: hosts.domains(name) for name in ("g1", "g2", "g3")}
     for name, uuid in ha.items():        # exactly one copy, running where it is listed

@@ -10,7 +10,7 @@ import collections
 from engine.core import api, keys
 from engine.drains import set_drained
 from engine.placement import open_placement
-from tests.support import wait_for
+from tests.support import wait_for, wait_until
 from tests.support.cluster import finished
 from tests.support.hooks import write_hook
 from tests.support.vms import (allocations, big_test_host, booted, inventory, published, run,
@@ -172,8 +172,8 @@ def test_evacuate_survives_sigkill_of_its_initiator(cluster, store, tmp_path):
 
     def adopted(task):
         return sum(e["request"] == "move_adopt" and e["status"] == "ok" for e in task["log"])
-    task = wait_for(lambda: (lambda t: t if adopted(t) >= 4 else None)(
-        api.get_task(store, evacuation)), what="4 VMs moved", timeout=60)
+    task = wait_until(lambda: api.get_task(store, evacuation), lambda t: adopted(t) >= 4,
+                      what="4 VMs moved", timeout=60)
     cluster.kill(task["initiator"])
     assert adopted(api.get_task(store, evacuation)) < 100, "the kill did not land midway"
     during = boot(store, ["late1", "late2"], on="t*")

@@ -24,7 +24,7 @@ from engine.hypervisor import seed
 from engine.hypervisor.localnet import DEFAULT_SUBNET
 from engine.hypervisor.networks import mac_for
 from engine.placement import open_placement
-from tests.support import PEERCTL, ROOT, qemu_guest, wait_for
+from tests.support import PEERCTL, ROOT, qemu_guest, wait_for, wait_until
 from tests.support.kvm import kvm  # noqa: F401  (a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
@@ -84,8 +84,8 @@ def test_a_guest_gets_an_address_reads_its_seed_and_keeps_both_across_a_migratio
     # Live to host2: the same MAC, the same address, the seed came along.
     moved = kvm.cluster.cli_json("migrate", "reach", "--to", "host2", "--yes", timeout=300)
     assert moved["state"] == "done" and moved["vms"][0]["mode"] == "live", moved
-    after = wait_for(lambda: (lambda r: r if r["host"] == "host2" and r["ip"] else None)(
-        listed(kvm, "reach")), timeout=60, interval=1, what="reach's address on host2")
+    after = wait_until(lambda: listed(kvm, "reach"), lambda r: r["host"] == "host2" and r["ip"],
+                       timeout=60, interval=1, what="reach's address on host2")
     assert after["ip"] == vm["ip"]
     assert [a["mac"] for a in after["addresses"]] == [mac_for(vm["uuid"], 0)]
     assert list(kvm.volumes(vm["uuid"])) == ["host2"]

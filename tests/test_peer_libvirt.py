@@ -5,7 +5,7 @@ import signal
 import socket
 
 from engine.core import api, keys
-from tests.support import wait_for
+from tests.support import wait_for, wait_until
 
 
 def test_a_uri_libvirt_rejects_exits_2_with_one_line_and_no_lease(cluster, store):
@@ -54,8 +54,8 @@ def test_an_unreachable_hypervisor_still_makes_a_live_peer_that_stops_cleanly(cl
     assert "libvirt_unreachable" in cluster.log("h1")
     # It does its work (a ping needs no hypervisor), past its start-up.
     automation_id = api.start_automation(store, "ping", {"hosts": ["h1"], "rounds": 2})
-    task = wait_for(lambda: (lambda t: t if t["state"] in keys.TERMINAL_STATES else None)(
-        api.get_task(store, automation_id)), what="the ping to finish")
+    task = wait_until(lambda: api.get_task(store, automation_id),
+                      lambda t: t["state"] in keys.TERMINAL_STATES, what="the ping to finish")
     assert task["state"] == "done", task["error"]
     assert process.poll() is None, cluster.log("h1")
     cluster.kill("h1", signal.SIGTERM)

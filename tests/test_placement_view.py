@@ -16,7 +16,7 @@ from engine.core.store import Store
 from engine.placement import Conflict, open_placement
 from engine.placement.view import view_of
 from tests.support.placement import make_provider, new_uuid
-from tests.test_store_garbage import put_raw
+from tests.support.raw import put_raw
 
 COMPUTE = {"VCPU": 4, "MEMORY_MB": 4096, "DISK_GB": 100}
 P = {"project": "proj", "user": "alice"}

@@ -4,9 +4,6 @@ up, listings skip what they cannot read (one warning line per key), new
 work runs, and ``scrub`` finds exactly the bad keys and deletes only those."""
 from __future__ import annotations
 
-import base64
-import json
-import urllib.request
 import uuid
 
 import msgpack
@@ -18,20 +15,12 @@ from tests.support import wait_for
 from tests.support.cluster import alive, start_three_peers
 from tests.support.handlers import new_host
 from tests.support.hooks import counting_hook, executions
+from tests.support.raw import put_raw
 
 # Bytes that are not msgpack, and msgpack of the wrong shape for any record.
 NOT_MSGPACK = [b"\xc1", b"\x92\x01", b"\x81\x01", b"{\"json\": true}"]
 WRONG_SHAPES = [msgpack.packb(v) for v in ([1, 2], "a string", 7, {"foo": 1},
                                            {"host": 5, "name": [], "uuid": None})]
-
-
-def put_raw(etcd_url: str, key: str, raw: bytes) -> None:
-    """Write ``raw`` bytes as they are, through etcd's JSON gateway."""
-    body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
-                       "value": base64.b64encode(raw).decode()}).encode()
-    request = urllib.request.Request(f"{etcd_url}/v3/kv/put", data=body,
-                                     headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=10).read()
 
 
 def garbage_keys() -> list[str]:

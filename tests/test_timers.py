@@ -6,7 +6,7 @@ import time
 
 from engine.core import api, failpoints, keys
 from engine.core.replay import TIMER, Replayer, Request, Response
-from tests.support import TEST_AUTOMATIONS, wait_for
+from tests.support import TEST_AUTOMATIONS, wait_for, wait_until
 from tests.support.cluster import finished, start_automation, start_peers
 from tests.support.history import History
 from tests.support.hooks import assert_each_index_ran_once, counting_hook
@@ -79,8 +79,8 @@ def test_a_timer_wakes_its_worker_at_the_logged_time(cluster, store, tmp_path):
     start_peers(cluster, store, ["m1", "m2"], env=ENV)
     until = time.time() + 2
     automation_id = sleeper(store, until, members=2)
-    sleeping = wait_for(lambda: (lambda t: t if t["log"] else None)(
-        api.get_task(store, automation_id)), what="the timer step")
+    sleeping = wait_until(lambda: api.get_task(store, automation_id), lambda t: t["log"],
+                          what="the timer step")
     assert sleeping["log"][0]["request"] == TIMER and sleeping["log"][0]["status"] == "sleeping"
     task = finished(store, automation_id)
     assert task["state"] == "done", task["error"]

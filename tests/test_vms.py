@@ -9,7 +9,7 @@ import collections
 
 from engine.core import api
 from engine.placement import open_placement
-from tests.support import ROOT, wait_for
+from tests.support import ROOT, wait_for, wait_until
 from tests.support.cluster import finished
 from tests.support.vms import (ENV, allocations, booted, inventory, published,
                                reconcile_every, run, start)
@@ -53,8 +53,8 @@ def test_boot_twenty_vms_survives_sigkill_of_the_initiator(cluster, store, tmp_p
 
     def builds_done(task):
         return sum(e["request"] == "build" and e["status"] == "ok" for e in task["log"])
-    task = wait_for(lambda: (lambda t: t if builds_done(t) >= 3 else None)(
-        api.get_task(store, automation_id)), what="3 builds done")
+    task = wait_until(lambda: api.get_task(store, automation_id),
+                      lambda t: builds_done(t) >= 3, what="3 builds done")
     killed = task["initiator"]
     cluster.kill(killed)
     at_kill = api.get_task(store, automation_id)       # the dead one appends no more
@@ -86,9 +86,10 @@ if os.path.exists({str(marker)!r}):     # the first build only: hang
     start(cluster, store, ["t1", "t2"], hooks=str(hooks))
     start(cluster, store, ["m1"])
     automation_id = run(store, "boot", booted(["db1"]), prefer=["m1"], members=1)
-    task = wait_for(lambda: (lambda t: t if any(e["request"] == "build" and e["status"] == "running"
-                                                for e in t["log"]) else None)(
-        api.get_task(store, automation_id)), what="the first build to hang")
+    task = wait_until(lambda: api.get_task(store, automation_id),
+                      lambda t: any(e["request"] == "build" and e["status"] == "running"
+                                    for e in t["log"]),
+                      what="the first build to hang")
     doomed = next(e["target"] for e in task["log"] if e["request"] == "build")
     survivor = {"t1": "t2", "t2": "t1"}[doomed]
     cluster.kill(doomed)

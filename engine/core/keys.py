@@ -13,16 +13,23 @@ def auto(automation_id: str = "", part: str = "") -> str:
     return f"auto/{automation_id}/{part}"
 
 
-def log_entry(automation_id: str, index: int) -> str:
-    return f"auto/{automation_id}/log/{index:08d}"
+def _step(automation_id: str, part: str, index: int | None) -> str:
+    """``auto/<id>/<part>/<index>``; without ``index``, every step's prefix."""
+    if index is None:
+        return f"auto/{automation_id}/{part}/"
+    return f"auto/{automation_id}/{part}/{index:08d}"
 
 
-def claim(automation_id: str, index: int) -> str:
-    return f"auto/{automation_id}/claim/{index:08d}"
+def log_entry(automation_id: str, index: int | None = None) -> str:
+    return _step(automation_id, "log", index)
 
 
-def response(automation_id: str, index: int) -> str:
-    return f"auto/{automation_id}/resp/{index:08d}"
+def claim(automation_id: str, index: int | None = None) -> str:
+    return _step(automation_id, "claim", index)
+
+
+def response(automation_id: str, index: int | None = None) -> str:
+    return _step(automation_id, "resp", index)
 
 
 def status(automation_id: str) -> str:
@@ -50,9 +57,7 @@ def wake(automation_id: str, name: str = "") -> str:
 
 def progress(automation_id: str, index: int | None = None) -> str:
     """How far a long step got (``engine/core/steps.py``); a view, not history."""
-    if index is None:
-        return f"auto/{automation_id}/progress/"
-    return f"auto/{automation_id}/progress/{index:08d}"
+    return _step(automation_id, "progress", index)
 
 
 def lock(name: str = "") -> str:
@@ -80,7 +85,11 @@ def member(host: str = "", automation_id: str = "") -> str:
     return f"member/{host}/{automation_id}"
 
 
-def inbox(host: str, automation_id: str = "", index: int | None = None) -> str:
+def inbox(host: str = "", automation_id: str = "", index: int | None = None) -> str:
+    """``inbox/<host>/<id>/<index>``: a step for ``host`` to run;
+    ``inbox()`` is every host's inbox."""
+    if not host:
+        return "inbox/"
     if index is None:
         return f"inbox/{host}/{automation_id}" + ("/" if automation_id else "")
     return f"inbox/{host}/{automation_id}/{index:08d}"
@@ -140,8 +149,11 @@ def restart(uuid: str = "") -> str:
     return f"restart/{uuid}"
 
 
-def singleton(name: str) -> str:
-    """Election prefix of a cluster singleton (janitor, reconciler)."""
+def singleton(name: str = "") -> str:
+    """Election prefix of a cluster singleton (janitor, reconciler);
+    ``singleton()`` is every singleton's."""
+    if not name:
+        return "singleton/"
     return f"singleton/{name}/"
 
 

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from engine.errors import Failed, NonDeterminism
+from engine.errors import Failed, NonDeterminism, WorkerFailed
 
 __all__ = ["Request", "Response", "Context", "Replayer", "NewRequest",
            "NonDeterminism", "WorkerFailed", "Failed", "fingerprint", "LoggedStep", "TIMER"]
@@ -94,10 +94,6 @@ class NewRequest:
     worker_name: str
     request: Request
     fingerprint: str
-
-
-class WorkerFailed(Exception):
-    """A child worker raised; carries its error text."""
 
 
 class _WorkerBug(Exception):

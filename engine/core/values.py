@@ -27,6 +27,8 @@ from typing import Any, Callable
 import msgpack
 import structlog
 
+from . import keys
+
 __all__ = ["Garbled", "Shape", "shape", "decode", "readable", "problem", "declare", "shape_of",
            "set_reporter", "report", "MAPPING"]
 
@@ -204,13 +206,17 @@ HOST = shape("host record")
 LOCK = shape("lock", owner=str)
 DRAINED = shape("drained host", host=str)
 
+_EVERY = "*"        # any automation id, in a key glob
+
 for _pattern, _kind in (
-        ("tasks/*", TASK), ("auto/*/spec", SPEC), ("auto/*/status", STATUS),
-        ("auto/*/log/*", LOG_ENTRY), ("auto/*/resp/*", RESPONSE), ("auto/*/claim/*", CLAIM),
-        ("auto/*/elect/*", _ANYTHING), ("auto/*/abort", _ANYTHING),
-        ("auto/*/aborting", MAPPING), ("auto/*/progress/*", MAPPING),
-        ("auto/*/wake/*", MAPPING),
-        ("locks/*", LOCK), ("drained/*", DRAINED),
-        ("singleton/*", _ANYTHING), ("member/*", MEMBERSHIP),
-        ("inbox/*", INBOX_ENTRY), ("hosts/*", HOST), ("hostcfg/*", HOST)):
+        (keys.task() + "*", TASK), (keys.spec(_EVERY), SPEC), (keys.status(_EVERY), STATUS),
+        (keys.log_entry(_EVERY) + "*", LOG_ENTRY), (keys.response(_EVERY) + "*", RESPONSE),
+        (keys.claim(_EVERY) + "*", CLAIM),
+        (keys.elect(_EVERY) + "*", _ANYTHING), (keys.abort(_EVERY), _ANYTHING),
+        (keys.aborting(_EVERY), MAPPING), (keys.progress(_EVERY) + "*", MAPPING),
+        (keys.wake(_EVERY) + "*", MAPPING),
+        (keys.lock() + "*", LOCK), (keys.drained() + "*", DRAINED),
+        (keys.singleton() + "*", _ANYTHING), (keys.member() + "*", MEMBERSHIP),
+        (keys.inbox() + "*", INBOX_ENTRY), (keys.host() + "*", HOST),
+        (keys.host_config() + "*", HOST)):
     declare(_pattern, _kind)

@@ -1,13 +1,16 @@
 """What the tests share, and the one place they share it from.
 
-- this package: :data:`ROOT`, :data:`PEERCTL`, :data:`TEST_AUTOMATIONS` and
-  :func:`wait_for`, the one poll-until-true every test uses;
+- this package: :data:`ROOT`, :data:`PEERCTL`, :data:`TEST_AUTOMATIONS`,
+  :func:`wait_for`, the one poll-until-true every test uses, and
+  :func:`wait_until`, the same poll that returns what it read once it is
+  acceptable;
 - :mod:`.cluster`: real peer processes and the real command line
   (``Cluster``, ``start_peers``, ``alive``, ``finished``);
 - :mod:`.hooks`: request hooks that count, record or fail executions;
 - :mod:`.handlers`: request handlers called in this process, on a host of the
   test's own (``host`` fixture, ``call``);
 - :mod:`.history`: an in-memory executor for replay tests, no etcd;
+- :mod:`.raw`: bytes put into etcd as they are, past peerctl's encoding;
 - :mod:`.terminal`: a command on a pty of its own;
 - :mod:`.placement`: the placement fixtures, one contract over two backends;
   :mod:`.placement_server` serves a real OpenStack Placement,
@@ -28,16 +31,26 @@ PEERCTL = os.path.join(ROOT, "peerctl.py")
 # Automations only tests register (PEERCTL_AUTOMATIONS_PATH names it).
 TEST_AUTOMATIONS = os.path.join(ROOT, "tests", "automations")
 
-__all__ = ["ROOT", "PEERCTL", "TEST_AUTOMATIONS", "wait_for"]
+__all__ = ["ROOT", "PEERCTL", "TEST_AUTOMATIONS", "wait_for", "wait_until"]
 
 
 def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
     """Poll ``predicate`` until it returns a truthy value (returned) or
     ``timeout`` seconds pass (AssertionError naming ``what``)."""
+    return wait_until(predicate, bool, timeout=timeout, interval=interval, what=what)
+
+
+def wait_until(read, accept, timeout=20.0, interval=0.05, what="condition"):
+    """Poll ``read()`` until ``accept`` holds for what it read, and return
+    that; after ``timeout`` seconds, AssertionError naming ``what``.
+
+        task = wait_until(lambda: api.get_task(store, id), lambda t: t["log"],
+                          what="the first step")
+    """
     deadline = time.monotonic() + timeout
     while True:
-        value = predicate()
-        if value:
+        value = read()
+        if accept(value):
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from engine.core import api, keys
-from tests.support import PEERCTL, ROOT, TEST_AUTOMATIONS, wait_for
+from tests.support import PEERCTL, ROOT, TEST_AUTOMATIONS, wait_for, wait_until
 
 __all__ = ["Cluster", "start_peers", "start_three_peers", "alive", "finished", "start_automation"]
 
@@ -111,8 +111,9 @@ def alive(cluster) -> set:
 
 def finished(store, automation_id, timeout=60):
     """The automation's task once it is in a terminal state."""
-    return wait_for(lambda: (lambda t: t if t["state"] in keys.TERMINAL_STATES else None)(
-        api.get_task(store, automation_id)), timeout=timeout, what="automation to finish")
+    return wait_until(lambda: api.get_task(store, automation_id),
+                      lambda t: t["state"] in keys.TERMINAL_STATES,
+                      timeout=timeout, what="automation to finish")
 
 
 def start_automation(store, kind, args, code=TEST_AUTOMATIONS, **options):
