@@ -20,7 +20,7 @@ import time
 
 from engine.hypervisor.harules import DOWN, restarts_within
 from engine.hypervisor.shapes import HA_POLICIES, VM, first_ip   # also declares vms/ shapes
-from engine import table
+from engine.natural import natural_key
 from engine.core import keys
 from engine.core.hosts import is_live_record
 from engine.core.store import Get
@@ -73,7 +73,7 @@ def read_hosts(store) -> list[dict]:
                             else "drained" if record["drained"]
                             else "reserved" if record["reserved_by"]
                             else "up" if record["enabled"] else "disabled")
-    return sorted(records.values(), key=lambda r: table.natural_key(r["host"]))
+    return sorted(records.values(), key=lambda r: natural_key(r["host"]))
 
 
 def _vm_counts(records, held) -> dict[str, int]:

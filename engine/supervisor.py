@@ -53,7 +53,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from engine import table
+from engine.natural import natural_key
 from engine.core import failpoints
 from engine.errors import Failed
 
@@ -213,7 +213,7 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
                                   client_tls(up, f"peer-{host}"))
         outcome.started.append(host)
         outcome.report.append((host, "started", peers[host]))
-    up["peers"] = sorted(peers.values(), key=lambda p: table.natural_key(p["host"]))
+    up["peers"] = sorted(peers.values(), key=lambda p: natural_key(p["host"]))
     _save_up(state_dir, up)
     if outcome.started:
         _wait_hosts(up, cluster, peers, outcome.started)
@@ -254,7 +254,7 @@ def _grant(up: dict, cluster: str, urls: str, hosts: int) -> None:
         raise Failed(f"could not set up etcd's roles: {exc}") from None
     finally:
         store.close()
-    up["tls"].update(auth=True, users=sorted(set(users) | granted, key=table.natural_key))
+    up["tls"].update(auth=True, users=sorted(set(users) | granted, key=natural_key))
 
 
 def _start_etcd(state_dir: str, recorded: list[dict], running: list, tls,
@@ -335,7 +335,7 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
             outcome.report.append((f"{host}/libvirtd",
                                    "already running" if was_running else "started",
                                    dict(records[host], libvirt=daemon.uri)))
-    up["daemons"] = sorted(records.values(), key=lambda d: table.natural_key(d["host"]))
+    up["daemons"] = sorted(records.values(), key=lambda d: natural_key(d["host"]))
     _save_up(state_dir, up)
     for host in hosts:
         if futures[host].exception() is not None:
@@ -343,7 +343,7 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
     uris = {host: daemon.uri for host, (daemon, _) in daemons.items()}
     # The VMs' "default" network: one bridge with DHCP inside the namespace.
     from engine.hypervisor.localnet import ensure_local_network
-    ensure_local_network([uris[host] for host in sorted(uris, key=table.natural_key)])
+    ensure_local_network([uris[host] for host in sorted(uris, key=natural_key)])
     return uris
 
 

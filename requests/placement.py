@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import fnmatch
 
+from engine.core import keys
 from engine.core.handlers import handler
 from engine.core.hosts import live_host_names
+from engine.core.values import readable
 from engine.errors import Conflict, NotFound, RequestError
 from engine.leases.events import unreserved
 from engine.placement import for_request, parse_query, together
+from engine.placement.shortfall import explain
 
 
 def _spec(args: dict) -> str:
@@ -92,28 +95,33 @@ def claim(host, args: dict) -> dict:
         if held["allocations"] and _totals(held["allocations"]) == wanted:
             return {"consumer": consumer, "allocations": held["allocations"],
                     "host": _host_of(placement, held["allocations"])}
-        args = {**args, "required": required}
 
         def claimed(candidate):
             doc = placement.claim(consumer, candidate["allocations"], **owner)
             return {"consumer": consumer, "allocations": doc["allocations"],
                     "host": candidate["host"]}
-        return _first_fit(placement, query, args, lambda host: host not in excluded, claimed,
-                          f"no host can fit {query}", f"claim for {consumer}")
+        return _first_fit(placement, query, required, args, lambda host: host not in excluded,
+                          claimed, f"no host can fit {query}", f"claim for {consumer}",
+                          lambda: _why_none(host.store, placement, query, required, args,
+                                            dict.fromkeys(excluded, "tried")))
 
 
-def _first_fit(placement, query: str, args: dict, allowed, write, none: str, what: str):
-    """``write(candidate)`` for the best candidate whose host matches
-    ``args['hosts']`` and ``allowed(host)``; the next one when it no longer
-    fits, the candidates read again after a lost race."""
-    required = args.get("required")
+def _first_fit(placement, query: str, required, args: dict, allowed, write, none: str,
+               what: str, why):
+    """``write(candidate)`` for the best candidate (``required`` traits)
+    whose host matches ``args['hosts']`` and ``allowed(host)``; the next one
+    when it no longer fits, the candidates read again after a lost race.
+    None fits: a refusal, ``none`` with the traits the caller asked for and
+    ``why()``."""
     for _ in range(placement.retries):
         candidates = [c for c in placement.candidates(query, required=required)
                       if fnmatch.fnmatchcase(c["host"], args.get("hosts") or "*")
                       and allowed(c["host"])]
         if not candidates:
-            raise RequestError(none + (f" with {required}" if required else "")
-                               + (f" among {args['hosts']!r}" if args.get("hosts") else ""))
+            asked = args.get("required")
+            raise RequestError(none + (f" with {asked}" if asked else "")
+                               + (f" among {args['hosts']!r}" if args.get("hosts") else "")
+                               + f": {why()}")
         for candidate in candidates:
             try:
                 return write(candidate)
@@ -121,6 +129,25 @@ def _first_fit(placement, query: str, args: dict, allowed, write, none: str, wha
                 if exc.reason != "capacity_exceeded":
                     break       # re-read the candidates
     raise RequestError(f"{what} kept losing races")
+
+
+def _why_none(store, placement, query: str, required, args: dict, skip: dict,
+              live_only: bool = False) -> str:
+    """Why no host fits (:func:`engine.placement.shortfall.explain`), from
+    placement's providers, the leases holding reserved hosts and the hosts
+    whose peer is down (left out too with ``live_only``), read now: the
+    refusal is logged as the request's answer, so an automation replaying
+    it meets the same words."""
+    leases = [readable(kv) for kv in store.range(keys.reserved())[0]]
+    held_by = {lease["host"]: f"reserved by lease {lease['lease']}"
+               for lease in leases if isinstance(lease, dict) and lease.get("host")}
+    alive = live_host_names(store)
+    providers = placement.providers()
+    down = {p["name"] for p in providers if p["name"] not in alive}
+    if live_only:
+        skip = {**dict.fromkeys(down, "down"), **skip}
+    return explain(providers, parse_query(query, required), pattern=args.get("hosts") or "*",
+                   skip=skip, held_by=held_by, down=down)
 
 
 @handler("release")
@@ -166,17 +193,20 @@ def claim_move(host, args: dict) -> dict:
         if not current:
             raise RequestError(f"VM {instance} holds no allocations to move")
         query = ",".join(f"{rc}:{n}" for rc, n in sorted(_totals(current).items()))
-        args = {**args, "required": unreserved(host.store, args.get("required"))}
+        required = unreserved(host.store, args.get("required"))
 
         def moved(candidate):
             doc = placement.move_to_migration(instance, migration, candidate["allocations"])
             return {"host": candidate["host"], "allocations": doc["allocations"]}
         excluded = {source, *(args.get("exclude") or ())}
         live = live_host_names(host.store) if args.get("live_only") else None
-        return _first_fit(placement, query, args,
+        return _first_fit(placement, query, required, args,
                           lambda name: name not in excluded and (live is None or name in live),
                           moved, f"no {'live ' if live is not None else ''}host but "
-                          f"{', '.join(sorted(excluded))} can fit {query}", f"moving {instance}")
+                          f"{', '.join(sorted(excluded))} can fit {query}", f"moving {instance}",
+                          lambda: _why_none(host.store, placement, query, required, args,
+                                            dict.fromkeys(excluded, ""),
+                                            live_only=live is not None))
 
 
 

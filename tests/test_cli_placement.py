@@ -151,3 +151,39 @@ def test_placement_without_etcd_exits_3(cluster):
                        "placement", "providers")
     assert done.returncode == 3 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "127.0.0.1:1" in done.stderr
+
+
+def test_the_placement_backend_comes_from_the_config_file(cluster, world, tmp_path):
+    """`placement = URL` in the config file is used like $PEERCTL_PLACEMENT;
+    the environment still overrides it."""
+    url = "http://127.0.0.1:1"
+    conf = tmp_path / "peerctl.conf"
+    conf.write_text(f"[peerctl]\nplacement = {url}\n")
+    done = cluster.cli("placement", "providers", env={"PEERCTL_CONF": str(conf)})
+    assert (done.returncode, done.stderr) == (3, f"peerctl: placement unreachable at {url}\n")
+    names = [row["name"] for row in cluster.cli_json(
+        "placement", "providers", env={"PEERCTL_CONF": str(conf), "PEERCTL_PLACEMENT": "etcd"})]
+    assert "host1" in names
+
+
+@pytest.mark.parametrize("setting, said", [
+    ("placement = ftp://x", "bad placement 'ftp://x' in {conf} (want etcd, or the http(s):// "
+                            "URL of an OpenStack Placement)"),
+    ("placement = http://127.0.0.1:8778\nplacement_token_file = nowhere",
+     "cannot read placement_token_file '{dir}/nowhere': No such file or directory")])
+def test_a_bad_placement_setting_is_one_line_naming_where_it_came_from(cluster, tmp_path,
+                                                                        setting, said):
+    conf = tmp_path / "peerctl.conf"
+    conf.write_text(f"[peerctl]\n{setting}\n")
+    done = cluster.cli("vmlist", env={"PEERCTL_CONF": str(conf)})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "peerctl: " + said.format(conf=conf, dir=tmp_path) + "\n"
+
+
+def test_a_config_file_named_by_the_environment_must_exist(cluster, tmp_path):
+    """$PEERCTL_CONF naming no file is a usage error, as --conf is."""
+    missing = tmp_path / "missing.conf"
+    done = cluster.cli("vmlist", env={"PEERCTL_CONF": str(missing)})
+    assert done.returncode == 2
+    assert done.stderr == (f"peerctl: cannot read config file '{missing}' from $PEERCTL_CONF: "
+                           "No such file or directory\n")

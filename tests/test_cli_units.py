@@ -9,7 +9,13 @@ import uuid
 
 import pytest
 
-import peerctl
+from engine.commandline import build_parser
+from engine.commandline.context import Context, warn_unreadable
+from engine.commandline.hosts import host_totals
+from engine.commandline.settings import DEFAULTS
+from engine.commandline.vms import vm_totals
+from engine.operations.select import check_glob, host_pattern, match_vms, vm_pattern
+from engine.operations.specs import parse_resources, parse_traits
 from engine import cluster
 from engine.core import keys, values, validate
 from engine.core.store import KV, Delete, Get, TxnResult
@@ -21,31 +27,31 @@ from engine.errors import Failed, UsageError
 def test_a_glob_with_an_unclosed_bracket_is_a_usage_error():
     """'web[1' would never match anything: say so instead of listing nothing."""
     with pytest.raises(UsageError, match=r"bad VM pattern 'web\[1': unclosed '\['"):
-        peerctl.check_glob("web[1", "VM pattern")
-    assert peerctl.check_glob("web[12]*", "VM pattern") == "web[12]*"
+        check_glob("web[1", "VM pattern")
+    assert check_glob("web[12]*", "VM pattern") == "web[12]*"
 
 
 def test_a_glob_may_not_be_empty_or_hold_whitespace():
     """An empty pattern or one with a blank in it is a typo, not a wish."""
     with pytest.raises(UsageError, match="empty host pattern"):
-        peerctl.check_glob("", "host pattern")
+        check_glob("", "host pattern")
     with pytest.raises(UsageError, match="whitespace or control character"):
-        peerctl.check_glob("web 1", "VM pattern")
+        check_glob("web 1", "VM pattern")
 
 
 def test_a_host_pattern_defaults_to_every_host_and_has_no_slash():
     """No HOSTGLOB means all hosts; 'host/x' is a VM pattern given by mistake."""
-    assert peerctl.host_pattern(None) == "*"
-    assert peerctl.host_pattern("host1*") == "host1*"
+    assert host_pattern(None) == "*"
+    assert host_pattern("host1*") == "host1*"
     with pytest.raises(UsageError, match="a host pattern has no '/'"):
-        peerctl.host_pattern("host/x")
+        host_pattern("host/x")
 
 
 @pytest.mark.parametrize("text, parsed", [
     ("*webfront*", ("*", "*webfront*")), ("host17/*sql*", ("host17", "*sql*"))])
 def test_a_vm_pattern_is_hostglob_slash_vmglob_or_vmglob_on_any_host(text, parsed):
     """'VMGLOB' alone matches on every host."""
-    assert peerctl.vm_pattern(text) == parsed
+    assert vm_pattern(text) == parsed
 
 
 @pytest.mark.parametrize("text, why", [
@@ -53,7 +59,7 @@ def test_a_vm_pattern_is_hostglob_slash_vmglob_or_vmglob_on_any_host(text, parse
 def test_a_vm_pattern_with_a_bad_slash_names_what_is_wrong(text, why):
     """Each malformed pattern says which part is wrong."""
     with pytest.raises(UsageError, match=why):
-        peerctl.vm_pattern(text)
+        vm_pattern(text)
 
 
 def test_match_vms_keeps_listing_order_lists_each_vm_once_and_names_the_misses():
@@ -61,7 +67,7 @@ def test_match_vms_keeps_listing_order_lists_each_vm_once_and_names_the_misses()
     vms = [{"host": "host1", "name": "web1", "uuid": "u1"},
            {"host": "host2", "name": "web2", "uuid": "u2"},
            {"host": "host2", "name": "db1", "uuid": "u3"}]
-    hits, unmatched = peerctl.match_vms(vms, ["host2/*", "web*", "nothing*"])
+    hits, unmatched = match_vms(vms, ["host2/*", "web*", "nothing*"])
     assert [vm["uuid"] for vm in hits] == ["u2", "u3", "u1"]
     assert unmatched == ["nothing*"]
 
@@ -70,7 +76,7 @@ def test_match_vms_keeps_listing_order_lists_each_vm_once_and_names_the_misses()
 
 def test_a_short_resource_spec_and_required_traits_give_resources_and_traits():
     """The boot spec and --required read as one request group; forbidden traits keep their '!'."""
-    resources, traits = peerctl.parse_resources("VCPU:1,MEMORY_MB:256,DISK_GB:1",
+    resources, traits = parse_resources("VCPU:1,MEMORY_MB:256,DISK_GB:1",
                                                 "HW_CPU_X86_AVX2,!CUSTOM_SLOW")
     assert resources == {"VCPU": 1, "MEMORY_MB": 256, "DISK_GB": 1}
     assert traits == ["HW_CPU_X86_AVX2", "!CUSTOM_SLOW"]
@@ -78,7 +84,7 @@ def test_a_short_resource_spec_and_required_traits_give_resources_and_traits():
 
 def test_the_placement_query_form_is_accepted_as_a_resource_spec():
     """'resources=...&required=...' is Placement's own spelling of the same spec."""
-    assert peerctl.parse_resources("resources=VCPU:2&required=!CUSTOM_SLOW") == \
+    assert parse_resources("resources=VCPU:2&required=!CUSTOM_SLOW") == \
         ({"VCPU": 2}, ["!CUSTOM_SLOW"])
 
 
@@ -89,23 +95,23 @@ def test_the_placement_query_form_is_accepted_as_a_resource_spec():
 def test_a_bad_resource_spec_is_a_usage_error_naming_it(spec, named):
     """Placement's parser judges the spec; the message names the spec."""
     with pytest.raises(UsageError, match=named):
-        peerctl.parse_resources(spec)
+        parse_resources(spec)
 
 
 def test_a_bad_required_trait_is_blamed_on_the_traits_not_the_spec():
     """A well-formed but unknown trait is a bad --required, the spec being fine."""
     with pytest.raises(UsageError, match="bad --required 'NOT_A_KNOWN_TRAIT'"):
-        peerctl.parse_resources("VCPU:1", "NOT_A_KNOWN_TRAIT")
+        parse_resources("VCPU:1", "NOT_A_KNOWN_TRAIT")
 
 
 def test_traits_are_names_each_with_at_most_one_bang():
     """'A,!B' lists a required and a forbidden trait; '!!FOO' is a typo."""
-    assert peerctl.parse_traits("HW_CPU_X86_AVX2, !CUSTOM_SLOW") == \
+    assert parse_traits("HW_CPU_X86_AVX2, !CUSTOM_SLOW") == \
         ["HW_CPU_X86_AVX2", "!CUSTOM_SLOW"]
-    assert peerctl.parse_traits(None) == []
+    assert parse_traits(None) == []
     for bad in ("!!FOO", "not a trait", "lower_case"):
         with pytest.raises(UsageError, match="bad trait"):
-            peerctl.parse_traits(bad)
+            parse_traits(bad)
 
 
 # -- totals lines ----------------------------------------------------------------
@@ -120,7 +126,7 @@ def test_host_totals_count_only_the_hosts_that_responded_and_name_the_others():
          "vms": 1, "memory_mb": 8192, "free_memory_mb": 8192, "disk_gb": 100,
          "free_disk_gb": 100},
         {"host": "host3", "alive": False, "vcpus": 64, "vms": 9, "memory_mb": 1 << 20}]
-    lines = peerctl.host_totals(hosts).splitlines()
+    lines = host_totals(hosts).splitlines()
     assert lines[0] == ("2 hosts responded (1 enabled, 1 busy) for a total of 8 cores "
                         "hosting 3 VMs")
     assert lines[1] == "CPU: 50% used, 50% free"
@@ -130,7 +136,7 @@ def test_host_totals_count_only_the_hosts_that_responded_and_name_the_others():
 
 def test_host_totals_of_no_host_are_zero_and_do_not_divide_by_zero():
     """An empty cluster still gets a totals line."""
-    assert peerctl.host_totals([]).splitlines()[:2] == [
+    assert host_totals([]).splitlines()[:2] == [
         "0 hosts responded (0 enabled, 0 busy) for a total of 0 cores hosting 0 VMs",
         "CPU: 0% used, 100% free"]
 
@@ -140,9 +146,9 @@ def test_vm_totals_count_states_hosts_and_resources():
     vms = [{"host": "host1", "state": "running", "vcpus": 1, "memory_mb": 256, "disk_gb": 1},
            {"host": "host1", "state": "shutoff", "vcpus": 2, "memory_mb": 512, "disk_gb": 1},
            {"host": "host2", "state": "running", "vcpus": 1, "memory_mb": 256, "disk_gb": 2}]
-    line = peerctl.vm_totals(vms)
+    line = vm_totals(vms)
     assert line.startswith("3 VMs (2 running, 1 shutoff) on 2 hosts using 4 vCPUs, ")
-    assert peerctl.vm_totals([]).startswith("0 VMs (none) on 0 hosts using 0 vCPUs")
+    assert vm_totals([]).startswith("0 VMs (none) on 0 hosts using 0 vCPUs")
 
 
 # -- validators ------------------------------------------------------------------
@@ -380,11 +386,11 @@ def test_a_host_is_ready_once_alive_with_a_stocked_provider():
 
 def test_the_warning_line_names_the_key_and_the_problem(capsys):
     """One line on stderr, stdout untouched (it may carry JSON)."""
-    peerctl.warn_unreadable("hosts/h9", "not a host record: no 'host'")
+    warn_unreadable("hosts/h9", "not a host record: no 'host'")
     out, err = capsys.readouterr()
     assert out == ""
     assert err == "peerctl: warning: skipped unreadable key hosts/h9: not a host record: no 'host'\n"
-    peerctl.warn_unreadable("vms/h9/u1", "not a number, shown as missing: 'vcpus' (a str)",
+    warn_unreadable("vms/h9/u1", "not a number, shown as missing: 'vcpus' (a str)",
                             skipped=False)
     assert capsys.readouterr().err == ("peerctl: warning: partly unreadable key vms/h9/u1: "
                                        "not a number, shown as missing: 'vcpus' (a str)\n")
@@ -394,8 +400,8 @@ def test_the_warning_line_names_the_key_and_the_problem(capsys):
 
 def scrub(store, capsys, *flags, json=True):
     """Run ``peerctl scrub`` on ``store``: (exit code, what it printed)."""
-    args = peerctl.build_parser().parse_args(["scrub", *flags])
-    ctx = peerctl.Context(args, dict(peerctl.DEFAULTS, format="json" if json else "table"))
+    args = build_parser().parse_args(["scrub", *flags])
+    ctx = Context(args, dict(DEFAULTS, format="json" if json else "table"))
     ctx._store = store
     code = args.func(ctx)
     return code, capsys.readouterr().out
@@ -426,11 +432,18 @@ def test_scrub_shows_a_table_of_key_and_problem(capsys):
     assert lines[1].split()[0] == keys.host(bad) and lines[-1] == "1 unreadable key"
 
 
-def test_scrub_delete_without_a_terminal_needs_yes(capsys, monkeypatch):
-    """A script must say --yes; nothing is read or deleted before it does."""
+def test_scrub_delete_without_a_terminal_needs_yes_only_when_there_is_something_to_delete(
+        capsys, monkeypatch):
+    """A script must say --yes before keys go; nothing is deleted before it
+    does.  With no unreadable key there is nothing to confirm: exit 0."""
     monkeypatch.setattr("sys.stdin", argparse.Namespace(isatty=lambda: False))
+    bad = fresh("h9")
+    store = MemoryStore({keys.host(bad): 4})
     with pytest.raises(UsageError, match="add --yes"):
-        scrub(None, capsys, "--delete")
+        scrub(store, capsys, "--delete")
+    assert keys.host(bad) in store.kvs
+    code, out = scrub(MemoryStore({keys.host("ok"): {"host": "ok"}}), capsys, "--delete")
+    assert code == 0 and '"deleted": []' in out
 
 
 def test_scrub_delete_asks_on_a_terminal_and_keeps_the_keys_on_no(capsys, monkeypatch):

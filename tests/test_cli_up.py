@@ -24,7 +24,7 @@ def running(pid: int) -> bool:
 def local(tmp_path, cluster_name):
     """Run peerctl in tmp_path, with no etcd named: `up` there is the default."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PEERCTL_")}
-    env.update(PEERCTL_CLUSTER=cluster_name, PEERCTL_CONF=str(tmp_path / "none.conf"),
+    env.update(PEERCTL_CLUSTER=cluster_name, PEERCTL_CONF=os.devnull,
                PYTHONUNBUFFERED="1")
 
     def cli(*args, timeout=120, extra_env=None):

@@ -62,7 +62,7 @@ class Local:
     def __init__(self, state: str, cluster: str):
         self.state = state
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("PEERCTL_")}
-        self.env.update(PEERCTL_CLUSTER=cluster, PEERCTL_CONF=os.path.join(state, "none.conf"),
+        self.env.update(PEERCTL_CLUSTER=cluster, PEERCTL_CONF=os.devnull,
                         PYTHONUNBUFFERED="1", PEERCTL_QEMU_ACCEL=qemu_guest.LINUX_ACCEL)
 
     def run(self, *args, env=None, timeout=300):

@@ -109,11 +109,43 @@ def test_leases_sit_on_the_core_and_placement_only():
 
 
 def test_only_the_launcher_imports_the_command_line():
-    """engine/commandline.py sits on top of every room: nothing imports it
+    """engine/commandline/ sits on top of every room: nothing imports it
     but peerctl.py (the tests may)."""
     everything = [path for path in glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True)
                   if not os.path.relpath(path, ROOT).startswith(("tests", "bench", "peerctl.py"))]
+    everything = [path for path in everything
+                  if not os.path.relpath(path, ROOT).startswith("engine/commandline/")]
     assert forbidden_imports(everything, ["engine.commandline", "peerctl"]) == {}
+
+
+COMMAND_LINE = room("engine", "commandline")
+NOUNS = ["vms", "hosts", "moves", "tasks", "leases", "placement", "aside", "admin", "local"]
+
+
+def test_no_command_line_module_is_over_400_lines():
+    """A noun that grows past a screenful of screens splits, as pip's commands do."""
+    assert COMMAND_LINE, "no engine/commandline/*.py found"
+    long = {os.path.relpath(path, ROOT): n for path in COMMAND_LINE
+            if (n := sum(1 for _ in open(path))) > 400}
+    assert long == {}
+
+
+def test_no_noun_module_imports_another():
+    """Each noun stands on the framework and the operations layer only."""
+    paths = [os.path.join(ROOT, "engine", "commandline", f"{noun}.py") for noun in NOUNS]
+    assert all(os.path.exists(path) for path in paths)
+    found = {}
+    for noun, path in zip(NOUNS, paths):
+        others = [f"engine.commandline.{other}" for other in NOUNS if other != noun]
+        found.update(forbidden_imports([path], others))
+    assert found == {}
+
+
+def test_the_operations_layer_imports_neither_argparse_nor_the_command_line():
+    """A second face (the HTTP API) calls it as the command line does."""
+    assert room("engine", "operations"), "no engine/operations/*.py found"
+    above = ["argparse", "engine.commandline", "peerctl", "sys"]
+    assert forbidden_imports(room("engine", "operations"), above) == {}
 
 
 def test_the_error_root_imports_the_standard_library_only():
@@ -127,3 +159,13 @@ def test_importing_the_error_root_loads_neither_grpc_nor_libvirt():
                     "print(' '.join(sorted(m for m in sys.modules\n"
                     "                      if m.split('.')[0] in ('grpc', 'libvirt'))))")
     assert loaded == ""
+
+
+def test_no_test_module_imports_another():
+    """Shared test helpers live in tests/support, never in another test module."""
+    tests = room("tests")
+    assert tests, "no tests/*.py found"
+    found = {os.path.relpath(path, ROOT): sorted(name for name in imports(path)
+                                                 if name.startswith("tests.test_"))
+             for path in tests}
+    assert {path: names for path, names in found.items() if names} == {}

@@ -3,7 +3,8 @@ command line draws."""
 import pytest
 
 from engine.errors import UsageError
-from engine.leases import views
+from engine.commandline import lease_views
+from engine.operations import lease_docs
 from engine.leases.model import check_name, lease_trait
 from engine.leases.times import human_span, iso, parse_span, parse_time
 
@@ -51,13 +52,13 @@ def test_the_calendar_draws_hosts_over_time_with_a_legend():
     entries = [entry("maint", "hosts", 12, 36, hosts=["h1"]),
                entry("ci", "capacity", 0, 24, slots={"h2": 2}),
                entry("more", "capacity", 12, 24, slots={"h2": 1})]
-    text = views.calendar_text(entries, ["h1", "h2", "h3"], NOW, NOW + 48 * 3600, width=48)
+    text = lease_views.calendar_text(entries, ["h1", "h2", "h3"], NOW, NOW + 48 * 3600, width=48)
     rows = {line.split()[0]: line.split()[1] for line in text.splitlines()[1:4]}
     assert rows["h1"] == "." * 12 + "B" * 24 + "." * 12
     assert rows["h2"] == "a" * 12 + "*" * 12 + "." * 24
     assert rows["h3"] == "." * 48
     assert "one column = 1h" in text
     assert any(line.split()[:2] == ["B", "maint"] for line in text.splitlines())
-    doc = views.calendar_doc(entries, ["h1", "h2", "h3"], NOW, NOW + 48 * 3600, "h2")
+    doc = lease_docs.calendar_doc(entries, ["h1", "h2", "h3"], NOW, NOW + 48 * 3600, "h2")
     assert list(doc["hosts"]) == ["h2"]
     assert [(i["lease"], i["slots"]) for i in doc["hosts"]["h2"]] == [("ci", 2), ("more", 1)]

@@ -10,7 +10,7 @@ import pytest
 
 from engine.core import failpoints, keys
 from engine.leases.times import iso
-from tests.support import wait_for
+from tests.support import wait_for, wait_until
 from tests.support.cluster import start_peers
 from tests.support.hooks import assert_each_index_ran_once, counting_hook, failing_hook
 from tests.support.vms import allocations
@@ -35,8 +35,8 @@ def lease(cluster, name):
 
 
 def reaches(cluster, name, state, timeout=40):
-    return wait_for(lambda: (lambda doc: doc if doc["state"] == state else None)(
-        lease(cluster, name)), timeout=timeout, what=f"lease {name} {state}")
+    return wait_until(lambda: lease(cluster, name), lambda doc: doc["state"] == state,
+                      timeout=timeout, what=f"lease {name} {state}")
 
 
 def events(doc):
@@ -311,8 +311,8 @@ def test_a_reserved_host_that_dies_is_replaced_or_the_lease_degrades(cluster, st
     assert one["hosts"] == ["host1"]
     reaches(cluster, "one", "active")
     cluster.kill("host1")
-    replaced = wait_for(lambda: (lambda d: d if d["hosts"] != ["host1"] else None)(
-        lease(cluster, "one")), timeout=30, what="a replacement for host1")
+    replaced = wait_until(lambda: lease(cluster, "one"), lambda d: d["hosts"] != ["host1"],
+                          timeout=30, what="a replacement for host1")
     assert replaced["hosts"] == ["host2"] and replaced["state"] == "active"
     assert "replaced" in events(replaced)
     wait_for(lambda: reserved_by(cluster).get("host2") == "one", what="host2 reserved")
@@ -351,7 +351,8 @@ def test_deleting_an_active_lease_ends_it_and_frees_everything(cluster, store):
                      "--start", "now", "--end", "+1h")
     reaches(cluster, "gone", "active")
     boot(cluster, "g1", reservation="gone")
-    assert cluster.cli_json("lease", "delete", "gone") == {
+    refused(cluster, ["lease", "delete", "gone"], 2, "add --yes")     # g1 would go
+    assert cluster.cli_json("lease", "delete", "gone", "--yes") == {
         "lease": "gone", "state": "deleted", "freed_by": "automation"}
     wait_for(lambda: "g1" not in vms(cluster), what="the lease's VM destroyed")
     assert usage(cluster) == before

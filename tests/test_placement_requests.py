@@ -1,13 +1,30 @@
-"""The claim/release/candidates request handlers, and the CLI row shapes."""
+"""The claim/release/candidates request handlers, and the shapes of the
+placement operations (engine/operations/placement.py) the CLI prints."""
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
-from engine.errors import RequestError
-from engine.placement import PlacementError, open_placement
-from engine.placement.cli import allocations_rows, candidates_rows, providers_rows
+from engine.errors import RequestError, UsageError
+from engine.operations import Context
+from engine.operations.placement import allocations, candidates, providers
+from engine.operations.select import NoMatch
+from engine.placement import open_placement
 from tests.support.handlers import call, new_host
 from tests.support.placement import make_provider, new_uuid
+
+
+class OnPlacement(Context):
+    """A Context whose placement is the test's own, left open after use."""
+
+    def __init__(self, placement):
+        super().__init__("http://127.0.0.1:9", "unused")
+        self.service = placement
+
+    @contextlib.contextmanager
+    def placement(self):
+        yield self.service
 
 
 def test_claim_release_candidates_handlers(store, tmp_path):
@@ -35,21 +52,23 @@ def test_claim_release_candidates_handlers(store, tmp_path):
 
 def test_cli_rows_follow_the_contract(store):
     placement = open_placement("etcd", store)
+    ctx = OnPlacement(placement)
     a = make_provider(placement, "host1", {"VCPU": 4})
     vm = new_uuid()
     placement.claim(vm, {a["uuid"]: {"VCPU": 1}}, project="p", user="u")
-    [row] = providers_rows(placement, "host*")
+    [row] = providers(ctx, "host*")
     assert set(row) == {"uuid", "name", "parent", "generation", "inventories", "usages",
                         "traits", "aggregates"}
     assert row["usages"] == {"VCPU": 1}
     assert set(row["inventories"]["VCPU"]) == {"total", "reserved", "min_unit", "max_unit",
                                                "step_size", "allocation_ratio"}
-    assert providers_rows(placement, "nope*") == []
-    assert allocations_rows(placement, vm) == [{"consumer": vm, "allocations": {a["uuid"]: {"VCPU": 1}}}]
-    assert allocations_rows(placement) == allocations_rows(placement, vm)
-    assert allocations_rows(placement, new_uuid()) == []
-    with pytest.raises(PlacementError, match="bad consumer 'not-a-uuid': not a UUID"):
-        allocations_rows(placement, "not-a-uuid")
-    assert candidates_rows(placement, "VCPU:1", None, 5) == [
+    with pytest.raises(NoMatch, match="no provider matches 'nope\\*'"):
+        providers(ctx, "nope*")
+    assert allocations(ctx, vm) == [{"consumer": vm, "allocations": {a["uuid"]: {"VCPU": 1}}}]
+    assert allocations(ctx) == allocations(ctx, vm)
+    assert allocations(ctx, new_uuid()) == []
+    with pytest.raises(UsageError, match="bad consumer 'not-a-uuid': not a UUID"):
+        allocations(ctx, "not-a-uuid")
+    assert candidates(ctx, "VCPU:1", None, 5) == [
         {"allocations": {a["uuid"]: {"VCPU": 1}}, "host": "host1"}]
-    assert candidates_rows(placement, "resources=VCPU:1&required=!CUSTOM_X", None, None)
+    assert candidates(ctx, "resources=VCPU:1&required=!CUSTOM_X", None, None)

@@ -122,7 +122,7 @@ def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, 
     goes, the namespace too."""
     state = qemu_guest.world_readable_tmpdir("peerctl-up-")   # short: socket paths
     env = {k: v for k, v in os.environ.items() if not k.startswith("PEERCTL_")}
-    env.update(PEERCTL_CLUSTER=cluster_name, PEERCTL_CONF=os.path.join(state, "none.conf"),
+    env.update(PEERCTL_CLUSTER=cluster_name, PEERCTL_CONF=os.devnull,
                PYTHONUNBUFFERED="1")
 
     def cli(*args):

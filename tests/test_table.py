@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from engine import table
-from engine.table import Column
+from engine.commandline import table
+from engine.commandline.table import Column
 
 
 def names(rows):

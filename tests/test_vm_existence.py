@@ -10,7 +10,7 @@ ever looked at the VM.
 """
 from engine.core import api, failpoints, keys
 from engine.placement import open_placement
-from tests.support import wait_for
+from tests.support import wait_for, wait_until
 from tests.support.cluster import finished
 from tests.support.vms import ENV, SMALL, allocations, big_test_host, reconcile_every, run
 
@@ -107,6 +107,9 @@ def test_a_vanished_domain_is_kept_missing_and_an_ha_one_restarted(cluster, stor
     hosts.start("h1")
 
     def settled():
+        for name in ("h1", "h2", "h3"):     # the initiator the failpoint killed: h1 too
+            if cluster.peers[name].poll() is not None:
+                hosts.start(name)
         vms = vmlist(cluster)
         return vms if vms.get("web1", {}).get("host") in ("h2", "h3") \
             and vms["web1"]["state"] == "running" and vms["web1"]["restarts"] == 1 \
@@ -121,8 +124,6 @@ def test_a_vanished_domain_is_kept_missing_and_an_ha_one_restarted(cluster, stor
     reconciler_passes(store, 5)
     assert held_on(store) == {web1: [vms["web1"]["host"]], db1: ["h1"]}
     wait_for(lambda: store.range(keys.restart())[0] == [], what="the restart request dropped")
-    for name in [h for h in ("h1", "h2", "h3") if cluster.peers[h].poll() is not None]:
-        hosts.start(name)                                   # the initiator the failpoint killed
     assert [v["name"] for v in cluster.cli_json("vmlist", "web1")] == ["web1"]
 
     gone = cluster.cli_json("destroy", "db1", "--yes")
@@ -142,8 +143,9 @@ def test_restarts_stop_after_the_stated_number_within_the_window(cluster, store,
                      "--on", "h1", "--ha", "restart")
     cluster.kill("h1")
     hosts.start("h1")
-    wait_for(lambda: (lambda vm: vm["host"] == "h2" and vm["state"] == "running")(
-        vmlist(cluster)["web1"]), timeout=60, what="web1 rebuilt on h2")
+    wait_until(lambda: vmlist(cluster)["web1"],
+               lambda vm: vm["host"] == "h2" and vm["state"] == "running",
+               timeout=60, what="web1 rebuilt on h2")
     cluster.kill("h2")
     hosts.start("h2")
     uuid = vmlist(cluster)["web1"]["uuid"]

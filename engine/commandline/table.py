@@ -19,12 +19,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+from engine.errors import FieldError
+from engine.natural import natural_key
+
+_DIGITS = re.compile(r"(\d+)")
+
 __all__ = ["Column", "FieldError", "select", "sort_rows", "render", "to_json",
            "human_mb", "human_gb", "human_bytes", "percent", "natural_key"]
-
-
-class FieldError(ValueError):
-    """An ``-o`` or ``--sort`` field that the listing does not have."""
 
 
 @dataclass(frozen=True)
@@ -88,35 +89,6 @@ def human_bytes(n) -> str:
 
 def percent(value) -> str:
     return f"{float(value):.0f}%"
-
-
-_DIGITS = re.compile(r"(\d+)")
-
-
-def natural_key(value: Any) -> tuple:
-    """Sort key: numbers inside strings compare as numbers; None sorts last.
-
-    A kind first (0 number, 1 text, 2 None), then for text its parts:
-    ``host12-vm3`` becomes ``(1, "host", 12, "-vm", 3, "")``.  Splitting on
-    digit runs puts text at even places and numbers at odd ones, so two keys
-    always compare like with like (a name starting with a digit has ``""``
-    first, and sorts before letters)."""
-    if type(value) is str:
-        return _text_key(value)
-    if value is None:
-        return (2,)
-    if isinstance(value, bool):
-        return (0, int(value))
-    if isinstance(value, (int, float)):
-        return (0, value)
-    return _text_key(str(value))
-
-
-@functools.lru_cache(maxsize=65536)
-def _text_key(text: str) -> tuple:
-    parts = _DIGITS.split(text)
-    parts[1::2] = map(int, parts[1::2])
-    return (1, *parts)
 
 
 def _fields(spec: str | Iterable[str]) -> list[str]:

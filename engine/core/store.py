@@ -33,7 +33,8 @@ from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exceptions
 from pyetcd import utils as etcd_utils
 
-from engine.errors import PermissionDenied, StoreRefused, StoreUnavailable
+from engine.errors import (Compacted, PermissionDenied, StoreRefused, StoreUnavailable,
+                           UsageError, WatchBroken)
 
 from . import values
 from .credentials import Credentials
@@ -53,18 +54,6 @@ class LeaseGone(StoreUnavailable, KeyError):
 
     def __str__(self):
         return str(self.args[0]) if self.args else "lease not found"
-
-
-class WatchBroken(Exception):
-    """A watch stream ended; resume from the last revision seen."""
-
-
-class Compacted(WatchBroken):
-    """The revision a watch wanted to resume from was compacted away."""
-
-    def __init__(self, compacted_revision: int):
-        super().__init__(f"revision compacted up to {compacted_revision}")
-        self.compacted_revision = compacted_revision
 
 
 def _encode(value: Any) -> bytes:
@@ -217,7 +206,9 @@ class Store:
         members = len(self._client.endpoints)
         for attempt in range(members):
             try:
-                return getattr(getattr(self._client, stub), method)(request, self._timeout)
+                answer = getattr(getattr(self._client, stub), method)(request, self._timeout)
+                self._answered = True
+                return answer
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code == grpc.StatusCode.NOT_FOUND:
@@ -258,14 +249,30 @@ class Store:
     _DENIED = ("permission denied", "user name is empty", "user name not found",
                "invalid auth token", "authentication failed", "not capable")
     _HANDSHAKE = ("SSL", "TSI_", "andshake", "certificate")
+    # A TLS handshake that met no TLS at all: the endpoint answered in plain
+    # bytes (OpenSSL's WRONG_VERSION_NUMBER) or closed before any reply (a
+    # plain http etcd drops what it cannot parse).  A TLS etcd refusing a
+    # certificate answers with an alert, or breaks the first read after the
+    # handshake (TSI_DATA_CORRUPTED).
+    # Only before etcd ever answered: a TLS etcd that once did and now breaks
+    # a handshake (restarting) is unreachable for a while, not misnamed.
+    _NO_TLS = ("WRONG_VERSION_NUMBER", "wrong version number", "Handshake read failed")
+    _answered = False
 
-    def _refusal(self, exc) -> PermissionDenied | None:
+    def _refusal(self, exc) -> PermissionDenied | UsageError | None:
         """etcd's refusal of this identity (a role without the permission, a
         user it does not know, a client certificate it does not accept), as
-        one line naming the role; None for any other failure."""
+        one line naming the role; an ``https://`` endpoint that does not
+        speak TLS, as the bad setting it is (naming the endpoint: waiting
+        will not mend it); None for any other failure."""
         code = exc.code() if hasattr(exc, "code") else None
         details = (exc.details() if hasattr(exc, "details") else "") or ""
         role = self.credentials.role
+        if code == grpc.StatusCode.UNAVAILABLE and not self._answered \
+                and any(part in details for part in self._NO_TLS):
+            plain = self.endpoints.replace("https://", "http://")
+            return UsageError(f"etcd at {self.endpoints} does not speak TLS "
+                              f"(a plain etcd is reached as {plain})")
         if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED) \
                 or any(part in details for part in self._DENIED):
             if role is None:

@@ -23,21 +23,33 @@ from engine.placement.api import ANY, Placement
 from engine.errors import Conflict, NotFound, PlacementError, PlacementUnavailable, RequestError
 from engine.placement.query import Query, RequestGroup, parse_query
 
-__all__ = ["open_placement", "for_request", "Placement", "PlacementError", "Conflict", "NotFound",
+__all__ = ["open_placement", "configure", "for_request", "Placement", "PlacementError", "Conflict", "NotFound",
            "PlacementUnavailable",
            "ANY", "Query", "RequestGroup", "parse_query"]
+
+
+_configured = None
+
+
+def configure(config) -> None:
+    """This process's backend, for every ``open_placement(None, ...)``: the
+    command line sets it from its settings (the config file's
+    ``placement``, or ``$PEERCTL_PLACEMENT``), so a peer's handlers use it."""
+    global _configured
+    _configured = config
 
 
 def open_placement(config=None, store=None) -> Placement:
     """The configured backend.
 
-    ``config``: None (use ``$PEERCTL_PLACEMENT``, default ``etcd``), ``"etcd"``,
+    ``config``: None (the one :func:`configure` set, else ``$PEERCTL_PLACEMENT``,
+    default ``etcd``), ``"etcd"``,
     an ``http(s)://`` URL of an OpenStack Placement API, or a mapping
     ``{"backend": "etcd"|"openstack", "url": ..., "token": ...}``.
     ``store`` (an :class:`engine.core.store.Store`) is needed for etcd.
     """
     if config is None:
-        config = os.environ.get("PEERCTL_PLACEMENT") or "etcd"
+        config = _configured or os.environ.get("PEERCTL_PLACEMENT") or "etcd"
     if isinstance(config, str):
         config = ({"backend": "openstack", "url": config}
                   if config.startswith(("http://", "https://")) else {"backend": config})

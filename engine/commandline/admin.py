@@ -1,0 +1,117 @@
+"""Keeping a cluster sound: scrub (keys nobody can read), tls (certificates
+and etcd roles for an etcd of one's own, docs/security.md)."""
+from __future__ import annotations
+
+import os
+import sys
+
+from engine.errors import UsageError
+from engine.operations import admin as ops
+
+from . import table
+from .confirm import ask
+from .context import say
+from .options import dry_run_option, yes_option
+
+C = table.Column
+SCRUB_COLUMNS = [C("key", "Key"), C("why", "Problem")]
+
+
+def cmd_scrub(ctx) -> int:
+    args = ctx.args
+    found = ops.unreadable_keys(ctx)
+    rows = [{"key": bad.key, "why": bad.why} for bad in found]
+    deleting = args.delete and found and not args.dry_run
+    if deleting and not args.yes:
+        if not sys.stdin.isatty():
+            say(table.render(rows, SCRUB_COLUMNS))
+            raise UsageError("scrub --delete deletes keys: add --yes to confirm "
+                             "(no terminal to ask on)")
+        say(table.render(rows, SCRUB_COLUMNS))
+        ask(f"Delete these {len(found)} unreadable key{'s' if len(found) != 1 else ''}?",
+            cancelled={"keys": rows, "deleted": []})
+    deleted = ops.delete_keys(ctx, found) if deleting else []
+    text = table.render(rows, SCRUB_COLUMNS) if rows else ""
+    summary = (f"{len(found)} unreadable key{'s' if len(found) != 1 else ''}" if found
+               else "no unreadable keys")
+    if deleting:
+        summary += f", {len(deleted)} deleted"
+        if len(deleted) < len(found):
+            summary += " (the others changed meanwhile: run scrub again)"
+    elif args.delete and found:
+        summary += ", none deleted (--dry-run)"
+    ctx.emit({"keys": rows, "deleted": deleted}, (text + "\n" if text else "") + summary)
+    return 0
+
+
+def _short(path: str) -> str:
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def cmd_tls(ctx) -> int:
+    from engine.core import certs
+    args = ctx.args
+    users = ops.identities(args.peer, args.user)
+    if args.tls_command == "certs":
+        directory = os.path.abspath(args.dir)
+        try:
+            certs.authority(directory, ctx.settings["cluster"])
+            issued = {"etcd": certs.issue_server(directory, args.name or [])}
+            issued.update({user: certs.issue(directory, user, role)
+                           for user, role in users.items()})
+        except OSError as exc:
+            raise UsageError(f"cannot write certificates in {directory}: "
+                             f"{exc.strerror or exc}") from None
+        doc = {"dir": directory, "ca": os.path.join(directory, "ca.pem"),
+               "certificates": [{"user": user, "role": users.get(user, "etcd server"),
+                                 "cert": i.cert, "key": i.key} for user, i in issued.items()]}
+        ctx.emit(doc, "\n".join(f"{c['user']:<16} {c['role']:<12} {_short(c['cert'])}"
+                                for c in doc["certificates"]))
+        return 0
+    done = ops.setup_roles(ctx, users)
+    ctx.emit(done, f"roles {', '.join(done['roles'])} on /peerctl/{ctx.settings['cluster']}/; "
+                   f"users {', '.join(sorted(done['users']))}; authentication on")
+    return 0
+
+
+def register(commands) -> None:
+    sub = commands.add("scrub", "list the keys in etcd nobody can read (--delete: remove them)",
+                       "python peerctl.py scrub\npython peerctl.py scrub --delete --yes",
+                       cmd_scrub,
+                       "List every key of the cluster whose value cannot be decoded or does "
+                       "not have the shape its kind of key must have (every command skips "
+                       "those with a warning). With --delete, delete them after asking (no "
+                       "question when there are none); a key rewritten meanwhile is kept.")
+    sub.add_argument("--delete", action="store_true", help="delete the keys listed")
+    yes_option(sub, "do not ask before deleting (needed without a terminal)")
+    dry_run_option(sub, "with --delete: only list the keys that would be deleted")
+
+    sub = commands.add(
+        "tls", "certificates and etcd roles for an etcd of your own",
+        "python peerctl.py tls certs /etc/peerctl/tls --peer kvm1 --peer kvm2 "
+        "--name etcd1.example\n"
+        "python peerctl.py --etcd https://etcd1.example:2379 --cacert ca.pem "
+        "--cert root.pem --key root-key.pem tls roles --peer kvm1 --peer kvm2",
+        cmd_tls, "certs: make a CA (once) and certificates in DIR: etcd's (for "
+        "127.0.0.1, localhost and every --name), root, operator, viewer, one "
+        "per --peer host (user peer-HOST) and per --user NAME:ROLE; files "
+        "already there are kept. roles: as etcd's root, grant roles peer, "
+        "operator and viewer on this cluster's keys, add those users, and turn "
+        "etcd's authentication on (docs/security.md).")
+    what = commands.verbs(sub, dest="tls_command", metavar="ACTION")
+    for action, summary, example in (
+            ("certs", "make the CA and certificates",
+             "python peerctl.py tls certs ./tls --peer host1 --peer host2"),
+            ("roles", "set up etcd's roles and users, as root",
+             "python peerctl.py --etcd https://127.0.0.1:2379 --cacert tls/ca.pem "
+             "--cert tls/root.pem --key tls/root-key.pem tls roles --peer host1")):
+        part = what.add(action, summary, example)
+        if action == "certs":
+            part.add_argument("dir", metavar="DIR", help="where the files go")
+            part.add_argument("--name", action="append", metavar="HOST",
+                              help="a name or address etcd is reached at (repeatable)")
+        part.add_argument("--peer", action="append", metavar="HOST",
+                          help="a host whose peer gets an identity (repeatable)")
+        part.add_argument("--user", action="append", metavar="NAME:ROLE",
+                          help="another identity: ROLE is peer, operator or viewer")

@@ -1,0 +1,93 @@
+"""What every command gets: its arguments, its settings, the cluster (an
+operations :class:`~engine.operations.Context`) and where output goes.
+
+stdout carries the command's answer only (one JSON document with
+``--format json``); messages, warnings and progress go to stderr."""
+from __future__ import annotations
+
+import os
+import sys
+
+from engine.errors import PermissionDenied, Unavailable
+from engine.operations import Context as Operations
+
+from . import table
+
+__all__ = ["Context", "say", "warn_unreadable", "me", "configure_logging"]
+
+_LOGGING = []
+
+
+def configure_logging(level: str) -> None:
+    """structlog to stderr (never stdout: it carries the JSON), once per process."""
+    if _LOGGING:
+        return
+    _LOGGING.append(level)
+    import logging
+    import structlog
+    structlog.configure(
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso"),
+                    structlog.dev.ConsoleRenderer(colors=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level)),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True)
+
+
+def say(message: str) -> None:
+    """A message for the user, on stderr."""
+    sys.stderr.write(message.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
+def warn_unreadable(key: str, why: str, skipped: bool = True) -> None:
+    """One line per key a command had to skip, or read only in part (each
+    once; see engine/core/values.py)."""
+    say(f"peerctl: warning: {'skipped unreadable key' if skipped else 'partly unreadable key'} "
+        f"{key}: {why}")
+
+
+def me() -> str:
+    """How the user called us, for the commands we suggest."""
+    base = os.path.basename(sys.argv[0] or "peerctl")
+    return "python peerctl.py" if base.endswith(".py") else "peerctl"
+
+
+class Context(Operations):
+    """The operations' context, plus the command line's arguments and output."""
+
+    def __init__(self, args, settings: dict):
+        super().__init__(settings["etcd"], settings["cluster"], settings.get("credentials"),
+                         settings.get("placement_config"))
+        self.args = args
+        self.settings = settings
+        self.json = settings["format"] == "json"
+        self.debug = bool(getattr(args, "debug", False))
+        self.space = None       # etcd's database size and alarms, once the store is open
+
+    def opened(self) -> None:
+        if self.args.command != "peer":
+            configure_logging("DEBUG" if self.debug else "WARNING")
+            self._check_space()
+
+    def _check_space(self) -> None:
+        """etcd's space, for hostlist's totals; a warning on stderr when it is
+        out of space or nearing its quota.  Not reaching it is left to the
+        command's own first call to report."""
+        from engine.core.maintenance import space, space_warning
+        from engine.core.validate import parse_size
+        try:
+            self.space = space(self._store, parse_size(self.settings["etcd_quota"]))
+        except (Unavailable, PermissionDenied):
+            return
+        warning = space_warning(self.space)
+        if warning:
+            say(f"peerctl: warning: {warning}")
+
+    def emit(self, doc, text: str | None = None) -> None:
+        """The command's answer: ``doc`` as JSON, else ``text`` (or nothing)."""
+        if self.json:
+            sys.stdout.write(table.to_json(doc) + "\n")
+        elif text:
+            sys.stdout.write(text.rstrip("\n") + "\n")
+        sys.stdout.flush()

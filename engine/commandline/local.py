@@ -1,0 +1,233 @@
+"""The local cluster and the peer: up, down (engine/supervisor.py), and
+peer, the process every host runs."""
+from __future__ import annotations
+
+import os
+
+from engine.core.validate import parse_duration
+from engine.errors import UsageError
+from engine.operations.specs import check_name
+
+from .context import configure_logging, me, say
+from .options import positive, seconds
+from .settings import DEFAULTS
+
+
+def cmd_peer(ctx) -> int:
+    args, settings = ctx.args, ctx.settings
+    check_name(args.host, "host name")
+    configure_logging("DEBUG" if args.debug else "INFO")
+    from engine import placement
+    placement.configure(settings["placement_config"])
+    from engine.peer import run_peer
+    kwargs = {"ttl": args.ttl or int(settings["ttl"]), "hooks_dir": args.hooks,
+              "workers": args.workers or int(settings["workers"]),
+              "state_dir": args.state_dir, "retention": settings.get("retention"),
+              "networks": args.networks if args.networks is not None else settings["networks"],
+              "etcd_history": settings["etcd_history"],
+              "ha_margin": args.ha_margin if args.ha_margin is not None
+              else settings["ha_margin"]}
+    from engine.hypervisor.networks import parse_offer
+    parse_offer(kwargs["networks"], "in --networks" if args.networks is not None
+                else "in the networks setting")
+    return int(run_peer(ctx.store(), args.host, args.libvirt, **kwargs) or 0)
+
+
+def cmd_up(ctx) -> int:
+    from engine import supervisor
+    args, settings = ctx.args, ctx.settings
+    state_dir = os.path.abspath(args.state_dir or settings["state_dir"])
+    recorded = supervisor.read_up(state_dir)
+    _check_up_flags(ctx, state_dir, recorded)
+    # a directory set up before keeps its host count and libvirt: flags may
+    # only repeat them (checked above), the config file's defaults never apply
+    config = supervisor.configuration(recorded)
+    hosts = args.hosts or config["hosts"] or int(settings["hosts"])
+    outcome = supervisor.start(
+        state_dir, settings["cluster"], args.libvirt or config["libvirt"] or settings["libvirt"],
+        hosts, settings["ttl"],
+        up=recorded, members=args.etcd_members or 1, tls=args.tls,
+        history=f"{int(parse_duration(settings['etcd_history']))}s")
+    up = outcome.up
+    cluster, urls = up["cluster"], supervisor.etcd_urls(up)
+    running = [p for p in up["peers"] if supervisor.is_ours(p)]
+    tls = supervisor.client_tls(up)
+    doc = {"cluster": cluster, "etcd": urls.split(","),
+           "processes": supervisor.processes(up),
+           "state_dir": state_dir, "hosts": len(running),
+           "peers": [dict(_public(p), started=p["host"] in outcome.started)
+                     for p in up["peers"]],
+           "tls": tls or None}
+    if up.get("daemons"):
+        doc.update(daemons=[_public(d) for d in up["daemons"]], netns=up.get("netns"))
+    lines = []
+    for name, what, record in outcome.report:
+        where = record.get("url") or record.get("libvirt_uri") or record.get("libvirt")
+        lines.append(f"{name:<14} {what:<16} pid {record['pid']:<8} {where}  "
+                     f"log {_short(record['log'])}")
+    default_dir = state_dir == os.path.abspath(DEFAULTS["state_dir"])
+    exports = f"  export PEERCTL_ETCD={urls} PEERCTL_CLUSTER={cluster}"
+    if tls:
+        exports += "".join(f" \\\n         PEERCTL_{name.upper()}={path}"
+                           for name, path in tls.items())
+    lines += ["", f"{len(running)} peer{'s' if len(running) != 1 else ''} up in cluster "
+              f"{cluster!r}, etcd at {urls}" + (" (TLS, roles on)." if tls else "."),
+              ("In this directory peerctl finds them by itself; elsewhere:" if default_dir
+               else "Use them with:"),
+              exports,
+              "Then for instance:",
+              f"  {me()} hostlist",
+              f"  {me()} boot vm1 --resources VCPU:1,MEMORY_MB:256,DISK_GB:1",
+              f"  {me()} vmlist",
+              f"Stop everything with: {me()} down"
+              + ("" if default_dir else f" --state-dir {_short(state_dir)}")]
+    ctx.emit(doc, "\n".join(lines))
+    return 0
+
+
+def _check_up_flags(ctx, state_dir: str, up: dict) -> None:
+    """A cluster name, libvirt URI, host count, etcd size or TLS asked for
+    explicitly must be what the state directory was set up with: `up` never
+    silently keeps the recorded one, and switching a set-up directory over is
+    not clean (etcd data, peer state and VMs belong to the old one), so it is
+    a usage error naming both ways out, before anything starts."""
+    from engine import supervisor
+    args = ctx.args
+    where = _short(state_dir)
+    redo = (f"run '{me()} down' and remove {where} first"
+            + ("" if state_dir == os.path.abspath(DEFAULTS["state_dir"])
+               else " (or use another --state-dir)"))
+    if args.cluster is not None:
+        asked = f"--cluster {args.cluster}"
+    elif os.environ.get("PEERCTL_CLUSTER"):
+        asked = f"PEERCTL_CLUSTER={os.environ['PEERCTL_CLUSTER']}"
+    else:
+        asked = None
+    members = len(supervisor.etcd_members(up))
+    if args.etcd_members and members and args.etcd_members != members:
+        raise UsageError(f"{where} was set up with {members} etcd member"
+                         f"{'s' if members != 1 else ''}, not {args.etcd_members}: "
+                         f"to change that, {redo}")
+    if args.tls and up.get("etcd") and not up.get("tls"):
+        raise UsageError(f"{where} was set up without TLS: to use --tls, {redo}")
+    recorded = up.get("cluster")
+    if asked and recorded and ctx.settings["cluster"] != recorded:
+        raise UsageError(f"{where} was set up for cluster {recorded!r}, not "
+                         f"{ctx.settings['cluster']!r} ({asked}): to use that, {redo}; "
+                         f"or ask for --cluster {recorded}")
+    config = supervisor.configuration(up)
+    if args.libvirt is not None:
+        if config.get("libvirt") and config["libvirt"] != args.libvirt:
+            raise UsageError(f"{where} was set up with --libvirt {config['libvirt']}, not "
+                             f"{args.libvirt}: to use that, {redo}; or ask for --libvirt "
+                             f"{config['libvirt']}, or for nothing")
+        for peer in up.get("peers") or []:
+            if peer.get("libvirt") and peer["libvirt"] != args.libvirt:
+                raise UsageError(f"{peer['host']} in {where} was set up with --libvirt "
+                                 f"{peer['libvirt']}, not {args.libvirt}: to use that, "
+                                 f"{redo}; or ask for --libvirt {peer['libvirt']}")
+    if args.hosts is not None and config.get("hosts") and args.hosts != config["hosts"]:
+        raise UsageError(f"{where} was set up with {config['hosts']} host"
+                         f"{'s' if config['hosts'] != 1 else ''}, not {args.hosts}: to change "
+                         f"that, {redo}; or ask for --hosts {config['hosts']}, or for nothing")
+
+
+def _short(path: str) -> str:
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def _public(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "cmd"}
+
+
+def cmd_down(ctx) -> int:
+    from engine import supervisor
+    args = ctx.args
+    state_dir = os.path.abspath(args.state_dir or ctx.settings["state_dir"])
+    stopped = supervisor.stop(state_dir, keep_guests=args.keep_guests,
+                              guest_timeout=args.guest_timeout, say=say)
+    if stopped is None:
+        ctx.emit({"state_dir": state_dir, "stopped": [], "kept": []},
+                 f"nothing to stop: no {_short(supervisor.up_file(state_dir))}")
+        return 0
+    kept = [s for s in stopped if s["what"] == "kept"]
+    width = max([len(s["name"]) for s in stopped] + [8])
+    lines = [f"{s['name']:<{width}} {s['role']:<9} pid {s['pid'] or '-':<8} {s['what']}"
+             + (f" ({', '.join(s['inside'])} in it)" if s.get("inside") else "")
+             for s in stopped]
+    if kept:
+        lines.append("kept running: " + ", ".join(
+            f"{s['name']}" + (f" (pid {s['pid']})" if s["pid"] else "") for s in kept)
+            + f"; the next '{me()} up' takes them up again")
+    # up.json stays: the next `up` reuses its ports with the data kept here
+    lines.append(f"data kept in {_short(state_dir)}")
+    ctx.emit({"state_dir": state_dir, "stopped": stopped, "kept": kept}, "\n".join(lines))
+    return 0
+
+
+
+def register(commands) -> None:
+    sub = commands.add("peer", "run this host's peer in the foreground",
+                       "python peerctl.py peer --host host1 --libvirt qemu:///system --ttl 5",
+                       cmd_peer, "Run the peer of one host: it registers the host, keeps its "
+                       "records current, executes requests and leads automations. SIGTERM or "
+                       "SIGINT stop it gracefully.")
+    sub.add_argument("--host", required=True, metavar="NAME",
+                     help="this host's name in the cluster (letters, digits, '.', '_', '-')")
+    sub.add_argument("--libvirt", required=True, metavar="URI",
+                     help="the libvirt this peer drives: qemu:///system, or test:///default "
+                          "for libvirt's test driver")
+    sub.add_argument("--ttl", type=positive, metavar="SECONDS",
+                     help="etcd lease TTL bounding failure detection (default 5)")
+    sub.add_argument("--hooks", metavar="DIR", help="directory of R.pre / R.post hooks")
+    sub.add_argument("--workers", type=positive, metavar="N",
+                     help="requests executed in parallel (default 8)")
+    sub.add_argument("--state-dir", metavar="DIR", help="local state of this peer")
+    sub.add_argument("--networks", metavar="LIST",
+                     help="networks this host offers VMs: NAME (a libvirt network) or "
+                          "NAME=BRIDGE, comma-separated; 'none' for none (default: the "
+                          "networks setting, 'default')")
+    sub.add_argument("--ha-margin", type=seconds, metavar="SECONDS",
+                     help="after a host's lease expired, how long before its HA VMs are "
+                          "restarted elsewhere (default: the ha_margin setting, 3s)")
+
+    sub = commands.add("up", "start a local etcd and N peers on this machine",
+                       "python peerctl.py up --hosts 3\npython peerctl.py up --libvirt qemu:///system",
+                       cmd_up, "Start the embedded default: Debian's etcd with its data in the "
+                       "state directory and N peers named host1..hostN (libvirt test driver "
+                       "by default), all detached, with PIDs in STATE_DIR/up.json. Running it "
+                       "again reports what is up and starts what is missing, with the host count "
+                       "and libvirt the directory was set up with (other ones are refused).")
+    sub.add_argument("--hosts", type=positive, metavar="N",
+                     help="number of peers (default 3; on a directory already set up, "
+                          "what it was set up with)")
+    sub.add_argument("--libvirt", metavar="URI",
+                     help="libvirt URI, or 'qemu': a private libvirtd per host inside a "
+                          "network namespace for the cluster, so that VMs can migrate "
+                          "between hosts (default test:///default; on a directory already "
+                          "set up, what it was set up with; docs/local-kvm.md)")
+    sub.add_argument("--state-dir", metavar="DIR", help="default ./state")
+    sub.add_argument("--etcd-members", type=positive, metavar="N",
+                     help="etcd members on loopback (default 1; 3 survives one's death); "
+                          "fixed when the state directory is first set up")
+    sub.add_argument("--tls", action="store_true",
+                     help="etcd over TLS with client certificates and roles: a CA and "
+                          "certificates in STATE_DIR/tls (peer per host, operator, viewer, "
+                          "root); commands here use the operator's (docs/security.md)")
+
+    sub = commands.add("down", "stop what `up` started, by PID",
+                       "python peerctl.py down\npython peerctl.py down --keep-guests", cmd_down,
+                       "Stop what `up` started (by recorded PID, only if the process still "
+                       "runs the recorded command): the peers, etcd, each host's guard and, "
+                       "with --libvirt qemu, the guests (ACPI shutdown, powered off after "
+                       "--guest-timeout), the guests' network, the private libvirtd and "
+                       "virtlogd and the network namespace. Data stays; on the test driver "
+                       "the VMs lived in the peers and are gone.")
+    sub.add_argument("--state-dir", metavar="DIR", help="default ./state")
+    sub.add_argument("--keep-guests", action="store_true",
+                     help="leave the QEMU guests running, with what they need (their "
+                          "virtlogd, the network's dnsmasq, the namespace); listed as kept")
+    sub.add_argument("--guest-timeout", type=seconds, default=None, metavar="SECONDS",
+                     help="how long guests have to shut down before they are powered off "
+                          "(default 30)")

@@ -1,0 +1,149 @@
+"""Moving VMs: migrate, drain, undrain, evacuate (docs/moves.md)."""
+from __future__ import annotations
+
+from engine.operations import moves as ops
+
+from . import table
+from .confirm import confirm
+from .follow import act, vm_outcome
+from .options import detach_option, dry_run_option, positive, yes_option
+
+C = table.Column
+MOVE_COLUMNS = [C("name", "Name"), C("from", "From"), C("host", "Host"), C("mode", "Mode"),
+                C("state", "State"), C("downtime_ms", "Downtime (ms)", right=True)]
+MOVE_FIELDS = ["name", "uuid", "from", "host", "state", "mode", "downtime_ms", "bytes", "error"]
+PLANNED_COLUMNS = [C("name", "Name"), C("from", "From"), C("state", "State"), C("uuid", "UUID")]
+
+
+def move_outcome(ctx, automation: str, task: dict) -> int:
+    """A move's result: ``{automation, state, vms: [{name, uuid, from, host,
+    state, mode, downtime_ms, bytes, error}]}``; exit 1 unless every VM moved."""
+    return vm_outcome(ctx, automation, task, MOVE_FIELDS, MOVE_COLUMNS, "moved")
+
+
+def _where(to) -> str:
+    return f" to {'hosts matching ' + repr(to) if to else 'any other host'}"
+
+
+def cmd_migrate(ctx) -> int:
+    args = ctx.args
+    plan = ops.plan_migrate(ctx, args.patterns, args.to, offline=args.offline,
+                            parallel=args.parallel, bandwidth_mib=args.bandwidth,
+                            postcopy=args.postcopy)
+    return act(ctx, plan, move_outcome, dry_columns=PLANNED_COLUMNS,
+               dry_text=_where(plan.args["to"]), would="would move")
+
+
+def cmd_drain(ctx) -> int:
+    """drain / undrain: two quick writes per host, no automation."""
+    args = ctx.args
+    drained = args.command == "drain"
+    hosts = ops.plan_drain(ctx, args.hostglob)
+    names = [h["host"] for h in hosts]
+    if drained and getattr(args, "dry_run", False):
+        ctx.emit({"hosts": [{"host": h, "drained": True} for h in names], "state": "dry-run"},
+                 f"drain would drain {', '.join(names)}")
+        return 0
+    if drained and len(names) > 1 and not args.yes:
+        confirm("drain", [f"{h['host']} ({h['vms']} VM{'s' if h['vms'] != 1 else ''})"
+                          for h in hosts], "hosts", cancelled={"hosts": []})
+    done = ops.set_drained(ctx, names, drained)
+    staying = {h["host"]: h["vms"] for h in hosts}
+    lines = []
+    for row in done:
+        line = f"{row['host']} {'drained' if row['drained'] else 'undrained'}"
+        n = staying.get(row["host"]) if row["drained"] else 0
+        if n:
+            line += f" ({n} VM{'s' if n != 1 else ''} stay{'s' if n == 1 else ''} on it)"
+        lines.append(line)
+    ctx.emit({"hosts": done}, "\n".join(lines))
+    return 0
+
+
+def cmd_evacuate(ctx) -> int:
+    args = ctx.args
+    plan = ops.plan_evacuate(ctx, args.hostglob, args.to, args.parallel)
+    hosts = ", ".join(plan.args["hosts"])
+    if args.dry_run:
+        return act(ctx, plan, move_outcome, "evacuate", PLANNED_COLUMNS,
+                   _where(plan.args["to"]) + f", after draining {hosts}", "would move")
+    if plan.ask and not args.yes:
+        confirm("evacuate", [f"{row['from']}/{row['name']} ({row['state']})"
+                             for row in plan.targets] or plan.args["hosts"],
+                "VMs" if plan.targets else "hosts",
+                cancelled={"automation": None, "state": "cancelled", "vms": []},
+                question=None if plan.targets else f"Drain these {len(plan.args['hosts'])} hosts?")
+    planned = ops.evacuate_after_drain(ctx, plan)
+    if planned is None:
+        ctx.emit({"automation": None, "state": "done", "vms": []},
+                 f"{hosts} drained; no VMs to move")
+        return 0
+    planned.ask = False         # asked above
+    return act(ctx, planned, move_outcome, "evacuate")
+
+
+def register(commands) -> None:
+    sub = commands.add(
+        "migrate", "move VMs to other hosts, live where they run",
+        "python peerctl.py migrate db1 --to 'host2*'\n"
+        "python peerctl.py migrate 'host1/*web*' --yes --parallel 2\n"
+        "python peerctl.py migrate 'host1/*' --dry-run", cmd_migrate,
+        "Move every VM matching any PATTERN to another live, undrained host "
+        "that fits it (placement picks; --to narrows the choice), all in one "
+        "automation, N at a time (--parallel). Each VM's Mode says how it moved: "
+        "'live' (it ran on, memory and disks copied), 'cold' (shut off, or "
+        "stopped first with --offline: disks copied, left as it was), or "
+        "'redefine' (libvirt's test driver: the domain is defined anew on the "
+        "destination, no disk is copied). A VM that could not move says why in "
+        "the Error column and the command exits 1. On more than one "
+        "VM it lists them and asks for --yes. A pattern matching nothing, or "
+        "--to offering no host but the VM's own, exits 1 with nothing started.")
+    sub.add_argument("patterns", nargs="+", metavar="PATTERN", help="HOSTGLOB/VMGLOB or VMGLOB")
+    sub.add_argument("--to", metavar="HOSTGLOB", help="only move to hosts matching this")
+    sub.add_argument("--offline", action="store_true",
+                     help="stop a running VM, move it cold, start it again there")
+    sub.add_argument("--parallel", type=positive, default=4, metavar="N",
+                     help="VMs moved at the same time (default 4)")
+    sub.add_argument("--bandwidth", type=positive, metavar="MIB",
+                     help="cap each copy at MIB MiB/s (default: as fast as it goes)")
+    sub.add_argument("--postcopy", action="store_true",
+                     help="a live move that has not converged within its time (120 s per "
+                          "GiB of RAM and disk) switches to post-copy instead of aborting")
+    yes_option(sub)
+    dry_run_option(sub, "only list the VMs that would move")
+    detach_option(sub)
+
+    sub = commands.add(
+        "drain", "place no new VM on hosts; their VMs stay", "python peerctl.py drain 'host1*'",
+        cmd_drain, "Drain every host matching HOSTGLOB, down ones too: no new VM is placed "
+        "there (boot, migrate and evacuate skip it); the VMs on it stay. hostlist "
+        "shows it drained. Two writes per host, no automation. More than one host "
+        "asks for --yes.")
+    sub.add_argument("hostglob", metavar="HOSTGLOB")
+    yes_option(sub, "do not ask when several hosts match")
+    dry_run_option(sub, "only list the hosts that would be drained")
+    sub = commands.add(
+        "undrain", "let hosts take new VMs again", "python peerctl.py undrain 'host1*'",
+        cmd_drain, "Undrain every host matching HOSTGLOB: it takes new VMs again. No VM "
+        "moves back.")
+    sub.add_argument("hostglob", metavar="HOSTGLOB")
+
+    sub = commands.add(
+        "evacuate", "drain hosts and move every VM off them",
+        "python peerctl.py evacuate host1 --yes\n"
+        "python peerctl.py evacuate 'rack3-*' --to 'rack4-*' --parallel 8 --dry-run",
+        cmd_evacuate,
+        "Drain every host matching HOSTGLOB, then move all its VMs to other "
+        "live, undrained hosts in one automation, N at a time (--parallel): live "
+        "where running, cold where shut off ('redefine' on libvirt's test "
+        "driver); see migrate. With more than one VM, or more than one host, it "
+        "lists them and asks for --yes first (nothing is drained before that). "
+        "With no VM, it only drains. A VM that could not move says why and the "
+        "command exits 1; the hosts stay drained either way.")
+    sub.add_argument("hostglob", metavar="HOSTGLOB")
+    sub.add_argument("--to", metavar="HOSTGLOB", help="only move to hosts matching this")
+    sub.add_argument("--parallel", type=positive, default=4, metavar="N",
+                     help="VMs moved at the same time (default 4)")
+    yes_option(sub, "do not ask when several VMs or hosts would move")
+    dry_run_option(sub, "only list the VMs that would move; drain nothing")
+    detach_option(sub)

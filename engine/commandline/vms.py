@@ -1,0 +1,234 @@
+"""VMs: vmlist, boot, destroy/start/stop/reboot/suspend/resume, ha, console."""
+from __future__ import annotations
+
+import functools
+import os
+
+from engine.core.validate import parse_duration
+from engine.errors import Failed, UsageError
+from engine.operations import vms as ops
+
+from . import table
+from .context import say
+from .follow import VM_RESULT_COLUMNS, act, vm_outcome
+from .listing import listing
+from .options import detach_option, dry_run_option, listing_options, positive, yes_option
+
+C = table.Column
+VM_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
+              C("vcpus", "VCPUs", right=True),
+              C("memory_mb", "Memory", table.human_mb, True), C("state", "State"),
+              C("disk_gb", "Disk", table.human_gb, True), C("ip", "IP"),
+              C("addresses", "Addresses", lambda a: " ".join(
+                  x["addr"] if x["prefix"] is None else f"{x['addr']}/{x['prefix']}"
+                  for x in a or []) or "-"),
+              C("ha", "HA"),
+              C("recovered", "Recovered", lambda r: f"from {r['from']}" if r else "-"),
+              C("crashed", "Crashed", lambda c: "yes" if c else "-"),
+              C("restarts", "Restarts", right=True)]
+VMLIST_DEFAULT = ["host", "name", "vcpus", "memory_mb", "state", "ip"]
+VMLIST_JSON = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
+               "addresses", "ha", "recovered", "crashed", "restarts"]
+
+
+def vm_totals(vms: list[dict]) -> str:
+    """The line under vmlist's table, in one pass over the rows."""
+    states: dict[str, int] = {}
+    hosts = set()
+    vcpus = memory_mb = disk_gb = 0
+    for vm in vms:
+        get = vm.get
+        state = get("state") or "unknown"
+        if get("crashed"):
+            state += " crashed"
+        states[state] = states.get(state, 0) + 1
+        hosts.add(get("host"))
+        vcpus += get("vcpus") or 0
+        memory_mb += get("memory_mb") or 0
+        disk_gb += get("disk_gb") or 0
+    by_state = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+    return (f"{len(vms)} VM{'s' if len(vms) != 1 else ''} ({by_state or 'none'}) on "
+            f"{len(hosts)} host{'s' if len(hosts) != 1 else ''} using {vcpus} vCPUs, "
+            f"{table.human_mb(memory_mb)} memory and {table.human_gb(disk_gb)} disk")
+
+
+def cmd_vmlist(ctx) -> int:
+    for text in ctx.args.patterns:
+        ops.vm_pattern(text)        # a bad pattern is a usage error before any read
+    return listing(ctx, lambda: ops.list_vms(ctx, ctx.args.patterns), VM_COLUMNS,
+                   VMLIST_DEFAULT, VMLIST_JSON, "host,name", vm_totals)
+
+
+def cmd_boot(ctx) -> int:
+    args = ctx.args
+    plan = ops.plan_boot(ctx, args.names, args.resources, required=args.required,
+                         image=args.image, on=args.on, networks=args.network,
+                         default_network=ctx.settings["network"], seed=_seed(args),
+                         reservation=args.reservation, ha=args.ha)
+    outcome = vm_outcome
+    if args.wait_ip:
+        wired = {vm["name"] for vm in plan.args["vms"] if vm.get("networks")}
+        outcome = functools.partial(_with_addresses, timeout=args.ip_timeout, wired=wired)
+    return act(ctx, plan, outcome)
+
+
+def _seed(args) -> dict | None:
+    """``--user-data``, ``--ssh-key``, ``--hostname`` read and checked: the
+    cloud-init seed's inputs, or None when none is given."""
+    if not (args.user_data or args.ssh_key or args.hostname):
+        return None
+    from engine.hypervisor import seed
+    keys = [key for path in args.ssh_key or [] for key in seed.read_ssh_keys(path)]
+    if len(keys) > seed.MAX_SSH_KEYS:
+        raise UsageError(f"{len(keys)} SSH keys; at most {seed.MAX_SSH_KEYS}")
+    return {"hostname": seed.check_hostname(args.hostname) if args.hostname else None,
+            "user_data": seed.read_user_data(args.user_data) if args.user_data else None,
+            "ssh_keys": keys}
+
+
+def _with_addresses(ctx, automation: str, task: dict, timeout: float, wired: set) -> int:
+    """``boot --wait-ip``: once built, wait until every built VM with a
+    network interface has an address, then report with an IP column."""
+    vms = [vm for vm in (task.get("result") or {}).get("vms") or [] if vm["name"] in wired]
+    missing = []
+    if task.get("state") == "done" and vms:
+        say(f"waiting up to {timeout:g} s for the address of {len(vms)} "
+            f"VM{'s' if len(vms) != 1 else ''}")
+        missing = ops.wait_for_addresses(ctx, vms, timeout)
+    status = vm_outcome(ctx, automation, task, ["name", "uuid", "host", "state", "error", "ip"],
+                        VM_RESULT_COLUMNS + [C("ip", "IP")])
+    if missing:
+        raise Failed(f"no address within {timeout:g} s for: {', '.join(missing)} "
+                     "(the VMs run; vmlist shows their address once they have one)")
+    return status
+
+
+def cmd_vm_action(ctx) -> int:
+    kind = ctx.args.command
+    return act(ctx, ops.plan_action(ctx, kind, ctx.args.patterns), vm_outcome)
+
+
+def cmd_ha(ctx) -> int:
+    outcome = functools.partial(vm_outcome, fields=["name", "uuid", "host", "ha", "error"],
+                                columns=[C("name", "Name"), C("host", "Host"), C("ha", "HA"),
+                                         C("uuid", "UUID")], verb="changed")
+    return act(ctx, ops.plan_ha(ctx, ctx.args.patterns, ctx.args.policy), outcome)
+
+
+def cmd_console(ctx) -> int:
+    args = ctx.args
+    vm, uri = ops.console_target(ctx, args.name)
+    from engine.hypervisor import console
+    tty = not args.no_tty and os.isatty(0)
+    attached = console.attach(uri, vm["uuid"], vm["name"], vm["host"])
+    say(f"Connected to VM {vm['name']} on {vm['host']} ({attached.uri}). "
+        + ("Escape character is ^]" if tty else
+           "Plain byte stream: it ends with the console, a signal"
+           + (f" or --timeout {args.timeout:g}" if args.timeout is not None else "")))
+    ended = attached.run(tty=tty, timeout=args.timeout)
+    say({"escape": "\nLeft the console", "closed": "Console closed: the VM stopped",
+         "timeout": "Left the console: --timeout reached",
+         "stdin": "Left the console: the terminal closed"}.get(
+        ended.reason, f"Left the console on signal {ended.signum}")
+        + f" (VM {vm['name']} on {vm['host']})")
+    return ended.exit_code
+
+
+def register(commands) -> None:
+    sub = commands.add("vmlist", "list VMs: host, name, vcpus, memory, state",
+                       "python peerctl.py vmlist 'host1/*web*' -o name,state,uuid --sort -memory_mb",
+                       cmd_vmlist, "List VMs from one read of the cluster state, with a totals "
+                       "line. With patterns, only the VMs matching any of them; a pattern "
+                       "matching nothing exits 1, after the VMs the others matched.")
+    sub.add_argument("patterns", nargs="*", metavar="PATTERN",
+                     help="HOSTGLOB/VMGLOB or VMGLOB")
+    listing_options(sub, VM_COLUMNS, "host,name")
+
+    sub = commands.add("boot", "create and start VMs, placed by the cluster",
+                       "python peerctl.py boot web1 web2 --resources VCPU:1,MEMORY_MB:256,DISK_GB:1 "
+                       "--required '!CUSTOM_SLOW' --on 'host1*'", cmd_boot,
+                       "Create and start one VM per NAME in one automation: each is placed "
+                       "on a host with room for SPEC and the required traits, claimed, "
+                       "built and started.")
+    sub.add_argument("names", nargs="+", metavar="NAME")
+    sub.add_argument("--resources", required=True, metavar="SPEC",
+                     help="VCPU:1,MEMORY_MB:256,DISK_GB:1 or resources=...&required=...")
+    sub.add_argument("--required", metavar="TRAITS",
+                     help="traits the host must (TRAIT) or must not (!TRAIT) have")
+    sub.add_argument("--image", metavar="URL",
+                     help="disk image to boot from: http(s):// or file:// URL, cached per "
+                          "host; end it with #sha256=HEX to have the download checked")
+    sub.add_argument("--on", metavar="HOSTGLOB", help="only place on hosts matching this")
+    sub.add_argument("--network", action="append", metavar="NAME",
+                     help="a network interface on NAME (repeatable, in order; MACs derive "
+                          "from the VM's uuid); 'none' for no interface (default: the "
+                          "network setting, 'default')")
+    sub.add_argument("--user-data", metavar="FILE",
+                     help="cloud-init user-data (at most 64 KiB), on a NoCloud seed CD-ROM")
+    sub.add_argument("--ssh-key", action="append", metavar="FILE",
+                     help="an OpenSSH public key file for the guest (repeatable; default: "
+                          "none), in the seed's meta-data public-keys")
+    sub.add_argument("--hostname", metavar="NAME",
+                     help="the guest's hostname in the seed (default: the VM name)")
+    sub.add_argument("--reservation", metavar="LEASE",
+                     help="boot into an active lease: on its hosts, or taking one of its "
+                          "capacity slots (the VM must fit a slot)")
+    sub.add_argument("--ha", choices=("restart", "none"), default="none",
+                     help="restart: when the VM's host dies, the VM is fenced there and "
+                          "started again on another host, from its image (default none: it "
+                          "waits, state unknown, for its host; docs/ha.md)")
+    sub.add_argument("--wait-ip", action="store_true",
+                     help="after the build, wait for each VM's guest address and print it")
+    sub.add_argument("--ip-timeout", type=positive, default=300, metavar="SECONDS",
+                     help="how long --wait-ip waits (default 300)")
+    detach_option(sub)
+
+    for action in ops.VM_ACTIONS:
+        caution = (" On more than one VM it lists them and asks for --yes."
+                   if action in ops.DESTRUCTIVE else "")
+        sub = commands.add(action, f"{action} the VMs matching patterns, in parallel",
+                           f"python peerctl.py {action} 'host17/*sql*' --dry-run\n"
+                           f"python peerctl.py {action} '*webfront*' --yes", cmd_vm_action,
+                           f"{action.capitalize()} every VM matching any PATTERN, all in one "
+                           f"automation.{caution} A pattern matching nothing exits 1.")
+        sub.add_argument("patterns", nargs="+", metavar="PATTERN",
+                         help="HOSTGLOB/VMGLOB or VMGLOB")
+        yes_option(sub)
+        dry_run_option(sub)
+        detach_option(sub)
+
+    sub = commands.add(
+        "console", "an interactive serial console to a VM",
+        "python peerctl.py console web1\n"
+        "printf 'uname -a\\n' | python peerctl.py console web1 --no-tty --timeout 5",
+        cmd_console,
+        "Attach this terminal to the serial console of one VM, through its host's "
+        "libvirt (the URI in the host's record), from any machine that reaches it. "
+        "The console is forced: a client holding it already is cut off. On a "
+        "terminal, the terminal is raw and Ctrl-] leaves (exit 0). With --no-tty, or "
+        "when stdin is not a terminal, stdin is passed to the guest byte for byte "
+        "(Ctrl-] too) and its end does not leave: the session ends when the console "
+        "closes, on SIGINT/SIGTERM (exit 128+signal) or after --timeout (exit 0). "
+        "The guest's output is on stdout, peerctl's lines on stderr. The session "
+        "ends with exit 0 when the VM stops; a VM that is not running, a host that "
+        "does not answer (exit 3) or a hypervisor offering no console fail with one "
+        "line.")
+    sub.add_argument("name", metavar="NAME", help="the VM: VMGLOB or HOSTGLOB/VMGLOB, "
+                                                  "matching exactly one VM")
+    sub.add_argument("--no-tty", action="store_true",
+                     help="a plain byte stream even on a terminal: no raw mode, no escape")
+    sub.add_argument("--timeout", metavar="SECONDS",
+                     type=lambda text: parse_duration(text, "--timeout"),
+                     help="leave after this long (exit 0); for scripts that pipe a command "
+                          "in and read its output")
+
+    sub = commands.add("ha", "set the HA policy of VMs",
+                       "python peerctl.py ha 'db*' restart\npython peerctl.py ha 'host3/*' none",
+                       cmd_ha, "Set what happens to every VM matching a PATTERN when its host "
+                       "dies: restart (fenced there, started again on another host from its "
+                       "image; the old disks are kept aside when the host returns) or none (it "
+                       "waits for its host, listed as unknown). The VMs' hosts must be up.")
+    sub.add_argument("patterns", nargs="+", metavar="PATTERN",
+                     help="HOSTGLOB/VMGLOB or VMGLOB")
+    sub.add_argument("policy", choices=("restart", "none"), metavar="restart|none")
+    detach_option(sub)

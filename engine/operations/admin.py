@@ -1,0 +1,49 @@
+"""Keeping the cluster's keyspace sound: find the keys nobody can read, and
+delete them; set up etcd's roles and users (docs/security.md)."""
+from __future__ import annotations
+
+from engine.errors import UsageError
+
+from .specs import check_name
+
+__all__ = ["unreadable_keys", "delete_keys", "identities", "setup_roles"]
+
+
+def unreadable_keys(ctx) -> list:
+    """Every key whose value cannot be decoded or has the wrong shape."""
+    from engine.scrub import find_unreadable
+    return find_unreadable(ctx.store())
+
+
+def delete_keys(ctx, found: list) -> list[str]:
+    """Delete ``found`` (from :func:`unreadable_keys`); a key rewritten
+    meanwhile is kept.  The keys deleted."""
+    from engine.scrub import delete_unreadable
+    return delete_unreadable(ctx.store(), found)
+
+
+def identities(peers: list[str] = (), users: list[str] = ()) -> dict[str, str]:
+    """``{user: role}``: root, operator and viewer, ``peer-HOST`` per host
+    in ``peers``, and each ``NAME:ROLE`` of ``users``."""
+    from engine.core.auth import ROLES
+    found = {"root": "root", "operator": "operator", "viewer": "viewer"}
+    for host in peers or []:
+        check_name(host, "host name")
+        found[f"peer-{host}"] = "peer"
+    for text in users or []:
+        name, _, role = text.partition(":")
+        try:
+            check_name(name, "user name")
+        except UsageError:
+            role = None
+        if role not in ROLES:
+            raise UsageError(f"bad --user {text!r} (want NAME:ROLE, ROLE one of "
+                             f"{', '.join(ROLES)})")
+        found[name] = role
+    return found
+
+
+def setup_roles(ctx, users: dict[str, str]) -> dict:
+    """As etcd's root: roles on this cluster's keys, the users, auth on."""
+    from engine.core import auth
+    return auth.setup(ctx.store(), users)

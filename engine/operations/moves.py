@@ -1,0 +1,140 @@
+"""Moving VMs: migrate some, drain and undrain hosts, evacuate hosts.
+
+A move needs somewhere to go: a live, undrained host other than the VM's
+own, matching ``to`` when given; without one it is refused, naming why,
+before anything is written."""
+from __future__ import annotations
+
+import fnmatch
+import os
+
+from engine.errors import Failed, PlacementError
+
+from .plans import Plan, failed_doc
+from .select import host_pattern, select_hosts, select_vms, vm_pattern, by_host_and_name
+
+__all__ = ["plan_migrate", "plan_evacuate", "evacuate_after_drain", "set_drained",
+           "plan_drain", "operator"]
+
+
+def _takers(hosts: list[dict], glob: str) -> set[str]:
+    """Hosts matching ``glob`` that can take a moved VM: alive, not drained,
+    not disabled (placement refuses the others anyway; this says so first)."""
+    return {h["host"] for h in hosts
+            if h.get("status") == "up" and fnmatch.fnmatchcase(h["host"], glob)}
+
+
+def _nowhere(what: str, to: str | None, hosts: list[dict], why_own: str) -> str:
+    """The one line saying why ``what`` has no destination: ``--to`` (or
+    the cluster) offers no live, undrained host but those it leaves."""
+    where = f"--to {to!r}" if to is not None else "the cluster"
+    matched = [h for h in hosts if fnmatch.fnmatchcase(h["host"], to or "*")]
+    if not matched:
+        return f"nowhere to move {what}: {where} matches no host"
+    up = [h["host"] for h in matched if h.get("status") == "up"]
+    if not up:
+        return (f"nowhere to move {what}: {where} has no live, undrained host ("
+                + ", ".join(f"{h['host']} {h.get('status')}" for h in matched) + ")")
+    return (f"nowhere to move {what}: {where} offers only {', '.join(up)}, "
+            f"{why_own}")
+
+
+def _move_target(vm: dict) -> dict:
+    return {"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"], "state": vm.get("state")}
+
+
+def _row(vm: dict) -> dict:
+    return {"name": vm["name"], "uuid": vm["uuid"], "from": vm["host"], "host": None,
+            "state": vm.get("state")}
+
+
+def plan_migrate(ctx, patterns: list[str], to: str | None = None, *, offline: bool = False,
+                 parallel: int = 4, bandwidth_mib: int | None = None,
+                 postcopy: bool = False) -> Plan:
+    """Move the VMs matching ``patterns`` to other hosts (matching ``to``)."""
+    for text in patterns:
+        vm_pattern(text)        # bad patterns are usage errors before anything is read
+    to = host_pattern(to) if to is not None else None
+    from engine.cluster import read_hosts, read_vms
+    store = ctx.store()
+    vms = select_vms(read_vms(store), list(patterns))
+    hosts = read_hosts(store)
+    takers = _takers(hosts, to or "*")
+    stuck = [vm for vm in vms if not takers - {vm["host"]}]
+    if stuck:
+        raise Failed(_nowhere(", ".join(repr(vm["name"]) for vm in stuck), to, hosts,
+                              "where it is" if len(stuck) == 1 else "where they are"),
+                     result=failed_doc())
+    return Plan("migrate", {
+        "vms": [_move_target(vm) for vm in vms], "to": to, "offline": bool(offline),
+        "parallel": parallel,
+        **({"bandwidth_mib": bandwidth_mib} if bandwidth_mib else {}),
+        **({"postcopy": True} if postcopy else {})},
+        [_row(vm) for vm in vms], ask=len(vms) > 1)
+
+
+def _on(store, hosts: list[str]) -> list[dict]:
+    from engine.cluster import read_vms
+    return by_host_and_name([vm for vm in read_vms(store) if vm["host"] in hosts])
+
+
+def plan_evacuate(ctx, pattern: str, to: str | None = None, parallel: int = 4) -> Plan:
+    """Drain the hosts matching ``pattern`` and move every VM off them.
+    The plan lists the VMs there now; :func:`evacuate_after_drain` drains
+    and plans again with what is there then."""
+    host_pattern(pattern)       # bad patterns are usage errors before anything is read
+    to = host_pattern(to) if to is not None else None
+    from engine.cluster import read_hosts
+    store = ctx.store()
+    hosts = read_hosts(store)
+    leaving = [h["host"] for h in select_hosts(hosts, pattern, result=failed_doc())]
+    vms = _on(store, leaving)
+    if (vms or to is not None) and not _takers(hosts, to or "*") - set(leaving):
+        raise Failed(_nowhere(f"the VMs of {', '.join(leaving)}", to, hosts,
+                              "which " + ("is" if len(leaving) == 1 else "are")
+                              + " being evacuated"), result=failed_doc())
+    return Plan("evacuate", {"hosts": leaving, "vms": [_move_target(vm) for vm in vms],
+                             "to": to, "parallel": parallel},
+                [_row(vm) for vm in vms], ask=len(vms) > 1 or len(leaving) > 1)
+
+
+def evacuate_after_drain(ctx, plan: Plan) -> Plan | None:
+    """Drain the plan's hosts first, so that nothing new lands there while
+    the VMs leave, then plan with the VMs there now (booted since or not);
+    None when there are none to move."""
+    set_drained(ctx, plan.args["hosts"], True)
+    vms = _on(ctx.store(), plan.args["hosts"])
+    if not vms:
+        return None
+    return Plan("evacuate", dict(plan.args, vms=[_move_target(vm) for vm in vms]),
+                [_row(vm) for vm in vms], ask=plan.ask)
+
+
+def plan_drain(ctx, pattern: str) -> list[dict]:
+    """The host records matching ``pattern`` (NoMatch naming it), each with
+    ``vms``: how many VMs are on it now."""
+    from engine.cluster import read_hosts
+    host_pattern(pattern)
+    return select_hosts(read_hosts(ctx.store()), pattern, result={"hosts": []})
+
+
+def operator() -> str:
+    """Who drains, for ``drained/<host>``: user@machine."""
+    import getpass
+    import socket
+    try:
+        user = getpass.getuser()
+    except Exception:       # no name for this uid
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def set_drained(ctx, names: list[str], drained: bool) -> list[dict]:
+    """Drain (or undrain) each host: ``[{host, drained}]``; two quick writes
+    per host, no automation."""
+    from engine.drains import set_drained as write
+    try:
+        with ctx.placement() as placement:
+            return write(ctx.store(), names, drained, by=operator(), placement=placement)
+    except PlacementError as exc:
+        raise Failed(f"placement: {exc}", result={"hosts": []}) from None

@@ -1,0 +1,190 @@
+"""VMs: list them, boot them, act on them, set their HA policy, find the
+one a console attaches to."""
+from __future__ import annotations
+
+import time
+
+from engine.errors import Failed, UsageError
+
+from .plans import Plan, failed_doc
+from .select import NoMatch, host_pattern, select_vms, vm_pattern
+from .specs import check_names, hostname_of, parse_resources
+
+__all__ = ["list_vms", "plan_boot", "plan_action", "plan_ha", "console_target",
+           "wait_for_addresses", "VM_ACTIONS", "DESTRUCTIVE"]
+
+VM_ACTIONS = ("destroy", "start", "stop", "reboot", "suspend", "resume")
+# Actions that take a service down: on more than one VM a person confirms them.
+DESTRUCTIVE = ("destroy", "stop", "reboot", "suspend")
+
+
+def _read_vms(ctx) -> list[dict]:
+    from engine.cluster import read_vms
+    return read_vms(ctx.store())
+
+
+def list_vms(ctx, patterns: list[str] = ()) -> list[dict]:
+    """Every VM the cluster knows (vmlist's rows), or those matching any of
+    ``patterns``: :class:`NoMatch` naming the patterns matching nothing,
+    carrying the VMs the others matched."""
+    for text in patterns:
+        vm_pattern(text)        # a bad pattern is a usage error before any read
+    vms = _read_vms(ctx)
+    if not patterns:
+        return vms
+    try:
+        return select_vms(vms, list(patterns))
+    except NoMatch as exc:
+        raise NoMatch(str(exc), matched=exc.matched, result=exc.matched) from None
+
+
+def _targets(vms: list[dict]) -> list[dict]:
+    return [{"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"]} for vm in vms]
+
+
+def plan_action(ctx, kind: str, patterns: list[str]) -> Plan:
+    """destroy, start, stop, reboot, suspend or resume the VMs matching
+    ``patterns``, in one automation."""
+    if kind not in VM_ACTIONS:
+        raise UsageError(f"unknown VM action {kind!r} (want {', '.join(VM_ACTIONS)})")
+    for text in patterns:
+        vm_pattern(text)
+    vms = select_vms(_read_vms(ctx), list(patterns))
+    targets = _targets(vms)
+    return Plan(kind, {"vms": targets},
+                [dict(t, state=vm.get("state")) for t, vm in zip(targets, vms)],
+                ask=kind in DESTRUCTIVE and len(vms) > 1)
+
+
+def plan_ha(ctx, patterns: list[str], policy: str) -> Plan:
+    """Set the HA policy (restart or none) of the VMs matching ``patterns``;
+    their hosts must be up."""
+    if policy not in ("restart", "none"):
+        raise UsageError(f"bad HA policy {policy!r} (want restart or none)")
+    for text in patterns:
+        vm_pattern(text)
+    vms = select_vms(_read_vms(ctx), list(patterns))
+    down = [vm for vm in vms if vm["state"] == "unknown"]
+    if down:
+        raise Failed(f"VM {down[0]['name']!r} is on {down[0]['host']}, which is down: its HA "
+                     "policy can change once its host is back"
+                     + (f" (and {len(down) - 1} more)" if len(down) > 1 else ""),
+                     result=failed_doc())
+    targets = _targets(vms)
+    return Plan("ha", {"vms": targets, "policy": policy},
+                [dict(t, ha=vm.get("ha")) for t, vm in zip(targets, vms)])
+
+
+def plan_boot(ctx, names: list[str], resources: str, *, required: str | None = None,
+              image: str | None = None, on: str | None = None,
+              networks: list[str] | None = None, default_network: str = "default",
+              seed: dict | None = None, reservation: str | None = None,
+              ha: str = "none") -> Plan:
+    """Create and start one VM per name, each placed where ``resources``
+    (a spec) and the required traits fit.  ``networks``: names given
+    (``["none"]`` for no interface), else ``default_network``; ``seed``:
+    ``{hostname, user_data, ssh_keys}`` for cloud-init, or None."""
+    check_names(list(names))
+    resources, traits = parse_resources(resources, required)
+    on = host_pattern(on) if on is not None else None
+    clash = [f"{vm['name']} (on {vm['host']})" for vm in _read_vms(ctx) if vm["name"] in names]
+    if clash:
+        raise Failed("VM name already in use: " + ", ".join(clash), result=failed_doc())
+    networks = _networks(ctx, networks, default_network)
+    traits += [t for t in _network_traits(networks) if t not in traits]
+    if reservation is not None:
+        from engine.leases import commands as leases
+        from engine.leases.model import check_name
+        check_name(reservation)
+        traits += [t for t in leases.boot_into(ctx.store(), reservation, resources)
+                   if t not in traits]
+    if on is not None:
+        _check_somewhere(ctx, on, reservation)
+    vms = [{"name": name, "resources": resources, "required": traits, "image": image, "on": on,
+            **({"ha": ha} if ha != "none" else {}),
+            **({"reservation": reservation} if reservation else {}),
+            **({"networks": networks} if networks else {}),
+            **({"seed": {**seed, "hostname": seed["hostname"] or hostname_of(name)}}
+               if seed else {})} for name in names]
+    return Plan("boot", {"vms": vms}, [{"name": vm["name"], "host": None} for vm in vms])
+
+
+def _check_somewhere(ctx, on: str, reservation: str | None) -> None:
+    """``--on`` matching no host, or only hosts that take no new VM (down,
+    drained, disabled, reserved by another lease), is refused before an
+    automation starts, naming why."""
+    import fnmatch
+    from engine.cluster import read_hosts
+    hosts = [h for h in read_hosts(ctx.store()) if fnmatch.fnmatchcase(h["host"], on)]
+    if not hosts:
+        raise Failed(f"no host matches --on {on!r}", result=failed_doc())
+
+    def takes(host):
+        return host.get("status") == "up" or (
+            host.get("status") == "reserved" and host.get("reserved_by") == reservation)
+    if not any(takes(h) for h in hosts):
+        why = ", ".join(f"{h['host']} {h.get('status')}" + (
+            f" by lease {h['reserved_by']}" if h.get("status") == "reserved" else "")
+            for h in hosts)
+        raise Failed(f"no host among --on {on!r} takes new VMs: {why}", result=failed_doc())
+
+
+def _networks(ctx, given: list[str] | None, default: str) -> list[str]:
+    """Network names some live host offers; ``none``: no interface."""
+    from engine.hypervisor.networks import parse_names
+    where = "in --network" if given else "in the network setting"
+    networks = parse_names(given if given else [default], where)
+    if not networks:
+        return []
+    from engine.cluster import read_hosts
+    from .hosts import networks_of
+    hosts = read_hosts(ctx.store())
+    offered = {name for host in hosts for name in networks_of(host)}
+    unknown = [name for name in dict.fromkeys(networks) if name not in offered]
+    if unknown and hosts:   # no host known at all: the boot says so itself
+        hint = (f"hosts offer: {', '.join(sorted(offered))}" if offered
+                else "no host offers any network")
+        none = "" if given else "; boot --network none for a VM without one"
+        raise UsageError(f"unknown network {', '.join(unknown)} ({hint}{none})")
+    return networks
+
+
+def _network_traits(networks: list[str]) -> list[str]:
+    from engine.hypervisor.networks import network_trait
+    return list(dict.fromkeys(network_trait(name) for name in networks))
+
+
+def wait_for_addresses(ctx, vms: list[dict], timeout: float, poll: float = 0.5) -> list[str]:
+    """Fill each built VM's ``ip`` from its record as its guest gets one, for
+    up to ``timeout`` seconds; the names still without one.  A VM built
+    without a network interface has none to wait for."""
+    waiting = [vm for vm in vms if vm.get("host") and not vm.get("error")]
+    deadline = time.monotonic() + timeout
+    while True:
+        ips = {vm["uuid"]: vm["ip"] for vm in _read_vms(ctx) if vm.get("ip")}
+        for vm in waiting:
+            vm["ip"] = ips.get(vm["uuid"])
+        missing = [vm["name"] for vm in waiting if not vm["ip"]]
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(poll)
+
+
+def console_target(ctx, pattern: str) -> tuple[dict, str]:
+    """The one VM ``pattern`` matches and its host's libvirt URI."""
+    vm_pattern(pattern)
+    from engine.cluster import read_hosts
+    try:
+        vms = select_vms(_read_vms(ctx), [pattern])
+    except NoMatch as exc:
+        raise Failed(str(exc)) from None
+    if len(vms) > 1:
+        raise UsageError(f"{pattern!r} matches {len(vms)} VMs ("
+                         + ", ".join(f"{vm['host']}/{vm['name']}" for vm in vms[:5])
+                         + (", ..." if len(vms) > 5 else "") + "): console needs one")
+    vm = vms[0]
+    record = {h["host"]: h for h in read_hosts(ctx.store())}.get(vm["host"]) or {}
+    if not record.get("libvirt_uri"):
+        raise Failed(f"no host record for {vm['host']}, the host of VM {vm['name']}: "
+                     "its libvirt URI is unknown")
+    return vm, record["libvirt_uri"]
