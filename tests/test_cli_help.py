@@ -5,6 +5,7 @@ first; one that fails teaches the wrong thing."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 
 import pytest
@@ -68,3 +69,22 @@ def test_the_read_only_examples_run_without_a_usage_error(cluster, store):
             assert "Traceback" not in done.stderr, (line, done.stderr)
             ran += 1
     assert ran >= 12
+
+
+def test_each_command_loads_only_its_noun_and_parses_as_the_whole_parser_does():
+    """main.NOUNS names exactly what each noun module registers, so that a
+    command loads its own noun alone (pip's lazy commands) and means the same."""
+    main = importlib.import_module("engine.commandline.main")   # the package's main() shadows it
+    registered = {path[0] for path, _ in ALL if len(path) == 1}
+    assert set(main.NOUN_OF) == registered
+    for noun, names in main.NOUNS.items():
+        alone = build_parser(noun)
+        assert alone.command_names == list(names), noun
+    for argv in (["--etcd", "http://127.0.0.1:9", "vmlist", "web*", "--sort", "-memory_mb"],
+                 ["--format", "json", "lease", "create", "m", "--start", "now", "--end", "+1h",
+                  "--hosts", "2"], ["drain", "host1", "--yes"]):
+        fixed = values_after_options(argv)
+        assert main.noun_of(fixed) is not None
+        assert vars(build_parser(main.noun_of(fixed)).parse_args(fixed)) == \
+            vars(build_parser().parse_args(fixed))
+    assert main.noun_of(["--help", "vmlist"]) is None and main.noun_of(["nosuch"]) is None

@@ -3,6 +3,7 @@ map every failure onto an exit code and one line (the one ladder)."""
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import signal
 import sys
@@ -10,14 +11,25 @@ import sys
 from engine.errors import (Detached, Failed, PeerctlError, StoreRefused, StoreUnavailable,
                            Unavailable, UsageError)
 
-from . import admin, aside, hosts, leases, local, moves, placement, tasks, vms
 from .context import Context, me, say, warn_unreadable
 from .options import RAW, Commands, Parser, global_options
 from .settings import TLS_FLAGS, settings_for
 
 __all__ = ["build_parser", "run", "main"]
 
-NOUNS = (vms, hosts, moves, tasks, leases, placement, aside, admin, local)
+# The noun modules, in the order --help lists them, and the commands each
+# registers: a command loads only its own noun (as pip's commands_dict does),
+# --help and an unknown command load them all.
+NOUNS = {"vms": ("vmlist", "boot", "destroy", "start", "stop", "reboot", "suspend", "resume",
+                 "console", "ha"),
+         "hosts": ("hostlist", "hoststats", "ping"),
+         "moves": ("migrate", "drain", "undrain", "evacuate"),
+         "tasks": ("tasks", "task", "wait", "abort"),
+         "leases": ("lease",), "placement": ("placement",), "aside": ("aside",),
+         "admin": ("scrub", "tls"), "local": ("peer", "up", "down")}
+NOUN_OF = {command: noun for noun, commands in NOUNS.items() for command in commands}
+# global options that take a value, to find the command after them
+_VALUED = ("--etcd", "--cluster", "--format", "--conf", *(f"--{name}" for name in TLS_FLAGS))
 # options whose value may start with '-': `--sort -memory_mb`, `--start -1h`
 DASHED_VALUES = ("--sort", "--start", "--end", "--from")
 
@@ -44,7 +56,8 @@ or cacert/cert/key in the config file (docs/security.md).
 Run `python peerctl.py COMMAND --help` for a command's options and an example."""
 
 
-def build_parser() -> Parser:
+def build_parser(only: str | None = None) -> Parser:
+    """The whole parser, or with ``only`` (a noun) that noun's commands alone."""
     called = me()       # "python peerctl.py", or "peerctl" as the console script
     parser = Parser(prog="peerctl.py" if called.endswith(".py") else "peerctl",
                     description="peerctl: a masterless cluster "
@@ -65,10 +78,26 @@ def build_parser() -> Parser:
         parser.add_argument(f"--{name}", metavar="FILE", help=f"{what} [$PEERCTL_{name.upper()}]")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     commands = Commands(subparsers, global_options(), called)
-    for noun in NOUNS:
-        noun.register(commands)
+    for noun in ([only] if only else NOUNS):
+        importlib.import_module(f"{__package__}.{noun}").register(commands)
     parser.command_names = list(subparsers.choices)
     return parser
+
+
+def noun_of(argv: list[str]) -> str | None:
+    """The noun of the command ``argv`` names; None when it names none (or
+    asks for the top-level help)."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _VALUED:
+            skip = True
+        elif not arg.startswith("-"):
+            return NOUN_OF.get(arg)
+        elif arg in ("-h", "--help"):
+            return None
+    return None
 
 
 def values_after_options(argv: list[str]) -> list[str]:
@@ -89,7 +118,7 @@ def run(argv=None, one_shot: bool = False) -> int:
     argv = values_after_options(sys.argv[1:] if argv is None else list(argv))
     debug = "--debug" in argv
     try:
-        parser = build_parser()
+        parser = build_parser(noun_of(argv))
         args = parser.parse_args(argv)
         debug = bool(getattr(args, "debug", False))
         if one_shot and args.command != "peer":
