@@ -45,7 +45,7 @@ def ha_kvm(cluster, store, libvirtd_pair, guest_dir, tmp_path):  # noqa: F811
     for member in ("m1", "m2"):
         start_member(kvm, member)
     wait_for(lambda: {"m1", "m2"} <= set(api.live_hosts(store)), what="members alive")
-    drained = cluster.cli_json("drain", "m*")
+    drained = cluster.cli_json("drain", "m*", "--yes")
     assert sorted(h["host"] for h in drained["hosts"]) == ["m1", "m2"], drained
     yield kvm
     proxy.cut()
