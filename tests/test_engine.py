@@ -46,6 +46,7 @@ def replies_of(task):
     return sorted((r["host"], r["round"], r["status"]) for r in task["result"]["replies"])
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_initiator_at_every_step_boundary(cluster, store, tmp_path):
     """A 3-peer ping --rounds 10, with the initiator SIGKILLed by a crash
     point exactly before each round's append and before the final status:

@@ -87,6 +87,7 @@ def lease_keys(store) -> list[str]:
 
 # -- a host lease, start to end --------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_host_lease_clears_its_host_takes_its_vms_only_and_gives_it_back(cluster, store):
     three_hosts(cluster, store)
     boot(cluster, "outsider", on="host1")
@@ -128,6 +129,7 @@ def test_a_host_lease_clears_its_host_takes_its_vms_only_and_gives_it_back(clust
 
 # -- a capacity lease, with placement's usages at each stage ------------------------------
 
+@pytest.mark.slow
 def test_a_capacity_lease_holds_real_resources_and_vms_take_slices(cluster, store):
     three_hosts(cluster, store)
     before = usage(cluster)
@@ -255,6 +257,7 @@ def test_back_to_back_the_second_starts_only_once_the_first_has_freed_the_host(
 
 # -- crashes at every event -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sigkill_of_the_initiator_at_each_event_runs_each_exactly_once(cluster, store,
                                                                        tmp_path):
     hooks = str(tmp_path / "hooks")

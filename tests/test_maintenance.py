@@ -25,6 +25,7 @@ def compacted_revision(store: Store) -> int:
     return (kv.value or {}).get("revision", 0) if kv else 0
 
 
+@pytest.mark.slow
 def test_busy_cluster_is_compacted_and_automations_carry_on(own_etcd, tmp_path, cluster_name):
     cluster = Cluster(own_etcd.url, cluster_name, tmp_path)
     store = Store(own_etcd.url, cluster_name)

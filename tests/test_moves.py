@@ -7,6 +7,8 @@ scenario the VM runs on exactly one host and placement agrees.
 """
 import collections
 
+import pytest
+
 from engine.core import api, keys
 from engine.drains import set_drained
 from engine.placement import open_placement
@@ -204,6 +206,7 @@ def test_abort_stops_starting_moves_and_finishes_the_one_under_way(cluster, stor
     assert_each_runs_once(store, expected, ["t1", "t2"])
 
 
+@pytest.mark.slow
 def test_initiator_killed_at_every_step_boundary_still_moves_the_vm(cluster, store, tmp_path):
     """A failpoint kills whichever member leads just before it appends the
     next step; once the new leader has appended that step, the one after is
