@@ -14,7 +14,7 @@ sys.path.insert(0, ROOT)
 
 from engine.core.etcd_server import EtcdServer, etcd_binary  # noqa: E402
 from engine.core.store import Store  # noqa: E402
-from tests.support.cluster import Cluster, start_three_peers  # noqa: E402
+from tests.support.cluster import Cluster, ready_hosts, start_three_peers  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -60,3 +60,8 @@ def peers(cluster):
     """Three live peers, host1 to host3, as ``hostlist`` shows them."""
     return start_three_peers(cluster)
 
+
+@pytest.fixture
+def two_hosts(cluster, store):
+    """host1 and host2 alive, each with its placement provider (ready for boots)."""
+    return ready_hosts(cluster, store, ["host1", "host2"])

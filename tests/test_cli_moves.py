@@ -13,7 +13,7 @@ import pytest
 
 from engine.commandline.progress import ProgressView
 from tests.support import PEERCTL, wait_for
-from tests.support.cluster import start_peers
+from tests.support.cluster import refused
 from tests.support.terminal import Terminal
 
 SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
@@ -22,13 +22,6 @@ MOVE_KEYS = {"name", "uuid", "from", "host", "state", "mode", "downtime_ms", "by
 
 # -- helpers ------------------------------------------------------------------------
 
-@pytest.fixture
-def two_hosts(cluster, store):
-    """host1 and host2 alive, each with a placement provider (ready for boots)."""
-    start_peers(cluster, store, ["host1", "host2"])
-    wait_for(lambda: {"host1", "host2"} <= {p["name"] for p in cluster.cli_json(
-        "placement", "providers")}, what="providers of host1 and host2")
-    return ["host1", "host2"]
 
 
 def boot(cluster, *names, on="host1"):
@@ -50,13 +43,6 @@ def hosts(cluster):
     return {h["host"]: h for h in cluster.cli_json("hostlist")}
 
 
-def refused(cluster, args, rc, said):
-    """``args`` exits ``rc`` with one ``peerctl:`` line saying ``said``."""
-    done = cluster.cli(*args, input="")
-    assert done.returncode == rc, (args, done.returncode, done.stdout, done.stderr)
-    errors = [line for line in done.stderr.splitlines() if line.startswith("peerctl:")]
-    assert len(errors) == 1 and said in errors[0], (args, done.stderr)
-    return done
 
 
 # -- drain, undrain, hostlist, boot --------------------------------------------------

@@ -7,31 +7,15 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from tests.support import wait_until
-from tests.support.cluster import start_peers
+from tests.support.cluster import refused
 
 SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
 
-@pytest.fixture
-def two_hosts(cluster, store):
-    start_peers(cluster, store, ["host1", "host2"])
-    wait_until(lambda: cluster.cli_json("placement", "providers"),
-               lambda rows: {"host1", "host2"} <= {p["name"] for p in rows},
-               what="providers of host1 and host2")
-    return ["host1", "host2"]
 
 
-def refused(cluster, args, rc, said):
-    """``args`` exits ``rc`` with one ``peerctl:`` line saying ``said``."""
-    done = cluster.cli(*args, input="")
-    assert done.returncode == rc, (args, done.returncode, done.stdout, done.stderr)
-    errors = [line for line in done.stderr.splitlines() if line.startswith("peerctl:")]
-    assert len(errors) == 1 and said in errors[0], (args, done.stderr)
-    return done
 
 
 def boot(cluster, *names, extra=()):

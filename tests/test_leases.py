@@ -11,7 +11,7 @@ import pytest
 from engine.core import failpoints, keys
 from engine.leases.times import iso
 from tests.support import wait_for, wait_until
-from tests.support.cluster import start_peers
+from tests.support.cluster import refused, start_peers
 from tests.support.hooks import assert_each_index_ran_once, counting_hook, failing_hook
 from tests.support.vms import allocations
 
@@ -53,13 +53,6 @@ def boot(cluster, *names, on="host*", reservation=None, expect_rc=0):
                             expect_rc=expect_rc)
 
 
-def refused(cluster, args, rc, said):
-    done = cluster.cli(*args, input="")
-    assert done.returncode == rc, (args, done.returncode, done.stdout, done.stderr)
-    errors = [line for line in done.stderr.splitlines() if line.startswith("peerctl:")]
-    assert len(errors) == 1 and said in errors[0], (args, done.stderr)
-    assert "Traceback" not in done.stderr
-    return done
 
 
 def reserved_by(cluster):

@@ -16,7 +16,7 @@ import pytest
 
 from engine.placement.query import parse_query
 from engine.placement.shortfall import explain
-from tests.support import wait_for, wait_until
+from tests.support import wait_until
 from tests.support.cluster import start_peers
 
 SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
@@ -68,12 +68,6 @@ def test_a_long_list_of_hosts_is_cut():
 
 # -- boots through the command line ----------------------------------------------------
 
-@pytest.fixture
-def two_hosts(cluster, store):
-    start_peers(cluster, store, ["host1", "host2"])
-    wait_for(lambda: {"host1", "host2"} <= {p["name"] for p in cluster.cli_json(
-        "placement", "providers")}, what="providers of host1 and host2")
-    return ["host1", "host2"]
 
 
 def refused_boot(cluster, name, resources=SPEC) -> str:

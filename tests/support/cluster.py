@@ -10,7 +10,8 @@ import sys
 from engine.core import api, keys
 from tests.support import PEERCTL, ROOT, TEST_AUTOMATIONS, wait_for, wait_until
 
-__all__ = ["Cluster", "start_peers", "start_three_peers", "alive", "finished", "start_automation"]
+__all__ = ["Cluster", "start_peers", "start_three_peers", "ready_hosts", "refused", "alive",
+           "finished", "start_automation"]
 
 
 class Cluster:
@@ -128,3 +129,20 @@ def start_automation(store, kind, args, code=TEST_AUTOMATIONS, **options):
             del os.environ["PEERCTL_AUTOMATIONS_PATH"]
         else:
             os.environ["PEERCTL_AUTOMATIONS_PATH"] = before
+
+
+def ready_hosts(cluster, store, names) -> list[str]:
+    """Peers ``names`` alive, each with its placement provider: ready for boots."""
+    start_peers(cluster, store, names)
+    wait_for(lambda: set(names) <= {p["name"] for p in cluster.cli_json(
+        "placement", "providers")}, what=f"providers of {', '.join(names)}")
+    return list(names)
+
+
+def refused(cluster, args, rc, said):
+    """``args`` exits ``rc`` with one ``peerctl:`` line saying ``said``."""
+    done = cluster.cli(*args, input="")
+    assert done.returncode == rc, (args, done.returncode, done.stdout, done.stderr)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("peerctl:")]
+    assert len(errors) == 1 and said in errors[0], (args, done.stderr)
+    return done
