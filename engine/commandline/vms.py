@@ -53,8 +53,6 @@ def vm_totals(vms: list[dict]) -> str:
 
 
 def cmd_vmlist(ctx) -> int:
-    for text in ctx.args.patterns:
-        ops.vm_pattern(text)        # a bad pattern is a usage error before any read
     return listing(ctx, lambda: ops.list_vms(ctx, ctx.args.patterns), VM_COLUMNS,
                    VMLIST_DEFAULT, VMLIST_JSON, "host,name", vm_totals)
 

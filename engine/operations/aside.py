@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.errors import Failed
 
 from .plans import Plan, failed_doc
-from .select import host_pattern, select_hosts, select_vms, vm_pattern
+from .select import select_hosts, select_vms
 from .tasks import iso
 
 __all__ = ["list_aside", "plan_delete"]
@@ -34,17 +34,14 @@ def _asides(ctx) -> list[dict]:
 def list_aside(ctx, pattern: str | None = None) -> list[dict]:
     """``[{host, name, uuid, id, time, bytes, volumes, reason, automation}]``
     on the hosts matching ``pattern``."""
-    host_pattern(pattern)       # a bad pattern is a usage error before any read
-    return select_hosts(_asides(ctx), pattern, what="host with disks kept aside",
+    return select_hosts(lambda: _asides(ctx), pattern, what="host with disks kept aside",
                         result=[])
 
 
 def plan_delete(ctx, patterns: list[str]) -> Plan:
     """Delete the disk sets matching ``patterns`` (the VM's name or uuid)
     on their hosts, which must be up."""
-    for text in patterns:
-        vm_pattern(text)
-    chosen = select_vms(_asides(ctx), list(patterns), what="disks kept aside", key="disks",
+    chosen = select_vms(lambda: _asides(ctx), list(patterns), what="disks kept aside", key="disks",
                         by_uuid=True)
     from engine.cluster import read_hosts
     alive = {h["host"] for h in read_hosts(ctx.store()) if h["alive"]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 
 from .plans import Plan, failed_doc
-from .select import NoMatch, host_pattern, select_hosts
+from .select import host_pattern, select_hosts
 
 __all__ = ["list_hosts", "networks_of", "plan_ping", "MAX_ROUNDS"]
 
@@ -37,11 +37,8 @@ def list_hosts(ctx, pattern: str | None = None) -> list[dict]:
     """Every host the cluster has seen, down ones too, or those matching the
     host pattern (:class:`NoMatch` when it matches none)."""
     from engine.cluster import read_hosts
-    host_pattern(pattern)       # a bad pattern is a usage error before any read
-    try:
-        return [_derived(h) for h in select_hosts(read_hosts(ctx.store()), pattern)]
-    except NoMatch as exc:
-        raise NoMatch(str(exc), result=[]) from None
+    return [_derived(h) for h in select_hosts(lambda: read_hosts(ctx.store()), pattern,
+                                                  result=[])]
 
 
 def plan_ping(ctx, pattern: str | None = None, rounds: int = 1) -> Plan:

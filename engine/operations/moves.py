@@ -53,11 +53,11 @@ def plan_migrate(ctx, patterns: list[str], to: str | None = None, *, offline: bo
                  postcopy: bool = False) -> Plan:
     """Move the VMs matching ``patterns`` to other hosts (matching ``to``)."""
     for text in patterns:
-        vm_pattern(text)        # bad patterns are usage errors before anything is read
+        vm_pattern(text)        # bad patterns and --to are usage errors before any read
     to = host_pattern(to) if to is not None else None
     from engine.cluster import read_hosts, read_vms
     store = ctx.store()
-    vms = select_vms(read_vms(store), list(patterns))
+    vms = select_vms(lambda: read_vms(store), list(patterns))
     hosts = read_hosts(store)
     takers = _takers(hosts, to or "*")
     stuck = [vm for vm in vms if not takers - {vm["host"]}]
@@ -82,12 +82,12 @@ def plan_evacuate(ctx, pattern: str, to: str | None = None, parallel: int = 4) -
     """Drain the hosts matching ``pattern`` and move every VM off them.
     The plan lists the VMs there now; :func:`evacuate_after_drain` drains
     and plans again with what is there then."""
-    host_pattern(pattern)       # bad patterns are usage errors before anything is read
+    host_pattern(pattern)       # bad patterns, --to too, are usage errors before any read
     to = host_pattern(to) if to is not None else None
     from engine.cluster import read_hosts
     store = ctx.store()
     hosts = read_hosts(store)
-    leaving = [h["host"] for h in select_hosts(hosts, pattern, result=failed_doc())]
+    leaving = [h["host"] for h in select_hosts(lambda: hosts, pattern, result=failed_doc())]
     vms = _on(store, leaving)
     if (vms or to is not None) and not _takers(hosts, to or "*") - set(leaving):
         raise Failed(_nowhere(f"the VMs of {', '.join(leaving)}", to, hosts,
@@ -114,8 +114,7 @@ def plan_drain(ctx, pattern: str) -> list[dict]:
     """The host records matching ``pattern`` (NoMatch naming it), each with
     ``vms``: how many VMs are on it now."""
     from engine.cluster import read_hosts
-    host_pattern(pattern)
-    return select_hosts(read_hosts(ctx.store()), pattern, result={"hosts": []})
+    return select_hosts(lambda: read_hosts(ctx.store()), pattern, result={"hosts": []})
 
 
 def operator() -> str:

@@ -85,13 +85,15 @@ def by_host_and_name(rows: list[dict]) -> list[dict]:
                                          natural_key(row.get("name") or "")))
 
 
-def select_vms(vms: list[dict], patterns: list[str], what: str = "VM", key: str = "vms",
+def select_vms(read, patterns: list[str], what: str = "VM", key: str = "vms",
                by_uuid: bool = False) -> list[dict]:
-    """The VMs (or rows with host and name) matching ``patterns``, sorted
-    naturally; :class:`NoMatch` naming every pattern that matched nothing."""
+    """The VMs (or rows with host and name) ``read()`` gives that match
+    ``patterns``, sorted naturally; every bad pattern is a ``UsageError``
+    before ``read`` is called; :class:`NoMatch` names every pattern that
+    matched nothing."""
     for text in patterns:
-        vm_pattern(text)            # every bad pattern is a usage error first
-    chosen, unmatched = match_vms(vms, patterns, by_uuid)
+        vm_pattern(text)
+    chosen, unmatched = match_vms(read(), patterns, by_uuid)
     chosen = by_host_and_name(chosen)
     if unmatched:
         raise NoMatch(f"no {what} matches " + ", ".join(repr(p) for p in unmatched),
@@ -99,12 +101,14 @@ def select_vms(vms: list[dict], patterns: list[str], what: str = "VM", key: str 
     return chosen
 
 
-def select_hosts(hosts: list[dict], glob_text: str | None, what: str = "host",
+def select_hosts(read, glob_text: str | None, what: str = "host",
                  result=None) -> list[dict]:
-    """Host records whose name matches the host pattern ``glob_text`` (all
-    when None); :class:`NoMatch` when a pattern given matches none."""
+    """The host records (or rows with a host) ``read()`` gives whose host
+    matches the host pattern ``glob_text`` (all when None); a bad pattern is
+    a ``UsageError`` before ``read`` is called; :class:`NoMatch` when a
+    pattern given matches none."""
     glob = host_pattern(glob_text)
-    chosen = [h for h in hosts if fnmatch.fnmatchcase(h.get("host") or "", glob)]
+    chosen = [h for h in read() if fnmatch.fnmatchcase(h.get("host") or "", glob)]
     if not chosen and glob_text is not None:
         raise NoMatch(f"no {what} matches {glob_text!r}", result=result)
     return chosen

@@ -7,7 +7,7 @@ import time
 from engine.errors import Failed, UsageError
 
 from .plans import Plan, failed_doc
-from .select import NoMatch, host_pattern, select_vms, vm_pattern
+from .select import NoMatch, host_pattern, select_vms
 from .specs import check_names, hostname_of, parse_resources
 
 __all__ = ["list_vms", "plan_boot", "plan_action", "plan_ha", "console_target",
@@ -27,13 +27,10 @@ def list_vms(ctx, patterns: list[str] = ()) -> list[dict]:
     """Every VM the cluster knows (vmlist's rows), or those matching any of
     ``patterns``: :class:`NoMatch` naming the patterns matching nothing,
     carrying the VMs the others matched."""
-    for text in patterns:
-        vm_pattern(text)        # a bad pattern is a usage error before any read
-    vms = _read_vms(ctx)
     if not patterns:
-        return vms
+        return _read_vms(ctx)
     try:
-        return select_vms(vms, list(patterns))
+        return select_vms(lambda: _read_vms(ctx), list(patterns))
     except NoMatch as exc:
         raise NoMatch(str(exc), matched=exc.matched, result=exc.matched) from None
 
@@ -47,9 +44,7 @@ def plan_action(ctx, kind: str, patterns: list[str]) -> Plan:
     ``patterns``, in one automation."""
     if kind not in VM_ACTIONS:
         raise UsageError(f"unknown VM action {kind!r} (want {', '.join(VM_ACTIONS)})")
-    for text in patterns:
-        vm_pattern(text)
-    vms = select_vms(_read_vms(ctx), list(patterns))
+    vms = select_vms(lambda: _read_vms(ctx), list(patterns))
     targets = _targets(vms)
     return Plan(kind, {"vms": targets},
                 [dict(t, state=vm.get("state")) for t, vm in zip(targets, vms)],
@@ -61,9 +56,7 @@ def plan_ha(ctx, patterns: list[str], policy: str) -> Plan:
     their hosts must be up."""
     if policy not in ("restart", "none"):
         raise UsageError(f"bad HA policy {policy!r} (want restart or none)")
-    for text in patterns:
-        vm_pattern(text)
-    vms = select_vms(_read_vms(ctx), list(patterns))
+    vms = select_vms(lambda: _read_vms(ctx), list(patterns))
     down = [vm for vm in vms if vm["state"] == "unknown"]
     if down:
         raise Failed(f"VM {down[0]['name']!r} is on {down[0]['host']}, which is down: its HA "
@@ -172,10 +165,9 @@ def wait_for_addresses(ctx, vms: list[dict], timeout: float, poll: float = 0.5) 
 
 def console_target(ctx, pattern: str) -> tuple[dict, str]:
     """The one VM ``pattern`` matches and its host's libvirt URI."""
-    vm_pattern(pattern)
     from engine.cluster import read_hosts
     try:
-        vms = select_vms(_read_vms(ctx), [pattern])
+        vms = select_vms(lambda: _read_vms(ctx), [pattern])
     except NoMatch as exc:
         raise Failed(str(exc)) from None
     if len(vms) > 1:
