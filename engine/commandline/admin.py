@@ -3,14 +3,13 @@ and etcd roles for an etcd of one's own, docs/security.md)."""
 from __future__ import annotations
 
 import os
-import sys
 
 from engine.errors import UsageError
 from engine.operations import admin as ops
 
 from . import table
-from .confirm import ask
-from .context import say
+from .confirm import confirm
+from .context import short_path
 from .options import dry_run_option, yes_option
 
 C = table.Column
@@ -23,13 +22,10 @@ def cmd_scrub(ctx) -> int:
     rows = [{"key": bad.key, "why": bad.why} for bad in found]
     deleting = args.delete and found and not args.dry_run
     if deleting and not args.yes:
-        if not sys.stdin.isatty():
-            say(table.render(rows, SCRUB_COLUMNS))
-            raise UsageError("scrub --delete deletes keys: add --yes to confirm "
-                             "(no terminal to ask on)")
-        say(table.render(rows, SCRUB_COLUMNS))
-        ask(f"Delete these {len(found)} unreadable key{'s' if len(found) != 1 else ''}?",
-            cancelled={"keys": rows, "deleted": []})
+        confirm("scrub --delete", [f"{row['key']}: {row['why']}" for row in rows],
+                "unreadable keys", cancelled={"keys": rows, "deleted": []},
+                question=f"Delete these {len(found)} unreadable "
+                         f"key{'s' if len(found) != 1 else ''}?")
     deleted = ops.delete_keys(ctx, found) if deleting else []
     text = table.render(rows, SCRUB_COLUMNS) if rows else ""
     summary = (f"{len(found)} unreadable key{'s' if len(found) != 1 else ''}" if found
@@ -42,11 +38,6 @@ def cmd_scrub(ctx) -> int:
         summary += ", none deleted (--dry-run)"
     ctx.emit({"keys": rows, "deleted": deleted}, (text + "\n" if text else "") + summary)
     return 0
-
-
-def _short(path: str) -> str:
-    relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative
 
 
 def cmd_tls(ctx) -> int:
@@ -66,7 +57,7 @@ def cmd_tls(ctx) -> int:
         doc = {"dir": directory, "ca": os.path.join(directory, "ca.pem"),
                "certificates": [{"user": user, "role": users.get(user, "etcd server"),
                                  "cert": i.cert, "key": i.key} for user, i in issued.items()]}
-        ctx.emit(doc, "\n".join(f"{c['user']:<16} {c['role']:<12} {_short(c['cert'])}"
+        ctx.emit(doc, "\n".join(f"{c['user']:<16} {c['role']:<12} {short_path(c['cert'])}"
                                 for c in doc["certificates"]))
         return 0
     done = ops.setup_roles(ctx, users)

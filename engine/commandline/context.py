@@ -13,7 +13,7 @@ from engine.operations import Context as Operations
 
 from . import table
 
-__all__ = ["Context", "say", "warn_unreadable", "me", "configure_logging"]
+__all__ = ["Context", "say", "warn_unreadable", "me", "short_path", "configure_logging"]
 
 _LOGGING = []
 
@@ -51,6 +51,12 @@ def me() -> str:
     """How the user called us, for the commands we suggest."""
     base = os.path.basename(sys.argv[0] or "peerctl")
     return "python peerctl.py" if base.endswith(".py") else "peerctl"
+
+
+def short_path(path: str) -> str:
+    """``path`` relative to here when it is below here, else as it is."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 class Context(Operations):

@@ -8,7 +8,7 @@ from engine.core.validate import parse_duration
 from engine.errors import UsageError
 from engine.operations.specs import check_name
 
-from .context import configure_logging, me, say
+from .context import configure_logging, me, say, short_path
 from .options import positive, seconds
 from .settings import DEFAULTS
 
@@ -64,7 +64,7 @@ def cmd_up(ctx) -> int:
     for name, what, record in outcome.report:
         where = record.get("url") or record.get("libvirt_uri") or record.get("libvirt")
         lines.append(f"{name:<14} {what:<16} pid {record['pid']:<8} {where}  "
-                     f"log {_short(record['log'])}")
+                     f"log {short_path(record['log'])}")
     default_dir = state_dir == os.path.abspath(DEFAULTS["state_dir"])
     exports = f"  export PEERCTL_ETCD={urls} PEERCTL_CLUSTER={cluster}"
     if tls:
@@ -80,7 +80,7 @@ def cmd_up(ctx) -> int:
               f"  {me()} boot vm1 --resources VCPU:1,MEMORY_MB:256,DISK_GB:1",
               f"  {me()} vmlist",
               f"Stop everything with: {me()} down"
-              + ("" if default_dir else f" --state-dir {_short(state_dir)}")]
+              + ("" if default_dir else f" --state-dir {short_path(state_dir)}")]
     ctx.emit(doc, "\n".join(lines))
     return 0
 
@@ -93,7 +93,7 @@ def _check_up_flags(ctx, state_dir: str, up: dict) -> None:
     a usage error naming both ways out, before anything starts."""
     from engine import supervisor
     args = ctx.args
-    where = _short(state_dir)
+    where = short_path(state_dir)
     redo = (f"run '{me()} down' and remove {where} first"
             + ("" if state_dir == os.path.abspath(DEFAULTS["state_dir"])
                else " (or use another --state-dir)"))
@@ -132,11 +132,6 @@ def _check_up_flags(ctx, state_dir: str, up: dict) -> None:
                          f"that, {redo}; or ask for --hosts {config['hosts']}, or for nothing")
 
 
-def _short(path: str) -> str:
-    relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative
-
-
 def _public(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "cmd"}
 
@@ -149,7 +144,7 @@ def cmd_down(ctx) -> int:
                               guest_timeout=args.guest_timeout, say=say)
     if stopped is None:
         ctx.emit({"state_dir": state_dir, "stopped": [], "kept": []},
-                 f"nothing to stop: no {_short(supervisor.up_file(state_dir))}")
+                 f"nothing to stop: no {short_path(supervisor.up_file(state_dir))}")
         return 0
     kept = [s for s in stopped if s["what"] == "kept"]
     width = max([len(s["name"]) for s in stopped] + [8])
@@ -161,7 +156,7 @@ def cmd_down(ctx) -> int:
             f"{s['name']}" + (f" (pid {s['pid']})" if s["pid"] else "") for s in kept)
             + f"; the next '{me()} up' takes them up again")
     # up.json stays: the next `up` reuses its ports with the data kept here
-    lines.append(f"data kept in {_short(state_dir)}")
+    lines.append(f"data kept in {short_path(state_dir)}")
     ctx.emit({"state_dir": state_dir, "stopped": stopped, "kept": kept}, "\n".join(lines))
     return 0
 
