@@ -32,7 +32,7 @@ fi
 
 # The modules tests/support/qemu_guest.py loads (their dependencies come too).
 GUEST_MODULES="button evdev virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev
-    virtio_pci failover net_failover virtio_net scsi_common scsi_mod libata ata_piix
+    virtio_pci failover net_failover virtio_net virtio_blk scsi_common scsi_mod libata ata_piix
     cdrom sr_mod isofs"
 
 work=""

@@ -83,7 +83,8 @@ class Peer:
     def __init__(self, store: Store, host: str, libvirt_uri: str, ttl: int = 5,
                  hooks_dir: str | None = None, workers: int = 8, state_dir: str | None = None,
                  retention: float = RETENTION, networks: str = "default",
-                 etcd_history: float = 3600.0, ha_margin: float = DEFAULT_MARGIN):
+                 etcd_history: float = 3600.0, ha_margin: float = DEFAULT_MARGIN,
+                 backup_pool: str | None = None):
         self.store = store
         self.name = host
         self.ttl = ttl
@@ -94,7 +95,8 @@ class Peer:
         os.makedirs(state_dir, exist_ok=True)
         from .hypervisor.networks import parse_offer
         self.host = HostContext(host, libvirt_uri, store, state_dir,
-                                offer=parse_offer(networks, "in the peer's networks setting"))
+                                offer=parse_offer(networks, "in the peer's networks setting"),
+                                backup_pool=backup_pool or None)
         self.executor = Executor(store, self.host, hooks_dir, workers)
         # A hypervisor whose VMs outlive this process gets a guard that
         # fences its HA VMs when this peer's lease may lapse.
@@ -315,17 +317,20 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
              hooks_dir: str | None = None, workers: int = 8,
              state_dir: str | None = None, retention=RETENTION,
              networks: str = "default", etcd_history=ETCD_HISTORY,
-             ha_margin=DEFAULT_MARGIN) -> int:
+             ha_margin=DEFAULT_MARGIN, backup_pool: str | None = None) -> int:
     """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
     automations are kept for ``retention`` (seconds or ``7d``-style);
     ``networks`` is what the host offers (``default, lan=br0``: see
     :mod:`engine.hypervisor.networks`); etcd keeps ``etcd_history`` of
     revisions (0: the cluster never compacts it); a dead host's HA VMs are
-    restarted elsewhere ``ha_margin`` after its lease expired."""
+    restarted elsewhere ``ha_margin`` after its lease expired; backups of
+    other hosts' VMs land in libvirt pool ``backup_pool`` (None: a dir pool
+    under the state directory)."""
     peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir,
                 parse_duration(retention if retention is not None else RETENTION), networks,
                 parse_duration(etcd_history if etcd_history is not None else ETCD_HISTORY),
-                parse_duration(ha_margin if ha_margin is not None else DEFAULT_MARGIN))
+                parse_duration(ha_margin if ha_margin is not None else DEFAULT_MARGIN),
+                backup_pool)
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)

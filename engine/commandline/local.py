@@ -26,7 +26,9 @@ def cmd_peer(ctx) -> int:
               "networks": args.networks if args.networks is not None else settings["networks"],
               "etcd_history": settings["etcd_history"],
               "ha_margin": args.ha_margin if args.ha_margin is not None
-              else settings["ha_margin"]}
+              else settings["ha_margin"],
+              "backup_pool": args.backup_pool if args.backup_pool is not None
+              else settings.get("backup_pool")}
     from engine.hypervisor.networks import parse_offer
     parse_offer(kwargs["networks"], "in --networks" if args.networks is not None
                 else "in the networks setting")
@@ -183,6 +185,10 @@ def register(commands) -> None:
                      help="networks this host offers VMs: NAME (a libvirt network) or "
                           "NAME=BRIDGE, comma-separated; 'none' for none (default: the "
                           "networks setting, 'default')")
+    sub.add_argument("--backup-pool", metavar="POOL",
+                     help="the libvirt storage pool backups of other hosts' VMs are kept in "
+                          "(backup_pool setting; default a dir pool under the state "
+                          "directory)")
     sub.add_argument("--ha-margin", type=seconds, metavar="SECONDS",
                      help="after a host's lease expired, how long before its HA VMs are "
                           "restarted elsewhere (default: the ha_margin setting, 3s)")

@@ -50,7 +50,8 @@ PLAIN_STEP = 10
 ACTIVE = ("running", "paused")
 
 # What a user-facing step does, ``request: (while it runs, once it is ok)``;
-# None prints nothing at that stage.  A request not here is bookkeeping.
+# None prints nothing at that stage; ``{target}`` is where the step runs,
+# for a step away from the VM's host.  A request not here is bookkeeping.
 PHASES = {
     "build": ("building", "built"),
     "start": ("starting", "started"),
@@ -62,6 +63,10 @@ PHASES = {
     "ha_start": ("starting again in place", None),
     "set_ha": (None, "HA policy set"),
     "aside_delete": ("deleting its disks kept aside", "disks kept aside deleted"),
+    "backup_take": ("backing up", "backed up"),
+    "backup_verify": (None, "verified on {target}"),
+    "restore_disks": ("restoring its disks", "disks restored"),
+    "backup_delete": ("deleting its backup on {target}", "backup deleted on {target}"),
     "ping": (None, "ping ok"),
     "lease_warn": (None, "warned"),
     "lease_heal": (None, "healed"),
@@ -77,9 +82,12 @@ IN_A_MOVE = {
 }
 # Steps that run on the VM's own host: their target is where the VM is.
 ON_ITS_HOST = ("build", "start", "stop", "reboot", "suspend", "resume", "destroy",
-               "ha_start", "set_ha", "move_describe", "move_migrate", "aside_delete", "ping")
+               "ha_start", "set_ha", "move_describe", "move_migrate", "aside_delete", "ping",
+               "backup_take", "restore_disks")
 # How a failed step is named in its line.
-FAILED_NAMES = {"ha_start": "restart", "aside_delete": "delete"}
+FAILED_NAMES = {"ha_start": "restart", "aside_delete": "delete", "backup_take": "backup",
+                "backup_verify": "verify", "restore_disks": "restore",
+                "backup_delete": "backup delete"}
 FAILED = {"error": "failed", "failed": "failed", "timeout": "timed out", "lost": "lost"}
 
 
@@ -181,7 +189,8 @@ class _Story:
             return None, None, "cleanup"        # of the copy left behind: news if it fails
         if self.moving and request in IN_A_MOVE:
             return (*IN_A_MOVE[request], request)
-        running, done = PHASES[request]
+        target = str(entry.get("target"))
+        running, done = [text and text.replace("{target}", target) for text in PHASES[request]]
         return running, done, FAILED_NAMES.get(request, request)
 
 
@@ -224,8 +233,13 @@ def _latest_by_label(task: dict) -> list[tuple[str, dict, _Story]]:
 
 def _result_rows(task: dict) -> list[dict]:
     result = task.get("result") if isinstance(task.get("result"), dict) else {}
-    rows = result.get("vms") or result.get("disks") or []
+    rows = result.get("vms") or result.get("disks") or result.get("backups") or []
     return [row for row in rows if isinstance(row, dict)]
+
+
+def _name(row: dict) -> str:
+    """The VM a result row is about (a backup's row names it ``vm``)."""
+    return str(row.get("name") or row.get("vm"))
 
 
 def _failed_line(row: dict) -> str | None:
@@ -235,8 +249,8 @@ def _failed_line(row: dict) -> str | None:
         return None
     why = row.get("error") or "error"
     if row.get("state") in ("error", "unknown"):
-        return f"{row.get('name')}: failed: {why}"
-    return f"{row.get('name')}: {why}"
+        return f"{_name(row)}: failed: {why}"
+    return f"{_name(row)}: {why}"
 
 
 class ProgressView:
@@ -314,7 +328,7 @@ class ProgressView:
 
     def lines(self, task: dict, width: int, height: int) -> list[str]:
         rows = _latest_by_label(task)
-        results = {str(row.get("name")): row for row in _result_rows(task)} \
+        results = {_name(row): row for row in _result_rows(task)} \
             if task.get("state") != "running" else {}
         label_width = min(max([len(label) for label, _, _ in rows] + [4]), 32)
         # the moves' steps (move_describe, confirm_move...) are longer than 8

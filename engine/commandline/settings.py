@@ -21,7 +21,7 @@ DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "ta
             "ttl": "5", "workers": "8", "retention": "7d", "state_dir": "state",
             "libvirt": "test:///default", "hosts": "3", "network": "default",
             "networks": "default", "etcd_history": "1h", "etcd_quota": "2G",
-            "ha_margin": "3s", "placement": "etcd"}
+            "ha_margin": "3s", "placement": "etcd", "backup_pool": ""}
 
 TLS_FLAGS = {"cacert": "CA certificate that signed etcd's (https:// endpoints)",
              "cert": "client certificate: who this is to etcd, and its role",

@@ -25,10 +25,18 @@ VM_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
               C("ha", "HA"),
               C("recovered", "Recovered", lambda r: f"from {r['from']}" if r else "-"),
               C("crashed", "Crashed", lambda c: "yes" if c else "-"),
-              C("restarts", "Restarts", right=True)]
+              C("restarts", "Restarts", right=True),
+              C("backup", "Backup", lambda b: backup_age(b["time"]))]
 VMLIST_DEFAULT = ["host", "name", "vcpus", "memory_mb", "state", "ip"]
 VMLIST_JSON = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
-               "addresses", "ha", "recovered", "crashed", "restarts"]
+               "addresses", "ha", "recovered", "crashed", "restarts", "backup"]
+
+
+def backup_age(when: str) -> str:
+    """How long ago a VM's newest backup was taken (``when``: ISO 8601 UTC)."""
+    import time
+    from engine.leases.times import human_span, parse_time
+    return f"{human_span(time.time() - parse_time(when, 'backup time'))} ago"
 
 
 def vm_totals(vms: list[dict]) -> str:

@@ -149,6 +149,12 @@ def restart(uuid: str = "") -> str:
     return f"restart/{uuid}"
 
 
+def backup(backup_id: str = "") -> str:
+    """``backups/<id>``: a backup of a VM's disks, complete and verified on
+    its target host (written only then)."""
+    return f"backups/{backup_id}"
+
+
 def singleton(name: str = "") -> str:
     """Election prefix of a cluster singleton (janitor, reconciler);
     ``singleton()`` is every singleton's."""

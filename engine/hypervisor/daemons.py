@@ -153,7 +153,9 @@ class PrivateLibvirtd:
                     if dom.isActive():
                         dom.destroy()
                     if dom.isPersistent():
-                        dom.undefine()
+                        dom.undefineFlags(
+                            libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA
+                            | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
                 except libvirt.libvirtError:
                     pass
         finally:

@@ -218,12 +218,16 @@ def pool_xml(name: str, path: str) -> str:
 def volume_xml(name: str, capacity: int, fmt: str, *, backing_path: str | None = None,
                backing_format: str | None = None) -> str:
     """A volume of ``capacity`` bytes, allocated on demand; with a backing
-    store it is a copy-on-write overlay of that file."""
+    store it is a copy-on-write overlay of that file.  A qcow2 volume is
+    version 3 (compat 1.1), which dirty bitmaps need (backups' checkpoints)."""
     volume = ET.Element("volume")
     _sub(volume, "name", name)
     _sub(volume, "capacity", capacity, unit="bytes")
     _sub(volume, "allocation", 0, unit="bytes")
-    _sub(_sub(volume, "target"), "format", type=fmt)
+    target = _sub(volume, "target")
+    _sub(target, "format", type=fmt)
+    if fmt == "qcow2":
+        _sub(target, "compat", "1.1")       # version 3: it can carry checkpoints
     if backing_path:
         backing = _sub(volume, "backingStore")
         _sub(backing, "path", backing_path)

@@ -26,6 +26,9 @@ class HostContext:
     # The networks this host offers, as configured: {name: {kind, source}}
     # (engine.hypervisor.networks.parse_offer).
     offer: dict = field(default_factory=dict)
+    # The libvirt storage pool backups of other hosts' VMs land in; None:
+    # a dir pool under the state directory (engine.hypervisor.backups).
+    backup_pool: str | None = None
     _conn: object = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

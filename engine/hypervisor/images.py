@@ -36,7 +36,7 @@ import structlog
 from engine.errors import RequestError
 from engine.hypervisor.domain_xml import pool_xml, volume_xml
 
-__all__ = ["POOL_NAME", "pool_name", "GiB", "ensure_pool", "ensure_base", "ensure_overlay",
+__all__ = ["POOL_NAME", "pool_name", "GiB", "ensure_pool", "ensure_dir_pool", "lookup", "ensure_base", "ensure_overlay",
            "ensure_blank", "ensure_capacity", "delete_volumes", "volumes_of",
            "image_volume_name", "cached_base", "ensure_seed"]
 
@@ -78,12 +78,17 @@ def _pool_path(pool) -> str | None:
 
 def ensure_pool(host) -> libvirt.virStoragePool:
     """The peer's dir pool under ``state_dir/pool``, defined, built and
-    started if need be.  A pool left over from an earlier state directory is
-    kept while its directory exists (its volumes may back live VMs), and
-    replaced once that directory is gone."""
+    started if need be (see :func:`ensure_dir_pool`)."""
+    return ensure_dir_pool(host, pool_name(host),
+                           os.path.join(os.path.abspath(host.state_dir), "pool"))
+
+
+def ensure_dir_pool(host, name: str, path: str) -> libvirt.virStoragePool:
+    """Dir pool ``name`` at ``path``, defined, built and started if need be.
+    A pool left over from an earlier state directory is kept while its
+    directory exists (its volumes may back live VMs), and replaced once that
+    directory is gone."""
     conn = host.conn
-    name = pool_name(host)
-    path = os.path.join(os.path.abspath(host.state_dir), "pool")
     with _lock("pool:" + host.libvirt_uri + name):
         try:
             pool = conn.storagePoolLookupByName(name)
@@ -112,7 +117,8 @@ def ensure_pool(host) -> libvirt.virStoragePool:
         return pool
 
 
-def _lookup(pool, name: str):
+def lookup(pool, name: str):
+    """Volume ``name`` of ``pool``, or None."""
     try:
         return pool.storageVolLookupByName(name)
     except libvirt.libvirtError as exc:
@@ -338,7 +344,7 @@ def cached_base(host, pool, sha: str):
 
 def _cached(pool, index: _Index, sha: str):
     complete = index.load()["complete"].get(sha)
-    vol = _lookup(pool, image_volume_name(sha))
+    vol = lookup(pool, image_volume_name(sha))
     if complete and vol is not None:
         return vol, complete["format"]
     return None
@@ -351,7 +357,7 @@ def _store(host, pool, index: _Index, source: str, sha: str):
             log.info("image_cache_hit", sha256=sha)
             return found
         name = image_volume_name(sha)
-        torn = _lookup(pool, name)
+        torn = lookup(pool, name)
         if torn is not None:            # an upload that never finished
             torn.delete(0)
         fmt, virtual_size = _probe(source)
@@ -391,7 +397,7 @@ def ensure_overlay(host, pool, name: str, base_vol, base_format: str,
             raise RequestError(
                 f"image is {size / GiB:.2f} GiB (virtual size), larger than the VM's "
                 f"disk of {disk_gb} GiB (DISK_GB); ask for DISK_GB >= {-(-size // GiB)}")
-    vol = _lookup(pool, name)
+    vol = lookup(pool, name)
     if vol is None:
         vol = pool.createXML(volume_xml(name, base_vol.info()[1], "qcow2",
                                         backing_path=base_vol.path(),
@@ -402,7 +408,7 @@ def ensure_overlay(host, pool, name: str, base_vol, base_format: str,
 def ensure_seed(host, pool, name: str, data: bytes) -> libvirt.virStorageVol:
     """Volume ``name``: a raw file holding exactly ``data`` (a NoCloud seed
     ISO), written again on every call (the same inputs make the same seed)."""
-    vol = _lookup(pool, name)
+    vol = lookup(pool, name)
     if vol is not None and vol.info()[1] != len(data):
         vol.delete(0)
         vol = None
@@ -414,7 +420,7 @@ def ensure_seed(host, pool, name: str, data: bytes) -> libvirt.virStorageVol:
 
 def ensure_blank(pool, name: str, disk_gb: int) -> libvirt.virStorageVol:
     """Volume ``name``: an empty qcow2 disk of ``disk_gb``."""
-    vol = _lookup(pool, name)
+    vol = lookup(pool, name)
     if vol is None:
         vol = pool.createXML(volume_xml(name, disk_gb * GiB, "qcow2"), 0)
     return ensure_capacity(pool, vol, disk_gb * GiB)

@@ -43,14 +43,14 @@ from engine.hypervisor.vm import _find, _label, _libvirt_call, _uuid, _vm_lock, 
     console_log_path, make_seed, offered_here
 from engine.hypervisor.vmpublish import publish_domain
 
-__all__ = ["describe", "prepare", "adopt", "locate", "ACTIVE"]
+__all__ = ["describe", "prepare", "adopt", "locate", "disks_of", "ACTIVE"]
 
 log = structlog.get_logger("peerctl.moves")
 
 ACTIVE = ("running", "paused")      # a QEMU process holds the VM
 
 
-def _disks(conn, root: ET.Element) -> list[dict]:
+def disks_of(conn, root: ET.Element) -> list[dict]:
     disks = []
     for disk in root.findall("./devices/disk"):
         source, target = disk.find("source"), disk.find("target")
@@ -84,7 +84,7 @@ def describe(host, args: dict) -> dict:
             "driver": host.conn.getType(), "libvirt_uri": host.libvirt_uri, "xml": xml,
             "image": meta.get("image") or None, "required": meta.get("required") or None,
             "vcpus": vcpus, "memory_mb": max_kib // 1024, "disk_gb": meta.get("disk_gb", 0),
-            "disks": _disks(host.conn, ET.fromstring(xml))}
+            "disks": disks_of(host.conn, ET.fromstring(xml))}
 
 
 def _base_here(host, pool, source_backing: str | None):

@@ -48,7 +48,8 @@ def vm_state(dom) -> str:
 def vm_record(host_name: str, dom) -> dict:
     """What ``vms/<host>/<uuid>`` holds for a domain: with its HA policy
     (``ha``: restart or none) and, for a VM an HA restart rebuilt from its
-    image, ``recovered: {from, time}``.  A VM with interfaces
+    image, ``recovered: {from, time}``; for a VM rebuilt from a backup,
+    ``restored: {backup, time}``.  A VM with interfaces
     also has ``networks``, and, while it runs, the ``addresses`` its guest
     got and ``ip`` (the first IPv4, else IPv6, else None)."""
     _state, max_kib, _mem, vcpus, _cpu = dom.info()
@@ -63,6 +64,12 @@ def vm_record(host_name: str, dom) -> dict:
         except ValueError:
             when = 0.0
         record["recovered"] = {"from": meta["recovered_from"], "time": when}
+    if meta.get("restored_from"):
+        try:
+            when = float(meta.get("restored_at") or 0)
+        except ValueError:
+            when = 0.0
+        record["restored"] = {"backup": meta["restored_from"], "time": when}
     names = [n for n in (meta.get("networks") or "").split(",") if n]
     if names:
         addresses = []

@@ -21,8 +21,10 @@ interface each, MACs derived from the uuid) and ``seed`` (``{hostname,
 user_data, ssh_keys}``: a cloud-init NoCloud seed, built here as a
 read-only CD-ROM volume ``<uuid>-seed.iso`` and kept in the domain's
 metadata so that a move rebuilds it), ``ha`` (``restart`` or ``none``, the
-default) and ``recovered`` (``{from, time}``: an HA restart, see
-docs/ha.md).  Before it replies, ``build`` records the VM's definition
+default), ``recovered`` (``{from, time}``: an HA restart, see
+docs/ha.md), ``restored`` (``{backup, time}``: a VM rebuilt from a backup)
+and ``disk_ready`` (its disk ``<uuid>.qcow2`` is in the pool already, made
+by ``restore_disks``: used as it is).  Before it replies, ``build`` records the VM's definition
 (``vmdef/<uuid>``, :mod:`engine.hypervisor.definition`) and writes its
 ``vms/<host>/<uuid>`` record (:func:`engine.hypervisor.vmpublish.publish_domain`),
 so a finished boot is listed.  ``set_ha`` changes the policy later.
@@ -180,14 +182,16 @@ def build(host, args: dict) -> dict:
         raise RequestError(f"accel must be one of {', '.join(ACCELERATORS)}, got {accel!r}")
     nets = _networks(host, args)
     seed_args = seed.check_seed_args(args.get("seed"))
-    marks = {"ha": _ha(args), **_recovered(args)}
+    marks = {"ha": _ha(args), **_recovered(args), **_restored(args)}
+    disk_ready = bool(args.get("disk_ready"))
 
     with _vm_lock(host, uuid):
         dom = _find(host, uuid)
         defined = dom is None
         if defined:
             dom = _define(host, uuid, name, vcpus, memory_mb, disk_gb, image,
-                          kernel, initrd, cmdline, accel, required, nets, seed_args, marks)
+                          kernel, initrd, cmdline, accel, required, nets, seed_args, marks,
+                          disk_ready)
         if vm_state(dom) in ("shutoff", "building"):
             _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
             log.info("vm_started", vm=name, uuid=uuid)
@@ -238,6 +242,19 @@ def _recovered(args: dict) -> dict:
     return {"recovered_from": value["from"], "recovered_at": repr(float(value["time"]))}
 
 
+def _restored(args: dict) -> dict:
+    """``restored: {backup, time}``: a VM rebuilt from a backup (whose data
+    dates from ``time``); the domain's metadata says so for as long as it
+    lives."""
+    value = args.get("restored")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not isinstance(value.get("backup"), str) \
+            or not isinstance(value.get("time"), (int, float)):
+        raise RequestError(f"restored must be {{backup: ID, time: SECONDS}}, got {value!r}")
+    return {"restored_from": value["backup"], "restored_at": repr(float(value["time"]))}
+
+
 def _networks(host, args: dict) -> list[str]:
     """The ``networks`` argument: names this host offers."""
     names = args.get("networks") or []
@@ -266,7 +283,7 @@ def make_seed(host, pool, uuid: str, seed_args: dict, networks: list[str]):
 
 
 def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, cmdline,
-            accel, required=None, nets=(), seed_args=None, marks=None):
+            accel, required=None, nets=(), seed_args=None, marks=None, disk_ready=False):
     conn = host.conn
     try:
         other = conn.lookupByName(name)
@@ -284,7 +301,13 @@ def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, 
     pool = images.ensure_pool(host)
     disk_path = None
     try:
-        if image:
+        if disk_ready:          # made by restore_disks: the VM's disk, as restored
+            disk = images.lookup(pool, f"{uuid}.qcow2")
+            if disk is None:
+                raise RequestError(f"VM {name!r}: its restored disk {uuid}.qcow2 is not in "
+                                   f"the pool of {host.host}")
+            disk_path = disk.path()
+        elif image:
             base, base_format = images.ensure_base(host, pool, image)
             disk = images.ensure_overlay(host, pool, f"{uuid}.qcow2", base, base_format,
                                          disk_gb)
@@ -424,6 +447,7 @@ def power_off_and_undefine(dom, label: str) -> None:
         _destroy_domain(dom)
     flags = (libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
              | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+             | libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA     # backups' checkpoints
              | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
     try:
         dom.undefineFlags(flags)

@@ -11,7 +11,7 @@ from .select import NoMatch, host_pattern, select_vms
 from .specs import check_names, hostname_of, parse_resources
 
 __all__ = ["list_vms", "plan_boot", "plan_action", "plan_ha", "console_target",
-           "wait_for_addresses", "VM_ACTIONS", "DESTRUCTIVE"]
+           "wait_for_addresses", "check_somewhere", "VM_ACTIONS", "DESTRUCTIVE"]
 
 VM_ACTIONS = ("destroy", "start", "stop", "reboot", "suspend", "resume")
 # Actions that take a service down: on more than one VM a person confirms them.
@@ -23,14 +23,25 @@ def _read_vms(ctx) -> list[dict]:
     return read_vms(ctx.store())
 
 
+def _listed(ctx) -> list[dict]:
+    """vmlist's rows: the VM records, each with ``backup``, its newest
+    backup's ``{id, time}`` or None (one range read of ``backups/``)."""
+    from .backups import newest_by_uuid
+    vms = _read_vms(ctx)
+    newest = newest_by_uuid(ctx.store()).get
+    for vm in vms:
+        vm["backup"] = newest(vm["uuid"])
+    return vms
+
+
 def list_vms(ctx, patterns: list[str] = ()) -> list[dict]:
     """Every VM the cluster knows (vmlist's rows), or those matching any of
     ``patterns``: :class:`NoMatch` naming the patterns matching nothing,
     carrying the VMs the others matched."""
     if not patterns:
-        return _read_vms(ctx)
+        return _listed(ctx)
     try:
-        return select_vms(lambda: _read_vms(ctx), list(patterns))
+        return select_vms(lambda: _listed(ctx), list(patterns))
     except NoMatch as exc:
         raise NoMatch(str(exc), matched=exc.matched, result=exc.matched) from None
 
@@ -92,7 +103,7 @@ def plan_boot(ctx, names: list[str], resources: str, *, required: str | None = N
         traits += [t for t in leases.boot_into(ctx.store(), reservation, resources)
                    if t not in traits]
     if on is not None:
-        _check_somewhere(ctx, on, reservation)
+        check_somewhere(ctx, on, reservation)
     vms = [{"name": name, "resources": resources, "required": traits, "image": image, "on": on,
             **({"ha": ha} if ha != "none" else {}),
             **({"reservation": reservation} if reservation else {}),
@@ -102,7 +113,7 @@ def plan_boot(ctx, names: list[str], resources: str, *, required: str | None = N
     return Plan("boot", {"vms": vms}, [{"name": vm["name"], "host": None} for vm in vms])
 
 
-def _check_somewhere(ctx, on: str, reservation: str | None) -> None:
+def check_somewhere(ctx, on: str, reservation: str | None) -> None:
     """``--on`` matching no host, or only hosts that take no new VM (down,
     drained, disabled, reserved by another lease), is refused before an
     automation starts, naming why."""

@@ -5,7 +5,8 @@ Peers host1 and host2 run on the two private daemons of ``libvirtd_pair``
 (one network namespace, one guest network ``default`` with DHCP), on a real
 etcd; ``kvm.boot(name)`` boots the tier's busybox guest on host1 from a disk
 image through the image cache and waits for its ready marker; ``where``,
-``volumes`` and ``assert_on`` read the hypervisors, pools and placement.
+``volumes`` and ``assert_on`` read the hypervisors, pools and placement;
+``shell`` runs a command in a guest through its serial console.
 
 Import the fixtures into a test module::
 
@@ -147,3 +148,35 @@ class Kvm:
         return start_automation(self.store, "migrate", {
             "vms": [{"name": name, "uuid": uuid, "host": "host1", "state": "running"}],
             **args})
+
+    def shell(self, host, uuid, command, timeout=120.0) -> str:
+        """Run ``command`` in the guest's shell on its serial console (the
+        test guest's respawned ``sh``) and give what it printed.  The end is
+        a marker the typed line does not contain (the shell echoes it)."""
+        self._typed = getattr(self, "_typed", 0) + 1
+        path = self.console(host, uuid)
+        start = os.path.getsize(path) if os.path.exists(path) else 0
+        end = f"PEERCTL-DONE-{self._typed}"
+
+        def printed():
+            with open(path, errors="replace") as f:
+                f.seek(start)
+                text = f.read()
+            return text if end in text else None
+        conn = libvirt.open(self.uri[host])
+        try:
+            stream = conn.newStream(0)
+            conn.lookupByUUIDString(uuid).openConsole(None, stream,
+                                                      libvirt.VIR_DOMAIN_CONSOLE_FORCE)
+            stream.send(f"{command}; echo PEERCTL-DONE-$(({self._typed}))\n".encode())
+            try:
+                text = wait_for(printed, timeout=timeout, interval=0.2,
+                                what=f"{command!r} to finish in the guest")
+            except AssertionError as exc:
+                with open(path, errors="replace") as f:
+                    raise AssertionError(f"{exc}; the console ends: {f.read()[-800:]!r}") \
+                        from None
+            stream.abort()
+        finally:
+            conn.close()
+        return text[:text.rindex(end)]

@@ -68,7 +68,7 @@ SSH_KEY_MARKER = "PEERCTL-SSH-KEY"      # + " sha256-hex=<hex of the key blob's 
 # build_initramfs takes those present and orders them by their depends= anyway.
 GUEST_MODULES = ("button", "evdev",
                  "virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev",
-                 "virtio_pci", "failover", "net_failover", "virtio_net",
+                 "virtio_pci", "failover", "net_failover", "virtio_net", "virtio_blk",
                  "scsi_common", "scsi_mod", "libata", "ata_piix", "cdrom", "sr_mod", "isofs")
 BUSYBOX = "/bin/busybox"
 CMDLINE = "console=ttyS0 loglevel=4 panic=-1"

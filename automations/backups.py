@@ -1,0 +1,212 @@
+"""Backups: ``backup`` copies VMs' disks to another host, ``restore``
+rebuilds a VM from a backup chain, ``backup_delete`` removes backups.
+
+``backup``, per VM (one worker each, all in parallel):
+
+1. ``lock_vm`` (kind ``backup``): no move, destroy or second backup of the
+   VM meanwhile; each is refused with a line naming this one.
+2. ``backup_plan``: the hosts that may keep it, the chain's host first, and
+   the parent (the VM's newest recorded backup).
+3. ``move_describe`` on the VM's host: its disks' sizes; ``backup_store``
+   on the first candidate with room (the next one otherwise).
+4. ``backup_take`` on the VM's host: the point in time, and the copy to the
+   target (see :mod:`engine.hypervisor.backups`).  Incremental only when the
+   target is the parent's host.
+5. ``backup_verify`` on the target: read back, checksums compared, the
+   record ``backups/<id>`` written.  Nothing is listed before this.
+6. ``backup_prune`` on the VM's host: only this backup's checkpoint stays.
+7. ``unlock_vm``.
+
+A step that fails, or whose peer stays lost, ends the attempt with
+``backup_discard`` on both hosts (the job, the scratch volumes, the new
+checkpoint, the target's volumes): no half-written backup, no dangling job,
+no checkpoint that a record names but that missed its data.
+
+``restore``: ``restore_plan`` (the chain, every link's host up), ``claim``
+(placement picks the host, the VM's size, ``--on``), ``restore_disks`` on
+it (copied, checksums checked), ``build`` on those disks; on failure the
+host is cleared and the claim released.
+
+The backup id and a new VM's uuid derive from the automation, so a replay
+names the same ones.
+"""
+from engine.core.registry import automation
+from engine.core.replay import Request
+from engine.errors import Failed
+
+from automations._steps import finish, resend
+
+STEP_DEADLINE = 120.0
+TIMEOUT_PER_GIB = 240.0         # seconds of copy per GiB of disk
+BUILD_DEADLINE = 300.0
+
+
+def _copy_deadline(disks) -> float:
+    gib = sum(d.get("capacity", 0) for d in disks or ()) / (1 << 30)
+    return max(600.0, TIMEOUT_PER_GIB * gib + 120.0)
+
+
+def _row(vm, error=None, taken=None, target=None, backup_id=None):
+    taken = taken or {}
+    return {"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"],
+            "state": "error" if error else "done", "backup": None if error else backup_id,
+            "kind": taken.get("kind"), "bytes": taken.get("bytes"),
+            "consistency": taken.get("consistency"), "target": target,
+            "reason": taken.get("reason"), "error": error}
+
+
+def backup_one(ctx, vm, to=None, full=False):
+    backup_id = ctx.uuid("backup/" + vm["uuid"]).replace("-", "")[:16]
+
+    def step(request, args, target=None, deadline=STEP_DEADLINE):
+        return Request(request, {"uuid": vm["uuid"], "name": vm["name"], **args},
+                       target=target, deadline=deadline, label=vm["name"])
+
+    locked = yield from resend(step("lock_vm", {
+        "host": vm["host"], "owner": ctx.automation_id, "kind": "backup",
+        "why": "being backed up"}))
+    if not locked.ok:
+        return _row(vm, locked.error or locked.status)
+    error, taken, store = None, None, None
+    planned = yield from resend(step("backup_plan", {"host": vm["host"], "to": to,
+                                                     "full": bool(full)}))
+    described = None
+    if planned.ok:
+        described = yield from resend(step("move_describe", {}, vm["host"]))
+    if not planned.ok or not described.ok:
+        error = (planned if not planned.ok else described).error or "lost"
+    else:
+        disks = described.value.get("disks") or []
+        needed = sum(d.get("capacity", 0) for d in disks)
+        refused = []
+        for candidate in planned.value["candidates"]:
+            ready = yield from resend(step("backup_store", {"id": backup_id,
+                                                            "needed": needed}, candidate))
+            if ready.ok:
+                store = ready.value
+                break
+            refused.append(f"{candidate}: {ready.error or ready.status}")
+        if store is None:
+            error = "no host could keep it: " + "; ".join(refused)
+        else:
+            error, taken = yield from _take(step, vm, backup_id, planned.value, store, disks,
+                                            full)
+    if error and store is not None:
+        for where in (vm["host"], store["host"]):
+            yield from resend(step("backup_discard", {"id": backup_id}, where))
+    yield from resend(step("unlock_vm", {"owner": ctx.automation_id}))
+    return _row(vm, error, taken, store and store["host"], backup_id)
+
+
+def _take(step, vm, backup_id, plan, store, disks, full):
+    """``(error, taken)``: the backup taken, verified, recorded, and the
+    VM's older checkpoints pruned."""
+    parent = plan["parent"] if plan["parent"] and \
+        plan["parent"]["target"] == store["host"] else None
+    why_full = plan.get("why_full")
+    if plan["parent"] and parent is None:
+        why_full = (f"the previous backup {plan['parent']['id']} is on "
+                    f"{plan['parent']['target']}, which could not take this one")
+    taken = yield from resend(step("backup_take", {
+        "id": backup_id, "store": store, "parent": parent, "full": bool(full),
+        "why_full": why_full}, vm["host"], _copy_deadline(disks)), tries=2)
+    if not taken.ok:
+        return f"{taken.status}: {taken.error}" if taken.error else taken.status, None
+    taken = taken.value
+    record = {"id": backup_id, "vm": vm["name"], "uuid": vm["uuid"], "host": vm["host"],
+              "target": store["host"], "time": taken["time"], "kind": taken["kind"],
+              "parent": taken["parent"], "bytes": taken["bytes"],
+              "consistency": taken["consistency"], "reason": taken["reason"],
+              "checkpoint": taken["checkpoint"], "disks": taken["disks"],
+              "build": taken["build"]}
+    verified = yield from resend(step("backup_verify", {"id": backup_id, "record": record},
+                                      store["host"], _copy_deadline(disks)))
+    if not verified.ok:
+        return f"verify on {store['host']}: {verified.error or verified.status}", None
+    if taken["checkpoint"]:
+        yield from resend(step("backup_prune", {"keep": taken["checkpoint"]}, vm["host"]))
+    return None, taken
+
+
+@automation("backup", version=1, cleans_up=True)
+def backup(ctx, vms, to=None, full=False):
+    """Back up each of ``vms`` (``[{name, uuid, host, state}]``) to a host
+    matching ``to`` (any other live host when None); ``full``: no
+    incremental."""
+    results = yield ctx.all([ctx.worker(backup_one, vm, to, full, label=vm["name"])
+                             for vm in vms])
+    return finish(results, "backed up")
+
+
+# -- restore -----------------------------------------------------------------
+
+def _restored(name, uuid, backup_id, host=None, state="error", error=None):
+    return {"vms": [{"name": name, "uuid": uuid, "host": host, "state": state,
+                     "restored_from": backup_id, "error": error}]}
+
+
+@automation("restore", version=1, cleans_up=True)
+def restore(ctx, backup, name, uuid=None, on=None):
+    """Rebuild VM ``name`` from ``backup`` (and its chain) on a host
+    placement picks (matching ``on``); ``uuid`` None: a new VM."""
+    uuid = uuid or ctx.uuid("vm/" + name)
+
+    def step(request, args, target=None, deadline=STEP_DEADLINE):
+        return Request(request, {"uuid": uuid, "name": name, **args}, target=target,
+                       deadline=deadline, label=name)
+
+    planned = yield from resend(step("restore_plan", {"backup": backup}))
+    if not planned.ok:
+        return _failed(name, uuid, backup, planned.error or planned.status)
+    record = planned.value["record"]
+    build = record["build"]
+    resources = {"VCPU": build.get("vcpus") or 1, "MEMORY_MB": build.get("memory_mb") or 256,
+                 "DISK_GB": build.get("disk_gb") or 0}
+    claim = yield from resend(step("claim", {
+        "consumer": uuid, "resources": resources, "required": build.get("required"),
+        "hosts": on, "exclude": [], "project": ctx.automation_id}))
+    if not claim.ok:
+        return _failed(name, uuid, backup, f"no host: {claim.error or claim.status}")
+    host = claim.value["host"]
+    chain = planned.value["chain"]
+    made = yield from resend(step("restore_disks", {"chain": chain}, host,
+                                  _copy_deadline(record["disks"]) * len(chain)), tries=2)
+    error = None if made.ok else f"disks on {host}: {made.error or made.status}"
+    if error is None:
+        built = yield step("build", {**build, "uuid": uuid, "name": name, "disk_ready": True,
+                                     "restored": {"backup": backup, "time": record["time"]}},
+                           host, BUILD_DEADLINE)
+        if built.ok:
+            return _restored(name, uuid, backup, host, built.value.get("state", "running"))
+        error = f"build on {host}: {built.error or built.status}"
+    yield from resend(step("destroy", {}, host))
+    yield from resend(step("release", {"consumer": uuid}))
+    return _failed(name, uuid, backup, error)
+
+
+def _failed(name, uuid, backup, error):
+    raise Failed(f"VM {name!r} not restored from backup {backup}: {error}",
+                 _restored(name, uuid, backup, error=error))
+
+
+# -- delete ------------------------------------------------------------------
+
+@automation("backup_delete", version=1)
+def backup_delete(ctx, backups):
+    """Delete ``backups`` (``[{id, vm, uuid, target}]``) in the order given
+    (children before their parents), each on its target host."""
+    done = []
+    for entry in backups:
+        deleted = yield from resend(Request("backup_delete", {"id": entry["id"]},
+                                            target=entry["target"], deadline=STEP_DEADLINE,
+                                            label=entry.get("vm") or entry["id"]))
+        done.append({"id": entry["id"], "vm": entry.get("vm"), "target": entry["target"],
+                     "state": "deleted" if deleted.ok else "error",
+                     "error": None if deleted.ok else deleted.error or deleted.status})
+        if not deleted.ok:
+            break           # its parents stay: a chain is never cut in the middle
+    failed = [d for d in done if d["error"]]
+    if failed or len(done) < len(backups):
+        raise Failed(f"backup {failed[0]['id'] if failed else '?'} not deleted: "
+                     f"{failed[0]['error'] if failed else 'stopped'}", {"backups": done})
+    return {"backups": done}

@@ -1,0 +1,241 @@
+"""Backups: backup PATTERN..., backup list, backup delete, and restore.
+
+``backup`` takes a verb or patterns: its first word names a verb (``list``,
+``delete``) or, as any other word, is the first PATTERN of ``backup
+PATTERN...`` (a VM named like a verb is ``'*/list'``).  The options of
+taking a backup may come before the patterns or after them."""
+from __future__ import annotations
+
+import argparse
+import functools
+from collections.abc import Mapping
+
+from engine.errors import Failed
+from engine.leases.times import human_span
+from engine.operations import backups as ops
+
+from . import table
+from .confirm import confirm
+from .follow import act, vm_outcome
+from .listing import listing
+from .options import RAW, detach_option, dry_run_option, listing_options, yes_option
+
+C = table.Column
+
+
+def age(seconds) -> str:
+    return f"{human_span(seconds)} ago"
+
+
+BACKUP_COLUMNS = [C("id", "Id"), C("vm", "VM"), C("uuid", "UUID"), C("host", "Host"),
+                  C("target", "Target"), C("time", "Time"), C("age_s", "Age", age, True),
+                  C("kind", "Kind"), C("parent", "Parent"),
+                  C("bytes", "Bytes", table.human_bytes, True),
+                  C("consistency", "Consistency"), C("reason", "Reason"),
+                  C("newest", "Newest", lambda n: "*" if n else "")]
+BACKUP_DEFAULT = ["id", "vm", "host", "target", "age_s", "kind", "bytes", "consistency",
+                  "newest"]
+BACKUP_JSON = [c.field for c in BACKUP_COLUMNS]
+BACKUP_FIELDS = ["name", "uuid", "host", "state", "backup", "kind", "bytes", "consistency",
+                 "target", "reason", "error"]
+BACKUP_RESULT_COLUMNS = [C("name", "Name"), C("host", "Host"), C("target", "Target"),
+                         C("kind", "Kind"), C("bytes", "Bytes", table.human_bytes, True),
+                         C("consistency", "Consistency"), C("backup", "Backup")]
+RESTORE_FIELDS = ["name", "uuid", "host", "state", "restored_from", "error"]
+RESTORE_COLUMNS = [C("name", "Name"), C("host", "Host"), C("state", "State"),
+                   C("uuid", "UUID"), C("restored_from", "From backup")]
+DELETE_COLUMNS = [C("id", "Id"), C("vm", "VM"), C("target", "Target"), C("state", "State")]
+PLANNED_DELETE_COLUMNS = [C("id", "Id"), C("vm", "VM"), C("target", "Target"),
+                          C("kind", "Kind"), C("time", "Time")]
+# The parser of `backup PATTERN...`, among the verbs: a name nobody types
+# (a pattern has no space).
+PATTERNS = "PATTERN ..."
+
+
+# -- backup PATTERN... ------------------------------------------------------------
+
+def backed_up(ctx, automation: str, task: dict) -> int:
+    rows = (task.get("result") or {}).get("vms") or []
+    columns = BACKUP_RESULT_COLUMNS + ([C("reason", "Reason")]
+                                       if any(row.get("reason") for row in rows) else [])
+    return vm_outcome(ctx, automation, task, BACKUP_FIELDS, columns, "backed up")
+
+
+def cmd_backup(ctx) -> int:
+    args = ctx.args
+    plan = ops.plan_backup(ctx, args.patterns, args.to, full=args.full)
+    where = (f" to a host matching {plan.args['to']!r}" if plan.args["to"]
+             else " to another host")
+    return act(ctx, plan, backed_up, "backup", dry_text=where, would="would back up")
+
+
+# -- backup list, backup delete ---------------------------------------------------
+
+def cmd_list(ctx) -> int:
+    return listing(ctx, lambda: ops.list_backups(ctx, ctx.args.pattern), BACKUP_COLUMNS,
+                   BACKUP_DEFAULT, BACKUP_JSON, "vm,time")
+
+
+def deleted(ctx, automation: str, task: dict) -> int:
+    """``{automation, state, backups: [{id, vm, target, state, error}]}``."""
+    rows = [{f: row.get(f) for f in ("id", "vm", "target", "state", "error")}
+            for row in (task.get("result") or {}).get("backups") or []]
+    doc = {"automation": automation, "state": task.get("state"), "backups": rows}
+    failed = [row for row in rows if row["error"] or row["state"] == "error"]
+    columns = DELETE_COLUMNS + ([C("error", "Error")] if failed else [])
+    text = table.render(rows, columns)
+    ctx.emit(doc, (text + "\n" if text else "") + f"automation {automation} "
+             f"{task.get('state')}: {len(rows) - len(failed)} of {len(rows)} backups deleted")
+    if task.get("state") != "done" or failed:
+        why = task.get("error") or ", ".join(f"{row['id']}: {row['error'] or 'error'}"
+                                             for row in failed)
+        raise Failed(f"backup_delete {automation} {task.get('state')}"
+                     + (f": {why}" if why else ""))
+    return 0
+
+
+def cmd_delete(ctx) -> int:
+    args = ctx.args
+    plan = ops.plan_delete(ctx, args.ids)
+    if plan.ask and not args.yes and not args.dry_run:
+        confirm("backup delete", [f"{row['id']} ({row['vm']}, {row['kind']}, on "
+                                  f"{row['target']})" for row in plan.targets], plan.what,
+                cancelled={"automation": None, "state": "cancelled", "backups": []})
+        plan.ask = False        # asked above
+    return act(ctx, plan, deleted, "backup delete", PLANNED_DELETE_COLUMNS)
+
+
+# -- restore ----------------------------------------------------------------------
+
+def cmd_restore(ctx) -> int:
+    args = ctx.args
+    plan = ops.plan_restore(ctx, args.backup, as_name=args.as_name, on=args.on)
+    outcome = functools.partial(vm_outcome, fields=RESTORE_FIELDS, columns=RESTORE_COLUMNS,
+                                verb="restored")
+    return act(ctx, plan, outcome)
+
+
+# -- the parser -------------------------------------------------------------------
+
+class _AnyWord(Mapping):
+    """The verbs by name, as ``choices``: any word is one (a pattern)."""
+
+    def __init__(self, verbs: dict):
+        self.verbs = verbs
+
+    def __getitem__(self, word):
+        return self.verbs[word]
+
+    def __iter__(self):
+        return iter(self.verbs)
+
+    def __len__(self) -> int:
+        return len(self.verbs)
+
+    def __contains__(self, word) -> bool:
+        return True
+
+
+class VerbOrPatterns(argparse._SubParsersAction):
+    """``backup``'s first word: a verb, or else the first of its PATTERNs
+    (parsed by the verb :data:`PATTERNS`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.choices = _AnyWord(self._name_parser_map)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values[0] not in self._name_parser_map:
+            values = [PATTERNS, *values]
+        super().__call__(parser, namespace, values, option_string)
+
+
+def taking_options(sub, default=None) -> None:
+    """What ``backup PATTERN...`` takes, before its patterns or after them:
+    on the ``backup`` parser with their defaults, on its patterns' parser
+    with none (``argparse.SUPPRESS``), so that neither undoes the other."""
+    absent = {} if default is None else {"default": default}
+    sub.add_argument("--to", metavar="HOSTGLOB", **absent,
+                     help="only back up to hosts matching this (default: any live, "
+                          "undrained host other than the VM's own)")
+    sub.add_argument("--full", action="store_true", **absent,
+                     help="a full backup, even where an incremental one could be taken")
+    sub.add_argument("--yes", "-y", action="store_true", **absent,
+                     help="do not ask when several VMs match")
+    sub.add_argument("--dry-run", action="store_true", **absent,
+                     help="only list the VMs that would be backed up")
+    sub.add_argument("--detach", action="store_true", **absent,
+                     help="print the automation id and return at once")
+
+
+def register(commands) -> None:
+    sub = commands.add(
+        "backup", "back up VMs' disks to another host; list and delete backups",
+        "python peerctl.py backup web1 --to 'host2*'\n"
+        "python peerctl.py backup 'host1/*' --full --yes\n"
+        "python peerctl.py backup list\n"
+        "python peerctl.py backup delete ID --dry-run", None,
+        "backup PATTERN... backs up, live, the disks of every VM matching a PATTERN "
+        "(HOSTGLOB/VMGLOB or VMGLOB) to a backup pool on another live, undrained host "
+        "(--to narrows the choice), in one automation. The first backup of a VM is "
+        "full; later ones are incremental (only the blocks written since), unless "
+        "--full, or the disk cannot carry a checkpoint (the result says why). A backup "
+        "is listed once its data is complete on the target and verified. Crash-"
+        "consistent, or filesystem-frozen when the guest agent answers. On more than "
+        "one VM it lists them and asks for --yes. A word that is a verb (list, delete) "
+        "is not a pattern: a VM named so is '*/list'.")
+    taking_options(sub)
+    sub.register("action", "parsers", VerbOrPatterns)
+    what = commands.verbs(sub)
+    p = what.subparsers.add_parser(
+        PATTERNS, parents=[commands.common], prog=f"{sub.prog}",
+        help="back up the VMs matching the patterns (any first word but a verb)",
+        description="Back up the disks of every VM matching a PATTERN, each to another "
+                    "live, undrained host (matching --to), in one automation. A pattern "
+                    "matching nothing, a VM whose host is down, or no other host to back "
+                    "up to exits 1 with nothing started.",
+        epilog="example:\n  " + commands.example("python peerctl.py backup db1 --to host2 "
+                                                 "--dry-run"),
+        formatter_class=RAW)
+    p.add_argument("patterns", nargs="+", metavar="PATTERN",
+                   help="HOSTGLOB/VMGLOB or VMGLOB")
+    taking_options(p, default=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_backup)
+
+    p = what.add("list", "list backups, each VM's newest marked",
+                 "python peerctl.py backup list 'web*' --sort -time", cmd_list,
+                 "List the backups of the VMs matching PATTERN (HOSTGLOB/VMGLOB or VMGLOB, "
+                 "on the VM's name or uuid and the host it was on), or of every VM; the "
+                 "newest backup of each VM is marked '*'. Age is counted from now.")
+    p.add_argument("pattern", nargs="?", metavar="PATTERN")
+    listing_options(p, BACKUP_COLUMNS, "vm,time")
+
+    p = what.add("delete", "delete backups",
+                 "python peerctl.py backup delete ID1 ID2 --yes", cmd_delete,
+                 "Delete the backups ID... (as backup list shows them) on their target "
+                 "hosts, which must be up. A backup that another one, kept, builds on "
+                 "(its parent) is refused: delete both. More than one asks for --yes.")
+    p.add_argument("ids", nargs="+", metavar="ID")
+    yes_option(p, "do not ask when several backups are deleted")
+    dry_run_option(p, "only list the backups that would be deleted")
+    detach_option(p)
+    # `backup` alone is told what it takes: {PATTERN...,list,delete,...}
+    what.subparsers.metavar = "{" + ",".join(
+        "PATTERN..." if word == PATTERNS else word for word in what.subparsers.choices) + "}"
+
+    sub = commands.add(
+        "restore", "rebuild a VM from a backup",
+        "python peerctl.py restore ID\npython peerctl.py restore ID --as web1-copy "
+        "--on 'host3*'", cmd_restore,
+        "Rebuild a VM from backup BACKUP (an ID as backup list shows it) and the "
+        "backups it builds on: a destroyed VM comes back under its old name and "
+        "uuid; with --as NAME a new VM is made. It is placed where its size fits "
+        "(--on narrows), its disks are copied from the backup's host and their "
+        "checksums verified before it starts. A VM that still exists needs --as; a "
+        "name in use, an unknown backup or one whose host is down exits 1 with "
+        "nothing started.")
+    sub.add_argument("backup", metavar="BACKUP")
+    sub.add_argument("--as", dest="as_name", metavar="NAME",
+                     help="restore as a new VM of this name (and a new uuid)")
+    sub.add_argument("--on", metavar="HOSTGLOB", help="only place on hosts matching this")
+    detach_option(sub)

@@ -1,0 +1,257 @@
+"""Backups of VMs' disks, kept on another host (docs/cli.md, "Backups"):
+list them, and plan taking, deleting and restoring them.
+
+A backup is a record under ``backups/``, written by the engine once its
+data is complete on the target host and verified; a record that cannot be
+read is skipped (reported once), never a crash of a listing.  Every refusal
+here is one line with nothing written: a pattern matching nothing, a VM
+whose host is down, no other live, undrained host to back up to, an unknown
+backup, a backup whose host is down, a parent whose child is kept, a
+restore onto a name or a VM that exists."""
+from __future__ import annotations
+
+import fnmatch
+import time
+
+from engine.errors import Failed, UsageError
+
+from .plans import Plan, failed_doc
+from .select import host_pattern, select_vms, vm_pattern
+from .specs import check_name
+from .tasks import iso
+
+__all__ = ["list_backups", "newest_by_uuid", "plan_backup", "plan_delete", "plan_restore",
+           "check_id"]
+
+
+def check_id(text: str) -> str:
+    """A backup id as a user gives it: one key's last part."""
+    if not text or "/" in text or any(c.isspace() or not c.isprintable() for c in text):
+        raise UsageError(f"bad backup id {text!r}")
+    return text
+
+
+def _records(store) -> tuple[list[dict], set[str]]:
+    """Every readable backup record, its ``id`` its key's (what deleting it
+    names), and the ids whose record is unreadable (reported once each)."""
+    from engine.core import keys
+    from engine.core.values import readable
+    import engine.hypervisor.shapes  # noqa: F401  (declares backups/)
+    records, garbled = [], set()
+    for kv in store.range(keys.backup())[0]:
+        backup_id = keys.suffix(kv.key, keys.backup())
+        record = readable(kv)
+        if record is None:
+            garbled.add(backup_id)
+        else:
+            records.append(dict(record, id=backup_id))
+    return records, garbled
+
+
+def _newest(records: list[dict]) -> dict[str, dict]:
+    """``{uuid: record}``: each VM's newest backup (the later id on a tie)."""
+    newest: dict[str, dict] = {}
+    for record in records:
+        best = newest.get(record["uuid"])
+        if best is None or (record["time"], record["id"]) > (best["time"], best["id"]):
+            newest[record["uuid"]] = record
+    return newest
+
+
+def newest_by_uuid(store) -> dict[str, dict]:
+    """``{uuid: {id, time}}`` (time ISO 8601 UTC): each VM's newest backup,
+    from one range read; what vmlist shows as its ``backup``."""
+    return {uuid: {"id": record["id"], "time": iso(record["time"])}
+            for uuid, record in _newest(_records(store)[0]).items()}
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _row(record: dict, newest: bool, now: float) -> dict:
+    size = record.get("bytes")
+    return {"id": record["id"], "vm": record["vm"], "uuid": record["uuid"],
+            "host": _text(record.get("host")), "target": record["target"],
+            "time": iso(record["time"]), "age_s": round(max(now - record["time"], 0.0), 1),
+            "kind": record["kind"], "parent": _text(record.get("parent")),
+            "bytes": size if type(size) is int else None,
+            "consistency": _text(record.get("consistency")),
+            "reason": _text(record.get("reason")), "newest": newest}
+
+
+def _rows(ctx) -> list[dict]:
+    records = _records(ctx.store())[0]
+    newest = {record["id"] for record in _newest(records).values()}
+    now = time.time()
+    return [_row(record, record["id"] in newest, now) for record in records]
+
+
+def list_backups(ctx, pattern: str | None = None) -> list[dict]:
+    """``[{id, vm, uuid, host, target, time, age_s, kind, parent, bytes,
+    consistency, reason, newest}]``: every backup, or those of the VMs
+    ``pattern`` matches (``HOSTGLOB/VMGLOB`` or ``VMGLOB``, on the VM's name
+    or uuid and the host it was on); ``newest``: the VM's newest backup."""
+    if pattern is None:
+        return _rows(ctx)
+    named = select_vms(lambda: [dict(row, name=row["vm"]) for row in _rows(ctx)], [pattern],
+                       what="backup", key="backups", by_uuid=True)
+    for row in named:
+        del row["name"]
+    return named
+
+
+# -- backup -----------------------------------------------------------------------
+
+def _targets_for(hosts: list[dict], to: str | None) -> set[str]:
+    """Hosts a backup may go to: alive, not drained, matching ``to``."""
+    return {h["host"] for h in hosts if h.get("alive") and not h.get("drained")
+            and fnmatch.fnmatchcase(h["host"], to or "*")}
+
+
+def _nowhere(vms: list[dict], to: str | None, hosts: list[dict]) -> str:
+    """The one line saying why ``vms`` have no host to be backed up to."""
+    what = (f"VM {vms[0]['name']!r}" if len(vms) == 1
+            else "VMs " + ", ".join(repr(vm["name"]) for vm in vms))
+    head = f"no host to back up {what} to: "
+    where = f"--to {to!r}" if to is not None else "the cluster"
+    matched = [h for h in hosts if fnmatch.fnmatchcase(h["host"], to or "*")]
+    if not matched:
+        return head + f"{where} matches no host"
+    usable = sorted(_targets_for(matched, None))
+    if not usable:
+        return head + f"{where} has no live, undrained host (" + ", ".join(
+            f"{h['host']} {'drained' if h.get('drained') and h.get('alive') else 'down'}"
+            for h in matched) + ")"
+    return head + f"{where} offers only {', '.join(usable)}, " + (
+        "where it is" if len(vms) == 1 else "where they are")
+
+
+def plan_backup(ctx, patterns: list[str], to: str | None = None, full: bool = False) -> Plan:
+    """Back up the disks of the VMs matching ``patterns``, each to another
+    live, undrained host (matching ``to``); ``full``: not incremental."""
+    for text in patterns:
+        vm_pattern(text)        # bad patterns and --to are usage errors before any read
+    to = host_pattern(to) if to is not None else None
+    from engine.cluster import read_hosts, read_vms
+    store = ctx.store()
+    vms = select_vms(lambda: read_vms(store), list(patterns))
+    down = [vm for vm in vms if vm["state"] == "unknown"]
+    if down:
+        raise Failed(f"VM {down[0]['name']!r} is on {down[0]['host']}, which is down: it can "
+                     "be backed up once its host is back"
+                     + (f" (and {len(down) - 1} more)" if len(down) > 1 else ""),
+                     result=failed_doc())
+    hosts = read_hosts(store)
+    targets = _targets_for(hosts, to)
+    stuck = [vm for vm in vms if not targets - {vm["host"]}]
+    if stuck:
+        raise Failed(_nowhere(stuck, to, hosts), result=failed_doc())
+    chosen = [{"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"],
+               "state": vm["state"]} for vm in vms]
+    return Plan("backup", {"vms": chosen, "to": to, "full": bool(full)},
+                [dict(vm) for vm in chosen], ask=len(chosen) > 1)
+
+
+# -- backup delete ----------------------------------------------------------------
+
+def _unknown(ids: list[str], garbled: set[str]) -> str:
+    bad = [i for i in ids if i in garbled]
+    if bad:
+        return (f"backup {bad[0]} is unreadable: scrub lists it, and scrub --delete "
+                "removes it")
+    return "no backup " + ", ".join(repr(i) for i in ids)
+
+
+def _depth(record: dict, by_id: dict[str, dict]) -> int:
+    """How many backups ``record``'s chain holds before it (a loop ends it)."""
+    depth, seen = 0, {record["id"]}
+    parent = record.get("parent")
+    while isinstance(parent, str) and parent in by_id and parent not in seen:
+        seen.add(parent)
+        depth += 1
+        parent = by_id[parent].get("parent")
+    return depth
+
+
+def _down_hosts(store, names) -> list[str]:
+    from engine.cluster import read_hosts
+    alive = {h["host"] for h in read_hosts(store) if h["alive"]}
+    return sorted(set(names) - alive)
+
+
+def plan_delete(ctx, ids: list[str]) -> Plan:
+    """Delete the backups ``ids`` on their target hosts (which must be up),
+    children before parents; a backup that a kept one builds on is refused."""
+    ids = list(dict.fromkeys(check_id(i) for i in ids))
+    store = ctx.store()
+    records, garbled = _records(store)
+    by_id = {record["id"]: record for record in records}
+    unknown = [i for i in ids if i not in by_id]
+    if unknown:
+        raise Failed(_unknown(unknown, garbled), result=failed_doc("backups"))
+    chosen = set(ids)
+    for record in sorted(records, key=lambda r: r["id"]):
+        parent = record.get("parent")
+        if parent in chosen and record["id"] not in chosen:
+            raise Failed(f"backup {parent} is the parent of {record['id']} ({record['kind']}): "
+                         f"delete {record['id']} first, or both",
+                         result=failed_doc("backups"))
+    down = _down_hosts(store, {by_id[i]["target"] for i in ids})
+    if down:
+        raise Failed(f"host {down[0]} is down: its backups can be deleted once it is back",
+                     result=failed_doc("backups"))
+    order = sorted(ids, key=lambda i: (-_depth(by_id[i], by_id), -by_id[i]["time"], i))
+    rows = [{"id": i, "vm": by_id[i]["vm"], "uuid": by_id[i]["uuid"],
+             "target": by_id[i]["target"], "kind": by_id[i]["kind"],
+             "time": iso(by_id[i]["time"])} for i in order]
+    return Plan("backup_delete",
+                {"backups": [{k: row[k] for k in ("id", "vm", "uuid", "target")}
+                             for row in rows]},
+                rows, ask=len(rows) > 1, what="backups", key="backups")
+
+
+# -- restore ----------------------------------------------------------------------
+
+def plan_restore(ctx, backup_id: str, as_name: str | None = None,
+                 on: str | None = None) -> Plan:
+    """Rebuild a VM from backup ``backup_id`` (and the chain it ends): the
+    destroyed VM under its old name and uuid, or with ``as_name`` a new VM;
+    placed where its size fits (on hosts matching ``on``)."""
+    check_id(backup_id)
+    if as_name is not None:
+        check_name(as_name)
+    on = host_pattern(on) if on is not None else None
+    from engine.core import keys
+    from engine.core.values import readable
+    import engine.hypervisor.shapes  # noqa: F401  (declares backups/)
+    store = ctx.store()
+    kv = store.get(keys.backup(backup_id))
+    record = readable(kv)
+    if record is None:
+        raise Failed(_unknown([backup_id], {backup_id} if kv is not None else set()),
+                     result=failed_doc())
+    down = _down_hosts(store, [record["target"]])
+    if down:
+        raise Failed(f"host {down[0]}, which keeps backup {backup_id}, is down: it can be "
+                     "restored once that host is back", result=failed_doc())
+    from engine.cluster import read_vms
+    vms = read_vms(store)
+    if as_name is None:
+        same = [vm for vm in vms if vm["uuid"] == record["uuid"]]
+        if same:
+            raise Failed(f"VM {same[0]['name']!r} still exists (on {same[0]['host']}): "
+                         "restore it as a new VM with --as NAME", result=failed_doc())
+    name = as_name or record["vm"]
+    clash = [vm for vm in vms if vm["name"] == name]
+    if clash:
+        raise Failed(f"VM name already in use: {name} (on {clash[0]['host']})"
+                     + ("" if as_name else "; restore it as a new VM with --as NAME"),
+                     result=failed_doc())
+    if on is not None:
+        from .vms import check_somewhere
+        check_somewhere(ctx, on, None)
+    uuid = None if as_name else record["uuid"]
+    return Plan("restore", {"backup": backup_id, "name": name, "uuid": uuid, "on": on},
+                [{"name": name, "uuid": uuid, "host": None, "state": None,
+                  "restored_from": backup_id}])

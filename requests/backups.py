@@ -1,0 +1,106 @@
+"""The requests of backups and restores (see ``automations/backups.py``).
+
+On hosts, from :mod:`engine.hypervisor.backups` and
+:mod:`engine.hypervisor.restores`: ``backup_store``, ``backup_verify`` and
+``backup_delete`` (the target), ``backup_take`` and ``backup_prune`` (the
+VM's host), ``backup_discard`` (either), ``restore_disks`` (the host the
+restored VM runs on).
+
+Run by the initiator (no target), reading etcd:
+
+- ``backup_plan`` ``{uuid, host, to, full}`` -> ``{candidates: [HOST...],
+  parent: {id, checkpoint, target} | None, why_full}``: the hosts that may
+  keep the backup (alive, not drained, not the VM's own, matching ``to``),
+  the newest backup's target first when it is one of them, so that the
+  chain goes on there; ``parent`` is the VM's newest recorded backup.
+- ``restore_plan`` ``{backup}`` -> ``{chain: [{id, host, libvirt_uri, pool,
+  disks}], record}``: the backup's chain back to its full backup, each
+  link's target alive.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+from engine.core import keys
+from engine.core.handlers import handler
+from engine.core.hosts import live_hosts
+from engine.core.values import readable
+from engine.drains import drained_hosts
+from engine.errors import RequestError
+from engine.hypervisor import backups, restores, shapes  # noqa: F401  (shapes: backups/)
+from engine.natural import natural_key
+
+handler("backup_store")(backups.prepare_store)
+handler("backup_take")(backups.take)
+handler("backup_verify")(backups.verify)
+handler("backup_prune")(backups.prune)
+handler("backup_discard")(backups.discard)
+handler("backup_delete")(backups.delete)
+handler("restore_disks")(restores.restore_disks)
+
+MAX_CHAIN = 1000
+
+
+def recorded(store) -> list[dict]:
+    """Every readable backup record."""
+    return [value for value in (readable(kv) for kv in store.range(keys.backup())[0])
+            if value is not None]
+
+
+@handler("backup_plan")
+def backup_plan(host, args: dict) -> dict:
+    uuid, home = args.get("uuid"), args.get("host")
+    if not isinstance(uuid, str) or not isinstance(home, str):
+        raise RequestError("backup_plan needs the VM's uuid and host")
+    pattern = args.get("to") or "*"
+    alive, drained = live_hosts(host.store), drained_hosts(host.store)
+    eligible = sorted((name for name in alive
+                       if name != home and name not in drained
+                       and fnmatch.fnmatchcase(name, pattern)), key=natural_key)
+    if not eligible:
+        others = sorted(set(alive) - {home})
+        raise RequestError(
+            f"no host to keep the backup: {'none of ' + ', '.join(others) if others else 'no host'}"
+            f"{' matching --to ' + pattern if args.get('to') else ''} is up, undrained and "
+            f"not the VM's own ({home})")
+    mine = sorted((r for r in recorded(host.store) if r["uuid"] == uuid),
+                  key=lambda r: r["time"])
+    newest = mine[-1] if mine else None
+    parent, why_full = None, None
+    if newest is not None:
+        if newest["target"] in eligible:
+            eligible.remove(newest["target"])
+            eligible.insert(0, newest["target"])
+            parent = {"id": newest["id"], "checkpoint": newest.get("checkpoint"),
+                      "target": newest["target"]}
+        else:
+            why_full = (f"the previous backup {newest['id']} is on {newest['target']}, "
+                        "which cannot take this one (down, drained or not in --to)")
+    return {"candidates": eligible, "parent": parent, "why_full": why_full,
+            "hosts": {name: alive[name].get("libvirt_uri") for name in eligible}}
+
+
+@handler("restore_plan")
+def restore_plan(host, args: dict) -> dict:
+    backup_id = args.get("backup")
+    if not isinstance(backup_id, str):
+        raise RequestError("restore_plan needs a backup id")
+    by_id = {r["id"]: r for r in recorded(host.store)}
+    alive = live_hosts(host.store)
+    chain, at = [], backup_id
+    while at is not None:
+        record = by_id.get(at)
+        if record is None:
+            raise RequestError(f"backup {at} is not recorded (deleted, or its record is "
+                               "unreadable)" + (f": backup {backup_id} needs it" if chain
+                                                 else ""))
+        if record["target"] not in alive:
+            raise RequestError(f"backup {at} is on {record['target']}, which is down")
+        chain.append({"id": record["id"], "host": record["target"],
+                      "libvirt_uri": alive[record["target"]].get("libvirt_uri"),
+                      "pool": record.get("pool"), "disks": record["disks"]})
+        at = record.get("parent") if record.get("kind") == "incremental" else None
+        if len(chain) > MAX_CHAIN:
+            raise RequestError(f"backup {backup_id}: its chain loops or is too long")
+    chain.reverse()
+    return {"chain": chain, "record": by_id[backup_id]}

@@ -1,0 +1,87 @@
+"""Backups of a real guest's disk between two KVM hosts, and restores that
+bring its data back (QEMU/KVM tier).
+
+Two private libvirtd (``libvirtd_pair``), a peer on each, the tier's busybox
+guest booted on host1 from its disk image.  The guest writes markers into
+sectors of its own disk (``/dev/vda``, past the boot filesystem) with
+``dd``; a restore that shows a marker got it from the backup's data.
+"""
+from __future__ import annotations
+
+import pytest
+
+from engine.core import keys
+from engine.core.values import readable
+from tests.support import qemu_guest
+from tests.support.kvm import BOOT_TIMEOUT, kvm  # noqa: F401  (kvm: a fixture)
+from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
+from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
+
+pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
+
+SECTOR_A, SECTOR_B = 1_000_000, 1_000_008       # ~488 MiB into the 1 GiB disk
+MiB = 1 << 20
+
+
+def write_marker(kvm, host, uuid, sector, text):
+    kvm.shell(host, uuid, f"echo {text} | dd of=/dev/vda bs=512 seek={sector} "
+                          "conv=notrunc 2>/dev/null; sync")
+
+
+def read_marker(kvm, host, uuid, sector) -> str:
+    """The text at ``sector`` of the guest's disk, as the guest reads it."""
+    out = kvm.shell(host, uuid, f"echo READ-$((0)):$(dd if=/dev/vda bs=512 skip={sector} "
+                                "count=1 2>/dev/null | head -n 1 | tr -cd 'A-Za-z0-9-')")
+    for line in out.splitlines():
+        if "READ-0:" in line:
+            return line.split("READ-0:", 1)[1].strip()
+    raise AssertionError(f"the guest printed no READ line: {out!r}")
+
+
+def backed_up(kvm, *args):
+    done = kvm.cluster.cli_json("backup", *args, timeout=600)
+    assert done["state"] == "done", done
+    (row,) = done["vms"]
+    return row
+
+
+def booted_from_backup(kvm, restored):
+    (vm,) = restored["vms"]
+    assert restored["state"] == "done" and vm["state"] == "running", restored
+    assert qemu_guest.wait_for_console(kvm.console(vm["host"], vm["uuid"]),
+                                       qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
+        "the restored guest did not come up"
+    return vm
+
+
+def test_restore_brings_back_what_each_backup_held_and_an_incremental_costs_what_changed(kvm):
+    vm = kvm.boot("db")
+    uuid = vm["uuid"]
+    write_marker(kvm, "host1", uuid, SECTOR_A, "MARKER-A")
+    full = backed_up(kvm, "db")
+    assert (full["kind"], full["target"], full["consistency"]) == \
+        ("full", "host2", "crash-consistent"), full
+
+    kvm.shell("host1", uuid, "dd if=/dev/urandom of=/dev/vda bs=1M seek=600 count=20 "
+                             "2>/dev/null; sync")
+    write_marker(kvm, "host1", uuid, SECTOR_B, "MARKER-B")
+    incremental = backed_up(kvm, "db")
+    assert (incremental["kind"], incremental["target"]) == ("incremental", "host2"), incremental
+    print(f"\nfull backup moved {full['bytes'] / MiB:.1f} MiB; the incremental after the "
+          f"guest wrote 20 MiB moved {incremental['bytes'] / MiB:.1f} MiB")
+    assert 20 * MiB <= incremental["bytes"] <= 3 * 20 * MiB, incremental
+    record = readable(kvm.store.get(keys.backup(incremental["backup"])))
+    assert record["parent"] == full["backup"]
+
+    kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
+    latest = booted_from_backup(kvm, kvm.cluster.cli_json(
+        "restore", incremental["backup"], "--on", "host2", timeout=600))
+    assert (latest["name"], latest["uuid"], latest["host"]) == ("db", uuid, "host2")
+    assert read_marker(kvm, "host2", uuid, SECTOR_A) == "MARKER-A"
+    assert read_marker(kvm, "host2", uuid, SECTOR_B) == "MARKER-B"
+
+    older = booted_from_backup(kvm, kvm.cluster.cli_json(
+        "restore", full["backup"], "--as", "db-then", "--on", "host1", timeout=600))
+    assert older["uuid"] != uuid and older["host"] == "host1"
+    assert read_marker(kvm, "host1", older["uuid"], SECTOR_A) == "MARKER-A"
+    assert read_marker(kvm, "host1", older["uuid"], SECTOR_B) == ""
