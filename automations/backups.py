@@ -55,8 +55,10 @@ def _row(vm, error=None, taken=None, target=None, backup_id=None):
             "reason": taken.get("reason"), "error": error}
 
 
-def backup_one(ctx, vm, to=None, full=False):
-    backup_id = ctx.uuid("backup/" + vm["uuid"]).replace("-", "")[:16]
+def backup_one(ctx, vm, to=None, full=False, run=None):
+    """``run``: the run of a schedule (a schedule backs a VM up once per run)."""
+    name = "backup/" + vm["uuid"] + ("" if run is None else f"/{run}")
+    backup_id = ctx.uuid(name).replace("-", "")[:16]
 
     def step(request, args, target=None, deadline=STEP_DEADLINE):
         return Request(request, {"uuid": vm["uuid"], "name": vm["name"], **args},

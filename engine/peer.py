@@ -41,6 +41,7 @@ from .hypervisor.guard import (Heartbeat, ensure_guard, fenced, forget_fenced, h
                                lead_for, needs_guard)
 from .hypervisor.ha import DEFAULT_MARGIN, recoverer
 from .hypervisor.hostctx import HostContext, check_libvirt_uri
+from .hypervisor.backup_sweep import sweep_backups
 from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
 from .leases.guard import lease_guard
 
@@ -288,13 +289,21 @@ class Peer:
 
     def _sweep_ghosts(self):
         """Destroy this host's copies of VMs placed elsewhere (see
-        ``engine/hypervisor/reconciler.py``).  Never fatal: the next sweep tries again."""
+        ``engine/hypervisor/reconciler.py``), and what backups that did not
+        complete left here (``engine/hypervisor/backup_sweep.py``).  Never
+        fatal: the next sweep tries again."""
         try:
             sweep_ghosts(self.store, self.host)
         except StoreUnavailable:
             raise
         except Exception as exc:
             self.log.warning("ghost_sweep_failed", error=str(exc))
+        try:
+            sweep_backups(self.store, self.host)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            self.log.warning("backup_sweep_failed", error=str(exc))
 
     def _start_publisher(self, session: Session):
         """Keep ``vms/<host>/`` in line with the hypervisor, while this

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import fnmatch
 
-from engine.core import keys
 from engine.core.handlers import handler
 from engine.core.hosts import live_hosts
-from engine.core.values import readable
 from engine.drains import drained_hosts
 from engine.errors import RequestError
-from engine.hypervisor import backups, restores, shapes  # noqa: F401  (shapes: backups/)
+from engine.backups.records import recorded
+from engine.hypervisor import backups, restores
 from engine.natural import natural_key
 
 handler("backup_store")(backups.prepare_store)
@@ -39,12 +38,6 @@ handler("backup_delete")(backups.delete)
 handler("restore_disks")(restores.restore_disks)
 
 MAX_CHAIN = 1000
-
-
-def recorded(store) -> list[dict]:
-    """Every readable backup record."""
-    return [value for value in (readable(kv) for kv in store.range(keys.backup())[0])
-            if value is not None]
 
 
 @handler("backup_plan")

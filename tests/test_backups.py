@@ -3,9 +3,15 @@ records, the chain's plan, the refusals of the hosts, and that nothing is
 left when an attempt ends (the QEMU tier proves the data: test_backups_qemu)."""
 from __future__ import annotations
 
+import time
+
+import libvirt
+
+from engine.backups import schedules
 from engine.core import api, keys
 from engine.core.values import readable
-from tests.support.cluster import finished
+from tests.support import wait_for, wait_until
+from tests.support.cluster import finished, start_peers
 
 
 def _boot(cluster, name, on="host1"):
@@ -45,3 +51,48 @@ def test_a_backup_is_recorded_on_the_other_host_and_restores_the_vm(cluster, sto
         (vm["uuid"], "running", record["id"]), back
     listed = {v["name"]: v for v in cluster.cli_json("vmlist")}
     assert listed["db1"]["uuid"] == vm["uuid"]
+
+
+def _mine(store, uuid):
+    return sorted((b for b in _backups(store) if b and b["uuid"] == uuid),
+                  key=lambda b: b["time"])
+
+
+def test_a_schedule_keeps_exactly_what_its_retention_says(cluster, store, two_hosts):
+    vm = _boot(cluster, "web1")
+    record = schedules.put(store, "web*", every=1, keep={"last": 2})
+    ran = wait_until(lambda: schedules.read(store, record["id"]),
+                     lambda r: r.get("runs", 0) >= 4, timeout=60, what="four runs")
+    assert ran["last_run"]["deleted"] and not ran["last_run"]["errors"], ran
+    schedules.delete(store, record["id"])          # it ends at its next look, after any run
+    assert finished(store, ran["automation"])["state"] == "done"
+    kept = _mine(store, vm["uuid"])
+    assert len(kept) == 2, kept
+    assert kept[-1]["kind"] == "full"               # the test driver's are all full
+
+
+def test_a_run_missed_while_no_initiator_lived_happens_once(cluster, store, two_hosts):
+    members = ["m1", "m2", "m3"]
+    start_peers(cluster, store, members)
+    vm = _boot(cluster, "db1")
+    every = 2.0
+    record = schedules.put(store, "db1", every=every, keep={}, prefer=members)
+    first = wait_until(lambda: schedules.read(store, record["id"]), lambda r: r.get("last"),
+                       timeout=30, what="the first run")
+    for member in members:
+        cluster.kill(member)
+    wait_for(lambda: not set(members) & set(api.live_hosts(store)), what="members gone")
+    down = wait_until(lambda: schedules.read(store, record["id"]),
+                      lambda r: time.time() > r["next"] + 3 * every, timeout=30,
+                      what="three intervals missed")
+    assert down["last"] == first["last"] or down["last"] < first["last"] + every * 1.5
+    before = len(_mine(store, vm["uuid"]))
+    back = time.time()
+    for member in members:
+        cluster.start_peer(member)
+    caught_up = wait_until(lambda: schedules.read(store, record["id"]),
+                           lambda r: r["last"] >= back - 0.5, timeout=60,
+                           what="the missed run, once a member is back")
+    assert len(_mine(store, vm["uuid"])) == before + 1, "one run for the missed ones"
+    assert caught_up["next"] >= caught_up["last"] + every - 0.01
+    schedules.delete(store, record["id"])

@@ -8,10 +8,14 @@ sectors of its own disk (``/dev/vda``, past the boot filesystem) with
 """
 from __future__ import annotations
 
+import subprocess
+
+import libvirt
 import pytest
 
 from engine.core import keys
 from engine.core.values import readable
+from engine.hypervisor import qcow2
 from tests.support import qemu_guest
 from tests.support.kvm import BOOT_TIMEOUT, kvm  # noqa: F401  (kvm: a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
@@ -85,3 +89,48 @@ def test_restore_brings_back_what_each_backup_held_and_an_incremental_costs_what
     assert older["uuid"] != uuid and older["host"] == "host1"
     assert read_marker(kvm, "host1", older["uuid"], SECTOR_A) == "MARKER-A"
     assert read_marker(kvm, "host1", older["uuid"], SECTOR_B) == ""
+
+
+def disk_compat(kvm, host, uuid) -> str:
+    conn = libvirt.open(kvm.uri[host])
+    try:
+        pool = conn.storagePoolLookupByName(f"peerctl-{host}")
+        pool.refresh(0)
+        return qcow2.version(pool.storageVolLookupByName(f"{uuid}.qcow2"))
+    finally:
+        conn.close()
+
+
+def test_an_old_disk_or_a_move_breaks_the_chain_and_the_full_backup_says_why(kvm):
+    vm = kvm.boot("old")
+    uuid = vm["uuid"]
+    # A disk as peerctl made them before backups: qcow2 version 2, started
+    # behind peerctl's back so that it runs on it.
+    kvm.cluster.cli_json("stop", "old", timeout=120)
+    conn = libvirt.open(kvm.uri["host1"])
+    try:
+        path = conn.storagePoolLookupByName("peerctl-host1").storageVolLookupByName(
+            f"{uuid}.qcow2").path()
+        subprocess.run(["qemu-img", "amend", "-f", "qcow2", "-o", "compat=0.10", path],
+                       check=True)
+        conn.lookupByUUIDString(uuid).create()
+    finally:
+        conn.close()
+    assert disk_compat(kvm, "host1", uuid) == "0.10"
+    old = backed_up(kvm, "old")
+    assert old["kind"] == "full" and "not qcow2 version 3" in old["reason"], old
+
+    kvm.cluster.cli_json("stop", "old", timeout=120)
+    kvm.cluster.cli_json("start", "old", timeout=120)
+    assert disk_compat(kvm, "host1", uuid) == "1.1", "start amends a shut-off old disk"
+    first = backed_up(kvm, "old")
+    assert first["kind"] == "full" and "no checkpoint" in first["reason"], first
+    assert backed_up(kvm, "old")["kind"] == "incremental"
+
+    for there in ("host2", "host1"):
+        moved = kvm.cluster.cli_json("migrate", "old", "--to", there, "--yes", timeout=300)
+        assert moved["state"] == "done", moved
+    after_move = backed_up(kvm, "old")
+    assert after_move["kind"] == "full" and "gone from the VM" in after_move["reason"], \
+        after_move
+    assert backed_up(kvm, "old")["kind"] == "incremental"

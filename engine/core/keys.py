@@ -155,6 +155,11 @@ def backup(backup_id: str = "") -> str:
     return f"backups/{backup_id}"
 
 
+def backup_schedule(schedule_id: str = "") -> str:
+    """``schedules/backup/<id>``: a schedule of backups (``backup schedule``)."""
+    return f"schedules/backup/{schedule_id}"
+
+
 def singleton(name: str = "") -> str:
     """Election prefix of a cluster singleton (janitor, reconciler);
     ``singleton()`` is every singleton's."""

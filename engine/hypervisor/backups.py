@@ -51,11 +51,12 @@ import xml.etree.ElementTree as ET
 import libvirt
 import structlog
 
-from engine.core import keys, steps
+from engine.core import failpoints, keys, steps
 from engine.core.store import Put, absent
 from engine.core.values import readable
 from engine.errors import RequestError
-from engine.hypervisor import images, qcow2, shapes  # noqa: F401  (shapes: backups/)
+from engine.backups import records  # noqa: F401  (declares backups/)
+from engine.hypervisor import images, qcow2
 from engine.hypervisor.checksum import ContentHash
 from engine.hypervisor.definition import definition_of
 from engine.hypervisor.domain_xml import volume_xml
@@ -123,6 +124,7 @@ class Ticker:
         self.verb, self.total, self.base, self.last = verb, max(total, 1), 0, 0.0
 
     def __call__(self, done: int, _total: int = 0, force: bool = False) -> None:
+        failpoints.crash(self.verb)         # "copying", "verifying", "restoring": tests
         now = time.monotonic()
         if not force and now - self.last < 0.5:
             return
@@ -190,17 +192,18 @@ def verify(host, args: dict) -> dict:
         vol = images.lookup(pool, disk["volume"])
         if test:
             vol = vol or pool.createXML(volume_xml(disk["volume"], 0, "raw"), 0)
-            found = ContentHash().hexdigest()
+            found, length = ContentHash().hexdigest(), 0
         elif vol is None:
             raise RequestError(f"backup {backup_id}: volume {disk['volume']} is not in pool "
                                f"{pool.name()} on {host.host}")
         else:
-            found = checksum_volume(host.conn, vol, ticker, steps.abort_requested)
+            found, length = checksum_volume(host.conn, vol, ticker, steps.abort_requested)
             ticker.next(physical_size(vol))
         if found != disk["checksum"]:
             _delete_volumes(pool, f"bk-{backup_id}-")
             raise RequestError(f"backup {backup_id}: disk {disk['dev']} arrived damaged on "
-                               f"{host.host} (checksum {found} where {disk['checksum']} was "
+                               f"{host.host} ({length} bytes, checksum {found}, where "
+                               f"{disk.get('stored')} bytes, checksum {disk['checksum']} were "
                                "sent): discarded")
     value = {**record, "id": backup_id, "target": host.host, "pool": pool.name()}
     if not host.store.txn([absent(key)], [Put(key, value)]).succeeded:
@@ -248,6 +251,11 @@ def _undo_here(host, dom, backup_id: str) -> list[str]:
     """What an earlier run of this backup left on the source: its job is
     aborted, its scratch volumes and checkpoint deleted."""
     undone = []
+    if dom is not None and dom.isActive():
+        try:
+            dom.fsThaw(None, 0)     # a run that died between freeze and thaw
+        except libvirt.libvirtError:
+            pass                    # nothing frozen, or no guest agent
     if dom is not None and dom.isActive() and _our_job(dom, backup_id):
         try:
             dom.abortJob()
@@ -366,6 +374,8 @@ def _why_full(host, dom, disks: list[dict], args: dict) -> str | None:
         return "a full backup was asked for"
     if not isinstance(parent, dict):
         return args.get("why_full") or "the VM's first backup"
+    if not parent.get("checkpoint"):
+        return f"backup {parent.get('id')} left no checkpoint to start from"
     names = {c.getName() for c in dom.listAllCheckpoints(0)}
     if parent.get("checkpoint") not in names:
         return (f"the checkpoint of backup {parent.get('id')} is gone from the VM (it was "
@@ -451,6 +461,7 @@ def _live_point(host, dom, disks, backup_id, pool, args) -> dict:
 def _begin(dom, root, disks, backup_id, directory, incremental, with_checkpoint) -> None:
     backup, checkpoint = _backup_xml(root, disks, backup_id, directory, incremental)
     dom.backupBegin(backup, checkpoint if with_checkpoint else None, 0)
+    failpoints.crash("backup begun")        # tests: a peer dead while its job runs
 
 
 def _wait_for_job(dom) -> None:

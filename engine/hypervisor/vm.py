@@ -38,6 +38,7 @@ import os
 import threading
 import time
 import uuid as uuidlib
+import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 import libvirt
@@ -346,9 +347,24 @@ def start(host, args: dict) -> dict:
         if state == "paused":
             _libvirt_call(f"cannot resume {_label(args, uuid)}", dom.resume)
         elif state in ("shutoff", "error", "building"):
+            _amend_old_disks(host, dom)
             _libvirt_call(f"cannot start {_label(args, uuid)}", dom.create)
         _want(host, dom, "running")
         return _reply(uuid, dom)
+
+
+def _amend_old_disks(host, dom) -> None:
+    """qcow2 version 2 disks (peerctl's before backups) made version 3, so
+    that they can carry checkpoints: safe only now, the VM shut off."""
+    if host.conn.getType().upper() == "TEST":
+        return
+    from engine.hypervisor import qcow2
+    from engine.hypervisor.moves import disks_of
+    for disk in disks_of(host.conn, ET.fromstring(dom.XMLDesc(0))):
+        if disk["format"] == "qcow2" and \
+                qcow2.version(host.conn.storageVolLookupByPath(disk["path"])) == "0.10":
+            qcow2.amend_to_v3(disk["path"])
+            log.info("disk_amended", vm=dom.name(), disk=disk["dev"], compat="1.1")
 
 
 def _want(host, dom, want: str) -> None:

@@ -35,7 +35,8 @@ class Interrupted(RequestError):
 
 def physical_size(vol) -> int:
     """The bytes of the volume's file (for a qcow2 file, not its virtual size)."""
-    return vol.infoFlags(libvirt.VIR_STORAGE_VOL_GET_PHYSICAL)[1]
+    # with this flag libvirt answers the file's size in the allocation field
+    return vol.infoFlags(libvirt.VIR_STORAGE_VOL_GET_PHYSICAL)[2]
 
 
 def _download(conn, vol):
@@ -121,8 +122,9 @@ def copy_volume(src_conn, src_vol, dst_conn, dst_pool, name: str,
 
 
 def checksum_volume(conn, vol, tick=lambda done, total: None,
-                    stop=lambda: False) -> str:
-    """The checksum of this host's volume ``vol``, read back through libvirt."""
+                    stop=lambda: False) -> tuple[str, int]:
+    """The checksum of this host's volume ``vol``, read back through
+    libvirt, and the bytes of content read (holes included)."""
     hasher, down = ContentHash(), None
     try:
         down = _download(conn, vol)
@@ -136,5 +138,5 @@ def checksum_volume(conn, vol, tick=lambda done, total: None,
     except BaseException:
         _abort(down)
         raise
-    return hasher.hexdigest()
+    return hasher.hexdigest(), hasher.length
 

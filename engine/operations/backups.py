@@ -36,7 +36,7 @@ def _records(store) -> tuple[list[dict], set[str]]:
     names), and the ids whose record is unreadable (reported once each)."""
     from engine.core import keys
     from engine.core.values import readable
-    import engine.hypervisor.shapes  # noqa: F401  (declares backups/)
+    import engine.backups.records  # noqa: F401  (declares backups/)
     records, garbled = [], set()
     for kv in store.range(keys.backup())[0]:
         backup_id = keys.suffix(kv.key, keys.backup())
@@ -224,7 +224,7 @@ def plan_restore(ctx, backup_id: str, as_name: str | None = None,
     on = host_pattern(on) if on is not None else None
     from engine.core import keys
     from engine.core.values import readable
-    import engine.hypervisor.shapes  # noqa: F401  (declares backups/)
+    import engine.backups.records  # noqa: F401  (declares backups/)
     store = ctx.store()
     kv = store.get(keys.backup(backup_id))
     record = readable(kv)

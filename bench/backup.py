@@ -1,0 +1,404 @@
+"""Backup benchmark: full and incremental backups of a real QEMU guest's disk.
+
+    python bench/backup.py [--rounds 3] [--disk-gb 1] [--smoke]
+
+Two private libvirtd daemons (engine.hypervisor.daemons.PrivateLibvirtd)
+with a peerctl peer on each (host1, host2), the tier's busybox guest booted
+on host1 (256 MiB of RAM, a ``--disk-gb`` disk), as bench/migrate.py sets
+them up.  The guest first fills a quarter of its disk with random data
+(``dd if=/dev/urandom``, past the boot filesystem; 32 MiB with --smoke), so
+that a full backup moves real data.  Then, ``--rounds`` times:
+
+1. a full backup (peerctl's ``backup`` automation with ``full``, timed from
+   start_automation to its terminal state: the point in time, the copy to
+   host2's backup pool through libvirt, the read-back check, the record)
+   AGAINST ``qemu-img convert -U -O qcow2`` of the same disk (the VM's pool
+   volume, read while the VM runs) into a file in the same backup pool
+   directory on host2.  The two alternate which goes first, round by round.
+   Both rates are the disk's data (the data extents of the volume and its
+   backing chain, ``qemu-img map``) over the seconds each took; the bytes
+   each wrote are printed beside.  Target: peerctl >= 0.8x qemu-img's rate.
+2. the guest changes 1 % of its disk (random data at an offset inside the
+   filled part, flushed to the disk), and an incremental backup follows,
+   timed the same way.  Target: <= 10 % of that round's full backup time.
+
+Medians over the rounds; each figure is printed beside the reference it
+chases, with PASS or MISS.  ``--smoke``: one round, 32 MiB of data, the
+smallest run that still takes every path.
+
+Needs root and the QEMU tier (``bash .ci/libvirtd.sh``: libvirtd, QEMU,
+the guest kernel); exits saying why when this machine cannot run it.
+Everything it starts (etcd, peers and their guards, daemons, guests,
+volumes, tmp dirs) is removed at the end, on error too; the processes it
+ends are its own, by PID.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
+
+from engine.core import api, keys  # noqa: E402
+from engine.core.etcd_server import EtcdServer  # noqa: E402
+from engine.core.store import Store  # noqa: E402
+
+from bench.bulk import wait  # noqa: E402  (one polling loop for the benchmarks)
+from bench.migrate import cannot_run, cli_json, run, start_peer, stop_processes  # noqa: E402
+
+HOSTS = ("host1", "host2")
+VM_NAME = "bench-backup"
+MEMORY_MB = 256
+FILL_AT_MIB = 64            # past the guest's 32 MiB boot filesystem
+SMOKE_FILL_MIB = 32
+TARGET_RATE = 0.8           # peerctl's full backup rate over qemu-img convert's, at least
+TARGET_INCREMENTAL = 0.10   # an incremental's time over the full backup's, at most
+MB, MiB = 1e6, 1 << 20
+BOOT_TIMEOUT = 180.0
+
+
+class BadInput(argparse.ArgumentParser):
+    """Bad options: one line and exit 2, nothing started."""
+
+    def error(self, message):
+        self.exit(2, f"bench/backup.py: {message}\n")
+
+
+def changed_mib(disk_gb: int) -> int:
+    """1 % of the disk, at least, in whole MiB."""
+    return math.ceil(disk_gb * 1024 / 100)
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
+    return value
+
+
+# -- the guest and its disk ----------------------------------------------------
+
+class GuestShell:
+    """Commands typed into the guest's shell on its serial console (the test
+    guest respawns ``sh`` there), read back from the console log up to an end
+    marker the typed line does not contain (as tests/support/kvm.py's
+    ``shell``)."""
+
+    def __init__(self, uri: str, uuid: str, console: str):
+        self.uri, self.uuid, self.console, self.typed = uri, uuid, console, 0
+
+    def __call__(self, command: str, timeout: float = 600.0) -> str:
+        import libvirt
+        self.typed += 1
+        start = os.path.getsize(self.console) if os.path.exists(self.console) else 0
+        end = f"BENCH-DONE-{self.typed}"
+
+        def printed():
+            with open(self.console, errors="replace") as f:
+                f.seek(start)
+                text = f.read()
+            return text if end in text else None
+        conn = libvirt.open(self.uri)
+        try:
+            stream = conn.newStream(0)
+            conn.lookupByUUIDString(self.uuid).openConsole(None, stream,
+                                                           libvirt.VIR_DOMAIN_CONSOLE_FORCE)
+            stream.send(f"{command}; echo BENCH-DONE-$(({self.typed}))\n".encode())
+            try:
+                text = wait(printed, timeout=timeout, interval=0.2)
+            except TimeoutError:
+                raise SystemExit(f"the guest did not finish {command!r} in {timeout:.0f} s "
+                                 f"(see {self.console})") from None
+            stream.abort()
+        finally:
+            conn.close()
+        return text[:text.rindex(end)]
+
+    def write_random(self, at_mib: int, mib: int) -> float:
+        """``mib`` MiB of random data at ``at_mib`` MiB into /dev/vda, synced;
+        the seconds it took.  ``conv=fsync`` flushes the disk, so that QEMU
+        writes its qcow2 metadata too: ``sync`` alone leaves the new clusters
+        unmapped for a reader of the file (``qemu-img -U``) until QEMU flushes."""
+        started = time.perf_counter()
+        self(f"dd if=/dev/urandom of=/dev/vda bs=1M seek={at_mib} count={mib} conv=fsync "
+             "2>/dev/null; sync")
+        return time.perf_counter() - started
+
+
+def disk_path(uri: str, uuid: str) -> str:
+    """The VM's one disk: its volume's file in host1's pool."""
+    import libvirt
+    conn = libvirt.open(uri)
+    try:
+        root = ET.fromstring(conn.lookupByUUIDString(uuid).XMLDesc(0))
+    finally:
+        conn.close()
+    files = [d.find("source").get("file") for d in root.findall("./devices/disk")
+             if d.get("device", "disk") == "disk" and d.find("source") is not None]
+    if len(files) != 1 or not files[0]:
+        raise SystemExit(f"the guest should have one file disk, it has {files}")
+    return files[0]
+
+
+def data_bytes(path: str) -> int:
+    """The bytes of data a reader of the disk meets: its data extents, through
+    the backing chain (``qemu-img map``; zeroes and holes are not data)."""
+    done = subprocess.run(["qemu-img", "map", "-U", "--output=json", path],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise SystemExit(f"qemu-img map {path} failed: {done.stderr.strip()}")
+    return sum(extent["length"] for extent in json.loads(done.stdout) if extent.get("data"))
+
+
+def pool_directory(uri: str, pool: str) -> str:
+    import libvirt
+    conn = libvirt.open(uri)
+    try:
+        return ET.fromstring(conn.storagePoolLookupByName(pool).XMLDesc(0)).findtext(
+            "./target/path")
+    finally:
+        conn.close()
+
+
+def qemu_img_convert(source: str, directory: str, round_no: int) -> dict:
+    """The reference: the running VM's disk converted to a qcow2 file in
+    ``directory``; ``{seconds, synced, bytes}`` (synced: with an fsync of
+    the file after, for context; bytes: the file's data), the file removed
+    once measured."""
+    target = os.path.join(directory, f"bench-convert-{round_no}.qcow2")
+    started = time.perf_counter()
+    done = subprocess.run(["qemu-img", "convert", "-U", "-O", "qcow2", source, target],
+                          capture_output=True, text=True, timeout=1800)
+    seconds = time.perf_counter() - started
+    try:
+        if done.returncode != 0:
+            raise SystemExit(f"qemu-img convert {source} failed: {done.stderr.strip()}")
+        flushed = os.open(target, os.O_RDONLY)
+        try:
+            os.fsync(flushed)
+        finally:
+            os.close(flushed)
+        return {"seconds": seconds, "synced": time.perf_counter() - started,
+                "bytes": data_bytes(target)}
+    finally:
+        if os.path.exists(target):
+            os.unlink(target)
+
+
+# -- peerctl's backups -----------------------------------------------------------
+
+def backup(store, vm: dict, full: bool) -> dict:
+    """One backup of ``vm`` by the ``backup`` automation: ``{seconds, id,
+    kind, bytes, reason, steps}``; any other outcome ends the benchmark."""
+    seconds, result, automation_id = run(store, "backup", {"vms": [vm], "to": None,
+                                                           "full": full}, timeout=1800)
+    (row,) = result["vms"]
+    wanted = "full" if full else "incremental"
+    if row.get("error") or row.get("kind") != wanted or row.get("target") != "host2":
+        raise SystemExit(f"the {wanted} backup came back otherwise: {json.dumps(row)}")
+    return {"seconds": seconds, "id": row["backup"], "kind": row["kind"],
+            "bytes": row["bytes"], "reason": row.get("reason"),
+            "steps": step_seconds(store, automation_id)}
+
+
+def backup_pool(store, uris: dict, taken: dict) -> str:
+    """The directory of the pool ``taken`` was kept in, on its target."""
+    from engine.core.values import readable
+    import engine.hypervisor.shapes  # noqa: F401  (declares backups/)
+    record = readable(store.get(keys.backup(taken["id"])))
+    if record is None:
+        raise SystemExit(f"backup {taken['id']} has no readable record")
+    return pool_directory(uris[record["target"]], record["pool"])
+
+
+def step_seconds(store, automation_id: str) -> dict:
+    """``{request: seconds}``: how long each step took, from its logging to
+    its response (a request sent twice counts twice)."""
+    record = api._record(store, automation_id)
+    took: dict = {}
+    for index, entry in record.entries.items():
+        response = record.responses.get(index)
+        if response is not None and entry.get("time") and response.value.get("time"):
+            took[entry["request"]] = took.get(entry["request"], 0.0) + \
+                response.value["time"] - entry["time"]
+    return took
+
+
+def stop_guards(work: str) -> None:
+    """The guards the peers started (one per state directory), by their
+    recorded PID, if that process is still such a guard."""
+    import pathlib
+    from tests.support.cluster import stop_guard
+    for host in HOSTS:
+        stop_guard(pathlib.Path(work) / f"state-{host}")
+
+
+# -- the run ---------------------------------------------------------------------
+
+def bench(rounds: int, disk_gb: int, fill_mib: int) -> list[dict]:
+    import libvirt
+    from engine.hypervisor.daemons import PrivateLibvirtd
+    from engine.placement import open_placement
+    from tests.support import qemu_guest
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+    change_mib = changed_mib(disk_gb)
+    work = qemu_guest.world_readable_tmpdir("peerctl-bbak-")
+    daemons, peers, etcd, booted = [], [], None, False
+    cluster = "bbak"
+    try:
+        daemons = [PrivateLibvirtd(work, name) for name in ("kvm1", "kvm2")]
+        for daemon in daemons:
+            daemon.start()
+        uris = dict(zip(HOSTS, (d.uri for d in daemons)))
+        image = qemu_guest.build_disk_image(os.path.join(work, "guest.img"),
+                                            qemu_guest.GUEST_DIR, work)
+        etcd = EtcdServer(os.path.join(work, "etcd")).start()
+        store = Store(etcd.url, cluster)
+        for host in HOSTS:
+            peers.append(start_peer(etcd.url, cluster, work, host, uris[host],
+                                    env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL}))
+        wait(lambda: set(HOSTS) <= set(api.live_hosts(store)), timeout=60, interval=0.2)
+        placement = open_placement("etcd", store)
+        wait(lambda: set(HOSTS) <= {p["name"] for p in placement.providers()}, timeout=30,
+             interval=0.2)
+        done = cli_json(etcd.url, cluster, "boot", VM_NAME, "--on", "host1", "--resources",
+                        f"VCPU:1,MEMORY_MB:{MEMORY_MB},DISK_GB:{disk_gb}",
+                        "--image", f"file://{image}", "--network", "none")
+        booted = True
+        (vm,) = done["vms"]
+        vm = {"name": VM_NAME, "uuid": vm["uuid"], "host": "host1", "state": "running"}
+        console = os.path.join(work, "state-host1", "console", f"{vm['uuid']}.log")
+        if not qemu_guest.wait_for_console(console, qemu_guest.READY_MARKER, BOOT_TIMEOUT):
+            raise SystemExit(f"the guest did not come up (see {console})")
+        shell = GuestShell(uris["host1"], vm["uuid"], console)
+        source = disk_path(uris["host1"], vm["uuid"])
+        took = shell.write_random(FILL_AT_MIB, fill_mib)
+        print(f"guest up (accel {qemu_guest.LINUX_ACCEL}), {disk_gb} GiB disk; it wrote "
+              f"{fill_mib} MiB of random data in {took:.1f} s; {rounds} round(s), "
+              f"{change_mib} MiB changed before each incremental", flush=True)
+
+        rows = []
+        for round_no in range(rounds):
+            data = data_bytes(source)
+            if round_no % 2 == 0:       # the pool exists once the first backup made it
+                full = backup(store, vm, full=True)
+                converted = qemu_img_convert(source, backup_pool(store, uris, full), round_no)
+            else:
+                converted = qemu_img_convert(source, backup_pool(store, uris, rows[0]["full"]),
+                                             round_no)
+                full = backup(store, vm, full=True)
+            at = FILL_AT_MIB + (round_no * change_mib) % max(fill_mib - change_mib, 1)
+            shell.write_random(at, change_mib)
+            incremental = backup(store, vm, full=False)
+            rows.append({"data": data, "full": full, "convert": converted,
+                         "incremental": incremental})
+            print(f"round {round_no + 1}: disk data {data / MB:.0f} MB | full backup "
+                  f"{full['seconds']:.2f} s, {full['bytes'] / MB:.0f} MB moved | qemu-img "
+                  f"convert {converted['seconds']:.2f} s, {converted['bytes'] / MB:.0f} MB "
+                  f"written | incremental {incremental['seconds']:.2f} s, "
+                  f"{incremental['bytes'] / MB:.1f} MB moved", flush=True)
+        return rows
+    finally:
+        # A second Ctrl-C or SIGTERM does not cut the cleanup short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if booted and peers and all(p.poll() is None for p in peers):
+            try:
+                cli_json(etcd.url, cluster, "destroy", VM_NAME, "--yes", timeout=120)
+            except (SystemExit, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+                print(f"(destroy of the guest failed: {exc})", file=sys.stderr)
+        stop_processes(peers)
+        stop_guards(work)
+        for daemon in daemons:
+            daemon.clear_guests()
+            daemon.stop()
+        if etcd is not None:
+            etcd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- report ------------------------------------------------------------------------
+
+def report(rows: list[dict], disk_gb: int, fill_mib: int) -> None:
+    def median(what, key):
+        return statistics.median(row[what][key] for row in rows)
+    data = statistics.median(row["data"] for row in rows)
+    full, convert = median("full", "seconds"), median("convert", "seconds")
+    incremental = median("incremental", "seconds")
+    rate, reference = data / full, data / convert
+    print(f"\nbackups of a {disk_gb} GiB disk holding {data / MB:.0f} MB of data "
+          f"({fill_mib} MiB written by the guest), {len(rows)} round(s), medians\n")
+    print(f"{'':<28} | {'seconds':>8} | {'MB moved':>9} | {'MB/s of data':>12}")
+    print("-" * 66)
+    for label, what in (("peerctl full backup", "full"), ("qemu-img convert", "convert"),
+                        ("peerctl incremental", "incremental")):
+        seconds, moved = median(what, "seconds"), median(what, "bytes")
+        shown = f"{data / seconds / MB:12.0f}" if what != "incremental" else f"{'':>12}"
+        print(f"{label:<28} | {seconds:8.2f} | {moved / MB:9.1f} | {shown}")
+    print(f"{'qemu-img convert + fsync':<28} | {median('convert', 'synced'):8.2f} | "
+          f"{'':>9} | {data / median('convert', 'synced') / MB:12.0f}   (context only)")
+    print("\n(peerctl: start_automation to terminal state: the point in time, the copy "
+          "to host2 through libvirt, the read-back check, the record; qemu-img: the "
+          "process alone, into host2's backup pool directory, its writes in the page cache)")
+    for what in ("full", "incremental"):
+        names = list(rows[0][what]["steps"])
+        print(f"{what} backup's steps (s, medians): " + ", ".join(
+            f"{name} {statistics.median(row[what]['steps'].get(name, 0.0) for row in rows):.2f}"
+            for name in names))
+
+    print("\ntargets")
+    print(f"  full backup rate: peerctl {rate / MB:.0f} MB/s vs qemu-img convert "
+          f"{reference / MB:.0f} MB/s of the same disk, same run = x{rate / reference:.2f} "
+          f"(target >= x{TARGET_RATE}): {'PASS' if rate >= TARGET_RATE * reference else 'MISS'}")
+    share = incremental / full
+    print(f"  incremental after 1% of the disk changed: {incremental:.2f} s vs the full "
+          f"backup's {full:.2f} s = {100 * share:.1f}% (target <= {100 * TARGET_INCREMENTAL:.0f}%)"
+          f": {'PASS' if share <= TARGET_INCREMENTAL else 'MISS'}")
+
+
+def main() -> int:
+    parser = BadInput(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=positive, default=3,
+                        help="full + convert + incremental rounds (medians over them)")
+    parser.add_argument("--disk-gb", type=positive, default=1, help="the guest's disk size")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"one round, {SMOKE_FILL_MIB} MiB of data: every path, quickly")
+    options = parser.parse_args()
+    rounds = 1 if options.smoke else options.rounds
+    fill_mib = (max(SMOKE_FILL_MIB, 2 * changed_mib(options.disk_gb)) if options.smoke
+                else options.disk_gb * 1024 // 4)
+    why = cannot_run()
+    if why:
+        raise SystemExit(f"bench/backup.py cannot run here: {why}")
+    # SIGTERM ends the run as Ctrl-C does: through the cleanup.
+    signal.signal(signal.SIGTERM, lambda _signo, _frame: sys.exit(
+        "bench/backup.py: terminated (everything it started is gone)"))
+    load = os.getloadavg()
+    try:
+        rows = bench(rounds, options.disk_gb, fill_mib)
+    except KeyboardInterrupt:
+        raise SystemExit("bench/backup.py: interrupted (everything it started is gone)") \
+            from None
+    report(rows, options.disk_gb, fill_mib)
+    print(f"\nload average before {' '.join(f'{x:.2f}' for x in load)}, after "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (figures from a loaded machine "
+          "are not comparable)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

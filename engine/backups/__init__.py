@@ -1,0 +1,2 @@
+"""What backups mean apart from any hypervisor: retention (which backups a
+schedule keeps) and schedules (``backup schedule``)."""

@@ -1,0 +1,137 @@
+"""The requests of a backup schedule's automation
+(``automations/backup_schedules.py``), run by the initiator (no target),
+reading and writing etcd only.
+
+- ``schedule_read {schedule}`` -> ``{record}`` (None once deleted);
+- ``schedule_due {schedule}`` -> ``{vms: [{name, uuid, host, state,
+  full}], skipped: [{name, host}]}``: the VMs matching the pattern now
+  (those on a down host are skipped and named); ``full`` once a VM's newest
+  chain holds :data:`FULL_EVERY` backups;
+- ``schedule_prune {schedule, uuids}`` -> ``{drop: [{id, vm, uuid,
+  target}]}``: what retention drops of those VMs' backups, children first;
+  backups on a down host wait for a later run;
+- ``schedule_ran {schedule, at, now, summary}`` -> ``{record}``: ``last``,
+  ``last_run`` (the summary) and ``runs`` (how many so far) recorded, ``next`` one interval after
+  ``at`` (or after ``now``, when the run outlasted the interval);
+- ``schedule_continue {schedule, owner}`` -> ``{automation}``: a new
+  automation carries the schedule, swapped into the record in the same
+  transaction that creates it, once (the same owner asking again gets the
+  same answer).
+"""
+from __future__ import annotations
+
+from engine.backups import retention, schedules
+from engine.backups.records import recorded
+from engine.cluster import read_vms
+from engine.core import api, keys
+from engine.core.handlers import handler
+from engine.core.hosts import live_host_names
+from engine.core.store import Put, modified_at
+from engine.core.values import readable
+from engine.errors import RequestError
+from engine.operations.select import match_vms
+
+
+FULL_EVERY = 7          # a chain holds at most this many backups, its full one included
+
+
+def _schedule(args: dict) -> str:
+    value = args.get("schedule")
+    if not isinstance(value, str) or not value:
+        raise RequestError("a schedule request needs the schedule's id")
+    return value
+
+
+@handler("schedule_read")
+def schedule_read(host, args: dict) -> dict:
+    return {"record": schedules.read(host.store, _schedule(args))}
+
+
+def _chain_length(by_id: dict, newest: dict) -> int:
+    length, at = 1, newest
+    while at.get("kind") == "incremental" and at.get("parent") in by_id and length < 10_000:
+        at = by_id[at["parent"]]
+        length += 1
+    return length
+
+
+@handler("schedule_due")
+def schedule_due(host, args: dict) -> dict:
+    record = schedules.read(host.store, _schedule(args))
+    if record is None:
+        return {"vms": [], "skipped": []}
+    matched, _ = match_vms(read_vms(host.store), [record["pattern"]])
+    backups = recorded(host.store)
+    by_id = {b["id"]: b for b in backups}
+    vms, skipped = [], []
+    for vm in matched:
+        if vm.get("state") == "unknown":
+            skipped.append({"name": vm["name"], "host": vm["host"]})
+            continue
+        mine = [b for b in backups if b["uuid"] == vm["uuid"]]
+        newest = max(mine, key=lambda b: b["time"]) if mine else None
+        vms.append({"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"],
+                    "state": vm.get("state"),
+                    "full": newest is not None and _chain_length(by_id, newest) >= FULL_EVERY})
+    return {"vms": vms, "skipped": skipped}
+
+
+@handler("schedule_prune")
+def schedule_prune(host, args: dict) -> dict:
+    record = schedules.read(host.store, _schedule(args))
+    uuids = args.get("uuids") or []
+    if record is None or not isinstance(uuids, list):
+        return {"drop": []}
+    alive = live_host_names(host.store)
+    backups = recorded(host.store)
+    drop = []
+    for uuid in uuids:
+        _kept, dropped = retention.plan([b for b in backups if b["uuid"] == uuid],
+                                        record.get("keep") or {})
+        for backup in dropped:
+            if backup["target"] not in alive:
+                break           # its parents wait with it: a chain is never cut
+            drop.append({"id": backup["id"], "vm": backup["vm"], "uuid": uuid,
+                         "target": backup["target"]})
+    return {"drop": drop}
+
+
+@handler("schedule_ran")
+def schedule_ran(host, args: dict) -> dict:
+    schedule = _schedule(args)
+    at, now = float(args.get("at") or 0), float(args.get("now") or 0)
+    key = keys.backup_schedule(schedule)
+    for _ in range(10):
+        kv = host.store.get(key)
+        record = readable(kv) if kv is not None else None
+        if record is None:
+            return {"record": None}
+        if record.get("last") == at:
+            return {"record": record}           # recorded already (a step sent again)
+        following = at + record["every"]
+        record = {**record, "last": at, "last_run": args.get("summary"),
+                  "runs": int(record.get("runs") or 0) + 1,
+                  "next": following if following > now else now + record["every"]}
+        if host.store.txn([modified_at(key, kv.mod_revision)], [Put(key, record)]).succeeded:
+            return {"record": record}
+    raise RequestError(f"schedule {schedule} kept changing: not recorded")
+
+
+@handler("schedule_continue")
+def schedule_continue(host, args: dict) -> dict:
+    schedule, owner = _schedule(args), args.get("owner")
+    key = keys.backup_schedule(schedule)
+    for _ in range(10):
+        kv = host.store.get(key)
+        record = readable(kv) if kv is not None else None
+        if record is None:
+            return {"automation": None}
+        if record.get("automation") != owner:
+            return {"automation": record.get("automation")}     # done already, or taken
+        automation_id, compares, ops = api.automation_ops(host.store, schedules.KIND,
+                                                          {"schedule": schedule})
+        record = {**record, "automation": automation_id}
+        if host.store.txn([modified_at(key, kv.mod_revision), *compares],
+                          [Put(key, record), *ops]).succeeded:
+            return {"automation": automation_id}
+    raise RequestError(f"schedule {schedule} kept changing: not carried on")

@@ -1,0 +1,201 @@
+"""Backups through crashes (QEMU/KVM tier): whoever dies, and wherever, a
+backup completes or its attempt is cleaned up, and the chain stays one a
+restore can trust.
+
+After every scenario: exactly the backups that completed are recorded;
+no scratch volume on the VM's host, no backup volume on the target that no
+record names, no backup job left on the domain, only the newest backup's
+checkpoint on it, no VM lock held; and the next incremental restores the
+guest's data.
+"""
+from __future__ import annotations
+
+import libvirt
+import pytest
+
+from engine.core import api, failpoints, keys
+from engine.core.values import readable
+from tests.support import qemu_guest, wait_for
+from tests.support.cluster import finished
+from tests.support.kvm import BOOT_TIMEOUT, Kvm
+from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
+from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
+
+pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
+
+MEMBERS = ("m1", "m2", "m3")        # every member of the automations that lead
+SECTORS = {"A": 1_000_000, "B": 1_000_008, "C": 1_000_016}
+
+
+@pytest.fixture
+def armed(tmp_path):
+    return str(tmp_path / "failpoints")
+
+
+@pytest.fixture
+def kvm(cluster, store, libvirtd_pair, guest_dir, armed):  # noqa: F811
+    """host1 and host2 on the two daemons, with crash points armed from the
+    ``armed`` file; the guest ``db`` booted on host1."""
+    kvm = Kvm(cluster, store, libvirtd_pair, guest_dir,
+              peer_env={"*": {failpoints.ENV: armed}})
+    yield kvm
+    kvm.close()
+
+
+def restart_the_dead(kvm, hosts, automation, armed=None):
+    """Start again each of ``hosts`` whose peer died; the automation's task
+    once it ended."""
+    for host in hosts:
+        if kvm.cluster.peers[host].poll() is None:
+            continue
+        if host in MEMBERS:
+            kvm.cluster.start_peer(host, env={failpoints.ENV: armed})
+        else:
+            kvm.start_peer(host)
+    task = api.get_task(kvm.store, automation)
+    return task if task["state"] in keys.TERMINAL_STATES else None
+
+
+def write(kvm, uuid, letter, host="host1"):
+    kvm.shell(host, uuid, f"echo MARKER-{letter} | dd of=/dev/vda bs=512 "
+                          f"seek={SECTORS[letter]} conv=notrunc 2>/dev/null; sync")
+
+
+def read(kvm, host, uuid, letter) -> str:
+    out = kvm.shell(host, uuid, f"echo READ-$((0)):$(dd if=/dev/vda bs=512 "
+                                f"skip={SECTORS[letter]} count=1 2>/dev/null | head -n 1 "
+                                "| tr -cd 'A-Za-z0-9-')")
+    lines = [line for line in out.splitlines() if "READ-0:" in line]
+    assert lines, f"the guest printed no READ line: {out!r}"
+    return lines[-1].split("READ-0:", 1)[1].strip()
+
+
+def start_backup(kvm, vm, prefer=None):
+    return api.start_automation(kvm.store, "backup", {
+        "vms": [{"name": vm["name"], "uuid": vm["uuid"], "host": "host1",
+                 "state": "running"}], "to": "host2"}, prefer=prefer)
+
+
+def records(kvm) -> dict:
+    return {r["id"]: r for r in (readable(kv) for kv in kvm.store.range(keys.backup())[0])}
+
+
+def pool_volumes(kvm, host, pool) -> list[str]:
+    conn = libvirt.open(kvm.uri[host])
+    try:
+        found = conn.storagePoolLookupByName(pool)
+        found.refresh(0)
+        return sorted(v.name() for v in found.listAllVolumes(0))
+    finally:
+        conn.close()
+
+
+def checkpoints_and_job(kvm, uuid):
+    conn = libvirt.open(kvm.uri["host1"])
+    try:
+        dom = conn.lookupByUUIDString(uuid)
+        return (sorted(c.getName() for c in dom.listAllCheckpoints(0)),
+                dom.jobInfo()[0])
+    finally:
+        conn.close()
+
+
+def leftovers(kvm, uuid) -> list[str]:
+    """What no completed backup accounts for, on either host."""
+    kept = records(kvm)
+    newest = max(kept.values(), key=lambda r: r["time"])
+    left = [f"scratch {v} on host1" for v in pool_volumes(kvm, "host1", "peerctl-host1")
+            if v.startswith("backup-")]
+    named = {d["volume"] for r in kept.values() for d in r["disks"]}
+    stored = pool_volumes(kvm, "host2", "peerctl-backup-host2")
+    left += [f"unrecorded {v} on host2" for v in stored if v not in named]
+    left += [f"recorded {v} missing on host2" for v in named if v not in stored]
+    checkpoints, job = checkpoints_and_job(kvm, uuid)
+    left += [f"checkpoint {c}" for c in checkpoints if c != newest["checkpoint"]]
+    if newest["checkpoint"] not in checkpoints:
+        left.append(f"the newest backup's checkpoint {newest['checkpoint']} is gone")
+    if job != libvirt.VIR_DOMAIN_JOB_NONE:
+        left.append("a job on the domain")
+    left += [f"lock {kv.key}" for kv in kvm.store.range(keys.lock("vm/"))[0]]
+    return left
+
+
+def assert_nothing_left(kvm, uuid):
+    """Swept at the latest by the next sweep of a peer that came back."""
+    found = []
+
+    def clean():
+        found[:] = leftovers(kvm, uuid)
+        return not found
+    try:
+        wait_for(clean, timeout=60, interval=0.5, what="nothing left over")
+    except AssertionError:
+        raise AssertionError(f"left over: {found}") from None
+
+
+def assert_restores(kvm, backup_id, letters, name):
+    restored = kvm.cluster.cli_json("restore", backup_id, "--as", name, "--on", "host2",
+                                    timeout=600)
+    (vm,) = restored["vms"]
+    assert restored["state"] == "done", restored
+    assert qemu_guest.wait_for_console(kvm.console("host2", vm["uuid"]),
+                                       qemu_guest.READY_MARKER, BOOT_TIMEOUT)
+    for letter in SECTORS:
+        assert read(kvm, "host2", vm["uuid"], letter) == \
+            (f"MARKER-{letter}" if letter in letters else ""), letter
+    kvm.cluster.cli_json("destroy", name, "--yes", timeout=120)
+
+
+def test_the_initiator_killed_at_every_step_boundary_still_makes_one_incremental(
+        kvm, tmp_path):
+    armed = str(tmp_path / "members-failpoints")      # the members' only: they lead
+    for member in MEMBERS:
+        kvm.cluster.start_peer(member, env={failpoints.ENV: armed})
+    wait_for(lambda: set(MEMBERS) <= set(api.live_hosts(kvm.store)), what="members alive")
+    vm = kvm.boot("db")
+    write(kvm, vm["uuid"], "A")
+    first = finished(kvm.store, start_backup(kvm, vm, prefer=list(MEMBERS)), timeout=300)
+    assert first["state"] == "done", first["error"]
+    write(kvm, vm["uuid"], "B")
+    steps = list(dict.fromkeys(e["request"] for e in first["log"]))
+    failpoints.arm(armed, [f"append {request}" for request in steps] + ["finish"])
+    automation = start_backup(kvm, vm, prefer=list(MEMBERS))
+    task = wait_for(lambda: restart_the_dead(kvm, MEMBERS, automation, armed), timeout=600,
+                    interval=0.1, what="the backup to finish through the crashes")
+    fired = [point for point, _, _ in failpoints.fired(armed)]
+    assert task["state"] == "done", (task["error"], task["result"])
+    assert fired == [f"append {request}" for request in steps] + ["finish"]
+    (row,) = task["result"]["vms"]
+    assert row["kind"] == "incremental", row
+    assert sorted(records(kvm)) == sorted([first["result"]["vms"][0]["backup"], row["backup"]])
+    assert_nothing_left(kvm, vm["uuid"])
+    assert_restores(kvm, row["backup"], "AB", "db-b")
+
+
+@pytest.mark.parametrize("point, dies", [("backup begun", "host1"), ("copying", "host1"),
+                                         ("verifying", "host2")])
+def test_a_peer_killed_mid_backup_leaves_one_complete_backup_or_nothing(kvm, armed, point,
+                                                                        dies):
+    vm = kvm.boot("db")
+    write(kvm, vm["uuid"], "A")
+    first = finished(kvm.store, start_backup(kvm, vm), timeout=300)
+    assert first["state"] == "done", first["error"]
+    write(kvm, vm["uuid"], "B")
+    failpoints.arm(armed, [point])
+    automation = start_backup(kvm, vm)
+    task = wait_for(lambda: restart_the_dead(kvm, ["host1", "host2"], automation),
+                    timeout=600, interval=0.1, what="the backup to end through the crash")
+    assert [p for p, _, _ in failpoints.fired(armed)] == [point]
+    kept = records(kvm)
+    if task["state"] == "done":
+        assert len(kept) == 2 and task["result"]["vms"][0]["backup"] in kept
+    else:
+        assert list(kept) == [first["result"]["vms"][0]["backup"]], task
+    assert_nothing_left(kvm, vm["uuid"])
+    write(kvm, vm["uuid"], "C")
+    following = finished(kvm.store, start_backup(kvm, vm), timeout=300)
+    assert following["state"] == "done", following["error"]
+    (row,) = following["result"]["vms"]
+    assert row["kind"] == "incremental", row
+    assert_nothing_left(kvm, vm["uuid"])
+    assert_restores(kvm, row["backup"], "ABC", "db-c")
