@@ -11,7 +11,8 @@ from engine.backups import schedules
 from engine.core import api, keys
 from engine.core.values import readable
 from tests.support import wait_for, wait_until
-from tests.support.cluster import finished, start_peers
+from tests.support.cluster import finished, refused, start_peers
+from tests.support.hooks import write_hook
 
 
 def _boot(cluster, name, on="host1"):
@@ -96,3 +97,33 @@ def test_a_run_missed_while_no_initiator_lived_happens_once(cluster, store, two_
     assert len(_mine(store, vm["uuid"])) == before + 1, "one run for the missed ones"
     assert caught_up["next"] >= caught_up["last"] + every - 0.01
     schedules.delete(store, record["id"])
+
+
+def test_a_vm_being_backed_up_is_neither_destroyed_nor_moved_meanwhile(cluster, store,
+                                                                       tmp_path):
+    hooks, release = str(tmp_path / "hooks"), tmp_path / "release"
+    write_hook(hooks, "backup_take", "pre", f"""
+while not os.path.exists({str(release)!r}):
+    time.sleep(0.05)
+""")
+    start_peers(cluster, store, ["host1", "host2", "host3"], hooks=hooks)
+    wait_for(lambda: {"host1", "host2", "host3"} <= {p["name"] for p in cluster.cli_json(
+        "placement", "providers")}, what="providers")
+    vm = _boot(cluster, "db1")
+    automation = api.start_automation(store, "backup", {
+        "vms": [{"name": "db1", "uuid": vm["uuid"], "host": "host1", "state": "running"}]})
+    wait_for(lambda: any(e["request"] == "backup_take"
+                         for e in api.get_task(store, automation)["log"]),
+             what="the backup to be taking its point in time")
+    refused(cluster, ["destroy", "db1", "--yes"], 1, "being backed up")
+    refused(cluster, ["migrate", "db1", "--to", "host3", "--yes"], 1, "being backed up")
+    release.touch()
+    assert finished(store, automation)["state"] == "done"
+    assert [v["host"] for v in cluster.cli_json("vmlist") if v["name"] == "db1"] == ["host1"]
+
+
+def test_a_drained_host_keeps_no_backup(cluster, store, two_hosts):
+    _boot(cluster, "db1")
+    cluster.cli_json("drain", "host2")
+    refused(cluster, ["backup", "db1"], 1, "no host")
+    assert _backups(store) == []

@@ -39,6 +39,7 @@ __all__ = ["sweep_backups"]
 log = structlog.get_logger("peerctl.backups")
 
 EVERY = object()        # an unreadable running automation: it may name any id
+KINDS = ("backup", "backup_schedule")      # the automations that take backups
 
 
 def _running_backup_ids(store):
@@ -48,7 +49,7 @@ def _running_backup_ids(store):
         summary = readable(kv)
         if summary is None:
             return EVERY
-        if summary.get("state", "running") != "running":
+        if summary.get("state", "running") != "running" or summary.get("kind") not in KINDS:
             continue
         automation_id = keys.suffix(kv.key, keys.task())
         for entry in store.range(keys.auto(automation_id, "log/"))[0]:
