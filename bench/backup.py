@@ -38,7 +38,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -50,13 +49,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 from engine.core import api, keys  # noqa: E402
-from engine.core.etcd_server import EtcdServer  # noqa: E402
-from engine.core.store import Store  # noqa: E402
 
 from bench.bulk import wait  # noqa: E402  (one polling loop for the benchmarks)
-from bench.migrate import cannot_run, cli_json, run, start_peer, stop_processes  # noqa: E402
+from bench.migrate import cannot_run, run  # noqa: E402
+from bench.qemu_hosts import two_qemu_hosts  # noqa: E402
 
-HOSTS = ("host1", "host2")
 VM_NAME = "bench-backup"
 MEMORY_MB = 256
 FILL_AT_MIB = 64            # past the guest's 32 MiB boot filesystem
@@ -217,7 +214,7 @@ def backup(store, vm: dict, full: bool) -> dict:
 def backup_pool(store, uris: dict, taken: dict) -> str:
     """The directory of the pool ``taken`` was kept in, on its target."""
     from engine.core.values import readable
-    import engine.hypervisor.shapes  # noqa: F401  (declares backups/)
+    import engine.backups.records  # noqa: F401  (declares backups/)
     record = readable(store.get(keys.backup(taken["id"])))
     if record is None:
         raise SystemExit(f"backup {taken['id']} has no readable record")
@@ -237,51 +234,19 @@ def step_seconds(store, automation_id: str) -> dict:
     return took
 
 
-def stop_guards(work: str) -> None:
-    """The guards the peers started (one per state directory), by their
-    recorded PID, if that process is still such a guard."""
-    import pathlib
-    from tests.support.cluster import stop_guard
-    for host in HOSTS:
-        stop_guard(pathlib.Path(work) / f"state-{host}")
-
-
 # -- the run ---------------------------------------------------------------------
 
 def bench(rounds: int, disk_gb: int, fill_mib: int) -> list[dict]:
-    import libvirt
-    from engine.hypervisor.daemons import PrivateLibvirtd
-    from engine.placement import open_placement
     from tests.support import qemu_guest
-    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
-
     change_mib = changed_mib(disk_gb)
-    work = qemu_guest.world_readable_tmpdir("peerctl-bbak-")
-    daemons, peers, etcd, booted = [], [], None, False
-    cluster = "bbak"
-    try:
-        daemons = [PrivateLibvirtd(work, name) for name in ("kvm1", "kvm2")]
-        for daemon in daemons:
-            daemon.start()
-        uris = dict(zip(HOSTS, (d.uri for d in daemons)))
-        image = qemu_guest.build_disk_image(os.path.join(work, "guest.img"),
-                                            qemu_guest.GUEST_DIR, work)
-        etcd = EtcdServer(os.path.join(work, "etcd")).start()
-        store = Store(etcd.url, cluster)
-        for host in HOSTS:
-            peers.append(start_peer(etcd.url, cluster, work, host, uris[host],
-                                    env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL}))
-        wait(lambda: set(HOSTS) <= set(api.live_hosts(store)), timeout=60, interval=0.2)
-        placement = open_placement("etcd", store)
-        wait(lambda: set(HOSTS) <= {p["name"] for p in placement.providers()}, timeout=30,
-             interval=0.2)
-        done = cli_json(etcd.url, cluster, "boot", VM_NAME, "--on", "host1", "--resources",
-                        f"VCPU:1,MEMORY_MB:{MEMORY_MB},DISK_GB:{disk_gb}",
-                        "--image", f"file://{image}", "--network", "none")
-        booted = True
+    with two_qemu_hosts("peerctl-bbak-", "bbak") as hosts:
+        store, uris = hosts.store, hosts.uris
+        done = hosts.cli_json("boot", VM_NAME, "--on", "host1", "--resources",
+                              f"VCPU:1,MEMORY_MB:{MEMORY_MB},DISK_GB:{disk_gb}",
+                              "--image", f"file://{hosts.image}", "--network", "none")
         (vm,) = done["vms"]
         vm = {"name": VM_NAME, "uuid": vm["uuid"], "host": "host1", "state": "running"}
-        console = os.path.join(work, "state-host1", "console", f"{vm['uuid']}.log")
+        console = hosts.console("host1", vm["uuid"])
         if not qemu_guest.wait_for_console(console, qemu_guest.READY_MARKER, BOOT_TIMEOUT):
             raise SystemExit(f"the guest did not come up (see {console})")
         shell = GuestShell(uris["host1"], vm["uuid"], console)
@@ -312,23 +277,6 @@ def bench(rounds: int, disk_gb: int, fill_mib: int) -> list[dict]:
                   f"written | incremental {incremental['seconds']:.2f} s, "
                   f"{incremental['bytes'] / MB:.1f} MB moved", flush=True)
         return rows
-    finally:
-        # A second Ctrl-C or SIGTERM does not cut the cleanup short.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if booted and peers and all(p.poll() is None for p in peers):
-            try:
-                cli_json(etcd.url, cluster, "destroy", VM_NAME, "--yes", timeout=120)
-            except (SystemExit, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
-                print(f"(destroy of the guest failed: {exc})", file=sys.stderr)
-        stop_processes(peers)
-        stop_guards(work)
-        for daemon in daemons:
-            daemon.clear_guests()
-            daemon.stop()
-        if etcd is not None:
-            etcd.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 # -- report ------------------------------------------------------------------------

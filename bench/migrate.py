@@ -324,88 +324,60 @@ class DirectGuest:
 
 def bench_live(rounds: int) -> dict:
     import libvirt
-    from engine.hypervisor.daemons import PrivateLibvirtd
-    from engine.placement import open_placement
     from tests.support import qemu_guest
-    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    from bench.qemu_hosts import two_qemu_hosts
 
-    work = qemu_guest.world_readable_tmpdir("peerctl-bmig-")
-    daemons, peers, etcd, direct, peer_vm = [], [], None, None, None
-    cluster = "bmig"
-    try:
-        daemons = [PrivateLibvirtd(work, name) for name in ("kvm1", "kvm2")]
-        for daemon in daemons:
-            daemon.start()
-        uris = dict(zip(HOSTS, (d.uri for d in daemons)))
-        image = qemu_guest.build_disk_image(os.path.join(work, "guest.img"),
-                                            qemu_guest.GUEST_DIR, work)
-        etcd = EtcdServer(os.path.join(work, "etcd")).start()
-        store = Store(etcd.url, cluster)
-        for host in HOSTS:
-            peers.append(start_peer(etcd.url, cluster, work, host, uris[host],
-                                    env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL}))
-        wait(lambda: set(HOSTS) <= set(api.live_hosts(store)), timeout=60, interval=0.2)
-        placement = open_placement("etcd", store)
-        wait(lambda: set(HOSTS) <= {p["name"] for p in placement.providers()}, timeout=30,
-             interval=0.2)
-        booted = cli_json(etcd.url, cluster, "boot", "bench-mover", "--on", "host1",
-                          "--resources", QEMU_VM, "--image", f"file://{image}")
-        (peer_vm,) = booted["vms"]
-        peer_vm = {**peer_vm, "host": "host1"}
-        console = os.path.join(work, "state-host1", "console", f"{peer_vm['uuid']}.log")
-        if not qemu_guest.wait_for_console(console, qemu_guest.READY_MARKER, 180):
-            raise SystemExit(f"the peerctl guest did not come up (see {console})")
-        conn = libvirt.open(uris["host1"])
+    direct, peer_vm = None, None
+    with two_qemu_hosts("peerctl-bmig-", "bmig") as hosts:
+        store, uris, work = hosts.store, hosts.uris, hosts.work
         try:
-            template = conn.lookupByUUIDString(peer_vm["uuid"]).XMLDesc(
-                libvirt.VIR_DOMAIN_XML_INACTIVE)
-        finally:
-            conn.close()
-        direct = DirectGuest(libvirt, uris, work, template)
-        if not qemu_guest.wait_for_console(direct.console("host1"), qemu_guest.READY_MARKER,
-                                           180):
-            raise SystemExit("the direct guest did not come up")
-        print(f"both guests up (accel {qemu_guest.LINUX_ACCEL}); {rounds} hops each way",
-              flush=True)
-
-        rows = {"peerctl": [], "direct": []}
-        for i in range(2 * rounds):
-            dest = HOSTS[(i + 1) % 2]
-            elapsed, result, automation_id = run(store, "migrate", {
-                "vms": [{"name": "bench-mover", "uuid": peer_vm["uuid"],
-                         "host": peer_vm["host"], "state": "running"}],
-                "to": dest, "parallel": 1}, timeout=900)
-            (vm,) = result["vms"]
-            if vm.get("host") != dest or vm.get("mode") != "live" or vm.get("error"):
-                raise SystemExit(f"peerctl hop {i + 1} did not move live: {vm}")
-            step = _migrate_step(store, automation_id)
-            rows["peerctl"].append({"seconds": elapsed, "downtime_ms": vm["downtime_ms"],
-                                    "bytes": vm["bytes"],
-                                    "copy_seconds": step.get("seconds") or elapsed})
-            peer_vm["host"] = dest
-            rows["direct"].append(direct.hop(dest))
-            p, d = rows["peerctl"][-1], rows["direct"][-1]
-            print(f"hop {i + 1} -> {dest}: peerctl {p['seconds']:.2f}s "
-                  f"(copy {p['copy_seconds']:.2f}s) {p['downtime_ms']} ms down, "
-                  f"{(p['bytes'] or 0) / MB:.0f} MB | direct {d['seconds']:.2f}s "
-                  f"{d['downtime_ms']} ms down, {d['bytes'] / MB:.0f} MB"
-                  f"{' (incremental)' if d['incremental'] else ''}", flush=True)
-        return rows
-    finally:
-        if direct is not None:
-            direct.destroy()
-        if peer_vm is not None and peers and all(p.poll() is None for p in peers):
+            booted = hosts.cli_json("boot", "bench-mover", "--on", "host1", "--resources",
+                                    QEMU_VM, "--image", f"file://{hosts.image}",
+                                    "--network", "none")
+            (peer_vm,) = booted["vms"]
+            peer_vm = {**peer_vm, "host": "host1"}
+            console = os.path.join(work, "state-host1", "console", f"{peer_vm['uuid']}.log")
+            if not qemu_guest.wait_for_console(console, qemu_guest.READY_MARKER, 180):
+                raise SystemExit(f"the peerctl guest did not come up (see {console})")
+            conn = libvirt.open(uris["host1"])
             try:
-                cli_json(etcd.url, cluster, "destroy", "bench-mover", "--yes", timeout=120)
-            except (SystemExit, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
-                print(f"(destroy of the peerctl guest failed: {exc})", file=sys.stderr)
-        stop_processes(peers)
-        for daemon in daemons:
-            daemon.clear_guests()
-            daemon.stop()
-        if etcd is not None:
-            etcd.stop()
-        shutil.rmtree(work, ignore_errors=True)
+                template = conn.lookupByUUIDString(peer_vm["uuid"]).XMLDesc(
+                    libvirt.VIR_DOMAIN_XML_INACTIVE)
+            finally:
+                conn.close()
+            direct = DirectGuest(libvirt, uris, work, template)
+            if not qemu_guest.wait_for_console(direct.console("host1"), qemu_guest.READY_MARKER,
+                                               180):
+                raise SystemExit("the direct guest did not come up")
+            print(f"both guests up (accel {qemu_guest.LINUX_ACCEL}); {rounds} hops each way",
+                  flush=True)
+
+            rows = {"peerctl": [], "direct": []}
+            for i in range(2 * rounds):
+                dest = HOSTS[(i + 1) % 2]
+                elapsed, result, automation_id = run(store, "migrate", {
+                    "vms": [{"name": "bench-mover", "uuid": peer_vm["uuid"],
+                             "host": peer_vm["host"], "state": "running"}],
+                    "to": dest, "parallel": 1}, timeout=900)
+                (vm,) = result["vms"]
+                if vm.get("host") != dest or vm.get("mode") != "live" or vm.get("error"):
+                    raise SystemExit(f"peerctl hop {i + 1} did not move live: {vm}")
+                step = _migrate_step(store, automation_id)
+                rows["peerctl"].append({"seconds": elapsed, "downtime_ms": vm["downtime_ms"],
+                                        "bytes": vm["bytes"],
+                                        "copy_seconds": step.get("seconds") or elapsed})
+                peer_vm["host"] = dest
+                rows["direct"].append(direct.hop(dest))
+                p, d = rows["peerctl"][-1], rows["direct"][-1]
+                print(f"hop {i + 1} -> {dest}: peerctl {p['seconds']:.2f}s "
+                      f"(copy {p['copy_seconds']:.2f}s) {p['downtime_ms']} ms down, "
+                      f"{(p['bytes'] or 0) / MB:.0f} MB | direct {d['seconds']:.2f}s "
+                      f"{d['downtime_ms']} ms down, {d['bytes'] / MB:.0f} MB"
+                      f"{' (incremental)' if d['incremental'] else ''}", flush=True)
+            return rows
+        finally:
+            if direct is not None:
+                direct.destroy()
 
 
 # -- part 2 ------------------------------------------------------------------

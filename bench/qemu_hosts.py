@@ -1,0 +1,93 @@
+"""Two KVM hosts on this machine for the QEMU benchmarks: two private
+libvirtd daemons (engine.hypervisor.daemons.PrivateLibvirtd), a real etcd, a
+peerctl peer on each (host1, host2), and the tier's busybox guest image.
+
+    with two_qemu_hosts("peerctl-bbak-", "bbak") as hosts:
+        hosts.cli_json("boot", ...)
+
+Everything it started (peers and their guards, the daemons and their
+guests, etcd, the work directory) is stopped and removed when the block
+ends, on error too; a second Ctrl-C or SIGTERM does not cut that short.
+It ends only processes it started, by PID.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import signal
+from dataclasses import dataclass
+
+from engine.core import api
+from engine.core.etcd_server import EtcdServer
+from engine.core.store import Store
+
+from bench.bulk import wait
+from bench.migrate import cli_json, start_peer, stop_processes
+
+__all__ = ["HOSTS", "QemuHosts", "two_qemu_hosts"]
+
+HOSTS = ("host1", "host2")
+
+
+@dataclass
+class QemuHosts:
+    work: str
+    cluster: str
+    etcd_url: str
+    store: Store
+    uris: dict          # host -> libvirt URI of its private daemon
+    image: str          # the guest's bootable disk image (file)
+
+    def cli_json(self, *args, timeout=300):
+        return cli_json(self.etcd_url, self.cluster, *args, timeout=timeout)
+
+    def console(self, host: str, uuid: str) -> str:
+        return os.path.join(self.work, f"state-{host}", "console", f"{uuid}.log")
+
+
+def _stop_guards(work: str) -> None:
+    from tests.support.cluster import stop_guard
+    for host in HOSTS:
+        stop_guard(pathlib.Path(work) / f"state-{host}")
+
+
+@contextlib.contextmanager
+def two_qemu_hosts(prefix: str, cluster: str):
+    import libvirt
+    from engine.hypervisor.daemons import PrivateLibvirtd
+    from engine.placement import open_placement
+    from tests.support import qemu_guest
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+    work = qemu_guest.world_readable_tmpdir(prefix)
+    daemons, peers, etcd = [], [], None
+    try:
+        daemons = [PrivateLibvirtd(work, name) for name in ("kvm1", "kvm2")]
+        for daemon in daemons:
+            daemon.start()
+        uris = dict(zip(HOSTS, (d.uri for d in daemons)))
+        image = qemu_guest.build_disk_image(os.path.join(work, "guest.img"),
+                                            qemu_guest.GUEST_DIR, work)
+        etcd = EtcdServer(os.path.join(work, "etcd")).start()
+        store = Store(etcd.url, cluster)
+        for host in HOSTS:
+            peers.append(start_peer(etcd.url, cluster, work, host, uris[host],
+                                    env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL}))
+        wait(lambda: set(HOSTS) <= set(api.live_hosts(store)), timeout=60, interval=0.2)
+        placement = open_placement("etcd", store)
+        wait(lambda: set(HOSTS) <= {p["name"] for p in placement.providers()}, timeout=30,
+             interval=0.2)
+        yield QemuHosts(work, cluster, etcd.url, store, uris, image)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stop_processes(peers)
+        _stop_guards(work)
+        for daemon in daemons:
+            daemon.clear_guests()       # the guests go with their daemon
+            daemon.stop()
+        if etcd is not None:
+            etcd.stop()
+        shutil.rmtree(work, ignore_errors=True)
