@@ -58,18 +58,9 @@ def vm_record(host_name: str, dom) -> dict:
     record = {"host": host_name, "name": dom.name(), "uuid": dom.UUIDString(),
               "state": state, "vcpus": vcpus, "memory_mb": max_kib // 1024,
               "disk_gb": meta.get("disk_gb", 0), "ha": meta.get("ha") or "none"}
-    if meta.get("recovered_from"):
-        try:
-            when = float(meta.get("recovered_at") or 0)
-        except ValueError:
-            when = 0.0
-        record["recovered"] = {"from": meta["recovered_from"], "time": when}
-    if meta.get("restored_from"):
-        try:
-            when = float(meta.get("restored_at") or 0)
-        except ValueError:
-            when = 0.0
-        record["restored"] = {"backup": meta["restored_from"], "time": when}
+    for mark, name in (("recovered", "from"), ("restored", "backup")):
+        if meta.get(f"{mark}_from"):
+            record[mark] = {name: meta[f"{mark}_from"], "time": _seconds(meta.get(f"{mark}_at"))}
     names = [n for n in (meta.get("networks") or "").split(",") if n]
     if names:
         addresses = []
@@ -78,6 +69,13 @@ def vm_record(host_name: str, dom) -> dict:
                                               for index in range(len(names))])
         record.update(networks=names, addresses=addresses, ip=first_ip(addresses))
     return record
+
+
+def _seconds(text) -> float:
+    try:
+        return float(text or 0)
+    except ValueError:
+        return 0.0
 
 
 def owned_by(dom, host_name: str) -> bool:
