@@ -8,8 +8,10 @@ Each run (``schedule_due`` at the schedule's ``next`` time):
    locked, verified, recorded); a VM whose chain has grown to
    :data:`~requests.backup_schedules.FULL_EVERY` backups gets a full one,
    so that chains end and retention can free them;
-2. retention (``schedule_prune``, :mod:`engine.backups.retention`) names
-   the backups to delete, children first; each is deleted on its target;
+2. retention (``schedule_prune``, :mod:`engine.backups.retention`, with
+   the ``keep`` the run started with: a schedule deleted meanwhile still
+   finishes its run whole) names the backups to delete, children first;
+   each is deleted on its target;
 3. ``schedule_ran`` records when it ran and sets the next run one interval
    after this one started.
 
@@ -49,7 +51,8 @@ def _run(ctx, schedule, record, run):
     vms = due["vms"]
     results = (yield ctx.all([ctx.worker(backup_one, vm, record.get("to"), vm["full"], run,
                                          label=vm["name"]) for vm in vms])) if vms else []
-    plan = yield from _step("schedule_prune", schedule, uuids=[vm["uuid"] for vm in vms])
+    plan = yield from _step("schedule_prune", schedule, uuids=[vm["uuid"] for vm in vms],
+                            keep=record.get("keep") or {})
     deleted, errors = [], [f"{r['name']}: {r['error']}" for r in results if r.get("error")]
     errors += [f"{s['name']}: its host {s['host']} is down" for s in due["skipped"]]
     for entry in plan["drop"]:

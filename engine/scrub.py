@@ -14,6 +14,8 @@ from engine.core.store import Delete, Store, modified_at
 from engine.errors import Unreadable
 import engine.hypervisor.shapes  # noqa: F401  (declares vms/, disowned/)
 import engine.placement.etcd  # noqa: F401  (declares placement/)
+import engine.backups.records  # noqa: F401  (declares backups/)
+import engine.backups.schedules  # noqa: F401  (declares schedules/backup/)
 
 __all__ = ["find_unreadable", "delete_unreadable"]
 

@@ -7,8 +7,9 @@ reading and writing etcd only.
   full}], skipped: [{name, host}]}``: the VMs matching the pattern now
   (those on a down host are skipped and named); ``full`` once a VM's newest
   chain holds :data:`FULL_EVERY` backups;
-- ``schedule_prune {schedule, uuids}`` -> ``{drop: [{id, vm, uuid,
-  target}]}``: what retention drops of those VMs' backups, children first;
+- ``schedule_prune {schedule, uuids, keep}`` -> ``{drop: [{id, vm, uuid,
+  target}]}``: what retention ``keep`` (the run's) drops of those VMs'
+  backups, children first;
   backups on a down host wait for a later run;
 - ``schedule_ran {schedule, at, now, summary}`` -> ``{record}``: ``last``,
   ``last_run`` (the summary) and ``runs`` (how many so far) recorded, ``next`` one interval after
@@ -78,16 +79,18 @@ def schedule_due(host, args: dict) -> dict:
 
 @handler("schedule_prune")
 def schedule_prune(host, args: dict) -> dict:
-    record = schedules.read(host.store, _schedule(args))
     uuids = args.get("uuids") or []
-    if record is None or not isinstance(uuids, list):
-        return {"drop": []}
+    try:
+        keep = retention.check_keep(args.get("keep") or {})
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+    if not isinstance(uuids, list):
+        raise RequestError("schedule_prune needs the uuids of the run's VMs")
     alive = live_host_names(host.store)
     backups = recorded(host.store)
     drop = []
     for uuid in uuids:
-        _kept, dropped = retention.plan([b for b in backups if b["uuid"] == uuid],
-                                        record.get("keep") or {})
+        _kept, dropped = retention.plan([b for b in backups if b["uuid"] == uuid], keep)
         for backup in dropped:
             if backup["target"] not in alive:
                 break           # its parents wait with it: a chain is never cut

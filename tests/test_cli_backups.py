@@ -1,9 +1,11 @@
 """Backups through the real command line (issue 28) on libvirt's test
-driver: ``backup``, ``backup list``, ``backup delete``, ``restore`` and
-vmlist's ``backup`` column.  Bad input is one line, a non-zero exit and
-nothing written; listings survive an unreadable backup record; and, end to
-end on two real peers, a VM backed up to the other host, destroyed, and
-restored under its old name and as a second VM."""
+driver: ``backup``, ``backup list``, ``backup delete``, ``backup schedule``
+(set, list, delete), ``restore``, vmlist's ``backup`` column and what
+``destroy`` says of the backups it keeps.  Bad input is one line, a
+non-zero exit and nothing written; listings survive an unreadable backup or
+schedule record; and, end to end on two real peers, a VM backed up to the
+other host, destroyed, and restored under its old name and as a second VM,
+and a schedule every second that keeps exactly its last backup."""
 from __future__ import annotations
 
 import io
@@ -17,8 +19,9 @@ import pytest
 from engine.commandline.progress import ProgressView
 from engine.core import keys
 from engine.core.store import Put
-from tests.support import wait_for
-from tests.support.cluster import ready_hosts, refused
+from engine.leases.times import parse_time
+from tests.support import wait_for, wait_until
+from tests.support.cluster import finished, ready_hosts, refused, start_peers
 from tests.support.raw import put_raw
 
 SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
@@ -28,6 +31,9 @@ LIST_KEYS = {"id", "vm", "uuid", "host", "target", "time", "age_s", "kind", "par
 BACKUP_KEYS = {"name", "uuid", "host", "state", "backup", "kind", "bytes", "consistency",
                "target", "reason", "error"}
 RESTORE_KEYS = {"name", "uuid", "host", "state", "restored_from", "error"}
+SCHEDULE_KEYS = {"schedule", "pattern", "every", "keep", "to", "next", "last", "runs",
+                 "last_run", "automation"}
+VM_KEYS = {"name", "uuid", "host", "state", "error"}
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -231,7 +237,14 @@ def test_a_single_host_has_no_other_host_to_back_up_to(cluster, store):
 @pytest.mark.parametrize("command", [
     ["backup"], ["backup", "a/b/c"], ["backup", "web1", "--to", "a/b"],
     ["backup", "delete"], ["backup", "delete", "a b"], ["backup", "list", "-o", "nosuch"],
-    ["restore"], ["restore", "x", "--as", "no/name"], ["restore", "x/y"]])
+    ["restore"], ["restore", "x", "--as", "no/name"], ["restore", "x/y"],
+    ["backup", "schedule"], ["backup", "schedule", "web*"],
+    ["backup", "schedule", "web*", "--every", "0"],
+    ["backup", "schedule", "--every", "1h", "web*", "--keep-last", "0"],
+    ["backup", "schedule", "a/b/c", "--every", "1h"],
+    ["backup", "--dry-run", "schedule", "web*", "--every", "1h"],
+    ["backup", "schedule", "delete"], ["backup", "schedule", "delete", "a/b/c"],
+    ["backup", "schedule", "list", "-o", "nosuch"]])
 def test_usage_errors_come_before_etcd(cluster, command):
     done = cluster.cli("--etcd", "http://127.0.0.1:1", *command, input="")
     assert done.returncode == 2, (command, done.stderr)
@@ -290,6 +303,187 @@ def test_a_vm_backed_up_destroyed_and_restored_twice(cluster, two_hosts, store):
     assert cluster.cli_json("backup", "list") == [] and backup_keys(store) == []
     assert cluster.cli_json("vmlist", "-o", "name,backup", "web1") == [
         {"name": "web1", "backup": None}]
+
+
+# -- schedules ------------------------------------------------------------------------
+
+def schedule_keys(store) -> dict[str, int]:
+    """``{key: mod revision}`` under schedules/backup/: what a refusal must not touch."""
+    return {kv.key: kv.mod_revision for kv in store.range(keys.backup_schedule())[0]}
+
+
+def listed_schedules(cluster) -> dict:
+    """``backup schedule list`` by pattern."""
+    return {row["pattern"]: row for row in cluster.cli_json("backup", "schedule", "list")}
+
+
+def test_bad_schedules_are_refused_in_one_line_and_write_nothing(cluster, store):
+    start_peers(cluster, store, ["host1"])
+    web = cluster.cli_json("backup", "schedule", "web*", "--every", "1h", "--keep-last", "2")
+    cluster.cli_json("backup", "schedule", "db*", "--every", "1d")
+    before, stored = task_ids(cluster), schedule_keys(store)
+
+    for every, said in [("0", "bad interval '0': at least 1s"), ("0s", "bad interval '0s'"),
+                        ("-1s", "bad interval '-1s' (want seconds"),
+                        ("-5", "bad interval '-5'"), ("abc", "bad interval 'abc'"),
+                        ("0.5", "bad interval '0.5': at least 1s"),
+                        ("400d", "at most 366d")]:
+        refused(cluster, ["backup", "schedule", "web*", f"--every={every}"], 2, said)
+    for option, count in [("last", "0"), ("daily", "-1"), ("weekly", "abc"),
+                          ("last", "1.5"), ("daily", "10000000")]:
+        refused(cluster, ["backup", "schedule", "web*", "--every", "2h",
+                          f"--keep-{option}={count}"], 2, f"bad keep-{option} {count!r}")
+    refused(cluster, ["backup", "schedule", "host1/web1/x", "--every", "1h"], 2,
+            "bad VM pattern 'host1/web1/x'")
+    refused(cluster, ["backup", "schedule", "host1/", "--every", "1h"], 2, "bad VM pattern")
+    refused(cluster, ["backup", "schedule", "web[", "--every", "1h"], 2, "unclosed '['")
+    refused(cluster, ["backup", "schedule", "web*", "--every", "1h", "--to", "a/b"], 2,
+            "bad host pattern 'a/b'")
+    refused(cluster, ["backup", "schedule", "web*"], 2, "needs --every DURATION")
+    refused(cluster, ["backup", "--dry-run", "schedule", "web*", "--every", "1m"], 2,
+            "--dry-run is an option of backup PATTERN..., not of backup schedule")
+
+    refused(cluster, ["backup", "schedule", "delete", "nosuch"], 1,
+            "no backup schedule 'nosuch' (see backup schedule list)")
+    refused(cluster, ["backup", "schedule", "delete", "web*", "nosuch", "--yes"], 1,
+            "no backup schedule 'nosuch'")
+    refused(cluster, ["backup", "schedule", "delete", "web*", "db*"], 2,
+            "backup schedule delete matches 2 schedules: add --yes")
+    assert cluster.cli_json("backup", "schedule", "delete", "nosuch", expect_rc=1) == {
+        "state": "failed", "schedules": []}
+
+    assert schedule_keys(store) == stored and task_ids(cluster) == before
+    listed = listed_schedules(cluster)
+    assert set(listed) == {"web*", "db*"}
+    assert (listed["web*"]["every"], listed["web*"]["keep"]) == (3600, {"last": 2})
+    assert listed["web*"]["schedule"] == web["schedule"]
+
+
+def test_a_schedule_is_listed_and_scheduling_its_pattern_again_changes_it(cluster, store):
+    start_peers(cluster, store, ["host1"])
+    doc = cluster.cli_json("backup", "schedule", "web*", "--every", "1h", "--keep-daily", "7",
+                           "--keep-last", "3")
+    assert set(doc) == SCHEDULE_KEYS | {"state"}, doc
+    assert (doc["state"], doc["pattern"], doc["every"], doc["keep"], doc["to"], doc["last"],
+            doc["runs"], doc["last_run"]) == (
+        "created", "web*", 3600, {"last": 3, "daily": 7}, None, None, 0, None)
+    assert ISO.match(doc["next"]) and 3500 < parse_time(doc["next"]) - time.time() <= 3600
+    assert re.fullmatch(r"[0-9a-f]{12}", doc["schedule"]) and doc["automation"]
+
+    done = cluster.cli("backup", "schedule", "db1", "--to", "host2", "--every", "90m")
+    assert done.returncode == 0, done.stderr
+    db1 = listed_schedules(cluster)["db1"]
+    assert done.stdout.splitlines()[-1] == (f"backup schedule {db1['schedule']} created: db1 "
+                                            "every 90m to hosts matching 'host2', keeping all")
+    done = cluster.cli("backup", "schedule", "*/list", "--every", "1d")    # a VM named list
+    assert done.returncode == 0 and "created: */list every 1d" in done.stdout, done.stderr
+
+    rows = cluster.cli_json("backup", "schedule", "list")
+    assert [row["pattern"] for row in rows] == ["*/list", "db1", "web*"]
+    assert all(set(row) == SCHEDULE_KEYS for row in rows)
+    assert {k: v for k, v in rows[2].items() if k != "state"} == \
+        {k: v for k, v in doc.items() if k != "state"}
+    assert (rows[1]["every"], rows[1]["keep"], rows[1]["to"]) == (5400, {}, "host2")
+    table = cluster.cli("backup", "schedule", "list", "-o", "pattern,every,keep,last,runs,next",
+                        "--no-headers", "--separator", ";")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert [line.rsplit(";", 1)[0] for line in lines] == [
+        "*/list;1d;all;-;0", "db1;90m;all;-;0", "web*;1h;last=3,daily=7;-;0"]
+    assert re.fullmatch(r"in (1h29m|1h30m)", lines[1].rsplit(";", 1)[1]), lines
+    header = cluster.cli("backup", "schedule", "list").stdout.splitlines()[0].split()
+    assert header == ["Id", "Pattern", "Every", "Keep", "Next", "Last", "Runs"]
+
+    done = cluster.cli("backup", "schedule", "web*", "--every", "2h", "--keep-weekly", "4")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == (f"backup schedule {doc['schedule']} changed: web* "
+                                            "every 2h, keeping weekly=4")
+    again = listed_schedules(cluster)
+    assert len(again) == 3
+    assert (again["web*"]["schedule"], again["web*"]["every"], again["web*"]["keep"],
+            again["web*"]["automation"]) == (doc["schedule"], 7200, {"weekly": 4},
+                                             doc["automation"])
+
+    done = cluster.cli("backup", "schedule", "delete", "db1", "*/list", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == ("2 backup schedules deleted; the backups they "
+                                            "took are kept (backup list shows them, backup "
+                                            "delete removes them)")
+    gone = cluster.cli_json("backup", "schedule", "delete", doc["schedule"])
+    assert gone["state"] == "deleted" and [s["schedule"] for s in gone["schedules"]] == \
+        [doc["schedule"]] and set(gone["schedules"][0]) == SCHEDULE_KEYS
+    assert cluster.cli_json("backup", "schedule", "list") == [] and schedule_keys(store) == {}
+    assert finished(store, doc["automation"])["state"] == "done"   # it ended at its next look
+
+
+def test_a_schedule_every_second_keeps_exactly_its_last_backup(cluster, store, two_hosts):
+    vm_uuid = boot(cluster, "web1")["web1"]["uuid"]
+    doc = cluster.cli_json("backup", "schedule", "web1", "--every", "1s", "--keep-last", "1")
+    ran = wait_until(lambda: listed_schedules(cluster)["web1"],
+                     lambda row: row["runs"] >= 2, timeout=90, interval=0.3,
+                     what="two runs of the schedule")
+    assert ran["last_run"]["deleted"] and not ran["last_run"]["errors"], ran
+    assert ran["last_run"]["backups"] and ISO.match(ran["last"]), ran
+    # A run in flight when its schedule is deleted takes its backup but prunes
+    # nothing: the interval goes to an hour first, and the schedule is deleted
+    # once a run under it has ended (its next one an hour away), so none is.
+    cluster.cli_json("backup", "schedule", "web1", "--every", "1h", "--keep-last", "1")
+    idle = wait_until(lambda: listed_schedules(cluster)["web1"],
+                      lambda row: parse_time(row["next"]) > time.time() + 600, timeout=60,
+                      interval=0.3, what="a run under the hour's interval")
+    assert not idle["last_run"]["errors"], idle
+    done = cluster.cli("backup", "schedule", "delete", "web1")
+    assert done.returncode == 0 and "the backups they took are kept" in done.stdout
+    assert finished(store, doc["automation"])["state"] == "done"
+    (kept,) = cluster.cli_json("backup", "list", "web1")
+    assert (kept["uuid"], kept["newest"], kept["id"]) == (vm_uuid, True,
+                                                          idle["last_run"]["backups"][0]), kept
+
+
+def test_schedule_list_survives_unreadable_records(cluster, store, etcd):
+    now = time.time()
+    store.put(keys.backup_schedule("aaaa"), {
+        "id": "aaaa", "pattern": "web*", "every": 3600.0, "keep": {"last": 2}, "to": None,
+        "created": now, "changed": now, "next": now + 3600, "last": None, "automation": None})
+    put_raw(etcd.url, f"/peerctl/{store.cluster}/{keys.backup_schedule('bbbb')}",
+            b"\xc1 not msgpack")
+    store.put(keys.backup_schedule("cccc"), {"id": 7, "pattern": None})
+    done = cluster.cli("--format", "json", "backup", "schedule", "list")
+    assert done.returncode == 0, done.stderr
+    warnings = done.stderr.splitlines()
+    assert len(warnings) == 2 and all("skipped unreadable key schedules/backup/" in line
+                                      for line in warnings), warnings
+    (row,) = json.loads(done.stdout)
+    assert (row["schedule"], row["every"], row["keep"], row["runs"], row["last"]) == (
+        "aaaa", 3600, {"last": 2}, 0, None)
+    done = cluster.cli("backup", "schedule", "list", "--no-headers", "-o", "schedule,keep")
+    assert done.returncode == 0 and done.stdout.split() == ["aaaa", "last=2"], done
+    done = cluster.cli("backup", "schedule", "delete", "bbbb")
+    assert done.returncode == 1 and done.stderr.splitlines()[-1] == (
+        "peerctl: backup schedule bbbb is unreadable: scrub lists it, and scrub --delete "
+        "removes it"), done.stderr
+
+
+# -- destroy keeps backups ------------------------------------------------------------
+
+def test_destroy_says_which_backups_it_keeps(cluster, store, two_hosts):
+    booted = boot(cluster, "db1", "db2", "web1")
+    db1, db2 = booted["db1"]["uuid"], booted["db2"]["uuid"]
+    put_backups(store, backup_record("k1", "db1", db1, age_s=600),
+                backup_record("k2", "db1", db1, kind="incremental", parent="k1"),
+                backup_record("k3", "db1", db1, age_s=30), backup_record("k4", "db2", db2))
+
+    done = cluster.cli("destroy", "db1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == ("db1: its 3 backups are kept (backup list db1); "
+                                            "backup delete removes them")
+    doc = cluster.cli_json("destroy", "db2", "web1", "--yes")
+    rows = {row["name"]: row for row in doc["vms"]}
+    assert rows["db2"]["backups_kept"] == 1 and set(rows["db2"]) == VM_KEYS | {"backups_kept"}
+    assert set(rows["web1"]) == VM_KEYS, rows
+    wait_for(lambda: not vms(cluster), what="the three VMs gone")
+    assert sorted(row["id"] for row in cluster.cli_json("backup", "list")) == \
+        ["k1", "k2", "k3", "k4"]
 
 
 # -- the progress lines (history in, lines out, no etcd) ------------------------------

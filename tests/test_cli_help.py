@@ -15,7 +15,8 @@ from engine.commandline.main import values_after_options
 from tests.support.cluster import start_peers
 
 READ_ONLY = {"vmlist", "hostlist", "hoststats", "tasks", "task", "placement", "aside list",
-             "lease list", "lease show", "lease calendar", "scrub", "ping", "backup list"}
+             "lease list", "lease show", "lease calendar", "scrub", "ping", "backup list",
+             "backup schedule list"}
 
 
 def parsers(parser=None, path=()):

@@ -80,7 +80,8 @@ def put(store, pattern: str, every: float, keep: dict, to: str | None = None,
                   "created": (known or {}).get("created", now), "changed": now,
                   "next": now + every if known is None else min(known.get("next", now),
                                                                 now + every),
-                  "last": (known or {}).get("last"),
+                  "last": (known or {}).get("last"), "runs": (known or {}).get("runs", 0),
+                  "last_run": (known or {}).get("last_run"),
                   "automation": (known or {}).get("automation")}
         guard = [absent(key)] if kv is None else [modified_at(key, kv.mod_revision)]
         if _running(store, record["automation"]):

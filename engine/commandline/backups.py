@@ -1,24 +1,27 @@
-"""Backups: backup PATTERN..., backup list, backup delete, and restore.
+"""Backups: backup PATTERN..., backup list, backup delete, backup schedule,
+and restore.
 
 ``backup`` takes a verb or patterns: its first word names a verb (``list``,
-``delete``) or, as any other word, is the first PATTERN of ``backup
-PATTERN...`` (a VM named like a verb is ``'*/list'``).  The options of
-taking a backup may come before the patterns or after them."""
+``delete``, ``schedule``) or, as any other word, is the first PATTERN of
+``backup PATTERN...`` (a VM named like a verb is ``'*/list'``).  The options
+of taking a backup may come before the patterns or after them.  ``backup
+schedule`` reads its first word the same way: ``list``, ``delete``, or the
+PATTERN of a schedule."""
 from __future__ import annotations
 
 import argparse
 import functools
-from collections.abc import Mapping
 
-from engine.errors import Failed
+from engine.errors import Failed, UsageError
 from engine.leases.times import human_span
 from engine.operations import backups as ops
 
-from . import table
+from . import backup_schedules, table
 from .confirm import confirm
 from .follow import act, vm_outcome
 from .listing import listing
-from .options import RAW, detach_option, dry_run_option, listing_options, yes_option
+from .options import detach_option, listing_options
+from .verb_or_patterns import add_patterns, told_choices, verbs_or_patterns
 
 C = table.Column
 
@@ -47,9 +50,6 @@ RESTORE_COLUMNS = [C("name", "Name"), C("host", "Host"), C("state", "State"),
 DELETE_COLUMNS = [C("id", "Id"), C("vm", "VM"), C("target", "Target"), C("state", "State")]
 PLANNED_DELETE_COLUMNS = [C("id", "Id"), C("vm", "VM"), C("target", "Target"),
                           C("kind", "Kind"), C("time", "Time")]
-# The parser of `backup PATTERN...`, among the verbs: a name nobody types
-# (a pattern has no space).
-PATTERNS = "PATTERN ..."
 
 
 # -- backup PATTERN... ------------------------------------------------------------
@@ -71,7 +71,16 @@ def cmd_backup(ctx) -> int:
 
 # -- backup list, backup delete ---------------------------------------------------
 
+def not_of(args, verb: str, flags) -> None:
+    """Options of ``backup PATTERN...`` given before ``verb`` that it does
+    not take are refused, never ignored."""
+    given = [flag for flag in flags if getattr(args, flag, None) not in (None, False)]
+    if given:
+        raise UsageError(f"--{given[0].replace('_', '-')} is not an option of backup {verb}")
+
+
 def cmd_list(ctx) -> int:
+    not_of(ctx.args, "list", ("to", "full", "yes", "dry_run", "detach"))
     return listing(ctx, lambda: ops.list_backups(ctx, ctx.args.pattern), BACKUP_COLUMNS,
                    BACKUP_DEFAULT, BACKUP_JSON, "vm,time")
 
@@ -96,6 +105,7 @@ def deleted(ctx, automation: str, task: dict) -> int:
 
 def cmd_delete(ctx) -> int:
     args = ctx.args
+    not_of(args, "delete", ("to", "full"))
     plan = ops.plan_delete(ctx, args.ids)
     if plan.ask and not args.yes and not args.dry_run:
         confirm("backup delete", [f"{row['id']} ({row['vm']}, {row['kind']}, on "
@@ -117,39 +127,6 @@ def cmd_restore(ctx) -> int:
 
 # -- the parser -------------------------------------------------------------------
 
-class _AnyWord(Mapping):
-    """The verbs by name, as ``choices``: any word is one (a pattern)."""
-
-    def __init__(self, verbs: dict):
-        self.verbs = verbs
-
-    def __getitem__(self, word):
-        return self.verbs[word]
-
-    def __iter__(self):
-        return iter(self.verbs)
-
-    def __len__(self) -> int:
-        return len(self.verbs)
-
-    def __contains__(self, word) -> bool:
-        return True
-
-
-class VerbOrPatterns(argparse._SubParsersAction):
-    """``backup``'s first word: a verb, or else the first of its PATTERNs
-    (parsed by the verb :data:`PATTERNS`)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.choices = _AnyWord(self._name_parser_map)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if values[0] not in self._name_parser_map:
-            values = [PATTERNS, *values]
-        super().__call__(parser, namespace, values, option_string)
-
-
 def taking_options(sub, default=None) -> None:
     """What ``backup PATTERN...`` takes, before its patterns or after them:
     on the ``backup`` parser with their defaults, on its patterns' parser
@@ -170,11 +147,12 @@ def taking_options(sub, default=None) -> None:
 
 def register(commands) -> None:
     sub = commands.add(
-        "backup", "back up VMs' disks to another host; list and delete backups",
+        "backup", "back up VMs' disks to another host; list, delete and schedule backups",
         "python peerctl.py backup web1 --to 'host2*'\n"
         "python peerctl.py backup 'host1/*' --full --yes\n"
         "python peerctl.py backup list\n"
-        "python peerctl.py backup delete ID --dry-run", None,
+        "python peerctl.py backup delete ID --dry-run\n"
+        "python peerctl.py backup schedule 'web*' --every 1d --keep-last 7", None,
         "backup PATTERN... backs up, live, the disks of every VM matching a PATTERN "
         "(HOSTGLOB/VMGLOB or VMGLOB) to a backup pool on another live, undrained host "
         "(--to narrows the choice), in one automation. The first backup of a VM is "
@@ -182,21 +160,17 @@ def register(commands) -> None:
         "--full, or the disk cannot carry a checkpoint (the result says why). A backup "
         "is listed once its data is complete on the target and verified. Crash-"
         "consistent, or filesystem-frozen when the guest agent answers. On more than "
-        "one VM it lists them and asks for --yes. A word that is a verb (list, delete) "
-        "is not a pattern: a VM named so is '*/list'.")
+        "one VM it lists them and asks for --yes. backup schedule takes backups on a "
+        "schedule. A word that is a verb (list, delete, schedule) is not a pattern: a "
+        "VM named so is '*/list'.")
     taking_options(sub)
-    sub.register("action", "parsers", VerbOrPatterns)
-    what = commands.verbs(sub)
-    p = what.subparsers.add_parser(
-        PATTERNS, parents=[commands.common], prog=f"{sub.prog}",
-        help="back up the VMs matching the patterns (any first word but a verb)",
-        description="Back up the disks of every VM matching a PATTERN, each to another "
-                    "live, undrained host (matching --to), in one automation. A pattern "
-                    "matching nothing, a VM whose host is down, or no other host to back "
-                    "up to exits 1 with nothing started.",
-        epilog="example:\n  " + commands.example("python peerctl.py backup db1 --to host2 "
-                                                 "--dry-run"),
-        formatter_class=RAW)
+    what = verbs_or_patterns(commands, sub)
+    p = add_patterns(
+        what, sub.prog, "back up the VMs matching the patterns (any first word but a verb)",
+        "python peerctl.py backup db1 --to host2 --dry-run",
+        "Back up the disks of every VM matching a PATTERN, each to another live, undrained "
+        "host (matching --to), in one automation. A pattern matching nothing, a VM whose "
+        "host is down, or no other host to back up to exits 1 with nothing started.")
     p.add_argument("patterns", nargs="+", metavar="PATTERN",
                    help="HOSTGLOB/VMGLOB or VMGLOB")
     taking_options(p, default=argparse.SUPPRESS)
@@ -216,12 +190,15 @@ def register(commands) -> None:
                  "hosts, which must be up. A backup that another one, kept, builds on "
                  "(its parent) is refused: delete both. More than one asks for --yes.")
     p.add_argument("ids", nargs="+", metavar="ID")
-    yes_option(p, "do not ask when several backups are deleted")
-    dry_run_option(p, "only list the backups that would be deleted")
-    detach_option(p)
-    # `backup` alone is told what it takes: {PATTERN...,list,delete,...}
-    what.subparsers.metavar = "{" + ",".join(
-        "PATTERN..." if word == PATTERNS else word for word in what.subparsers.choices) + "}"
+    # before the verb or after it, alike: neither's default undoes the other
+    p.add_argument("--yes", "-y", action="store_true", default=argparse.SUPPRESS,
+                   help="do not ask when several backups are deleted")
+    p.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS,
+                   help="only list the backups that would be deleted")
+    p.add_argument("--detach", action="store_true", default=argparse.SUPPRESS,
+                   help="print the automation id and return at once")
+    backup_schedules.register(commands, what)
+    told_choices(what)
 
     sub = commands.add(
         "restore", "rebuild a VM from a backup",

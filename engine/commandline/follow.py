@@ -98,11 +98,15 @@ def detach(ctx, automation: str):
 
 
 def vm_outcome(ctx, automation: str, task: dict, fields=tasks.VM_RESULT_FIELDS,
-               columns=VM_RESULT_COLUMNS, verb: str | None = None, key: str = "vms") -> int:
+               columns=VM_RESULT_COLUMNS, verb: str | None = None, key: str = "vms",
+               notes=None) -> int:
     """A VM automation's result, ``{automation, state, vms: [{FIELDS}]}``, as
     JSON or a table (with an Error column when any VM has one, and ``N of M
-    VMs VERB`` when a verb is given); exit 1 unless done with no VM in error."""
+    VMs VERB`` when a verb is given); exit 1 unless done with no VM in error.
+    ``notes(doc)``, if given, may add fields to the rows and returns lines
+    to print under the table."""
     doc = tasks.vm_result(automation, task, fields, key)
+    lines = notes(doc) if notes else []
     rows = doc[key]
     columns = list(columns)
     if any(row.get("error") for row in rows):
@@ -112,7 +116,7 @@ def vm_outcome(ctx, automation: str, task: dict, fields=tasks.VM_RESULT_FIELDS,
     text = (text + "\n" if text else "") + f"automation {automation} {task.get('state')}"
     if verb:
         text += f": {len(rows) - len(failed)} of {len(rows)} VMs {verb}"
-    ctx.emit(doc, text)
+    ctx.emit(doc, "\n".join([text, *lines]))
     if task.get("state") != "done" or failed:
         why = task.get("error") or ", ".join(f"{row['name']}: {row.get('error') or 'error'}"
                                              for row in failed)

@@ -109,9 +109,22 @@ def _with_addresses(ctx, automation: str, task: dict, timeout: float, wired: set
     return status
 
 
+def backups_kept(ctx, doc: dict) -> list[str]:
+    """Under destroy's result, one line per destroyed VM that has backups."""
+    lines = []
+    for row in ops.note_backups_kept(ctx, doc["vms"]):
+        if row.get("backups_kept"):
+            n, name = row["backups_kept"], row["name"]
+            lines.append(f"{name}: its {n} backup{'s are' if n != 1 else ' is'} kept (backup "
+                         f"list {name}); backup delete removes {'them' if n != 1 else 'it'}")
+    return lines
+
+
 def cmd_vm_action(ctx) -> int:
     kind = ctx.args.command
-    return act(ctx, ops.plan_action(ctx, kind, ctx.args.patterns), vm_outcome)
+    outcome = (functools.partial(vm_outcome, notes=functools.partial(backups_kept, ctx))
+               if kind == "destroy" else vm_outcome)
+    return act(ctx, ops.plan_action(ctx, kind, ctx.args.patterns), outcome)
 
 
 def cmd_ha(ctx) -> int:

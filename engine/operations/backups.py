@@ -7,10 +7,16 @@ read is skipped (reported once), never a crash of a listing.  Every refusal
 here is one line with nothing written: a pattern matching nothing, a VM
 whose host is down, no other live, undrained host to back up to, an unknown
 backup, a backup whose host is down, a parent whose child is kept, a
-restore onto a name or a VM that exists."""
+restore onto a name or a VM that exists.
+
+Schedules (``schedules/backup/<id>``, :mod:`engine.backups.schedules`)
+are set, listed and deleted here too: a bad pattern, interval, count or
+``to`` is a ``UsageError`` before anything is read or written; deleting a
+schedule keeps its backups."""
 from __future__ import annotations
 
 import fnmatch
+import re
 import time
 
 from engine.errors import Failed, UsageError
@@ -20,8 +26,9 @@ from .select import host_pattern, select_vms, vm_pattern
 from .specs import check_name
 from .tasks import iso
 
-__all__ = ["list_backups", "newest_by_uuid", "plan_backup", "plan_delete", "plan_restore",
-           "check_id"]
+__all__ = ["list_backups", "newest_by_uuid", "count_backups", "plan_backup", "plan_delete",
+           "plan_restore", "check_id", "set_schedule", "list_schedules", "find_schedules",
+           "delete_schedules", "KEEP_OPTIONS"]
 
 
 def check_id(text: str) -> str:
@@ -63,6 +70,18 @@ def newest_by_uuid(store) -> dict[str, dict]:
     from one range read; what vmlist shows as its ``backup``."""
     return {uuid: {"id": record["id"], "time": iso(record["time"])}
             for uuid, record in _newest(_records(store)[0]).items()}
+
+
+def count_backups(ctx, uuids) -> dict[str, int]:
+    """``{uuid: N}``: how many backups each of ``uuids`` has (those with
+    none left out), from one range read; what destroy says it keeps."""
+    from engine.backups.records import recorded
+    wanted, counts = set(uuids), {}
+    if wanted:
+        for record in recorded(ctx.store()):
+            if record["uuid"] in wanted:
+                counts[record["uuid"]] = counts.get(record["uuid"], 0) + 1
+    return counts
 
 
 def _text(value) -> str | None:
@@ -255,3 +274,137 @@ def plan_restore(ctx, backup_id: str, as_name: str | None = None,
     return Plan("restore", {"backup": backup_id, "name": name, "uuid": uuid, "on": on},
                 [{"name": name, "uuid": uuid, "host": None, "state": None,
                   "restored_from": backup_id}])
+
+
+# -- backup schedules ---------------------------------------------------------------
+
+KEEP_OPTIONS = ("last", "daily", "weekly")     # Proxmox's keep-* options, in their order
+MAX_EVERY = 366 * 86400.0       # a longer interval is no schedule (and its times overflow)
+MAX_KEEP = 1_000_000
+
+
+def _every(value) -> float:
+    from engine.backups.schedules import MIN_EVERY
+    from engine.core.validate import parse_duration
+    every = parse_duration(value, "interval")
+    if not MIN_EVERY <= every <= MAX_EVERY:
+        raise UsageError(f"bad interval {value!r}: at least {MIN_EVERY:g}s and at most "
+                         f"{MAX_EVERY / 86400:g}d")
+    return every
+
+
+def _keep(keep: dict | None) -> dict:
+    """``{last?, daily?, weekly?}`` as whole counts of at least 1 (None: not set)."""
+    checked = {}
+    for option, value in (keep or {}).items():
+        if option not in KEEP_OPTIONS:
+            raise UsageError(f"unknown retention option {option!r} (want "
+                             f"{', '.join(KEEP_OPTIONS)})")
+        if value is None:
+            continue
+        text = str(value).strip()
+        if isinstance(value, bool) or not re.fullmatch(r"[0-9]+", text) \
+                or not 1 <= int(text) <= MAX_KEEP:
+            raise UsageError(f"bad keep-{option} {value!r}: want a whole number from 1 to "
+                             f"{MAX_KEEP}")
+        checked[option] = int(text)
+    return {option: checked[option] for option in KEEP_OPTIONS if option in checked}
+
+
+def _seconds(value):
+    """An interval as JSON shows it: whole seconds as an int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _schedule_doc(record: dict) -> dict:
+    """A schedule as every face shows it: ``{schedule, pattern, every, keep,
+    to, next, last, runs, last_run, automation}`` (times ISO 8601 UTC)."""
+    keep = record.get("keep") if isinstance(record.get("keep"), dict) else {}
+    runs = record.get("runs")
+    return {"schedule": record["id"], "pattern": record["pattern"],
+            "every": _seconds(record["every"]),
+            "keep": {option: keep[option] for option in KEEP_OPTIONS if option in keep},
+            "to": _text(record.get("to")), "next": iso(record.get("next")),
+            "last": iso(record.get("last")), "runs": runs if type(runs) is int else 0,
+            "last_run": record.get("last_run") if isinstance(record.get("last_run"), dict)
+            else None,
+            "automation": _text(record.get("automation"))}
+
+
+def set_schedule(ctx, pattern: str, every, keep: dict | None = None,
+                 to: str | None = None) -> dict:
+    """Back up the VMs matching ``pattern`` (as they are at each run) every
+    ``every`` (seconds, or ``30m``, ``12h``, ``1d``), keeping what ``keep``
+    says (``{last, daily, weekly}``: Proxmox's prune semantics; none: all),
+    on hosts matching ``to``.  Scheduling a pattern again changes its
+    schedule.  The schedule, with ``state``: ``created`` or ``changed``."""
+    if not isinstance(pattern, str):
+        raise UsageError(f"bad VM pattern {pattern!r}")
+    vm_pattern(pattern)
+    every, keep = _every(every), _keep(keep)
+    to = host_pattern(to) if to is not None else None
+    from engine.backups import schedules
+    from engine.errors import NoPeers
+    try:
+        record = schedules.put(ctx.store(), pattern, every, keep, to)
+    except NoPeers as exc:          # nothing written: the record goes with its automation
+        raise Failed(str(exc), result={"schedule": None, "state": "failed"}) from None
+    new = record["created"] == record["changed"]
+    return dict(_schedule_doc(record), state="created" if new else "changed")
+
+
+def _schedules(store) -> tuple[list[dict], set[str]]:
+    """Every readable schedule, and the ids whose record is unreadable."""
+    from engine.core import keys
+    from engine.core.values import readable
+    import engine.backups.schedules  # noqa: F401  (declares schedules/backup/)
+    records, garbled = [], set()
+    for kv in store.range(keys.backup_schedule())[0]:
+        record = readable(kv)
+        if record is None:
+            garbled.add(keys.suffix(kv.key, keys.backup_schedule()))
+        else:
+            records.append(record)
+    return records, garbled
+
+
+def list_schedules(ctx) -> list[dict]:
+    """Every backup schedule (an unreadable record is reported and skipped)."""
+    return [_schedule_doc(record) for record in _schedules(ctx.store())[0]]
+
+
+def find_schedules(ctx, which: list[str]) -> list[dict]:
+    """The schedules ``which`` names, each by its id or the pattern it was
+    made with, each once; one naming none is ``Failed``."""
+    for word in which:
+        if not isinstance(word, str):
+            raise UsageError(f"bad backup schedule {word!r}")
+        vm_pattern(word)        # an id, or a pattern: either is a well-formed pattern
+    records, garbled = _schedules(ctx.store())
+    by_id = {record["id"]: record for record in records}
+    by_pattern = {record["pattern"]: record for record in records}
+    found: dict[str, dict] = {}
+    for word in which:
+        record = by_id.get(word) or by_pattern.get(word)
+        if record is None:
+            why = (f"backup schedule {word} is unreadable: scrub lists it, and scrub "
+                   "--delete removes it" if word in garbled else
+                   f"no backup schedule {word!r} (see backup schedule list)")
+            raise Failed(why, result={"state": "failed", "schedules": []})
+        found[record["id"]] = record
+    return [_schedule_doc(record) for record in found.values()]
+
+
+def delete_schedules(ctx, which: list[str]) -> list[dict]:
+    """Delete the schedules ``which`` names (ids or patterns; all are found
+    before any is deleted); each as it was.  Their backups are kept."""
+    chosen = find_schedules(ctx, which)
+    from engine.backups import schedules
+    for doc in chosen:
+        try:
+            schedules.delete(ctx.store(), doc["schedule"])
+        except Failed:
+            pass                # deleted meanwhile: as good
+    return chosen

@@ -11,7 +11,8 @@ from .select import NoMatch, host_pattern, select_vms
 from .specs import check_names, hostname_of, parse_resources
 
 __all__ = ["list_vms", "plan_boot", "plan_action", "plan_ha", "console_target",
-           "wait_for_addresses", "check_somewhere", "VM_ACTIONS", "DESTRUCTIVE"]
+           "wait_for_addresses", "check_somewhere", "note_backups_kept", "VM_ACTIONS",
+           "DESTRUCTIVE"]
 
 VM_ACTIONS = ("destroy", "start", "stop", "reboot", "suspend", "resume")
 # Actions that take a service down: on more than one VM a person confirms them.
@@ -60,6 +61,20 @@ def plan_action(ctx, kind: str, patterns: list[str]) -> Plan:
     return Plan(kind, {"vms": targets},
                 [dict(t, state=vm.get("state")) for t, vm in zip(targets, vms)],
                 ask=kind in DESTRUCTIVE and len(vms) > 1)
+
+
+def note_backups_kept(ctx, rows: list[dict]) -> list[dict]:
+    """destroy's result ``rows``, each VM it destroyed that has backups with
+    ``backups_kept``: how many (they stay until ``backup delete`` removes
+    them: no schedule matches a destroyed VM); one range read of ``backups/``."""
+    from .backups import count_backups
+    gone = [row for row in rows if row.get("state") in ("destroyed", "disowned")
+            and not row.get("error") and row.get("uuid")]
+    counts = count_backups(ctx, [row["uuid"] for row in gone])
+    for row in gone:
+        if counts.get(row["uuid"]):
+            row["backups_kept"] = counts[row["uuid"]]
+    return rows
 
 
 def plan_ha(ctx, patterns: list[str], policy: str) -> Plan:

@@ -1,0 +1,165 @@
+"""Backup schedules: backup schedule PATTERN --every DURATION [--keep-*],
+backup schedule list, backup schedule delete (docs/cli.md, "Backups").
+
+``schedule`` is a verb of ``backup`` (registered by ``backups.py``), and its
+own first word is a verb (``list``, ``delete``) or the PATTERN of a
+schedule, as ``backup``'s is.  The options of setting a schedule may come
+before its pattern or after it."""
+from __future__ import annotations
+
+import argparse
+import time
+
+from engine.errors import UsageError
+from engine.leases.times import human_span, parse_time
+from engine.operations import backups as ops
+
+from . import table
+from .confirm import confirm
+from .listing import listing
+from .options import listing_options, yes_option
+from .verb_or_patterns import add_patterns, told_choices, verbs_or_patterns
+
+C = table.Column
+
+
+def span(seconds) -> str:
+    """An interval as ``--every`` takes it: ``90s``, ``30m``, ``12h``, ``7d``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _from_now(text: str, shown) -> str:
+    """An ISO time as ``shown(its seconds from now)``; not a time: as it is."""
+    try:
+        return shown(parse_time(text, "time") - time.time())
+    except UsageError:
+        return text
+
+
+def coming(text: str) -> str:
+    return _from_now(text, lambda s: f"in {human_span(s)}" if s > 0.5 else "due")
+
+
+def ran(text: str) -> str:
+    return _from_now(text, lambda s: f"{human_span(-s)} ago")
+
+
+def kept(keep: dict) -> str:
+    return ",".join(f"{option}={count}" for option, count in keep.items()) or "all"
+
+
+COLUMNS = [C("schedule", "Id"), C("pattern", "Pattern"), C("every", "Every", span, True),
+           C("keep", "Keep", kept), C("to", "To"), C("next", "Next", coming),
+           C("last", "Last", ran), C("runs", "Runs", right=True),
+           C("automation", "Automation")]
+DEFAULT = ["schedule", "pattern", "every", "keep", "next", "last", "runs"]
+JSON = ["schedule", "pattern", "every", "keep", "to", "next", "last", "runs", "last_run",
+        "automation"]
+KEEPS = {"last": "the N newest backups", "daily": "the newest backup of each of N days",
+         "weekly": "the newest backup of each of N ISO weeks"}
+
+
+def not_taking(args) -> None:
+    """``backup --dry-run schedule ...`` would write: the options of taking
+    a backup, given before a schedule verb, are refused instead of ignored."""
+    given = [flag for flag in ("full", "dry_run", "detach") if getattr(args, flag, False)]
+    if given:
+        raise UsageError(f"--{given[0].replace('_', '-')} is an option of backup "
+                         "PATTERN..., not of backup schedule")
+
+
+def cmd_schedule(ctx) -> int:
+    args = ctx.args
+    not_taking(args)
+    if getattr(args, "every", None) is None:
+        raise UsageError("backup schedule PATTERN needs --every DURATION (see "
+                         "backup schedule --help)")
+    keep = {option: getattr(args, f"keep_{option}", None) for option in ops.KEEP_OPTIONS}
+    doc = ops.set_schedule(ctx, args.pattern, args.every, keep, getattr(args, "to", None))
+    where = f" to hosts matching {doc['to']!r}" if doc["to"] else ""
+    ctx.emit(doc, table.render([doc], table.select(COLUMNS, None, DEFAULT))
+             + f"\nbackup schedule {doc['schedule']} {doc['state']}: {doc['pattern']} every "
+             f"{span(doc['every'])}{where}, keeping {kept(doc['keep'])}")
+    return 0
+
+
+def cmd_list(ctx) -> int:
+    not_taking(ctx.args)
+    return listing(ctx, lambda: ops.list_schedules(ctx), COLUMNS, DEFAULT, JSON, "pattern")
+
+
+def cmd_delete(ctx) -> int:
+    args = ctx.args
+    not_taking(args)
+    chosen = ops.find_schedules(ctx, args.which)
+    if len(chosen) > 1 and not args.yes:
+        confirm("backup schedule delete", [f"{doc['schedule']} ({doc['pattern']}, every "
+                                           f"{span(doc['every'])})" for doc in chosen],
+                "schedules", cancelled={"state": "cancelled", "schedules": []})
+    gone = ops.delete_schedules(ctx, [doc["schedule"] for doc in chosen])
+    shown = table.select(COLUMNS, "schedule,pattern,every,keep", DEFAULT)
+    ctx.emit({"state": "deleted", "schedules": gone}, table.render(gone, shown)
+             + f"\n{len(gone)} backup schedule{'s' if len(gone) != 1 else ''} deleted; "
+             "the backups they took are kept (backup list shows them, backup delete "
+             "removes them)")
+    return 0
+
+
+def setting_options(sub) -> None:
+    """What ``backup schedule PATTERN`` takes, before its pattern or after it:
+    on both parsers, with no default, so that neither undoes the other."""
+    absent = argparse.SUPPRESS
+    sub.add_argument("--every", metavar="DURATION", default=absent,
+                     help="the interval between runs (required): seconds, or 30m, 12h, 7d")
+    for option, what in KEEPS.items():
+        sub.add_argument(f"--keep-{option}", metavar="N", default=absent, help=f"keep {what}")
+    sub.add_argument("--to", metavar="HOSTGLOB", default=absent,
+                     help="only back up to hosts matching this")
+
+
+def register(commands, backup_verbs) -> None:
+    """``backup schedule`` and its verbs, among ``backup_verbs``."""
+    sub = backup_verbs.add(
+        "schedule", "back up VMs on a schedule, keeping what retention says",
+        "python peerctl.py backup schedule 'web*' --every 1d --keep-last 3 --keep-weekly 4\n"
+        "python peerctl.py backup schedule list", None,
+        "backup schedule PATTERN --every DURATION backs up the VMs matching PATTERN (as "
+        "they are at each run) every DURATION, then deletes what the --keep-* options do "
+        "not keep (Proxmox's prune semantics, in the order last, daily, weekly; none: "
+        "keep all; a backup a kept one builds on is kept). Scheduling the same PATTERN "
+        "again changes its schedule. Runs are on durable timers: a run missed while no "
+        "peer was up happens once when one is. A word that is a verb (list, delete) is "
+        "not a pattern: a VM named so is '*/list'.")
+    setting_options(sub)
+    verbs = verbs_or_patterns(commands, sub, dest="schedule_what")
+    p = add_patterns(
+        verbs, sub.prog, "schedule backups of the VMs matching PATTERN (any first word "
+        "but a verb)",
+        "python peerctl.py backup schedule 'host1/db*' --every 12h --keep-daily 7",
+        "Back up the VMs matching PATTERN every DURATION (at least 1s; 90s, 30m, 12h, 7d), "
+        "keeping what --keep-* says. A bad pattern, interval or count exits 2 with "
+        "nothing written. A VM destroyed meanwhile is no longer backed up nor pruned: "
+        "its backups stay until backup delete removes them.")
+    p.add_argument("pattern", metavar="PATTERN", help="HOSTGLOB/VMGLOB or VMGLOB")
+    setting_options(p)
+    p.set_defaults(func=cmd_schedule)
+
+    p = verbs.add("list", "list backup schedules", "python peerctl.py backup schedule list",
+                  cmd_list,
+                  "List the backup schedules: each one's pattern, interval, retention, "
+                  "when it runs next and last ran, and how many runs it made. An "
+                  "unreadable record is skipped with one warning line.")
+    listing_options(p, COLUMNS, "pattern")
+
+    p = verbs.add("delete", "delete backup schedules, keeping their backups",
+                  "python peerctl.py backup schedule delete 'web*'", cmd_delete,
+                  "Delete the schedules named, each by its ID (as backup schedule list "
+                  "shows it) or the PATTERN it was made with; they take no backup from "
+                  "then on. The backups they took are kept: backup delete removes them. "
+                  "More than one asks for --yes; an unknown one exits 1, nothing deleted.")
+    p.add_argument("which", nargs="+", metavar="ID|PATTERN")
+    yes_option(p, "do not ask when several schedules are deleted")
+    told_choices(verbs)
