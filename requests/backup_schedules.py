@@ -99,42 +99,47 @@ def schedule_prune(host, args: dict) -> dict:
     return {"drop": drop}
 
 
-@handler("schedule_ran")
-def schedule_ran(host, args: dict) -> dict:
-    schedule = _schedule(args)
-    at, now = float(args.get("at") or 0), float(args.get("now") or 0)
+def _change(store, schedule: str, change):
+    """Read the schedule and write ``change(record)`` -> ``(answer, record,
+    compares, ops)`` in one transaction guarded by what was read, again
+    while someone else changes it meanwhile; ``change`` answers without
+    writing by giving ``record`` None.  No schedule: ``change(None)``."""
     key = keys.backup_schedule(schedule)
     for _ in range(10):
-        kv = host.store.get(key)
-        record = readable(kv) if kv is not None else None
+        kv = store.get(key)
+        answer, record, compares, ops = change(readable(kv) if kv is not None else None)
         if record is None:
-            return {"record": None}
-        if record.get("last") == at:
-            return {"record": record}           # recorded already (a step sent again)
+            return answer
+        if store.txn([modified_at(key, kv.mod_revision), *compares],
+                     [Put(key, record), *ops]).succeeded:
+            return answer
+    raise RequestError(f"schedule {schedule} kept changing: try again")
+
+
+@handler("schedule_ran")
+def schedule_ran(host, args: dict) -> dict:
+    at, now = float(args.get("at") or 0), float(args.get("now") or 0)
+
+    def ran(record):
+        if record is None or record.get("last") == at:     # gone, or recorded already
+            return {"record": record}, None, [], []
         following = at + record["every"]
         record = {**record, "last": at, "last_run": args.get("summary"),
                   "runs": int(record.get("runs") or 0) + 1,
                   "next": following if following > now else now + record["every"]}
-        if host.store.txn([modified_at(key, kv.mod_revision)], [Put(key, record)]).succeeded:
-            return {"record": record}
-    raise RequestError(f"schedule {schedule} kept changing: not recorded")
+        return {"record": record}, record, [], []
+    return _change(host.store, _schedule(args), ran)
 
 
 @handler("schedule_continue")
 def schedule_continue(host, args: dict) -> dict:
     schedule, owner = _schedule(args), args.get("owner")
-    key = keys.backup_schedule(schedule)
-    for _ in range(10):
-        kv = host.store.get(key)
-        record = readable(kv) if kv is not None else None
-        if record is None:
-            return {"automation": None}
-        if record.get("automation") != owner:
-            return {"automation": record.get("automation")}     # done already, or taken
+
+    def carried(record):
+        if record is None or record.get("automation") != owner:    # done already, or taken
+            return {"automation": (record or {}).get("automation")}, None, [], []
         automation_id, compares, ops = api.automation_ops(host.store, schedules.KIND,
                                                           {"schedule": schedule})
         record = {**record, "automation": automation_id}
-        if host.store.txn([modified_at(key, kv.mod_revision), *compares],
-                          [Put(key, record), *ops]).succeeded:
-            return {"automation": automation_id}
-    raise RequestError(f"schedule {schedule} kept changing: not carried on")
+        return {"automation": automation_id}, record, compares, ops
+    return _change(host.store, schedule, carried)
