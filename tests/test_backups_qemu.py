@@ -117,7 +117,9 @@ def test_an_old_disk_or_a_move_breaks_the_chain_and_the_full_backup_says_why(kvm
     finally:
         conn.close()
     assert disk_compat(kvm, "host1", uuid) == "0.10"
-    kvm.shell("host1", uuid, "true")        # up: it powers off on the ACPI button
+    # up (the console log starts again with the domain): it powers off on the ACPI button
+    assert qemu_guest.wait_for_console(kvm.console("host1", uuid), qemu_guest.READY_MARKER,
+                                       BOOT_TIMEOUT)
     old = backed_up(kvm, "old")
     assert old["kind"] == "full" and "not qcow2 version 3" in old["reason"], old
 
