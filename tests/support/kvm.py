@@ -62,12 +62,14 @@ class Kvm:
                  timeout=30, interval=0.2, what="both hosts registered")
 
     def close(self):
-        """Stop the guards the peers started (by recorded PID), clear the
+        """Stop the peers, then the guards they started (by recorded PID), clear the
         guests this test left on the module's daemons (a failed test's guest
         would otherwise be the next test's VM: its metadata names host1),
         drop the files."""
         from pathlib import Path
         for host in HOSTS:
+            if host in self.cluster.peers:
+                self.cluster.kill(host)     # first: a live peer starts its guard again
             stop_guard(Path(self.state[host]))
         for daemon in self.pair.daemons:
             daemon.clear_guests()
