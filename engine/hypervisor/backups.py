@@ -362,10 +362,14 @@ def _recorded_only(dom, backup_id: str, disks: list[dict]) -> dict:
                        "checksum": ContentHash().hexdigest()} for d in disks]}
 
 
-def _why_full(host, dom, disks: list[dict], args: dict) -> str | None:
+def _old_disks(host, disks: list[dict]) -> list[str]:
+    """The disks that cannot carry a checkpoint (not qcow2 version 3)."""
+    return [d["dev"] for d in disks
+            if d["format"] != "qcow2" or qcow2.version(_vol(host.conn, d["path"])) != "1.1"]
+
+
+def _why_full(dom, old: list[str], args: dict) -> str | None:
     """Why this backup cannot be incremental, or None when it can."""
-    old = [d["dev"] for d in disks
-           if d["format"] != "qcow2" or qcow2.version(_vol(host.conn, d["path"])) != "1.1"]
     if old:
         return (f"disk {', '.join(old)} cannot carry a checkpoint (not qcow2 version 3); "
                 "it is amended when the VM is next shut off")
@@ -424,9 +428,10 @@ def _thaw(dom) -> None:
 
 def _live_point(host, dom, disks, backup_id, pool, args) -> dict:
     """The backup job, begun (with its checkpoint) and waited for."""
-    reason = _why_full(host, dom, disks, args)
+    old = _old_disks(host, disks)
+    reason = _why_full(dom, old, args)
     parent = None if reason else args["parent"]
-    can_checkpoint = not reason or not reason.startswith("disk ")
+    can_checkpoint = not old
     root = ET.fromstring(dom.XMLDesc(0))
     directory = ET.fromstring(pool.XMLDesc(0)).findtext("./target/path")
     frozen = _freeze(dom)
