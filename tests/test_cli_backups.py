@@ -21,10 +21,10 @@ from engine.core import keys
 from engine.core.store import Put
 from engine.leases.times import parse_time
 from tests.support import wait_for, wait_until
-from tests.support.cluster import finished, ready_hosts, refused, start_peers
+from tests.support.cluster import (boot_vms, finished, listed_vms, ready_hosts, refused,
+                                   start_peers, task_ids)
 from tests.support.raw import put_raw
 
-SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 LIST_KEYS = {"id", "vm", "uuid", "host", "target", "time", "age_s", "kind", "parent",
              "bytes", "consistency", "reason", "newest"}
@@ -56,21 +56,6 @@ def put_backups(store, *records) -> None:
 
 def backup_keys(store) -> list[str]:
     return sorted(kv.key for kv in store.range(keys.backup())[0])
-
-
-def boot(cluster, *names, on="host1"):
-    doc = cluster.cli_json("boot", *names, "--resources", SPEC, "--on", on)
-    assert doc["state"] == "done", doc
-    return {vm["name"]: vm for vm in doc["vms"]}
-
-
-def vms(cluster):
-    """The VMs vmlist shows, by name."""
-    return {vm["name"]: vm for vm in cluster.cli_json("vmlist")}
-
-
-def task_ids(cluster):
-    return {t["id"] for t in cluster.cli_json("tasks", "--all")}
 
 
 def listed_hosts(store, names) -> None:
@@ -175,7 +160,7 @@ def test_vmlist_shows_the_age_of_each_vms_newest_backup(cluster, backed_up):
 
 def test_bad_backups_and_restores_are_refused_in_one_line_and_write_nothing(cluster,
                                                                            two_hosts, store):
-    booted = boot(cluster, "web1", "web2")
+    booted = boot_vms(cluster, "web1", "web2")
     web1 = booted["web1"]["uuid"]
     gone = str(uuid.uuid4())
     put_backups(store, backup_record("f1", "web1", web1, age_s=600),
@@ -221,12 +206,12 @@ def test_bad_backups_and_restores_are_refused_in_one_line_and_write_nothing(clus
     refused(cluster, ["restore", "h9", "--as", "new1"], 1, "host9, which keeps backup h9, is down")
 
     assert task_ids(cluster) == before and backup_keys(store) == stored
-    assert set(vms(cluster)) == {"web1", "web2"}
+    assert set(listed_vms(cluster)) == {"web1", "web2"}
 
 
 def test_a_single_host_has_no_other_host_to_back_up_to(cluster, store):
     ready_hosts(cluster, store, ["host1"])
-    boot(cluster, "solo")
+    boot_vms(cluster, "solo")
     before = task_ids(cluster)
     refused(cluster, ["backup", "solo"], 1,
             "no host to back up VM 'solo' to: the cluster offers only host1, where it is")
@@ -254,7 +239,7 @@ def test_usage_errors_come_before_etcd(cluster, command):
 # -- end to end, on two peers --------------------------------------------------------
 
 def test_a_vm_backed_up_destroyed_and_restored_twice(cluster, two_hosts, store):
-    vm_uuid = boot(cluster, "web1")["web1"]["uuid"]
+    vm_uuid = boot_vms(cluster, "web1")["web1"]["uuid"]
     before = task_ids(cluster)
     dry = cluster.cli_json("backup", "web1", "--dry-run")
     assert dry == {"automation": None, "state": "dry-run", "vms": [
@@ -281,21 +266,21 @@ def test_a_vm_backed_up_destroyed_and_restored_twice(cluster, two_hosts, store):
     assert re.fullmatch(r"web1,\d+s ago\n", table.stdout), table.stdout
 
     assert cluster.cli_json("destroy", "web1")["state"] == "done"
-    wait_for(lambda: "web1" not in vms(cluster), what="web1 gone from vmlist")
+    wait_for(lambda: "web1" not in listed_vms(cluster), what="web1 gone from vmlist")
     doc = cluster.cli_json("restore", backup_id)
     assert doc["state"] == "done" and set(doc) == {"automation", "state", "vms"}, doc
     (back,) = doc["vms"]
     assert set(back) == RESTORE_KEYS
     assert (back["name"], back["uuid"], back["restored_from"], back["error"]) == (
         "web1", vm_uuid, backup_id, None)
-    wait_for(lambda: vms(cluster).get("web1", {}).get("uuid") == vm_uuid,
+    wait_for(lambda: listed_vms(cluster).get("web1", {}).get("uuid") == vm_uuid,
              what="web1 back under its uuid")
 
     refused(cluster, ["restore", backup_id], 1, "VM 'web1' still exists")
     doc = cluster.cli_json("restore", backup_id, "--as", "other")
     (copy,) = doc["vms"]
     assert doc["state"] == "done" and copy["name"] == "other" and copy["uuid"] != vm_uuid
-    wait_for(lambda: {"web1", "other"} <= set(vms(cluster)), what="web1 and other listed")
+    wait_for(lambda: {"web1", "other"} <= set(listed_vms(cluster)), what="web1 and other listed")
 
     doc = cluster.cli_json("backup", "delete", backup_id, "--yes")
     assert doc == {"automation": doc["automation"], "state": "done", "backups": [
@@ -417,7 +402,7 @@ def test_a_schedule_is_listed_and_scheduling_its_pattern_again_changes_it(cluste
 
 
 def test_a_schedule_every_second_keeps_exactly_its_last_backup(cluster, store, two_hosts):
-    vm_uuid = boot(cluster, "web1")["web1"]["uuid"]
+    vm_uuid = boot_vms(cluster, "web1")["web1"]["uuid"]
     doc = cluster.cli_json("backup", "schedule", "web1", "--every", "1s", "--keep-last", "1")
     ran = wait_until(lambda: listed_schedules(cluster)["web1"],
                      lambda row: row["runs"] >= 2, timeout=90, interval=0.3,
@@ -467,7 +452,7 @@ def test_schedule_list_survives_unreadable_records(cluster, store, etcd):
 # -- destroy keeps backups ------------------------------------------------------------
 
 def test_destroy_says_which_backups_it_keeps(cluster, store, two_hosts):
-    booted = boot(cluster, "db1", "db2", "web1")
+    booted = boot_vms(cluster, "db1", "db2", "web1")
     db1, db2 = booted["db1"]["uuid"], booted["db2"]["uuid"]
     put_backups(store, backup_record("k1", "db1", db1, age_s=600),
                 backup_record("k2", "db1", db1, kind="incremental", parent="k1"),
@@ -481,7 +466,7 @@ def test_destroy_says_which_backups_it_keeps(cluster, store, two_hosts):
     rows = {row["name"]: row for row in doc["vms"]}
     assert rows["db2"]["backups_kept"] == 1 and set(rows["db2"]) == VM_KEYS | {"backups_kept"}
     assert set(rows["web1"]) == VM_KEYS, rows
-    wait_for(lambda: not vms(cluster), what="the three VMs gone")
+    wait_for(lambda: not listed_vms(cluster), what="the three VMs gone")
     assert sorted(row["id"] for row in cluster.cli_json("backup", "list")) == \
         ["k1", "k2", "k3", "k4"]
 

@@ -13,7 +13,7 @@ import pytest
 
 from engine.commandline.progress import ProgressView
 from tests.support import PEERCTL, wait_for
-from tests.support.cluster import refused
+from tests.support.cluster import boot_vms, listed_vms, refused, task_ids
 from tests.support.terminal import Terminal
 
 SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
@@ -22,21 +22,6 @@ MOVE_KEYS = {"name", "uuid", "from", "host", "state", "mode", "downtime_ms", "by
 
 # -- helpers ------------------------------------------------------------------------
 
-
-
-def boot(cluster, *names, on="host1"):
-    doc = cluster.cli_json("boot", *names, "--resources", SPEC, "--on", on)
-    assert doc["state"] == "done", doc
-    return {vm["name"]: vm for vm in doc["vms"]}
-
-
-def vms(cluster):
-    """The VMs vmlist shows, by name."""
-    return {vm["name"]: vm for vm in cluster.cli_json("vmlist")}
-
-
-def task_ids(cluster):
-    return {t["id"] for t in cluster.cli_json("tasks", "--all")}
 
 
 def hosts(cluster):
@@ -56,10 +41,10 @@ def test_drain_shows_in_hostlist_and_boot_never_lands_there(cluster, two_hosts):
     assert table.stdout.splitlines() == ["host1 up", "host2 drained"]
     assert re.search(r"\(2 enabled, 1 drained, \d busy\)", cluster.cli("hostlist").stdout)
 
-    booted = boot(cluster, *[f"d{i}" for i in range(4)], on="host*")
+    booted = boot_vms(cluster, *[f"d{i}" for i in range(4)], on="host*")
     assert {vm["host"] for vm in booted.values()} == {"host1"}
 
-    wait_for(lambda: set(booted) <= set(vms(cluster)), what="the VMs listed")
+    wait_for(lambda: set(booted) <= set(listed_vms(cluster)), what="the VMs listed")
     on = {h: sum(vm["host"] == h for vm in cluster.cli_json("vmlist")) for h in two_hosts}
     # more than one host: asked for (no terminal here: refused, nothing drained)
     refused(cluster, ["drain", "host*"], 2, "drain matches 2 hosts: add --yes")
@@ -78,7 +63,7 @@ def test_drain_shows_in_hostlist_and_boot_never_lands_there(cluster, two_hosts):
         {"host": "host1", "drained": False}, {"host": "host2", "drained": False}]}
     assert all(h["status"] == "up" for h in cluster.cli_json(
         "hostlist", "-o", "host,status"))
-    assert {vm["host"] for vm in vms(cluster).values()} == {"host1"}     # nothing moved back
+    assert {vm["host"] for vm in listed_vms(cluster).values()} == {"host1"}     # nothing moved back
     assert cluster.cli("undrain", "host1").stdout == "host1 undrained\n"
 
     refused(cluster, ["drain", "nosuch*"], 1, "no host matches 'nosuch*'")
@@ -89,7 +74,7 @@ def test_drain_shows_in_hostlist_and_boot_never_lands_there(cluster, two_hosts):
 # -- refusals: nothing started ------------------------------------------------------
 
 def test_bad_moves_are_refused_in_one_line_and_start_nothing(cluster, two_hosts):
-    boot(cluster, "web1", "web2")
+    boot_vms(cluster, "web1", "web2")
     before = task_ids(cluster)
     refused(cluster, ["migrate", "web1", "--to", "host[2"], 2, "unclosed '['")
     refused(cluster, ["migrate", "web1", "--to", "a/b"], 2, "bad host pattern 'a/b'")
@@ -114,11 +99,11 @@ def test_bad_moves_are_refused_in_one_line_and_start_nothing(cluster, two_hosts)
     refused(cluster, ["migrate", "web1", "--to", "host2"], 1,
             "--to 'host2' has no live, undrained host (host2 drained)")
     assert task_ids(cluster) == before
-    assert {vm["host"] for vm in vms(cluster).values()} == {"host1"}
+    assert {vm["host"] for vm in listed_vms(cluster).values()} == {"host1"}
 
 
 def test_on_a_terminal_moves_of_several_vms_ask_first(cluster, two_hosts):
-    boot(cluster, "w1", "w2")
+    boot_vms(cluster, "w1", "w2")
     before = task_ids(cluster)
     terminal = Terminal([sys.executable, PEERCTL, "evacuate", "host1"], cluster.env)
     terminal.wait_for_text(r"Evacuate these 2 VMs\? \[y/N\]")
@@ -134,7 +119,7 @@ def test_on_a_terminal_moves_of_several_vms_ask_first(cluster, two_hosts):
     terminal.type(b"y\n")
     assert terminal.finish(timeout=90) == 0, terminal.text()
     assert "done: 2 of 2 VMs moved" in terminal.text()
-    wait_for(lambda: {vm["host"] for vm in vms(cluster).values()} == {"host2"},
+    wait_for(lambda: {vm["host"] for vm in listed_vms(cluster).values()} == {"host2"},
              what="vmlist shows w1 and w2 on host2")
 
 
@@ -157,7 +142,7 @@ def test_etcd_unreachable_exits_3_in_one_line(cluster, command):
 
 
 def test_migrate_dry_run_lists_what_would_move(cluster, two_hosts):
-    booted = boot(cluster, "db1", "db2")
+    booted = boot_vms(cluster, "db1", "db2")
     before = task_ids(cluster)
     doc = cluster.cli_json("migrate", "db*", "--to", "host2", "--dry-run")
     assert doc == {"automation": None, "state": "dry-run", "vms": [
@@ -173,7 +158,7 @@ def test_migrate_dry_run_lists_what_would_move(cluster, two_hosts):
 # -- moves, end to end (automations/moves.py) -----------------------------------------
 
 def test_migrate_moves_a_vm_to_host2(cluster, two_hosts):
-    booted = boot(cluster, "vmx", "vmy")
+    booted = boot_vms(cluster, "vmx", "vmy")
     doc = cluster.cli_json("migrate", "vmx", "--to", "host2")
     assert doc["state"] == "done", doc
     assert set(doc) == {"automation", "state", "vms"}
@@ -182,8 +167,8 @@ def test_migrate_moves_a_vm_to_host2(cluster, two_hosts):
     assert moved == {"name": "vmx", "uuid": booted["vmx"]["uuid"], "from": "host1",
                      "host": "host2", "state": "running", "mode": "redefine",
                      "downtime_ms": None, "bytes": None, "error": None}
-    wait_for(lambda: vms(cluster)["vmx"]["host"] == "host2", what="vmlist shows vmx on host2")
-    assert vms(cluster)["vmx"]["state"] == "running"
+    wait_for(lambda: listed_vms(cluster)["vmx"]["host"] == "host2", what="vmlist shows vmx on host2")
+    assert listed_vms(cluster)["vmx"]["state"] == "running"
     task = cluster.cli_json("task", doc["automation"])
     assert task["kind"] == "migrate" and "move_adopt" in {e["request"] for e in task["log"]}
     assert "bandwidth_mib" not in task["args"] and "postcopy" not in task["args"]
@@ -191,7 +176,7 @@ def test_migrate_moves_a_vm_to_host2(cluster, two_hosts):
                               "--postcopy", "--detach")
     args = cluster.cli_json("wait", capped["automation"])["args"]
     assert (args["bandwidth_mib"], args["postcopy"]) == (50, True)
-    wait_for(lambda: vms(cluster)["vmx"]["host"] == "host1", what="vmx back on host1")
+    wait_for(lambda: listed_vms(cluster)["vmx"]["host"] == "host1", what="vmx back on host1")
     cluster.cli_json("migrate", "vmx", "--to", "host2")
 
     # the table form, with plain progress on stderr (no terminal)
@@ -204,11 +189,11 @@ def test_migrate_moves_a_vm_to_host2(cluster, two_hosts):
     # plain lines: what happened to the VM, where; the automation's end once, on stdout
     assert "vmy host1 -> host2: moved (redefine)" in done.stderr.splitlines()[-1]
     assert "\x1b[" not in done.stderr and " done" not in done.stderr
-    wait_for(lambda: vms(cluster)["vmy"]["host"] == "host2", what="vmlist shows vmy on host2")
+    wait_for(lambda: listed_vms(cluster)["vmy"]["host"] == "host2", what="vmlist shows vmy on host2")
 
 
 def test_evacuate_moves_every_vm_off_the_host_and_leaves_it_drained(cluster, two_hosts):
-    booted = boot(cluster, "e1", "e2", "e3")
+    booted = boot_vms(cluster, "e1", "e2", "e3")
     stopped = cluster.cli_json("stop", "e3")
     assert stopped["state"] == "done"
     doc = cluster.cli_json("evacuate", "host1", "--yes", "--parallel", "2")

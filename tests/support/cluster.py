@@ -146,3 +146,24 @@ def refused(cluster, args, rc, said):
     errors = [line for line in done.stderr.splitlines() if line.startswith("peerctl:")]
     assert len(errors) == 1 and said in errors[0], (args, done.stderr)
     return done
+
+
+SMALL_VM = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
+
+
+def boot_vms(cluster, *names, on="host1", resources=SMALL_VM) -> dict:
+    """Boot ``names`` on hosts matching ``on`` through the command line; the
+    VMs by name (the boot must be done)."""
+    doc = cluster.cli_json("boot", *names, "--resources", resources, "--on", on)
+    assert doc["state"] == "done", doc
+    return {vm["name"]: vm for vm in doc["vms"]}
+
+
+def listed_vms(cluster) -> dict:
+    """The VMs vmlist shows, by name."""
+    return {vm["name"]: vm for vm in cluster.cli_json("vmlist")}
+
+
+def task_ids(cluster) -> set:
+    """The ids of every task, finished ones too."""
+    return {t["id"] for t in cluster.cli_json("tasks", "--all")}
