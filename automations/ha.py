@@ -56,8 +56,9 @@ def _result(vm, host, state, error=None, note=None):
             "state": state, "error": error, "note": note}
 
 
-def recover_one(ctx, vm, attempts=3, note=False):
-    """``note`` (version 2): the restart is counted in the VM's record."""
+def recover_one(ctx, vm, attempts=3, note=False, replicas=False):
+    """``note`` (version 2): the restart is counted in the VM's record;
+    ``replicas`` (version 3): a replicated VM restarts from its replica."""
     uuid, dead, name = vm["uuid"], vm["host"], vm["name"]
     step = _stepper(vm)
     locked = yield from resend(step("ha_lock", {"host": dead, "owner": ctx.automation_id}))
@@ -65,7 +66,7 @@ def recover_one(ctx, vm, attempts=3, note=False):
         return _result(vm, dead, "unknown", locked.error)
     if not locked.value["locked"]:
         return _result(vm, dead, "left", note=locked.value["why"])
-    return (yield from _rebuild_elsewhere(ctx, vm, step, attempts, note))
+    return (yield from _rebuild_elsewhere(ctx, vm, step, attempts, note, replicas))
 
 
 def _stepper(vm):
@@ -79,10 +80,13 @@ def _unlock(ctx, step, **extra):
     return resend(step("unlock_vm", {"owner": ctx.automation_id, **extra}))
 
 
-def _rebuild_elsewhere(ctx, vm, step, attempts, note):
+def _rebuild_elsewhere(ctx, vm, step, attempts, note, replicas=False):
     """Steps 2-5 of the module docstring, under the VM's lock: the VM is
     built again from its definition on another live host, and ``vm['host']``
-    lets go of it."""
+    lets go of it.  With ``replicas`` (recover version 3, ha_restart version
+    2), a replicated VM is built on its replica's host from its replica
+    instead (:func:`_from_replica`), and never from its image unless its
+    replication allows that fallback."""
     uuid, source = vm["uuid"], vm["host"]
     defined = yield from resend(step("vm_definition", {}))
     if not defined.ok:
@@ -90,6 +94,24 @@ def _rebuild_elsewhere(ctx, vm, step, attempts, note):
         return _result(vm, source, "unknown", defined.error)
     build = dict(defined.value)
     migration = ctx.uuid("recovery/" + uuid)
+    if replicas:
+        known = yield from resend(step("replica_of", {}))
+        if not known.ok:
+            yield from _unlock(ctx, step)
+            return _result(vm, source, "unknown", known.error or known.status)
+        replica = known.value
+        if replica["replicated"]:
+            why = replica.get("why")
+            if replica["usable"]:
+                done, why = yield from _from_replica(ctx, vm, step, build, migration,
+                                                     replica["replica"], note)
+                if done is not None:
+                    return done
+            if replica.get("fallback") != "image":
+                yield from _unlock(ctx, step)
+                return _result(vm, source, "unknown",
+                               f"not restarted from its image: {why}; its replication "
+                               "does not allow that (replicate --from-image-if-no-replica)")
     tried, reasons = [], []
     for _ in range(attempts):
         claimed = yield from resend(step("claim_move", {
@@ -126,7 +148,49 @@ def _rebuild_elsewhere(ctx, vm, step, attempts, note):
     return _result(vm, source, "unknown", "; ".join(reasons) or "no attempt left")
 
 
-def restart_one(ctx, vm, attempts=3):
+def _from_replica(ctx, vm, step, build, migration, replica, note):
+    """``(result, None)``: the VM built on its replica's host from the
+    replica (its allocations moved there, the replica promoted to its
+    disks); ``(None, why)`` when that failed before the replica was used."""
+    uuid, source, there = vm["uuid"], vm["host"], replica["host"]
+    claimed = yield from resend(step("claim_move", {
+        "consumer": migration, "source": source, "required": build.get("required"),
+        "hosts": there, "exclude": [], "live_only": True}))
+    if not claimed.ok:
+        return None, f"its replica's host {there} cannot take it: {claimed.error}"
+    promoted = yield from resend(step("replica_promote", {"owner": ctx.automation_id}, there,
+                                      BUILD_DEADLINE))
+    if not promoted.ok:
+        yield from resend(step("revert_move", {"consumer": migration}))
+        return None, f"its replica on {there}: {promoted.error or promoted.status}"
+    recovered = {"from": source, "time": ctx.now(), "data_as_of": promoted.value["time"]}
+    built = yield step("build", {**build, "ha": "restart", "disk_ready": True,
+                                 "recovered": recovered}, there, BUILD_DEADLINE)
+    if not built.ok:
+        # the disks are the replica's data: kept aside there, never deleted
+        yield from resend(step("disown", {"host": there, "keep": True,
+                                          "automation": ctx.automation_id,
+                                          "reason": f"build from replica {built.status}"}))
+        yield from resend(step("revert_move", {"consumer": migration}))
+        yield from _unlock(ctx, step)
+        return _result(vm, source, "unknown",
+                       f"build from its replica on {there}: {built.error or built.status}; "
+                       f"its disks are kept aside there (peerctl aside)"), None
+    yield from resend(step("confirm_move", {"consumer": migration}))
+    yield from resend(step("disown", {"host": source, "keep": True,
+                                      "automation": ctx.automation_id,
+                                      "reason": f"restarted on {there} from its replica"}))
+    if note:
+        yield from resend(step("note_restart", {"host": there, "time": ctx.now(),
+                                                "automation": ctx.automation_id}))
+    yield from _unlock(ctx, step, drop_record=source)
+    result = _result(vm, there, "restarted",
+                     note=f"started from its replica on {there}; its disks on {source} are "
+                          "kept aside when it comes back")
+    return {**result, "recovered": recovered}, None
+
+
+def restart_one(ctx, vm, attempts=3, replicas=False):
     """An HA VM found down or missing on its live host ``vm['host']``: under
     its lock, ``ha_start`` there starts it again in place; a domain that is
     gone from that host is rebuilt elsewhere, exactly as for a dead host
@@ -144,7 +208,7 @@ def restart_one(ctx, vm, attempts=3):
         yield from _unlock(ctx, step)
         return _result(vm, where, "unknown", started.error or started.status)
     if started.value["state"] == "absent":
-        return (yield from _rebuild_elsewhere(ctx, vm, step, attempts, True))
+        return (yield from _rebuild_elsewhere(ctx, vm, step, attempts, True, replicas))
     if not started.value.get("restarted"):
         yield from _unlock(ctx, step)
         return _result(vm, where, "left", note=started.value.get("why"))
@@ -179,10 +243,20 @@ def ha(ctx, vms, policy):
                   "changed")
 
 
-@automation("recover", version=2)
+@automation("recover", version=3)
 def recover(ctx, host, vms, attempts=3):
     """``host``: the dead host; ``vms``: its HA VMs ``{name, uuid, host}``.
-    Since version 2 each restart is counted in the VM's record."""
+    Since version 2 each restart is counted in the VM's record; since
+    version 3 a replicated VM restarts from its replica."""
+    results = yield ctx.all([ctx.worker(recover_one, vm, attempts, True, True,
+                                        label=vm["name"]) for vm in vms])
+    return finish(results, "restarted")
+
+
+@automation("recover", version=2)
+def recover_v2(ctx, host, vms, attempts=3):
+    """From the image always: kept so that recoveries started before
+    version 3 replay."""
     results = yield ctx.all([ctx.worker(recover_one, vm, attempts, True, label=vm["name"])
                              for vm in vms])
     return finish(results, "restarted")
@@ -197,9 +271,18 @@ def recover_v1(ctx, host, vms, attempts=3):
     return finish(results, "restarted")
 
 
-@automation("ha_restart", version=1)
+@automation("ha_restart", version=2)
 def ha_restart(ctx, vm, attempts=3):
     """``vm``: ``{name, uuid, host, why}``, an HA VM found down (``crashed``)
-    or ``missing`` on its live host (:func:`restart_one`)."""
+    or ``missing`` on its live host (:func:`restart_one`); since version 2,
+    one missing is rebuilt from its replica when it has one."""
+    result = yield ctx.worker(restart_one, vm, attempts, True, label=vm["name"])
+    return finish([result], "restarted")
+
+
+@automation("ha_restart", version=1)
+def ha_restart_v1(ctx, vm, attempts=3):
+    """From the image always: kept so that restarts started before version
+    2 replay."""
     result = yield ctx.worker(restart_one, vm, attempts, label=vm["name"])
     return finish([result], "restarted")

@@ -126,8 +126,9 @@ def read_vms(store) -> list[dict]:
     whose live host has no domain for it is ``missing``; ``crashed``: it is
     down though nobody stopped it through peerctl; ``restarts``: its HA
     restarts within the window (:mod:`engine.hypervisor.harules`).
-    ``recovered`` (``{from, time}``, else None): an HA restart rebuilt the VM
-    from its image after its host ``from`` died."""
+    ``recovered`` (``{from, time, data_as_of}``, else None): an HA restart
+    rebuilt the VM after its host ``from`` died, from its replica of
+    ``data_as_of`` (None: from its image)."""
     records, held, live = store.txn([], [Get(keys.vm(), True), Get(keys.lock("vm/"), True),
                                          Get(keys.host(), True)]).ranges
     alive = {keys.suffix(kv.key, keys.host()) for kv in live if is_live_record(kv)}
@@ -205,7 +206,9 @@ def _numbers(key: str, record: dict, fields) -> dict:
 def _recovered(value) -> dict | None:
     if isinstance(value, dict) and isinstance(value.get("from"), str) \
             and isinstance(value.get("time"), (int, float)):
-        return {"from": value["from"], "time": value["time"]}
+        as_of = value.get("data_as_of")
+        return {"from": value["from"], "time": value["time"],
+                "data_as_of": as_of if isinstance(as_of, (int, float)) else None}
     return None
 
 

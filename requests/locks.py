@@ -5,7 +5,8 @@ the initiator (no target).  The lock is ``locks/vm/<uuid>``
 - ``lock_vm`` ``{uuid, host, owner, why, kind?, name?, force?}``: taken only
   while ``vms/<host>/<uuid>`` exists, so an automation acts on the VM where
   it was listed, not on a host it has since left.  A second automation is
-  refused with one line naming the holder.  ``force`` (destroy) takes a lock
+  refused with one line naming the holder; but a replica update's lock is
+  waited for (up to :data:`REPLICA_WAIT`), since it is short.  ``force`` (destroy) takes a lock
   a failed move left held for an operator.
 - ``ha_lock`` ``{uuid, host, owner, name?}`` (HA restart,
   ``automations/ha.py``): the lock, kind ``recover``, taken only while
@@ -14,7 +15,8 @@ the initiator (no target).  The lock is ``locks/vm/<uuid>``
   VM is not disowned there (``disowned/<host>/<uuid>``: a recovery restarted
   it elsewhere already, and the record is one a hung peer published again
   before it noticed its lease had gone): once it is held the VM is the
-  recovery's, and a host coming back leaves it alone.
+  recovery's, and a host coming back leaves it alone.  It takes over a
+  replica update's lock: that update's source is dead, it cannot end well.
   -> ``{uuid, locked: true}``, or ``{uuid, locked: false, why}`` when the
   host is back (it keeps its VMs), the VM left it or was restarted
   elsewhere; a VM another automation holds is an error.
@@ -23,6 +25,8 @@ the initiator (no target).  The lock is ``locks/vm/<uuid>``
   record after a move); with ``hold`` (a reason) the lock stays, held for an
   operator (a move whose outcome nobody can tell).
 """
+import time
+
 from engine.core import keys, locks
 from engine.core.hosts import is_live_record
 from engine.core.handlers import handler
@@ -41,13 +45,33 @@ def _lock_args(args: dict, request: str) -> tuple[str, str, str]:
     return uuid, where, owner
 
 
+REPLICA_WAIT = 60.0     # seconds another automation waits for a replica update to end
+POLL = 0.2
+
+
+def _take_vm_lock(host, args: dict, uuid: str, where: str, owner: str) -> dict:
+    """The lock, waiting up to :data:`REPLICA_WAIT` while a replica update
+    (kind ``replica``) holds it: an update is short, and a move or destroy
+    should not fail for it.  An update never waits for another one."""
+    deadline = time.monotonic() + REPLICA_WAIT
+    while True:
+        try:
+            return locks.take(host.store, f"vm/{uuid}", owner, args.get("why") or "busy",
+                              [exists(keys.vm(where, uuid))], force=bool(args.get("force")),
+                              kind=args.get("kind"), host=where)
+        except Conflict as exc:
+            holder = locks.holder(host.store, f"vm/{uuid}") if exc.reason == "locked" else None
+            if holder is None or holder.get("kind") != "replica" \
+                    or args.get("kind") == "replica" or time.monotonic() >= deadline:
+                raise
+        time.sleep(POLL)
+
+
 @handler("lock_vm")
 def lock_vm(host, args: dict) -> dict:
     uuid, where, owner = _lock_args(args, "lock_vm")
     try:
-        lock = locks.take(host.store, f"vm/{uuid}", owner, args.get("why") or "busy",
-                          [exists(keys.vm(where, uuid))], force=bool(args.get("force")),
-                          kind=args.get("kind"), host=where)
+        lock = _take_vm_lock(host, args, uuid, where, owner)
     except Conflict as exc:
         if exc.reason == "condition":
             raise RequestError(f"{_name(args)} is no longer on {where} (moved or destroyed "
@@ -75,7 +99,7 @@ def ha_lock(host, args: dict) -> dict:
         locks.take(host.store, f"vm/{uuid}", owner, f"being restarted: {where} is down",
                    [exists(keys.vm(where, uuid)), lease_is(keys.host(where), 0),
                     absent(keys.disowned(where, uuid))],
-                   kind="recover", host=where)
+                   kind="recover", host=where, preempt=("replica",))
     except Conflict as exc:
         if exc.reason != "condition":
             raise RequestError(f"{_name(args)} is busy: {exc}") from None

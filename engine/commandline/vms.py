@@ -26,10 +26,11 @@ VM_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
               C("recovered", "Recovered", lambda r: f"from {r['from']}" if r else "-"),
               C("crashed", "Crashed", lambda c: "yes" if c else "-"),
               C("restarts", "Restarts", right=True),
-              C("backup", "Backup", lambda b: backup_age(b["time"]))]
+              C("backup", "Backup", lambda b: backup_age(b["time"])),
+              C("replica", "Replica", lambda r: replica_shown(r))]
 VMLIST_DEFAULT = ["host", "name", "vcpus", "memory_mb", "state", "ip"]
 VMLIST_JSON = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
-               "addresses", "ha", "recovered", "crashed", "restarts", "backup"]
+               "addresses", "ha", "recovered", "crashed", "restarts", "backup", "replica"]
 
 
 def backup_age(when: str) -> str:
@@ -37,6 +38,20 @@ def backup_age(when: str) -> str:
     import time
     from engine.leases.times import human_span, parse_time
     return f"{human_span(time.time() - parse_time(when, 'backup time'))} ago"
+
+
+def replica_shown(replica: dict) -> str:
+    """A VM's replica as vmlist shows it: ``host2 8s ago``; ``host2 down
+    2m ago`` (the gap until a new one is made elsewhere); ``none yet``;
+    with the last update's error, if any."""
+    if replica.get("stopping"):
+        return "stopping"
+    if replica.get("host") is None:
+        shown = "none yet"
+    else:
+        shown = f"{replica['host']}{'' if replica.get('alive') else ' down'} " \
+            f"{backup_age(replica['time'])}"
+    return shown + (f" ({replica['error']})" if replica.get("error") else "")
 
 
 def vm_totals(vms: list[dict]) -> str:

@@ -160,6 +160,20 @@ def backup_schedule(schedule_id: str = "") -> str:
     return f"schedules/backup/{schedule_id}"
 
 
+def replica(uuid: str = "") -> str:
+    """``replicas/<uuid>``: a VM's replication (``replicate``): its interval
+    and, once one is complete, its replica (host, time) on another host."""
+    return f"replicas/{uuid}"
+
+
+def snapshot(uuid: str = "", name: str = "") -> str:
+    """``snapshots/<uuid>/<name>``: a snapshot of a VM on its host
+    (``snapshot create``), listed without a hypervisor call."""
+    if not uuid:
+        return "snapshots/"
+    return f"snapshots/{uuid}/{name}"
+
+
 def singleton(name: str = "") -> str:
     """Election prefix of a cluster singleton (janitor, reconciler);
     ``singleton()`` is every singleton's."""

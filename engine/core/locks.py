@@ -57,12 +57,14 @@ def _state(store, automation_id: str) -> str:
 
 
 def take(store, name: str, owner: str, why: str, compares=(), *, force: bool = False,
-         tries: int = 10, **extra) -> dict:
+         tries: int = 10, preempt: tuple = (), **extra) -> dict:
     """Hold lock ``name`` for automation ``owner`` (``extra``: more fields
     for readers of the lock).  Raises :class:`Conflict` (``reason``
     ``locked``) naming the live holder, (``held``) when an automation left it
     held for an operator (see :func:`hold`; ``force`` takes it all the same),
-    or (``condition``) when ``compares`` failed."""
+    or (``condition``) when ``compares`` failed.  A live holder whose
+    ``kind`` is in ``preempt`` is taken over (its later steps find the lock
+    gone)."""
     for _ in range(tries):
         kv = store.get(keys.lock(name))
         lock = readable(kv) if kv is not None else None
@@ -70,7 +72,7 @@ def take(store, name: str, owner: str, why: str, compares=(), *, force: bool = F
             return lock
         if lock is not None and lock.get("held") and not force:
             raise Conflict("held", f"{lock.get('why') or 'held'} (automation {lock['owner']})")
-        if lock is not None and not lock.get("held") \
+        if lock is not None and not lock.get("held") and lock.get("kind") not in preempt \
                 and _state(store, lock["owner"]) not in keys.TERMINAL_STATES:
             raise Conflict("locked", f"{lock.get('why') or 'busy'} (automation "
                                      f"{lock['owner']})")

@@ -30,6 +30,7 @@ import structlog
 from engine.core import keys
 from engine.backups.records import recorded
 from engine.core.values import readable
+from engine import replicas
 from engine.hypervisor import images
 from engine.hypervisor.backups import CHECKPOINT, SCRATCH, is_test, store_pool
 from engine.hypervisor.records import owned_by
@@ -39,7 +40,7 @@ __all__ = ["sweep_backups"]
 log = structlog.get_logger("peerctl.backups")
 
 EVERY = object()        # an unreadable running automation: it may name any id
-KINDS = ("backup", "backup_schedule")      # the automations that take backups
+KINDS = ("backup", "backup_schedule", "replicate")     # the automations that take backups
 
 
 def _running_backup_ids(store):
@@ -80,7 +81,8 @@ def sweep_backups(store, host) -> list[str]:
     if running is EVERY:
         return []
     records = {value["id"]: value for value in recorded(store)}
-    named = {r.get("checkpoint") for r in records.values()}
+    named = {r.get("checkpoint") for r in records.values()} \
+        | {(r.get("replica") or {}).get("checkpoint") for r in replicas.read_all(store)}
     removed = []
     for dom in domains:
         removed += _abort_stray_job(dom, running)

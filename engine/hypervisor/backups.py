@@ -66,13 +66,15 @@ from engine.hypervisor.vm import _find, _label, _uuid
 from engine.hypervisor.volcopy import checksum_volume, copy_volume, physical_size
 
 __all__ = ["take", "prune", "discard", "prepare_store", "verify", "delete", "store_pool",
-           "volume_name", "checkpoint_name", "is_test", "Ticker"]
+           "volume_name", "checkpoint_name", "is_test", "Ticker", "discard_source",
+           "REPLICA_CHECKPOINT"]
 
 log = structlog.get_logger("peerctl.backups")
 
 POOL = "peerctl-backup"
 SCRATCH = "backup-"
 CHECKPOINT = "peerctl-"
+REPLICA_CHECKPOINT = CHECKPOINT + "replica"     # engine.replicas.replica_id's checkpoints
 POLL = 0.1
 NO_CONTENT = "the test driver keeps no disk content: nothing was copied"
 
@@ -277,6 +279,12 @@ def _undo_here(host, dom, backup_id: str) -> list[str]:
     return undone
 
 
+def discard_source(host, uuid: str, backup_id: str) -> list[str]:
+    """What an attempt ``backup_id`` left on the VM's host: its job, its
+    scratch volumes, its checkpoint."""
+    return _undo_here(host, _find(host, uuid), backup_id)
+
+
 def discard(host, args: dict) -> dict:
     """``{id, uuid}``: undo this attempt's leftovers on this host, source or
     target alike (a backup whose record exists keeps its volumes)."""
@@ -294,16 +302,21 @@ def discard(host, args: dict) -> dict:
 
 
 def prune(host, args: dict) -> dict:
-    """``{uuid, keep}``: every peerctl checkpoint of the VM but ``keep``
-    is deleted (libvirt merges its bitmap into its neighbour's)."""
+    """``{uuid, keep, only?}``: every backup checkpoint of the VM but
+    ``keep`` is deleted (libvirt merges its bitmap into its neighbour's);
+    with ``only`` (a name prefix), every checkpoint so named but ``keep``.
+    Backups leave replicas' checkpoints alone, and replicas backups'."""
     uuid = _uuid(args)
     dom = _find(host, uuid)
     if dom is None or is_test(host.conn):
         return {"uuid": uuid, "deleted": []}
+    only = args.get("only")
     deleted = []
     for checkpoint in dom.listAllCheckpoints(0):
         name = checkpoint.getName()
-        if name.startswith(CHECKPOINT) and name != args.get("keep"):
+        ours = name.startswith(only) if only else \
+            name.startswith(CHECKPOINT) and not name.startswith(REPLICA_CHECKPOINT)
+        if ours and name != args.get("keep"):
             try:
                 checkpoint.delete(0)
                 deleted.append(name)
@@ -378,11 +391,12 @@ def _why_full(dom, old: list[str], args: dict) -> str | None:
         return "a full backup was asked for"
     if not isinstance(parent, dict):
         return args.get("why_full") or "the VM's first backup"
+    what = parent.get("what") or f"backup {parent.get('id')}"
     if not parent.get("checkpoint"):
-        return f"backup {parent.get('id')} left no checkpoint to start from"
+        return f"{what} left no checkpoint to start from"
     names = {c.getName() for c in dom.listAllCheckpoints(0)}
     if parent.get("checkpoint") not in names:
-        return (f"the checkpoint of backup {parent.get('id')} is gone from the VM (it was "
+        return (f"the checkpoint of {what} is gone from the VM (it was "
                 "migrated, rebuilt or restored since)")
     return None
 

@@ -48,7 +48,7 @@ def vm_state(dom) -> str:
 def vm_record(host_name: str, dom) -> dict:
     """What ``vms/<host>/<uuid>`` holds for a domain: with its HA policy
     (``ha``: restart or none) and, for a VM an HA restart rebuilt from its
-    image, ``recovered: {from, time}``; for a VM rebuilt from a backup,
+    image or replica, ``recovered: {from, time, data_as_of?}``; for a VM rebuilt from a backup,
     ``restored: {backup, time}``.  A VM with interfaces
     also has ``networks``, and, while it runs, the ``addresses`` its guest
     got and ``ip`` (the first IPv4, else IPv6, else None)."""
@@ -61,6 +61,8 @@ def vm_record(host_name: str, dom) -> dict:
     for mark, name in (("recovered", "from"), ("restored", "backup")):
         if meta.get(f"{mark}_from"):
             record[mark] = {name: meta[f"{mark}_from"], "time": _seconds(meta.get(f"{mark}_at"))}
+    if meta.get("recovered_data_as_of"):
+        record["recovered"]["data_as_of"] = _seconds(meta["recovered_data_as_of"])
     names = [n for n in (meta.get("networks") or "").split(",") if n]
     if names:
         addresses = []

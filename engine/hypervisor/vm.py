@@ -232,15 +232,20 @@ def _ha(args: dict) -> str | None:
 
 
 def _recovered(args: dict) -> dict:
-    """``recovered: {from, time}``: an HA restart of a VM whose host died;
-    the domain's metadata says so for as long as it lives."""
+    """``recovered: {from, time, data_as_of?}``: an HA restart of a VM
+    whose host died (``data_as_of``: the time of the replica it restarted
+    from); the domain's metadata says so for as long as it lives."""
     value = args.get("recovered")
     if value is None:
         return {}
     if not isinstance(value, dict) or not isinstance(value.get("from"), str) \
             or not isinstance(value.get("time"), (int, float)):
         raise RequestError(f"recovered must be {{from: HOST, time: SECONDS}}, got {value!r}")
-    return {"recovered_from": value["from"], "recovered_at": repr(float(value["time"]))}
+    as_of = value.get("data_as_of")
+    if as_of is not None and not isinstance(as_of, (int, float)):
+        raise RequestError(f"recovered's data_as_of must be seconds, got {as_of!r}")
+    return {"recovered_from": value["from"], "recovered_at": repr(float(value["time"])),
+            **({"recovered_data_as_of": repr(float(as_of))} if as_of is not None else {})}
 
 
 def _restored(args: dict) -> dict:

@@ -26,12 +26,17 @@ def _read_vms(ctx) -> list[dict]:
 
 def _listed(ctx) -> list[dict]:
     """vmlist's rows: the VM records, each with ``backup``, its newest
-    backup's ``{id, time}`` or None (one range read of ``backups/``)."""
+    backup's ``{id, time}`` or None (one range read of ``backups/``), and
+    ``replica`` (:func:`~engine.operations.replicas.replicas_by_uuid`) or
+    None when it is not replicated."""
     from .backups import newest_by_uuid
+    from .replicas import replicas_by_uuid
     vms = _read_vms(ctx)
     newest = newest_by_uuid(ctx.store()).get
+    replica = replicas_by_uuid(ctx.store()).get
     for vm in vms:
         vm["backup"] = newest(vm["uuid"])
+        vm["replica"] = replica(vm["uuid"])
     return vms
 
 

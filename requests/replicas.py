@@ -1,0 +1,176 @@
+"""The requests of replication (``automations/replicas.py``) and of HA
+restarts from a replica (``automations/ha.py``).
+
+On hosts, from :mod:`engine.hypervisor.replicas`: ``replica_store``,
+``replica_apply``, ``replica_drop`` and ``replica_promote`` (the replica's
+host), ``replica_take`` and ``replica_prune`` (the VM's host),
+``replica_discard`` (either).
+
+Run by the initiator (no target), reading and writing ``replicas/<uuid>``:
+
+- ``replica_plan`` ``{uuid, owner}`` -> ``{state, ...}``: ``gone`` (no
+  record) or ``ended`` (another automation carries it); ``stop`` (with the
+  ``replica`` to delete, the VM destroyed or ``--stop`` asked); ``wait``
+  until ``next`` (with ``why`` when an update is due but cannot run: the
+  VM's host is down, so nothing is copied from a stale source, or no other
+  host can keep it); ``update``: ``{vm, seq, candidates, parent, why_full,
+  expect, old}``, the hosts that may keep it (the replica's host first, then
+  live, undrained hosts matching ``to``, never the VM's own), the parent to
+  start from when the replica's host is first, and the replica as the plan
+  saw it (the record moves on only from that one);
+- ``replica_noted`` ``{uuid, owner, attempt}``: ``last`` becomes
+  ``attempt`` ``{time, kind, bytes, error}``;
+- ``replica_ended`` ``{uuid, owner}``: a stopped record is deleted;
+- ``replica_continue`` ``{uuid, owner}`` -> ``{automation}``: a new
+  automation carries the replication, swapped in with its creation;
+- ``replica_of`` ``{uuid}`` -> ``{replicated, replica, usable, why,
+  fallback}`` for an HA restart.
+"""
+from __future__ import annotations
+
+import fnmatch
+import time
+
+from engine import replicas as records
+from engine.cluster import read_vms
+from engine.core import api
+from engine.core.handlers import handler
+from engine.core.hosts import live_host_names
+from engine.drains import drained_hosts
+from engine.errors import RequestError
+from engine.hypervisor import replicas
+from engine.natural import natural_key
+
+handler("replica_store")(replicas.prepare)
+handler("replica_take")(replicas.take)
+handler("replica_apply")(replicas.apply)
+handler("replica_prune")(replicas.prune)
+handler("replica_discard")(replicas.discard)
+handler("replica_drop")(replicas.drop)
+handler("replica_promote")(replicas.promote)
+
+
+def _uuid(args: dict) -> str:
+    value = args.get("uuid")
+    if not isinstance(value, str) or not value:
+        raise RequestError("a replica request needs the VM's uuid")
+    return value
+
+
+def _vm(store, uuid: str) -> dict | None:
+    return next((vm for vm in read_vms(store) if vm["uuid"] == uuid), None)
+
+
+@handler("replica_plan")
+def replica_plan(host, args: dict) -> dict:
+    uuid, owner = _uuid(args), args.get("owner")
+    record = records.read(host.store, uuid)
+    if record is None:
+        return {"state": "gone"}
+    if record.get("automation") != owner:
+        return {"state": "ended", "automation": record.get("automation")}
+    replica = record.get("replica")
+    vm = _vm(host.store, uuid)
+    if record.get("stop") or vm is None:
+        return {"state": "stop", "replica": replica,
+                "why": "asked to stop" if record.get("stop") else "the VM is gone"}
+    now = time.time()
+    last = record.get("last") or {}
+    due = float(last.get("time") or 0) + float(record["every"])
+    if now < due:
+        return {"state": "wait", "next": due}
+    alive, drained = live_host_names(host.store), drained_hosts(host.store)
+    later = now + float(record["every"])
+    if vm["host"] not in alive or vm.get("state") in ("unknown", "missing"):
+        return {"state": "wait", "next": later,
+                "why": f"its host {vm['host']} is down: nothing is copied from a stale source"
+                if vm["host"] not in alive else f"it is {vm.get('state')} on {vm['host']}"}
+    pattern = record.get("to") or "*"
+    eligible = sorted((name for name in alive if name != vm["host"] and name not in drained
+                       and fnmatch.fnmatchcase(name, pattern)), key=natural_key)
+    if not eligible:
+        return {"state": "wait", "next": later,
+                "why": "no host to keep its replica: none but its own is up and undrained"
+                + (f" and matches {pattern!r}" if record.get("to") else "")}
+    parent, why_full = None, None
+    if replica and replica["host"] in eligible:
+        eligible.remove(replica["host"])
+        eligible.insert(0, replica["host"])
+        parent = {"id": records.replica_id(uuid, replica["seq"]),
+                  "checkpoint": replica.get("checkpoint"), "time": replica.get("time"),
+                  "what": f"replica update {replica['seq']}"}
+    elif replica:
+        why = "down" if replica["host"] not in alive else "drained" \
+            if replica["host"] in drained else "the VM's own host now" \
+            if replica["host"] == vm["host"] else "not in --to"
+        why_full = f"a new replica: the last one's host {replica['host']} is {why}"
+    else:
+        why_full = "the VM's first replica"
+    seq = int(record.get("seq") or 0) + 1
+    return {"state": "update", "vm": {k: vm[k] for k in ("name", "uuid", "host", "state")},
+            "seq": seq, "candidates": eligible, "parent": parent, "why_full": why_full,
+            "expect": {"host": replica["host"], "seq": replica["seq"]} if replica else None,
+            "old": replica["host"] if replica and replica["host"] != eligible[0] else None}
+
+
+def _owned(store, args: dict, edit):
+    """``edit(record)`` -> ``(answer, record)`` applied while ``owner``
+    carries the record (``record`` False: deleted)."""
+    uuid, owner = _uuid(args), args.get("owner")
+
+    def guarded(known):
+        if known is None or known.get("automation") != owner:
+            return None, None, [], []
+        answer, record = edit(known)
+        return answer, record, [], []
+    return records.change(store, uuid, guarded)
+
+
+@handler("replica_noted")
+def replica_noted(host, args: dict) -> dict:
+    attempt = args.get("attempt")
+    if not isinstance(attempt, dict):
+        raise RequestError("replica_noted needs the attempt")
+    return {"noted": bool(_owned(host.store, args,
+                                 lambda known: (True, {**known, "last": attempt})))}
+
+
+@handler("replica_ended")
+def replica_ended(host, args: dict) -> dict:
+    def ended(known):
+        if known.get("stop") or _vm(host.store, known["uuid"]) is None:
+            return True, False
+        return False, None
+    return {"deleted": bool(_owned(host.store, args, ended))}
+
+
+@handler("replica_continue")
+def replica_continue(host, args: dict) -> dict:
+    uuid, owner = _uuid(args), args.get("owner")
+
+    def carried(known):
+        if known is None or known.get("automation") != owner:    # done already, or taken
+            return {"automation": (known or {}).get("automation")}, None, [], []
+        automation_id, compares, ops = api.automation_ops(host.store, records.KIND,
+                                                          {"uuid": uuid})
+        return {"automation": automation_id}, {**known, "automation": automation_id}, \
+            compares, ops
+    return records.change(host.store, uuid, carried)
+
+
+@handler("replica_of")
+def replica_of(host, args: dict) -> dict:
+    uuid = _uuid(args)
+    record = records.read(host.store, uuid)
+    if record is None:
+        return {"replicated": False}
+    replica = record.get("replica")
+    fallback = record.get("fallback")
+    if replica is None:
+        why = "it has no complete replica yet"
+    elif replica["host"] not in live_host_names(host.store):
+        why = f"its replica's host {replica['host']} is down too"
+    else:
+        return {"replicated": True, "usable": True, "replica": replica, "fallback": fallback}
+    return {"replicated": True, "usable": False, "replica": replica, "why": why,
+            "fallback": fallback}

@@ -1,0 +1,135 @@
+"""Replicas on the test driver, through the real command line and peers:
+the record, what vmlist shows, the refusals (one line, nothing written),
+stopping, and an HA restart that uses the replica or, without one, waits
+for the operator's fallback.  The QEMU tier (test_replicas_qemu) proves the
+data."""
+from __future__ import annotations
+
+from engine import replicas
+from engine.core import keys
+from engine.core.values import readable
+from tests.support import wait_for, wait_until
+from tests.support.cluster import finished, refused
+from tests.test_ha import boot, start_hosts, vmlist
+
+
+def _records(store):
+    return [readable(kv) for kv in store.range(keys.replica())[0]]
+
+
+def _replica(store, uuid):
+    return (replicas.read(store, uuid) or {}).get("replica")
+
+
+def _replicated(store, uuid, host):
+    return wait_until(lambda: _replica(store, uuid), lambda r: r and r["host"] == host
+                      and not r.get("pending"), timeout=60, what=f"a replica on {host}")
+
+
+def test_a_replicated_vm_has_a_whole_replica_on_another_host_that_vmlist_shows(
+        cluster, store, tmp_path):
+    start_hosts(cluster, store, tmp_path, ["h1", "h2"])
+    uuid = boot(cluster, ["db1"], "h1")["db1"]
+    doc = cluster.cli_json("replicate", "db1", "--every", "10s")
+    (row,) = doc["vms"]
+    assert (row["name"], row["uuid"], row["every"], row["state"]) == \
+        ("db1", uuid, 10.0, "started"), row
+    replica = _replicated(store, uuid, "h2")
+    assert replica["seq"] >= 1 and replica["disks"][0]["dev"] == "vda", replica
+    listed = vmlist(cluster)["db1"]["replica"]
+    assert (listed["host"], listed["alive"], listed["every"]) == ("h2", True, 10.0), listed
+    assert listed["time"] is not None and listed["error"] is None, listed
+    text = cluster.cli("vmlist", "-o", "name,replica").stdout
+    assert "h2 " in text and "ago" in text, text
+
+    again = cluster.cli_json("replicate", "db1", "--every", "1m")
+    assert again["vms"][0]["state"] == "changed"
+    (record,) = _records(store)
+    assert record["every"] == 60.0 and record["automation"] == \
+        replicas.read(store, uuid)["automation"]
+
+
+def test_bad_replication_requests_are_one_line_and_write_nothing(cluster, store, tmp_path):
+    start_hosts(cluster, store, tmp_path, ["h1", "h2"])
+    boot(cluster, ["db1"], "h1")
+    refused(cluster, ["replicate", "db1", "--every", "5s"], 2, "at most every 10s")
+    refused(cluster, ["replicate", "db1"], 2, "needs --every")
+    refused(cluster, ["replicate", "db1", "--every", "10s", "--to", "h1"], 1,
+            "offers only h1, where it runs")
+    refused(cluster, ["replicate", "db1", "--every", "10s", "--to", "h9*"], 1,
+            "matches no host")
+    refused(cluster, ["replicate", "nosuch", "--every", "10s"], 1, "nosuch")
+    refused(cluster, ["replicate", "db1", "--stop"], 1, "is replicated")
+    refused(cluster, ["replicate", "db1", "--stop", "--every", "10s"], 2, "--stop takes no")
+    assert _records(store) == []
+
+
+def test_no_other_host_means_no_replica(cluster, store, tmp_path):
+    start_hosts(cluster, store, tmp_path, ["h1"])
+    boot(cluster, ["db1"], "h1")
+    refused(cluster, ["replicate", "db1", "--every", "10s"], 1,
+            "offers only h1, where it runs")
+    assert _records(store) == []
+
+
+def test_stopping_deletes_the_replica_then_its_record(cluster, store, tmp_path):
+    start_hosts(cluster, store, tmp_path, ["h1", "h2"])
+    uuid = boot(cluster, ["db1"], "h1")["db1"]
+    cluster.cli_json("replicate", "db1", "--every", "10s")
+    _replicated(store, uuid, "h2")
+    automation = replicas.read(store, uuid)["automation"]
+    doc = cluster.cli_json("replicate", "db1", "--stop")
+    assert doc["vms"][0]["state"] == "stopping"
+    task = finished(store, automation)
+    assert task["state"] == "done" and task["result"]["state"] == "stopped", task
+    assert _records(store) == []
+    assert vmlist(cluster)["db1"]["replica"] is None
+
+
+def test_an_ha_restart_starts_a_replicated_vm_from_its_replica_on_the_replicas_host(
+        cluster, store, tmp_path):
+    start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])
+    uuid = boot(cluster, ["db1"], "h1", "--ha", "restart")["db1"]
+    cluster.cli_json("replicate", "db1", "--every", "10s", "--to", "h[23]")
+    replica = _replicated(store, uuid, "h2")
+    cluster.kill("h1")
+    vm = wait_until(lambda: vmlist(cluster)["db1"], lambda v: v["host"] != "h1"
+                    and v["state"] == "running", timeout=60, what="db1 restarted")
+    assert vm["host"] == "h2", vm           # where its replica was, not anywhere
+    assert vm["recovered"]["from"] == "h1", vm
+    assert abs(vm["recovered"]["data_as_of"] - replica["time"]) < 0.01, (vm, replica)
+    consumed = replicas.read(store, uuid)
+    assert consumed["consumed"]["host"] == "h2", consumed
+    # replication goes on, to a host that is not the VM's own
+    wait_until(lambda: _replica(store, uuid), lambda r: r and r["host"] == "h3"
+               and r["seq"] > replica["seq"], timeout=60, what="a new replica on h3")
+
+
+def test_with_its_replica_host_dead_too_a_vm_waits_unless_the_fallback_is_allowed(
+        cluster, store, tmp_path):
+    start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])
+    uuids = boot(cluster, ["db1", "db2"], "h1", "--ha", "restart")
+    cluster.cli_json("replicate", "db1", "--every", "10s", "--to", "h2")
+    cluster.cli_json("replicate", "db2", "--every", "10s", "--to", "h2",
+                     "--from-image-if-no-replica")
+    for uuid in uuids.values():
+        _replicated(store, uuid, "h2")
+    cluster.kill("h2")
+    wait_for(lambda: vmlist(cluster)["db1"]["replica"]["alive"] is False, timeout=30,
+             what="the replica's host seen down")
+    cluster.kill("h1")
+    db2 = wait_until(lambda: vmlist(cluster)["db2"], lambda v: v["host"] != "h1"
+                     and v["state"] == "running", timeout=60, what="db2 restarted from its image")
+    assert db2["host"] == "h3" and db2["recovered"]["data_as_of"] is None, db2
+
+    def recovery():
+        for kv in store.range(keys.task())[0]:
+            if (readable(kv) or {}).get("kind") == "recover":
+                return keys.suffix(kv.key, keys.task())
+        return None
+    task = finished(store, wait_for(recovery, timeout=30, what="h1's recovery"))
+    assert task["state"] == "failed", task
+    assert "db1: not restarted from its image: its replica's host h2 is down too" \
+        in task["error"], task["error"]
+    db1 = vmlist(cluster)["db1"]
+    assert (db1["host"], db1["state"]) == ("h1", "unknown"), db1
