@@ -40,7 +40,7 @@ import xml.etree.ElementTree as ET
 import libvirt
 import structlog
 
-from engine.core import keys
+from engine.core import failpoints, keys
 from engine.core.store import absent, exists
 from engine.errors import RequestError
 from engine import replicas as records
@@ -227,6 +227,7 @@ def _finish(host, pool, uuid: str, replica: dict) -> dict:
                 raise RequestError(f"replica of {uuid}: its disk {entry['into']} is missing "
                                    f"on {host.host}")
             qcow2.apply_increment(vol.path(), base.path())
+            failpoints.crash("replica committed")   # tests: written in, not yet deleted
         vol.delete(0)
     finished = {**replica, "pending": None}
 

@@ -1,0 +1,119 @@
+"""Replicas of a real guest's disk and HA restarts from them (QEMU/KVM
+tier).
+
+host1 and host2 on two private libvirtd, the drained test-driver members
+m1 and m2 to lead automations (``ha_kvm``).  The guest writes markers into
+sectors of its disk; a guest restarted on host2 that shows a marker got it
+from its replica.  The replica is updated every 10 s; a marker written
+before an update completed is in the replica, one written after it may be
+missing, and the result's ``data_as_of`` says which update it came from.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine import replicas
+from engine.core import api, failpoints
+from tests.support import qemu_guest, wait_for, wait_until
+from tests.support.kvm import BOOT_TIMEOUT
+from tests.test_backups_qemu import SECTOR_A, SECTOR_B, read_marker, write_marker
+from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
+from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
+from tests.test_ha_qemu import ha_kvm  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
+
+
+def replica(store, uuid):
+    return (replicas.read(store, uuid) or {}).get("replica")
+
+
+def updated_after(store, uuid, moment, timeout=90):
+    """The replica once an update taken after ``moment`` is complete."""
+    return wait_until(lambda: replica(store, uuid),
+                      lambda r: r and r["host"] == "host2" and r["time"] > moment,
+                      timeout=timeout, interval=0.2, what="a replica update after the write")
+
+
+def restarted_on_host2(kvm, name, uuid):
+    wait_for(lambda: kvm.where(uuid).get("host2") == "running", timeout=120, interval=0.5,
+             what="the guest running on host2")
+    assert qemu_guest.wait_for_console(kvm.console("host2", uuid), qemu_guest.READY_MARKER,
+                                       BOOT_TIMEOUT), "the restarted guest did not boot"
+    (vm,) = [v for v in kvm.cluster.cli_json("vmlist") if v["name"] == name]
+    assert (vm["host"], vm["state"], vm["recovered"]["from"]) == \
+        ("host2", "running", "host1"), vm
+    return vm
+
+
+def test_an_ha_restart_brings_a_guest_back_on_its_replica_host_with_its_data(ha_kvm, store):
+    kvm = ha_kvm
+    vm = kvm.boot("db", "--ha", "restart")
+    uuid = vm["uuid"]
+    kvm.cluster.cli_json("replicate", "db", "--every", "10s")
+    first = updated_after(store, uuid, 0)
+    write_marker(kvm, "host1", uuid, SECTOR_A, "MARKER-A")
+    wrote_a = time.time()
+    kept = updated_after(store, uuid, wrote_a)
+    assert kept["kind"] == "incremental" and kept["seq"] > first["seq"], kept
+    write_marker(kvm, "host1", uuid, SECTOR_B, "MARKER-B")
+    kvm.cluster.kill("host1")
+    killed = time.time()
+
+    vm = restarted_on_host2(kvm, "db", uuid)
+    as_of = vm["recovered"]["data_as_of"]
+    assert as_of >= kept["time"] and as_of < killed, (vm["recovered"], kept)
+    assert read_marker(kvm, "host2", uuid, SECTOR_A) == "MARKER-A"
+    assert read_marker(kvm, "host2", uuid, SECTOR_B) in ("MARKER-B", "")
+    print(f"\nrecovery point: the replica's data was {killed - as_of:.1f} s old at the kill")
+
+    kvm.start_peer("host1")
+    wait_for(lambda: "host1" in api.live_hosts(store), timeout=60, what="host1 back")
+    wait_for(lambda: kvm.where(uuid) == {"host2": "running"}, timeout=60, interval=0.5,
+             what="host1's stale copy undefined, one copy left")
+    asides = kvm.cluster.cli_json("aside", "list", "host1")
+    assert [(a["name"], a["uuid"]) for a in asides] == [("db", uuid)], asides
+    kvm.cluster.cli_json("replicate", "db", "--stop")
+    wait_for(lambda: replicas.read(store, uuid) is None, timeout=60, what="replication ended")
+    kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
+
+
+def test_peers_killed_mid_update_leave_a_whole_replica(ha_kvm, store):
+    """The source's peer dies while it copies an update, and the replica
+    host's peer dies while it writes one in: each time the replica stays
+    whole, and the guest restarted from it has the last recorded update's
+    data."""
+    kvm = ha_kvm
+    vm = kvm.boot("db")         # no HA yet: its peer's death would fence it
+    uuid = vm["uuid"]
+    kvm.cluster.cli_json("replicate", "db", "--every", "10s")
+    updated_after(store, uuid, 0)
+    write_marker(kvm, "host1", uuid, SECTOR_A, "MARKER-A")
+    kvm.shell("host1", uuid, "dd if=/dev/urandom of=/dev/vda bs=1M seek=600 count=20 "
+                             "2>/dev/null; sync")
+    wrote_a = time.time()
+    failpoints.arm(str(kvm.armed), ["copying"])
+    wait_for(lambda: failpoints.fired(str(kvm.armed)), timeout=60,
+             what="the source's peer killed while it copies")
+    kvm.start_peer("host1")
+    with_a = updated_after(store, uuid, wrote_a)
+
+    kvm.cluster.cli_json("ha", "db", "restart")
+    write_marker(kvm, "host1", uuid, SECTOR_B, "MARKER-B")
+    wrote_b = time.time()
+    failpoints.arm(str(kvm.armed), ["replica committed"])
+    wait_for(lambda: len(failpoints.fired(str(kvm.armed))) >= 2, timeout=60,
+             what="the replica host's peer killed while it writes an update in")
+    with_b = replica(store, uuid)
+    assert with_b["time"] > wrote_b and with_b["pending"], with_b   # recorded, not finished
+    kvm.start_peer("host2")
+    wait_for(lambda: "host2" in api.live_hosts(store), timeout=60, what="host2 back")
+    kvm.cluster.kill("host1")
+
+    vm = restarted_on_host2(kvm, "db", uuid)
+    assert vm["recovered"]["data_as_of"] >= with_b["time"] > with_a["time"]
+    assert read_marker(kvm, "host2", uuid, SECTOR_A) == "MARKER-A"
+    assert read_marker(kvm, "host2", uuid, SECTOR_B) == "MARKER-B"
+    kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
