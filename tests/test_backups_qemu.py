@@ -17,30 +17,12 @@ from engine.core import keys
 from engine.core.values import readable
 from engine.hypervisor import qcow2
 from tests.support import qemu_guest
+from tests.support.guest_disk import SECTOR_A, SECTOR_B, MiB, read_marker, write_marker
 from tests.support.kvm import BOOT_TIMEOUT, kvm  # noqa: F401  (kvm: a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
 
 pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
-
-SECTOR_A, SECTOR_B = 1_000_000, 1_000_008       # ~488 MiB into the 1 GiB disk
-MiB = 1 << 20
-
-
-def write_marker(kvm, host, uuid, sector, text):
-    kvm.shell(host, uuid, f"echo {text} | dd of=/dev/vda bs=512 seek={sector} "
-                          "conv=notrunc 2>/dev/null; sync")
-
-
-def read_marker(kvm, host, uuid, sector) -> str:
-    """The text at ``sector`` of the guest's disk, as the guest reads it."""
-    out = kvm.shell(host, uuid, f"echo READ-$((0)):$(dd if=/dev/vda bs=512 skip={sector} "
-                                "count=1 2>/dev/null | head -n 1 | tr -cd 'A-Za-z0-9-')")
-    for line in out.splitlines():
-        if "READ-0:" in line:
-            return line.split("READ-0:", 1)[1].strip()
-    raise AssertionError(f"the guest printed no READ line: {out!r}")
-
 
 def backed_up(kvm, *args):
     done = kvm.cluster.cli_json("backup", *args, timeout=600)

@@ -10,41 +10,11 @@ from engine.core import api, failpoints, keys
 from engine.hypervisor.aside import keep_aside, delete_aside
 from engine.hypervisor import images
 from engine.placement import open_placement
-from tests.support import wait_for
+from tests.support import TEST_AUTOMATIONS, wait_for
 from tests.support.cluster import finished
+from tests.support.ha_hosts import MARGIN, SMALL, boot, start_hosts, vmlist
 from tests.support.handlers import call, new_host
-from tests.support.vms import allocations, big_test_host, inventory, start
-
-MARGIN = 1.0
-SMALL = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
-
-
-def start_hosts(cluster, store, tmp_path, names, margin=MARGIN, env=None):
-    for name in names:
-        uri = big_test_host(tmp_path / f"{name}.xml")
-        cluster.start_peer(name, libvirt=uri, extra_args=["--ha-margin", str(margin)],
-                           env={"PEERCTL_AUTOMATIONS_PATH": _test_code(), **(env or {})})
-    wait_for(lambda: set(names) <= set(api.live_hosts(store)), what=f"{names} alive")
-    placement = open_placement("etcd", store)
-    wait_for(lambda: set(names) <= {p["name"] for p in placement.providers()},
-             what="providers registered")
-
-
-def _test_code():
-    from tests.support import TEST_AUTOMATIONS
-    return TEST_AUTOMATIONS
-
-
-def boot(cluster, names, on, *flags):
-    doc = cluster.cli_json("boot", *names, "--resources", SMALL, "--network", "none",
-                           "--on", on, *flags)
-    assert doc["state"] == "done", doc
-    return {vm["name"]: vm["uuid"] for vm in doc["vms"]}
-
-
-def vmlist(cluster):
-    return {vm["name"]: vm for vm in cluster.cli_json("vmlist")}
-
+from tests.support.vms import allocations, inventory
 
 def running_copies(store, hosts):
     """uuid -> the hosts whose hypervisor runs it."""
@@ -112,7 +82,7 @@ def test_a_dead_hosts_ha_vms_run_elsewhere_and_the_others_are_unknown(
     for name in dead:
         cluster.start_peer(name, libvirt=f"test://{tmp_path / f'{name}.xml'}",
                            extra_args=["--ha-margin", str(MARGIN)],
-                           env={"PEERCTL_AUTOMATIONS_PATH": _test_code()})
+                           env={"PEERCTL_AUTOMATIONS_PATH": TEST_AUTOMATIONS})
     wait_for(lambda: set(hosts) <= set(api.live_hosts(store)), what="all hosts back")
     copies = running_copies(store, hosts)
     for uuid in ha.values():

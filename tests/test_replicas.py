@@ -10,7 +10,7 @@ from engine.core import keys
 from engine.core.values import readable
 from tests.support import wait_for, wait_until
 from tests.support.cluster import finished, refused
-from tests.test_ha import boot, start_hosts, vmlist
+from tests.support.ha_hosts import boot, start_hosts, vmlist
 
 
 def _records(store):

@@ -18,10 +18,10 @@ from engine import replicas
 from engine.core import api, failpoints
 from tests.support import qemu_guest, wait_for, wait_until
 from tests.support.kvm import BOOT_TIMEOUT
-from tests.test_backups_qemu import SECTOR_A, SECTOR_B, read_marker, write_marker
+from tests.support.guest_disk import SECTOR_A, SECTOR_B, read_marker, write_marker
+from tests.support.ha_kvm import ha_kvm  # noqa: F401  (a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
-from tests.test_ha_qemu import ha_kvm  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
 

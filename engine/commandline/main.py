@@ -25,7 +25,8 @@ NOUNS = {"vms": ("vmlist", "boot", "destroy", "start", "stop", "reboot", "suspen
          "hosts": ("hostlist", "hoststats", "ping"),
          "moves": ("migrate", "drain", "undrain", "evacuate"),
          "tasks": ("tasks", "task", "wait", "abort"),
-         "backups": ("backup", "restore"), "replicas": ("replicate",), "leases": ("lease",), "placement": ("placement",),
+         "backups": ("backup", "restore"), "snapshots": ("snapshot",), "replicas": ("replicate",), "leases": ("lease",),
+         "placement": ("placement",),
          "aside": ("aside",),
          "admin": ("scrub", "tls"), "local": ("peer", "up", "down")}
 NOUN_OF = {command: noun for noun, commands in NOUNS.items() for command in commands}
