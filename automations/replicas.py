@@ -30,6 +30,7 @@ replica (``replica_drop``) and the record.  After
 so that no log grows without end.
 """
 from engine.core.registry import automation
+from engine.replicas import replica_id
 from engine.core.replay import Request
 from engine.errors import Failed
 
@@ -55,7 +56,9 @@ def update_once(ctx, plan):
     started = ctx.now()
 
     def step(request, args, target=None, deadline=STEP_DEADLINE):
-        return Request(request, {"uuid": vm["uuid"], "name": vm["name"], "seq": seq, **args},
+        # the update's id in every step: the hosts' sweeps spare what it names
+        return Request(request, {"uuid": vm["uuid"], "name": vm["name"], "seq": seq,
+                                 "id": replica_id(vm["uuid"], seq), **args},
                        target=target, deadline=deadline, label=vm["name"])
 
     def attempt(error=None, taken=None, where=None):

@@ -6,7 +6,7 @@ data."""
 from __future__ import annotations
 
 from engine import replicas
-from engine.core import keys
+from engine.core import failpoints, keys
 from engine.core.values import readable
 from tests.support import wait_for, wait_until
 from tests.support.cluster import finished, refused
@@ -133,3 +133,60 @@ def test_with_its_replica_host_dead_too_a_vm_waits_unless_the_fallback_is_allowe
         in task["error"], task["error"]
     db1 = vmlist(cluster)["db1"]
     assert (db1["host"], db1["state"]) == ("h1", "unknown"), db1
+
+
+def test_when_the_replicas_host_dies_a_new_replica_elsewhere_serves_the_next_restart(
+        cluster, store, tmp_path):
+    start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])
+    uuid = boot(cluster, ["db1"], "h1", "--ha", "restart")["db1"]
+    cluster.cli_json("replicate", "db1", "--every", "10s")
+    old = _replicated(store, uuid, "h2")
+    cluster.kill("h2")
+    new = _replicated(store, uuid, "h3")
+    assert new["seq"] > old["seq"] and new["kind"] == "full", new
+    cluster.kill("h1")
+    vm = wait_until(lambda: vmlist(cluster)["db1"], lambda v: v["host"] not in ("h1", "h2")
+                    and v["state"] == "running", timeout=60, what="db1 restarted")
+    assert vm["host"] == "h3" and vm["recovered"]["data_as_of"] == new["time"], vm
+
+
+def test_a_drained_replica_host_hands_the_replica_to_another_host(cluster, store, tmp_path):
+    start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])
+    uuid = boot(cluster, ["db1"], "h1")["db1"]
+    cluster.cli_json("replicate", "db1", "--every", "10s")
+    _replicated(store, uuid, "h2")
+    cluster.cli_json("drain", "h2", "--yes")
+    moved = _replicated(store, uuid, "h3")
+    assert replicas.read(store, uuid)["last"]["error"] is None, moved
+
+
+def test_a_destroyed_vm_stops_being_replicated(cluster, store, tmp_path):
+    start_hosts(cluster, store, tmp_path, ["h1", "h2"])
+    uuid = boot(cluster, ["db1"], "h1")["db1"]
+    cluster.cli_json("replicate", "db1", "--every", "10s")
+    _replicated(store, uuid, "h2")
+    automation = replicas.read(store, uuid)["automation"]
+    cluster.cli_json("destroy", "db1", "--yes")
+    task = finished(store, automation, timeout=60)     # at its next look, within an interval
+    assert task["state"] == "done" and task["result"]["state"] == "stopped", task
+    assert _records(store) == []
+
+
+def test_an_initiator_killed_mid_update_is_replaced_and_the_replica_recorded_once(
+        cluster, store, tmp_path):
+    armed = tmp_path / "failpoints"
+    armed.write_text("")
+    start_hosts(cluster, store, tmp_path, ["h1", "h2", "m1", "m2"],
+                env={failpoints.ENV: str(armed)})
+    cluster.cli_json("drain", "m*", "--yes")        # they lead automations, keep no replica
+    uuid = boot(cluster, ["db1"], "h1")["db1"]
+    failpoints.arm(str(armed), ["append replica_apply"])
+    record = replicas.put(store, {"name": "db1", "uuid": uuid}, 10, None, None,
+                          prefer=["m1", "m2"])
+    wait_for(lambda: failpoints.fired(str(armed)), timeout=60, what="the initiator killed")
+    replica = _replicated(store, uuid, "h2")
+    assert replica["seq"] == 1, replica         # the update the dead initiator began
+    running = [kv for kv in store.range(keys.task())[0]
+               if (readable(kv) or {}).get("kind") == "replicate"
+               and (readable(kv) or {}).get("state") == "running"]
+    assert [keys.suffix(kv.key, keys.task()) for kv in running] == [record["automation"]]

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import time
 
+import libvirt
 import pytest
 
 from engine import replicas
 from engine.core import api, failpoints
 from tests.support import qemu_guest, wait_for, wait_until
-from tests.support.kvm import BOOT_TIMEOUT
+from tests.support.kvm import BOOT_TIMEOUT, kvm  # noqa: F401  (kvm: a fixture)
 from tests.support.guest_disk import SECTOR_A, SECTOR_B, read_marker, write_marker
 from tests.support.ha_kvm import ha_kvm  # noqa: F401  (a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
@@ -117,3 +118,33 @@ def test_peers_killed_mid_update_leave_a_whole_replica(ha_kvm, store):
     assert read_marker(kvm, "host2", uuid, SECTOR_A) == "MARKER-A"
     assert read_marker(kvm, "host2", uuid, SECTOR_B) == "MARKER-B"
     kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
+
+
+def replica_volumes(kvm, host) -> list[str]:
+    conn = libvirt.open(kvm.uri[host])
+    try:
+        pool = conn.storagePoolLookupByName(f"peerctl-{host}")
+        pool.refresh(0)
+        return sorted(v.name() for v in pool.listAllVolumes(0)
+                      if v.name().startswith("bk-replica"))
+    finally:
+        conn.close()
+
+
+def test_a_replica_left_on_a_host_that_was_down_is_swept_when_it_returns(kvm, store):
+    vm = kvm.boot("web")
+    uuid = vm["uuid"]
+    kvm.cluster.cli_json("replicate", "web", "--every", "10s")
+    kept = updated_after(store, uuid, 0)
+    assert replica_volumes(kvm, "host2") == sorted(d["volume"] for d in kept["disks"])
+    kvm.cluster.kill("host2")
+    automation = replicas.read(store, uuid)["automation"]
+    kvm.cluster.cli_json("replicate", "web", "--stop")
+    wait_for(lambda: replicas.read(store, uuid) is None, timeout=120,
+             what="replication stopped with its replica's host down")
+    assert api.get_task(store, automation)["state"] == "done"
+    assert replica_volumes(kvm, "host2"), "nothing could delete them while host2 was down"
+    kvm.start_peer("host2")
+    wait_for(lambda: replica_volumes(kvm, "host2") == [], timeout=60,
+             what="host2's peer sweeping the replica nobody names")
+    kvm.cluster.cli_json("destroy", "web", "--yes", timeout=120)

@@ -13,7 +13,12 @@ names its backup id:
   that no backup record names deleted (libvirt merges their bitmaps into
   their neighbours', so the recorded checkpoints still count every block
   written since them);
-- on a target: volumes ``bk-<id>-*`` of the backup pool with no record.
+- on a target: volumes ``bk-<id>-*`` of the backup pool with no record;
+- replicas (:mod:`engine.hypervisor.replicas`): their checkpoints are
+  spared while a ``replicas/`` record names them; volumes ``bk-replica*``
+  of the image pool that no record names on this host (a replica this host
+  kept before it died and another host took over, an update cut short)
+  are deleted.
 
 What is listed is read *before* the running automations and the records,
 so that anything an attempt starting meanwhile makes is never listed: a
@@ -41,6 +46,7 @@ log = structlog.get_logger("peerctl.backups")
 
 EVERY = object()        # an unreadable running automation: it may name any id
 KINDS = ("backup", "backup_schedule", "replicate")     # the automations that take backups
+REPLICA_VOLUME = "bk-" + replicas.checkpoint_prefix()  # a replica's volumes, in the image pool
 
 
 def _running_backup_ids(store):
@@ -74,6 +80,7 @@ def sweep_backups(store, host) -> list[str]:
     kept = store_pool(host)
     kept.refresh(0)
     stored = [v for v in kept.listAllVolumes(0) if v.name().startswith("bk-")]
+    held = [v for v in pool.listAllVolumes(0) if v.name().startswith(REPLICA_VOLUME)]
     domains = [d for d in host.conn.listAllDomains(0) if owned_by(d, host.host)]
     checkpoints = [(d, c) for d in domains for c in d.listAllCheckpoints(0)
                    if c.getName().startswith(CHECKPOINT)]
@@ -81,8 +88,12 @@ def sweep_backups(store, host) -> list[str]:
     if running is EVERY:
         return []
     records = {value["id"]: value for value in recorded(store)}
+    replicated = replicas.read_all(store)
     named = {r.get("checkpoint") for r in records.values()} \
-        | {(r.get("replica") or {}).get("checkpoint") for r in replicas.read_all(store)}
+        | {(r.get("replica") or {}).get("checkpoint") for r in replicated}
+    replica_volumes = {d["volume"] for r in replicated
+                       if (r.get("replica") or {}).get("host") == host.host
+                       for d in [*r["replica"]["disks"], *(r["replica"].get("pending") or [])]}
     removed = []
     for dom in domains:
         removed += _abort_stray_job(dom, running)
@@ -92,6 +103,9 @@ def sweep_backups(store, host) -> list[str]:
     for vol in stored:
         backup_id = _id_of(vol.name(), "bk-")
         if backup_id not in running and backup_id not in records:
+            removed.append(_delete(vol))
+    for vol in held:
+        if vol.name() not in replica_volumes and _id_of(vol.name(), "bk-") not in running:
             removed.append(_delete(vol))
     for dom, checkpoint in checkpoints:
         name = checkpoint.getName()
