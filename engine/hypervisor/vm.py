@@ -500,6 +500,7 @@ def destroy(host, args: dict) -> dict:
             pass
         if host.store is not None:
             forget(host.store, host.host, uuid)
+            host.store.delete(keys.snapshot(uuid, ""), prefix=True)    # gone with its disks
         return {"uuid": uuid, "state": "destroyed", "volumes_deleted": deleted}
 
 

@@ -58,6 +58,7 @@ def plan_migrate(ctx, patterns: list[str], to: str | None = None, *, offline: bo
     from engine.cluster import read_hosts, read_vms
     store = ctx.store()
     vms = select_vms(lambda: read_vms(store), list(patterns))
+    _no_snapshots(store, vms, "moving it")
     hosts = read_hosts(store)
     takers = _takers(hosts, to or "*")
     stuck = [vm for vm in vms if not takers - {vm["host"]}]
@@ -71,6 +72,19 @@ def plan_migrate(ctx, patterns: list[str], to: str | None = None, *, offline: bo
         **({"bandwidth_mib": bandwidth_mib} if bandwidth_mib else {}),
         **({"postcopy": True} if postcopy else {})},
         [_row(vm) for vm in vms], ask=len(vms) > 1)
+
+
+def _no_snapshots(store, vms: list[dict], doing: str) -> None:
+    """A migration copies a VM's disks as they are now, not its snapshots
+    (libvirt refuses to migrate a VM that has some): one line naming the
+    first VM's snapshot, nothing started."""
+    from engine.errors import RequestError
+    from engine.snapshots import refuse_if_snapshots
+    for vm in vms:
+        try:
+            refuse_if_snapshots(store, vm["uuid"], vm["name"], doing)
+        except RequestError as exc:
+            raise Failed(str(exc), result=failed_doc()) from None
 
 
 def _on(store, hosts: list[str]) -> list[dict]:
@@ -89,6 +103,7 @@ def plan_evacuate(ctx, pattern: str, to: str | None = None, parallel: int = 4) -
     hosts = read_hosts(store)
     leaving = [h["host"] for h in select_hosts(lambda: hosts, pattern, result=failed_doc())]
     vms = _on(store, leaving)
+    _no_snapshots(store, vms, "evacuating its host")
     if (vms or to is not None) and not _takers(hosts, to or "*") - set(leaving):
         raise Failed(_nowhere(f"the VMs of {', '.join(leaving)}", to, hosts,
                               "which " + ("is" if len(leaving) == 1 else "are")
