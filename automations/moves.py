@@ -52,6 +52,7 @@ from typing import Any
 from engine.core.registry import automation
 from engine.core.replay import Request
 
+from automations._handoff import prepared_from_replica
 from automations._steps import finish, resend
 
 ACTION_DEADLINE = 120.0
@@ -59,11 +60,12 @@ TIMEOUT_PER_GIB = 120.0         # seconds of copy per GiB of RAM and disk
 ACTIVE = ("running", "paused")
 
 
-def _result(vm, host, state, mode=None, error=None, copied=None):
+def _result(vm, host, state, mode=None, error=None, copied=None, via=None):
     copied = copied or {}
     return {"name": vm["name"], "uuid": vm["uuid"], "from": vm["host"], "host": host,
             "state": state, "mode": mode, "downtime_ms": copied.get("downtime_ms"),
-            "bytes": copied.get("bytes"), "error": error}
+            "bytes": copied.get("bytes"), "disk_bytes": copied.get("disk_bytes"),
+            "via_replica": via, "error": error}
 
 
 def _copy_deadline(described: dict) -> float:
@@ -85,6 +87,7 @@ class _Move:
     migration: str | None = None    # placement consumer holding the source's share
     dest: str | None = None
     stopped: bool = False       # stopped on the source for an offline move
+    via: Any = None             # the replica it moved onto, or why the disks went whole
 
     @property
     def uuid(self) -> str:
@@ -111,7 +114,7 @@ class _Move:
         return resend(self.step("unlock_vm", {"owner": self.ctx.automation_id, **extra}))
 
     def result(self, host, state, error=None, copied=None) -> dict:
-        return _result(self.vm, host, state, self.mode, error, copied)
+        return _result(self.vm, host, state, self.mode, error, copied, self.via)
 
 
 def _locate(move: _Move, described, prepared):
@@ -153,9 +156,12 @@ def _decide(mode: str, was: str, at_source: str, at_dest: str) -> str:
     return "revert" if at_source == "shutoff" else "unknown"
 
 
-def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False):
+def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False,
+             replicas=False):
     """One VM's move, steps 1 to 7 of the module's docstring; its result
-    row, ``error`` saying what went wrong."""
+    row, ``error`` saying what went wrong.  With ``replicas`` (migrate and
+    evacuate version 2), a live move to the VM's replica's host copies only
+    what changed since the replica (``automations/_handoff.py``)."""
     move = _Move(ctx, vm)
     locked = yield from resend(move.step("lock_vm", {
         "host": move.source, "owner": ctx.automation_id, "kind": "migrate",
@@ -188,11 +194,20 @@ def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False
             return (yield from _revert(move, f"stop before the move: {halted.error}"))
         move.stopped = True
 
-    prepared = yield from resend(move.step("move_prepare", {"describe": described}, move.dest))
-    if not prepared.ok:
-        return (yield from _revert(
-            move, f"prepare on {move.dest}: {prepared.error or prepared.status}"))
-    prepared = prepared.value
+    prepared = None
+    if replicas and move.mode == "live":
+        prepared, move.via = yield from prepared_from_replica(move, described)
+        if prepared is None and move.via:
+            move.via = {"used": False, "why": move.via}
+    if prepared is None:
+        prepared = yield from resend(move.step("move_prepare", {"describe": described},
+                                               move.dest))
+        if not prepared.ok:
+            return (yield from _revert(
+                move, f"prepare on {move.dest}: {prepared.error or prepared.status}"))
+        prepared = prepared.value
+    else:
+        move.via = {"used": True, **move.via}
 
     moved = yield from _copy(move, described, prepared, bandwidth_mib, postcopy)
     outcome, why = yield from _outcome(move, moved, described, prepared)
@@ -296,7 +311,7 @@ def _keep_both(move: _Move, why):
     return move.result(move.source, "error", why)
 
 
-def _lane(ctx, vms, to, offline, bandwidth_mib, postcopy=False):
+def _lane(ctx, vms, to, offline, bandwidth_mib, postcopy=False, replicas=False):
     """Move ``vms`` one after another; after an abort, start no more."""
     results = []
     for vm in vms:
@@ -304,32 +319,53 @@ def _lane(ctx, vms, to, offline, bandwidth_mib, postcopy=False):
             results.append(_result(vm, vm["host"], vm.get("state"), error="not moved: aborted"))
             continue
         results.append((yield ctx.worker(move_one, vm, to, offline, bandwidth_mib, postcopy,
-                                         label=vm["name"])))
+                                         replicas, label=vm["name"])))
     return results
 
 
-def _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib=None, postcopy=False):
+def _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib=None, postcopy=False,
+              replicas=False):
     lanes = max(1, min(int(parallel or 1), len(vms)))
     done = yield ctx.all([ctx.worker(_lane, vms[i::lanes], to, offline, bandwidth_mib,
-                                     postcopy) for i in range(lanes)])
+                                     postcopy, replicas) for i in range(lanes)])
     by_uuid = {r["uuid"]: r for lane in done for r in lane}
     return [by_uuid[vm["uuid"]] for vm in vms]
 
 
-@automation("migrate", version=1, cleans_up=True)
+@automation("migrate", version=2, cleans_up=True)
 def migrate(ctx, vms, to=None, offline=False, parallel=4, bandwidth_mib=None,
             postcopy=False):
     """``bandwidth_mib``: a cap on each copy, MiB/s (libvirt's migration
     bandwidth), for moves that must not fill a link; ``postcopy``: a live
     copy that has not converged in time switches to post-copy instead of
-    being aborted."""
+    being aborted.  Since version 2 a live move to the VM's replica's host
+    copies only what changed since the replica."""
+    results = yield from _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib, postcopy,
+                                   True)
+    return finish(results, "moved")
+
+
+@automation("migrate", version=1, cleans_up=True)
+def migrate_v1(ctx, vms, to=None, offline=False, parallel=4, bandwidth_mib=None,
+               postcopy=False):
+    """Disks always copied whole: kept so that moves started before
+    version 2 replay."""
     results = yield from _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib, postcopy)
     return finish(results, "moved")
 
 
-@automation("evacuate", version=1, cleans_up=True)
+@automation("evacuate", version=2, cleans_up=True)
 def evacuate(ctx, hosts, vms, to=None, parallel=4, bandwidth_mib=None):
     """The hosts are drained before this starts (by the command line): the
-    VMs on them move away, live where running, cold where shut off."""
+    VMs on them move away, live where running, cold where shut off (a live
+    move to a VM's replica's host copies what changed since the replica)."""
+    results = yield from _in_lanes(ctx, vms, to, False, parallel, bandwidth_mib, False, True)
+    return finish(results, "moved")
+
+
+@automation("evacuate", version=1, cleans_up=True)
+def evacuate_v1(ctx, hosts, vms, to=None, parallel=4, bandwidth_mib=None):
+    """Disks always copied whole: kept so that evacuations started before
+    version 2 replay."""
     results = yield from _in_lanes(ctx, vms, to, False, parallel, bandwidth_mib)
     return finish(results, "moved")

@@ -4,7 +4,9 @@ restarts from a replica (``automations/ha.py``).
 On hosts, from :mod:`engine.hypervisor.replicas`: ``replica_store``,
 ``replica_apply``, ``replica_drop`` and ``replica_promote`` (the replica's
 host), ``replica_take`` and ``replica_prune`` (the VM's host),
-``replica_discard`` (either).
+``replica_discard`` (either); from :mod:`engine.hypervisor.handoff`, a
+migration to the replica's host: ``handoff_take`` (the VM's host) and
+``handoff_prepare`` (the replica's).
 
 Run by the initiator (no target), reading and writing ``replicas/<uuid>``:
 
@@ -24,7 +26,7 @@ Run by the initiator (no target), reading and writing ``replicas/<uuid>``:
 - ``replica_continue`` ``{uuid, owner}`` -> ``{automation}``: a new
   automation carries the replication, swapped in with its creation;
 - ``replica_of`` ``{uuid}`` -> ``{replicated, replica, usable, why,
-  fallback}`` for an HA restart.
+  fallback, next_seq}`` for an HA restart or a migration.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from engine.core.handlers import handler
 from engine.core.hosts import live_host_names
 from engine.drains import drained_hosts
 from engine.errors import RequestError
-from engine.hypervisor import replicas
+from engine.hypervisor import handoff, replicas
 from engine.natural import natural_key
 
 handler("replica_store")(replicas.prepare)
@@ -48,6 +50,8 @@ handler("replica_prune")(replicas.prune)
 handler("replica_discard")(replicas.discard)
 handler("replica_drop")(replicas.drop)
 handler("replica_promote")(replicas.promote)
+handler("handoff_take")(handoff.take)
+handler("handoff_prepare")(handoff.prepare)
 
 
 def _uuid(args: dict) -> str:
@@ -171,6 +175,7 @@ def replica_of(host, args: dict) -> dict:
     elif replica["host"] not in live_host_names(host.store):
         why = f"its replica's host {replica['host']} is down too"
     else:
-        return {"replicated": True, "usable": True, "replica": replica, "fallback": fallback}
+        return {"replicated": True, "usable": True, "replica": replica, "fallback": fallback,
+                "next_seq": int(record.get("seq") or 0) + 1}
     return {"replicated": True, "usable": False, "replica": replica, "why": why,
             "fallback": fallback}

@@ -17,7 +17,8 @@ from tests.support.cluster import boot_vms, listed_vms, refused, task_ids
 from tests.support.terminal import Terminal
 
 SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
-MOVE_KEYS = {"name", "uuid", "from", "host", "state", "mode", "downtime_ms", "bytes", "error"}
+MOVE_KEYS = {"name", "uuid", "from", "host", "state", "mode", "downtime_ms", "bytes",
+             "disk_bytes", "via_replica", "error"}
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -166,7 +167,8 @@ def test_migrate_moves_a_vm_to_host2(cluster, two_hosts):
     assert set(moved) == MOVE_KEYS
     assert moved == {"name": "vmx", "uuid": booted["vmx"]["uuid"], "from": "host1",
                      "host": "host2", "state": "running", "mode": "redefine",
-                     "downtime_ms": None, "bytes": None, "error": None}
+                     "downtime_ms": None, "bytes": None, "disk_bytes": None,
+                     "via_replica": None, "error": None}
     wait_for(lambda: listed_vms(cluster)["vmx"]["host"] == "host2", what="vmlist shows vmx on host2")
     assert listed_vms(cluster)["vmx"]["state"] == "running"
     task = cluster.cli_json("task", doc["automation"])

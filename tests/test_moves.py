@@ -70,7 +70,7 @@ def test_a_running_vm_moves_to_another_host_and_placement_follows(cluster, store
     (moved,) = task["result"]["vms"]
     assert moved == {"name": "web1", "uuid": vm["uuid"], "from": "t1", "host": "t2",
                      "state": "running", "mode": "redefine", "downtime_ms": None,
-                     "bytes": None, "error": None}
+                     "bytes": None, "disk_bytes": None, "via_replica": None, "error": None}
     assert_each_runs_once(store, {vm["uuid"]: "t2"}, ["t1", "t2"])
     steps = [e["request"] for e in task["log"]]
     assert steps.index("claim_move") < steps.index("move_prepare") < steps.index("move_adopt")

@@ -148,3 +148,38 @@ def test_a_replica_left_on_a_host_that_was_down_is_swept_when_it_returns(kvm, st
     wait_for(lambda: replica_volumes(kvm, "host2") == [], timeout=60,
              what="host2's peer sweeping the replica nobody names")
     kvm.cluster.cli_json("destroy", "web", "--yes", timeout=120)
+
+
+MiB = 1 << 20
+
+
+def test_a_live_move_to_the_replicas_host_copies_only_what_changed_since(kvm, store):
+    vm = kvm.boot("db")
+    uuid = vm["uuid"]
+    kvm.shell("host1", uuid, "dd if=/dev/urandom of=/dev/vda bs=1M seek=600 count=20 "
+                             "2>/dev/null; sync")
+    write_marker(kvm, "host1", uuid, SECTOR_A, "MARKER-A")
+    wrote = time.time()
+    kvm.cluster.cli_json("replicate", "db", "--every", "10s")
+    updated_after(store, uuid, wrote)
+    write_marker(kvm, "host1", uuid, SECTOR_B, "MARKER-B")
+
+    moved = kvm.cluster.cli_json("migrate", "db", "--to", "host2", "--yes", timeout=300)
+    (row,) = moved["vms"]
+    assert (moved["state"], row["host"], row["state"]) == ("done", "host2", "running"), moved
+    via = row["via_replica"]
+    assert via["used"] is True, row
+    print(f"\nmove onto the replica: {row['disk_bytes'] / MiB:.1f} MiB of disk crossed in the "
+          f"migration, {via['bytes'] / MiB:.1f} MiB in the last update, the guest paused "
+          f"{via['paused_ms']:.0f} ms for it; the guest had written 20 MiB before")
+    assert row["disk_bytes"] < 20 * MiB and via["bytes"] < 20 * MiB, row
+    assert read_marker(kvm, "host2", uuid, SECTOR_A) == "MARKER-A"
+    assert read_marker(kvm, "host2", uuid, SECTOR_B) == "MARKER-B"
+    assert kvm.where(uuid) == {"host2": "running"}
+    consumed = replicas.read(store, uuid)["consumed"]
+    assert consumed["host"] == "host2" and consumed["seq"] == via["seq"], consumed
+    # replication goes on, the other way
+    wait_until(lambda: replica(store, uuid), lambda r: r and r["host"] == "host1",
+               timeout=90, interval=0.2, what="a new replica on host1")
+    kvm.cluster.cli_json("replicate", "db", "--stop")
+    kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)

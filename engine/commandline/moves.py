@@ -11,14 +11,22 @@ from .options import detach_option, dry_run_option, positive, yes_option
 C = table.Column
 MOVE_COLUMNS = [C("name", "Name"), C("from", "From"), C("host", "Host"), C("mode", "Mode"),
                 C("state", "State"), C("downtime_ms", "Downtime (ms)", right=True)]
-MOVE_FIELDS = ["name", "uuid", "from", "host", "state", "mode", "downtime_ms", "bytes", "error"]
+MOVE_FIELDS = ["name", "uuid", "from", "host", "state", "mode", "downtime_ms", "bytes",
+               "disk_bytes", "via_replica", "error"]
+VIA_COLUMN = C("via_replica", "Disks", lambda v: "since replica" if v and v.get("used")
+               else "whole")
 PLANNED_COLUMNS = [C("name", "Name"), C("from", "From"), C("state", "State"), C("uuid", "UUID")]
 
 
 def move_outcome(ctx, automation: str, task: dict) -> int:
     """A move's result: ``{automation, state, vms: [{name, uuid, from, host,
-    state, mode, downtime_ms, bytes, error}]}``; exit 1 unless every VM moved."""
-    return vm_outcome(ctx, automation, task, MOVE_FIELDS, MOVE_COLUMNS, "moved")
+    state, mode, downtime_ms, bytes, disk_bytes, via_replica, error}]}``
+    (``via_replica``: ``{used, seq, data_as_of, bytes, paused_ms}`` when the
+    move went to the VM's replica's host, ``{used: false, why}`` when it
+    could not use it, else null); exit 1 unless every VM moved."""
+    rows = (task.get("result") or {}).get("vms") or []
+    columns = MOVE_COLUMNS + ([VIA_COLUMN] if any(r.get("via_replica") for r in rows) else [])
+    return vm_outcome(ctx, automation, task, MOVE_FIELDS, columns, "moved")
 
 
 def _where(to) -> str:

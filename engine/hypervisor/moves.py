@@ -43,7 +43,7 @@ from engine.hypervisor.vm import _find, _label, _libvirt_call, _uuid, _vm_lock, 
     console_log_path, make_seed, offered_here
 from engine.hypervisor.vmpublish import publish_domain
 
-__all__ = ["describe", "prepare", "adopt", "locate", "disks_of", "ACTIVE"]
+__all__ = ["describe", "prepare", "adopt", "locate", "disks_of", "retargeted", "ACTIVE"]
 
 log = structlog.get_logger("peerctl.moves")
 
@@ -125,15 +125,23 @@ def prepare(host, args: dict) -> dict:
                 incremental = False
                 vol = pool.createXML(volume_xml(name, disk["capacity"], "qcow2"), 0)
             disks.append({"dev": disk["dev"], "path": vol.path(), "capacity": disk["capacity"]})
-        _retarget(root, {d["dev"]: d["path"] for d in disks}, host, uuid)
-        _retarget_networks_and_seed(root, host, pool, uuid)
-        # the disowned mark of an earlier lost move would destroy this copy
-        if host.store is not None:
-            host.store.delete(keys.disowned(host.host, uuid))
+        xml = retargeted(host, uuid, root, pool, {d["dev"]: d["path"] for d in disks})
         log.info("move_prepared", uuid=uuid, disks=len(disks), incremental=incremental)
         return {"uuid": uuid, "host": host.host, "libvirt_uri": host.libvirt_uri,
-                "xml": ET.tostring(root, encoding="unicode"), "disks": disks,
-                "incremental": incremental and bool(disks)}
+                "xml": xml, "disks": disks, "incremental": incremental and bool(disks)}
+
+
+def retargeted(host, uuid: str, source, pool, paths: dict) -> str:
+    """The source's domain XML (a string or a parsed element) made this
+    host's: its disks at ``paths`` (dev -> path), its console log, owner,
+    interfaces and seed; and this host's disowned mark of the VM dropped
+    (an earlier lost move's mark would destroy the arriving copy)."""
+    root = ET.fromstring(source) if isinstance(source, str) else source
+    _retarget(root, paths, host, uuid)
+    _retarget_networks_and_seed(root, host, pool, uuid)
+    if host.store is not None:
+        host.store.delete(keys.disowned(host.host, uuid))
+    return ET.tostring(root, encoding="unicode")
 
 
 def _sweep(host, dom, uuid: str) -> None:
