@@ -5,10 +5,14 @@ for the operator's fallback.  The QEMU tier (test_replicas_qemu) proves the
 data."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 from engine import replicas
-from engine.core import failpoints, keys
+from engine.core import api, failpoints, keys, locks
 from engine.core.values import readable
-from tests.support import wait_for, wait_until
+from tests.support import PEERCTL, ROOT, wait_for, wait_until
 from tests.support.cluster import finished, refused
 from tests.support.ha_hosts import boot, start_hosts, vmlist
 
@@ -190,3 +194,33 @@ def test_an_initiator_killed_mid_update_is_replaced_and_the_replica_recorded_onc
                if (readable(kv) or {}).get("kind") == "replicate"
                and (readable(kv) or {}).get("state") == "running"]
     assert [keys.suffix(kv.key, keys.task()) for kv in running] == [record["automation"]]
+
+
+def test_a_destroy_waits_for_a_replica_update_instead_of_failing(cluster, store, tmp_path):
+    start_hosts(cluster, store, tmp_path, ["h1", "h2"])
+    uuid = boot(cluster, ["db1"], "h1")["db1"]
+    cluster.cli_json("replicate", "db1", "--every", "1h")
+    _replicated(store, uuid, "h2")
+    updating = replicas.read(store, uuid)["automation"]
+    # the lock as an update of that automation holds it
+    locks.take(store, f"vm/{uuid}", updating, "its replica is being updated",
+               kind="replica", host="h1")
+    destroying = subprocess.Popen([sys.executable, PEERCTL, "--format", "json", "destroy",
+                                   "db1", "--yes"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=cluster.env, cwd=ROOT)
+    try:
+        started = wait_for(lambda: [kv for kv in store.range(keys.task())[0]
+                                    if (readable(kv) or {}).get("kind") == "destroy"],
+                           timeout=30, what="the destroy started")
+        destroy_id = keys.suffix(started[0].key, keys.task())
+        wait_for(lambda: any(e["request"] == "lock_vm"
+                             for e in api.get_task(store, destroy_id)["log"]),
+                 timeout=30, what="the destroy asking for the lock")
+        assert destroying.poll() is None, destroying.communicate()
+        assert locks.release(store, f"vm/{uuid}", updating)     # the update ends
+        out, err = destroying.communicate(timeout=60)
+    finally:
+        if destroying.poll() is None:
+            destroying.kill()
+    assert destroying.returncode == 0, err
+    assert json.loads(out)["vms"][0]["state"] == "destroyed", out
