@@ -17,7 +17,6 @@ A failure in 2 discards the update on both hosts and the move copies the
 disks whole; the answer says why.  A failure in 3 leaves the replica
 consumed (its record says so) and the move copies the disks whole.
 """
-from engine.core.replay import Request
 from engine.replicas import replica_id
 
 from automations._steps import resend

@@ -26,3 +26,16 @@ def finish(results, verb):
                      + "; ".join(f"{r['name']}: {r['error']}" for r in failed[:5]),
                      {"vms": results})
     return {"vms": results}
+
+
+def first_willing(candidates, ask):
+    """``(value, None)`` from the first of ``candidates`` whose request
+    ``ask(candidate)`` succeeds (each re-sent while lost), or ``(None,
+    why)`` naming each refusal."""
+    refused = []
+    for candidate in candidates:
+        reply = yield from resend(ask(candidate))
+        if reply.ok:
+            return reply.value, None
+        refused.append(f"{candidate}: {reply.error or reply.status}")
+    return None, "; ".join(refused)

@@ -34,7 +34,7 @@ from engine.core.registry import automation
 from engine.core.replay import Request
 from engine.errors import Failed
 
-from automations._steps import finish, resend
+from automations._steps import finish, first_willing, resend
 
 STEP_DEADLINE = 120.0
 TIMEOUT_PER_GIB = 240.0         # seconds of copy per GiB of disk
@@ -80,16 +80,12 @@ def backup_one(ctx, vm, to=None, full=False, run=None):
     else:
         disks = described.value.get("disks") or []
         needed = sum(d.get("capacity", 0) for d in disks)
-        refused = []
-        for candidate in planned.value["candidates"]:
-            ready = yield from resend(step("backup_store", {"id": backup_id,
-                                                            "needed": needed}, candidate))
-            if ready.ok:
-                store = ready.value
-                break
-            refused.append(f"{candidate}: {ready.error or ready.status}")
+        store, refused = yield from first_willing(
+            planned.value["candidates"],
+            lambda candidate: step("backup_store", {"id": backup_id, "needed": needed},
+                                   candidate))
         if store is None:
-            error = "no host could keep it: " + "; ".join(refused)
+            error = "no host could keep it: " + refused
         else:
             error, taken = yield from _take(step, vm, backup_id, planned.value, store, disks,
                                             full)

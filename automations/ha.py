@@ -80,6 +80,17 @@ def _unlock(ctx, step, **extra):
     return resend(step("unlock_vm", {"owner": ctx.automation_id, **extra}))
 
 
+def _restarted(ctx, step, migration, source, dest, note, reason):
+    """Step 5: the VM runs on ``dest``; ``source`` lets go of it."""
+    yield from resend(step("confirm_move", {"consumer": migration}))
+    yield from resend(step("disown", {"host": source, "keep": True,
+                                      "automation": ctx.automation_id, "reason": reason}))
+    if note:
+        yield from resend(step("note_restart", {"host": dest, "time": ctx.now(),
+                                                "automation": ctx.automation_id}))
+    yield from _unlock(ctx, step, drop_record=source)
+
+
 def _rebuild_elsewhere(ctx, vm, step, attempts, note, replicas=False):
     """Steps 2-5 of the module docstring, under the VM's lock: the VM is
     built again from its definition on another live host, and ``vm['host']``
@@ -126,14 +137,8 @@ def _rebuild_elsewhere(ctx, vm, step, attempts, note, replicas=False):
                                      "recovered": {"from": source, "time": ctx.now()}},
                            dest, BUILD_DEADLINE)
         if built.ok:
-            yield from resend(step("confirm_move", {"consumer": migration}))
-            yield from resend(step("disown", {"host": source, "keep": True,
-                                              "automation": ctx.automation_id,
-                                              "reason": f"restarted on {dest}"}))
-            if note:
-                yield from resend(step("note_restart", {"host": dest, "time": ctx.now(),
-                                                        "automation": ctx.automation_id}))
-            yield from _unlock(ctx, step, drop_record=source)
+            yield from _restarted(ctx, step, migration, source, dest, note,
+                                  f"restarted on {dest}")
             return _result(vm, dest, "restarted",
                            note=f"started from its image; its disks on {source} are kept "
                                 "aside when it comes back")
@@ -152,7 +157,7 @@ def _from_replica(ctx, vm, step, build, migration, replica, note):
     """``(result, None)``: the VM built on its replica's host from the
     replica (its allocations moved there, the replica promoted to its
     disks); ``(None, why)`` when that failed before the replica was used."""
-    uuid, source, there = vm["uuid"], vm["host"], replica["host"]
+    source, there = vm["host"], replica["host"]
     claimed = yield from resend(step("claim_move", {
         "consumer": migration, "source": source, "required": build.get("required"),
         "hosts": there, "exclude": [], "live_only": True}))
@@ -176,14 +181,8 @@ def _from_replica(ctx, vm, step, build, migration, replica, note):
         return _result(vm, source, "unknown",
                        f"build from its replica on {there}: {built.error or built.status}; "
                        f"its disks are kept aside there (peerctl aside)"), None
-    yield from resend(step("confirm_move", {"consumer": migration}))
-    yield from resend(step("disown", {"host": source, "keep": True,
-                                      "automation": ctx.automation_id,
-                                      "reason": f"restarted on {there} from its replica"}))
-    if note:
-        yield from resend(step("note_restart", {"host": there, "time": ctx.now(),
-                                                "automation": ctx.automation_id}))
-    yield from _unlock(ctx, step, drop_record=source)
+    yield from _restarted(ctx, step, migration, source, there, note,
+                          f"restarted on {there} from its replica")
     result = _result(vm, there, "restarted",
                      note=f"started from its replica on {there}; its disks on {source} are "
                           "kept aside when it comes back")

@@ -34,7 +34,7 @@ from engine.replicas import replica_id
 from engine.core.replay import Request
 from engine.errors import Failed
 
-from automations._steps import resend
+from automations._steps import first_willing, resend
 from automations.backups import _copy_deadline
 
 STEP_DEADLINE = 120.0
@@ -79,15 +79,11 @@ def update_once(ctx, plan):
     else:
         disks = described.value.get("disks") or []
         needed = sum(d.get("capacity", 0) for d in disks)
-        refused = []
-        for candidate in plan["candidates"]:
-            ready = yield from resend(step("replica_store", {"needed": needed}, candidate))
-            if ready.ok:
-                store = ready.value
-                break
-            refused.append(f"{candidate}: {ready.error or ready.status}")
+        store, refused = yield from first_willing(
+            plan["candidates"], lambda candidate: step("replica_store", {"needed": needed},
+                                                       candidate))
         if store is None:
-            error = "no host could keep it: " + "; ".join(refused)
+            error = "no host could keep it: " + refused
         else:
             error, taken = yield from _update(step, vm, plan, store, disks)
     if error and store is not None:

@@ -329,7 +329,7 @@ def test_a_vm_whose_host_is_dead_is_unknown_and_a_bad_policy_reads_none(warnings
                               "ha": "always", "recovered": "yes"}})
     vms = {vm["name"]: vm for vm in cluster.read_vms(store)}
     assert (vms["web1"]["state"], vms["web1"]["ha"], vms["web1"]["recovered"]) == \
-        ("running", "restart", {"from": down, "time": 5.0})
+        ("running", "restart", {"from": down, "time": 5.0, "data_as_of": None})
     assert (vms["web2"]["state"], vms["web2"]["ha"], vms["web2"]["recovered"]) == \
         ("unknown", "none", None)
 

@@ -7,12 +7,14 @@ guest booted on host1.  The guest writes markers into sectors of its own
 disk with ``dd`` (as tests/test_backups_qemu.py does)."""
 from __future__ import annotations
 
+import time
+
 import libvirt
 import pytest
 
 from engine.core import keys
 from engine.core.values import readable
-from tests.support import qemu_guest
+from tests.support import qemu_guest, wait_until
 from tests.support.kvm import BOOT_TIMEOUT, kvm  # noqa: F401  (kvm: a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
@@ -159,3 +161,33 @@ def test_a_shut_off_vm_with_a_checkpoint_is_snapshotted_and_reverted(kvm):
                                        BOOT_TIMEOUT)
     assert read_marker(kvm, uuid, SECTOR_C) == ""
     assert read_marker(kvm, uuid, SECTOR_A) == "MARKER-A"
+
+
+def test_a_replicated_vm_keeps_its_snapshot_and_a_revert_makes_the_next_update_full(kvm):
+    """A replica copies the disks as they are and leaves the snapshot
+    where it is; a revert drops the replica's checkpoint with the others,
+    so the next update is full and says why; a move is refused, naming the
+    snapshot."""
+    from engine import replicas
+    vm = kvm.boot("rp")
+    uuid = vm["uuid"]
+
+    def replica_after(moment):
+        return wait_until(lambda: (replicas.read(kvm.store, uuid) or {}).get("replica"),
+                          lambda r: r and r["time"] > moment, timeout=90, interval=0.2,
+                          what="a replica update")
+    kvm.cluster.cli_json("replicate", "rp", "--every", "10s")
+    replica_after(0)
+    done(kvm, "create", "rp", "--name", "s1")
+    made = time.time()
+    beside = replica_after(made)
+    assert beside["kind"] == "incremental" and libvirt_snapshots(kvm, uuid) == ["s1"], beside
+    refused = kvm.cluster.cli("migrate", "rp", "--to", "host2", "--yes")
+    assert refused.returncode == 1 and "has snapshot 's1'" in refused.stderr, refused.stderr
+
+    reverted = done(kvm, "revert", "rp", "s1", "--yes")
+    assert any(name.startswith("peerctl-replica") for name in reverted["dropped"]), reverted
+    after = replica_after(time.time())
+    assert after["kind"] == "full" and "gone from the VM" in after["reason"], after
+    kvm.cluster.cli_json("replicate", "rp", "--stop")
+    kvm.cluster.cli_json("destroy", "rp", "--yes", timeout=120)

@@ -60,6 +60,7 @@ from engine.hypervisor import images, qcow2
 from engine.hypervisor.checksum import ContentHash
 from engine.hypervisor.definition import definition_of
 from engine.hypervisor.domain_xml import volume_xml
+from engine.hypervisor.guest_agent import freeze, thaw
 from engine.hypervisor.moves import ACTIVE, disks_of
 from engine.hypervisor.records import vm_state
 from engine.hypervisor.vm import _find, _label, _uuid
@@ -425,21 +426,6 @@ def _backup_xml(root: ET.Element, disks: list[dict], backup_id: str, directory: 
     return ET.tostring(backup, encoding="unicode"), ET.tostring(checkpoint, encoding="unicode")
 
 
-def _freeze(dom) -> bool:
-    try:
-        dom.fsFreeze(None, 0)
-        return True
-    except libvirt.libvirtError:
-        return False        # no guest agent answering: crash-consistent
-
-
-def _thaw(dom) -> None:
-    try:
-        dom.fsThaw(None, 0)
-    except libvirt.libvirtError as exc:
-        log.warning("thaw_failed", vm=dom.name(), error=exc.get_error_message())
-
-
 def _live_point(host, dom, disks, backup_id, pool, args) -> dict:
     """The backup job, begun (with its checkpoint) and waited for."""
     old = _old_disks(host, disks)
@@ -448,7 +434,7 @@ def _live_point(host, dom, disks, backup_id, pool, args) -> dict:
     can_checkpoint = not old
     root = ET.fromstring(dom.XMLDesc(0))
     directory = ET.fromstring(pool.XMLDesc(0)).findtext("./target/path")
-    frozen = _freeze(dom)
+    frozen = freeze(dom)
     try:
         try:
             _begin(dom, root, disks, backup_id, directory,
@@ -463,7 +449,7 @@ def _live_point(host, dom, disks, backup_id, pool, args) -> dict:
             _begin(dom, root, disks, backup_id, directory, None, True)
     finally:
         if frozen:
-            _thaw(dom)
+            thaw(dom)
     _wait_for_job(dom)
     pool.refresh(0)
     for disk in disks:

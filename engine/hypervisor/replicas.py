@@ -180,7 +180,8 @@ def apply(host, args: dict) -> dict:
         replica = {"host": host.host, "seq": args["seq"], "time": taken.get("time"),
                    "checkpoint": taken.get("checkpoint"), "pool": pool.name(),
                    "kind": taken.get("kind"), "bytes": taken.get("bytes"), "disks": bases,
-                   "pending": pending or None, "consistency": taken.get("consistency")}
+                   "pending": pending or None, "consistency": taken.get("consistency"),
+                   "reason": taken.get("reason")}
         expect = args.get("expect")
 
         def edit(known):

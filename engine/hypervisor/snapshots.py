@@ -47,6 +47,7 @@ from engine.core.store import Put
 from engine.core.values import readable
 from engine.errors import RequestError
 from engine.hypervisor import qcow2
+from engine.hypervisor.guest_agent import freeze, thaw
 from engine.hypervisor.moves import ACTIVE, disks_of
 from engine.hypervisor.records import vm_state
 from engine.hypervisor.vm import _find, _label, _uuid, _vm_lock
@@ -272,14 +273,14 @@ def _disks_now(host, dom, name: str, description: str) -> None:
             if name in n["snapshots"]:
                 _qmp(dom, "blockdev-snapshot-delete-internal-sync",
                      {"device": n["node"], "name": name})
-    frozen = _freeze(dom)
+    frozen = freeze(dom)
     try:
         _qmp(dom, "transaction", {"actions": [
             {"type": "blockdev-snapshot-internal-sync",
              "data": {"device": n["node"], "name": name}} for n in nodes.values()]})
     finally:
         if frozen:
-            _thaw(dom)
+            thaw(dom)
     inactive = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
     marks = "".join(f"<disk name='{dev}' snapshot='{'internal' if path in nodes else 'no'}'/>"
                     for dev, path in _targets(root))
@@ -307,21 +308,6 @@ def _targets(root: ET.Element) -> list[tuple[str, str | None]]:
             found.append((target.get("dev"), source.get("file") if source is not None
                           else None))
     return found
-
-
-def _freeze(dom) -> bool:
-    try:
-        dom.fsFreeze(None, 0)
-        return True
-    except libvirt.libvirtError:
-        return False        # no guest agent answering: crash-consistent
-
-
-def _thaw(dom) -> None:
-    try:
-        dom.fsThaw(None, 0)
-    except libvirt.libvirtError as exc:
-        log.warning("thaw_failed", vm=dom.name(), error=exc.get_error_message())
 
 
 # -- revert, delete ---------------------------------------------------------------
