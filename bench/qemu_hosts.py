@@ -9,6 +9,12 @@ Everything it started (peers and their guards, the daemons and their
 guests, etcd, the work directory) is stopped and removed when the block
 ends, on error too; a second Ctrl-C or SIGTERM does not cut that short.
 It ends only processes it started, by PID.
+
+Optional, for the benchmarks that take a peer away (bench/replica.py):
+``peer_env`` goes to every peer's environment, and
+:meth:`QemuHosts.kill` / :meth:`QemuHosts.start_peer` SIGKILL a host's peer
+and start it again as it was started (the new process is stopped at the end
+too).
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import os
 import pathlib
 import shutil
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.core import api
 from engine.core.etcd_server import EtcdServer
@@ -39,12 +45,30 @@ class QemuHosts:
     store: Store
     uris: dict          # host -> libvirt URI of its private daemon
     image: str          # the guest's bootable disk image (file)
+    peers: dict = field(default_factory=dict)       # host -> its peer's process, the latest
+    start: object = None                            # host -> a new peer process (start_peer)
 
     def cli_json(self, *args, timeout=300):
         return cli_json(self.etcd_url, self.cluster, *args, timeout=timeout)
 
     def console(self, host: str, uuid: str) -> str:
         return os.path.join(self.work, f"state-{host}", "console", f"{uuid}.log")
+
+    def kill(self, host: str, signo=signal.SIGKILL) -> None:
+        """Send ``signo`` to ``host``'s peer (its guard stays); a SIGKILL is
+        waited for, so that the process is gone when this returns."""
+        process = self.peers[host]
+        if process.poll() is None:
+            process.send_signal(signo)
+            if signo == signal.SIGKILL:
+                process.wait(30)
+
+    def start_peer(self, host: str):
+        """Start ``host``'s peer again, as it was started first."""
+        if self.peers[host].poll() is None:
+            raise RuntimeError(f"the peer of {host} is still running")
+        self.peers[host] = self.start(host)
+        return self.peers[host]
 
 
 def _stop_guards(work: str) -> None:
@@ -54,7 +78,7 @@ def _stop_guards(work: str) -> None:
 
 
 @contextlib.contextmanager
-def two_qemu_hosts(prefix: str, cluster: str):
+def two_qemu_hosts(prefix: str, cluster: str, peer_env: dict | None = None):
     import libvirt
     from engine.hypervisor.daemons import PrivateLibvirtd
     from engine.placement import open_placement
@@ -72,14 +96,18 @@ def two_qemu_hosts(prefix: str, cluster: str):
                                             qemu_guest.GUEST_DIR, work)
         etcd = EtcdServer(os.path.join(work, "etcd")).start()
         store = Store(etcd.url, cluster)
-        for host in HOSTS:
+
+        def start(host):
             peers.append(start_peer(etcd.url, cluster, work, host, uris[host],
-                                    env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL}))
+                                    env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL,
+                                         **(peer_env or {})}))
+            return peers[-1]
+        started = {host: start(host) for host in HOSTS}
         wait(lambda: set(HOSTS) <= set(api.live_hosts(store)), timeout=60, interval=0.2)
         placement = open_placement("etcd", store)
         wait(lambda: set(HOSTS) <= {p["name"] for p in placement.providers()}, timeout=30,
              interval=0.2)
-        yield QemuHosts(work, cluster, etcd.url, store, uris, image)
+        yield QemuHosts(work, cluster, etcd.url, store, uris, image, started, start)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -108,6 +108,9 @@ def replica_plan(host, args: dict) -> dict:
             if replica["host"] in drained else "the VM's own host now" \
             if replica["host"] == vm["host"] else "not in --to"
         why_full = f"a new replica: the last one's host {replica['host']} is {why}"
+    elif record.get("consumed"):
+        why_full = (f"a new replica: the last one became the VM's disks on "
+                    f"{record['consumed']['host']} (an HA restart or a move onto it)")
     else:
         why_full = "the VM's first replica"
     seq = int(record.get("seq") or 0) + 1
