@@ -131,7 +131,7 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
                            "state": "running", "vcpus": 1, "memory_mb": MEMORY_MB,
                            "disk_gb": DISK_GB, "ip": None, "addresses": [],
                            "ha": "none", "recovered": None, "crashed": False,
-                           "restarts": 0, "backup": None}]
+                           "restarts": 0, "backup": None, "replica": None}]
 
         console = os.path.join(state_dirs[host], "console", f"{vm['uuid']}.log")
         assert qemu_guest.wait_for_console(console, qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
