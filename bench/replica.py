@@ -76,7 +76,7 @@ sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 from engine.core import api  # noqa: E402
 
-from bench.backup import GuestShell  # noqa: E402
+from bench.backup import GuestShell, positive  # noqa: E402
 from bench.bulk import wait  # noqa: E402  (one polling loop for the benchmarks)
 from bench.migrate import cannot_run  # noqa: E402
 from bench.qemu_hosts import HOSTS, two_qemu_hosts  # noqa: E402
@@ -99,16 +99,6 @@ class BadInput(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"bench/replica.py: {message}\n")
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
-    return value
 
 
 def interval(text: str) -> float:

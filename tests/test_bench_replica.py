@@ -20,6 +20,7 @@ import pytest
 
 from tests.support import ROOT
 from tests.support import qemu_guest
+from tests.support.bench_leftovers import leftovers
 from tests.support.libvirtd_pair import cannot_run_reason
 
 pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
@@ -35,26 +36,11 @@ VERDICTS = {"recovery point": re.compile(r"^  recovery point: median [0-9.]+ s, 
 WORK = "peerctl-brep-"           # the benchmark's work directories, under /var/tmp
 
 
-def leftovers() -> set[str]:
-    """The benchmark's work directories, and the processes (pid and command
-    line) that run in one: its daemons, peers, guards, etcd, guests."""
-    found = {f"/var/tmp/{name}" for name in os.listdir("/var/tmp") if name.startswith(WORK)}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if f"/var/tmp/{WORK}" in command:
-            found.add(f"{pid}: {command[:200]}")
-    return found
-
-
 def test_the_smoke_run_prints_a_verdict_for_each_target_and_leaves_nothing_behind():
     why = qemu_guest.skip_reason() or cannot_run_reason()
     if why is not None:
         pytest.skip(why)
-    before = leftovers()
+    before = leftovers(WORK)
     done = subprocess.run([sys.executable, BENCH, "--smoke"], capture_output=True, text=True,
                           timeout=TIMEOUT, cwd=ROOT)
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
@@ -65,7 +51,7 @@ def test_the_smoke_run_prints_a_verdict_for_each_target_and_leaves_nothing_behin
     assert kills == [("host1", "host2"), ("host2", "host1")], done.stdout
     assert re.search(r"^image restart 1: (host\d) -> (host\d) \| fenced [0-9.]+ s, running "
                      r"[0-9.]+ s, ready ", done.stdout, re.M), done.stdout
-    assert leftovers() - before == set(), "the benchmark left these behind"
+    assert leftovers(WORK) - before == set(), "the benchmark left these behind"
 
 
 @pytest.mark.parametrize("args, line", [
