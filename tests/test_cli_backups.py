@@ -24,6 +24,7 @@ from tests.support import wait_for, wait_until
 from tests.support.cluster import (boot_vms, finished, listed_vms, ready_hosts, refused,
                                    start_peers, task_ids)
 from tests.support.raw import put_raw
+from tests.support.records import listed_hosts, put_vm
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 LIST_KEYS = {"id", "vm", "uuid", "host", "target", "time", "age_s", "kind", "parent",
@@ -56,24 +57,6 @@ def put_backups(store, *records) -> None:
 
 def backup_keys(store) -> list[str]:
     return sorted(kv.key for kv in store.range(keys.backup())[0])
-
-
-def listed_hosts(store, names) -> None:
-    """Live host records (held by a lease, as a peer's are), no peer running."""
-    lease = store.grant(600)
-    for name in names:
-        record = {"host": name, "enabled": True, "vcpus": 8, "memory_mb": 16384,
-                  "disk_gb": 500, "libvirt_uri": "test:///default", "updated": time.time()}
-        store.put(keys.host_config(name), record)
-        store.put(keys.host(name), record, lease)
-
-
-def put_vm(store, host, name) -> str:
-    vm_uuid = str(uuid.uuid4())
-    store.put(f"vms/{host}/{vm_uuid}", {"host": host, "name": name, "uuid": vm_uuid,
-                                        "state": "running", "vcpus": 1, "memory_mb": 512,
-                                        "disk_gb": 10})
-    return vm_uuid
 
 
 # -- listings, from records written straight into etcd ----------------------------------

@@ -22,29 +22,12 @@ from engine.errors import RequestError
 from engine.operations.snapshots import default_name
 from tests.support.cluster import boot_vms, refused, task_ids
 from tests.support.raw import put_raw
+from tests.support.records import listed_hosts, put_vm
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 ENTRY_KEYS = {"vm", "uuid", "host", "snapshots"}
 SNAP_KEYS = {"name", "time", "age_s", "memory", "state"}
 RESULT_KEYS = {"name", "uuid", "host", "state", "snapshots", "dropped", "error"}
-
-
-def listed_hosts(store, names) -> None:
-    """Live host records (held by a lease, as a peer's are), no peer running."""
-    lease = store.grant(600)
-    for name in names:
-        record = {"host": name, "enabled": True, "vcpus": 8, "memory_mb": 16384,
-                  "disk_gb": 500, "libvirt_uri": "test:///default", "updated": time.time()}
-        store.put(keys.host_config(name), record)
-        store.put(keys.host(name), record, lease)
-
-
-def put_vm(store, host, name, state="running") -> str:
-    vm_uuid = str(uuid.uuid4())
-    store.put(f"vms/{host}/{vm_uuid}", {"host": host, "name": name, "uuid": vm_uuid,
-                                        "state": state, "vcpus": 1, "memory_mb": 512,
-                                        "disk_gb": 10})
-    return vm_uuid
 
 
 def put_snapshot(store, vm, vm_uuid, name, host="host1", age_s=60.0, memory=False):
