@@ -2,6 +2,8 @@
 files whose name starts with ``_``)."""
 from engine.errors import Failed
 
+TIMEOUT_PER_GIB = 240.0         # seconds of disk copy per GiB, host to host
+
 
 def resend(request, tries=4):
     """Send ``request`` again (as a new step) while its outcome is unknown.
@@ -39,3 +41,18 @@ def first_willing(candidates, ask):
             return reply.value, None
         refused.append(f"{candidate}: {reply.error or reply.status}")
     return None, "; ".join(refused)
+
+
+def needed(request, what: str):
+    """Send ``request`` (again while lost) and give its value; its failure
+    fails the automation, as ``what: request: why``."""
+    reply = yield from resend(request)
+    if not reply.ok:
+        raise Failed(f"{what}: {request.name}: {reply.error or reply.status}")
+    return reply.value
+
+
+def disk_copy_deadline(disks) -> float:
+    """How long copying ``disks`` (``[{capacity}]``) between hosts may take."""
+    gib = sum(d.get("capacity", 0) for d in disks or ()) / (1 << 30)
+    return max(600.0, TIMEOUT_PER_GIB * gib + 120.0)

@@ -28,9 +28,8 @@ by another automation.
 """
 from engine.core.registry import automation
 from engine.core.replay import Request
-from engine.errors import Failed
 
-from automations._steps import resend
+from automations._steps import needed, resend
 from automations.backups import backup_one
 
 STEP_DEADLINE = 120.0
@@ -38,11 +37,9 @@ RUNS_PER_AUTOMATION = 50
 
 
 def _step(request, schedule, **args):
-    reply = yield from resend(Request(request, {"schedule": schedule, **args},
-                                      deadline=STEP_DEADLINE, label=schedule))
-    if not reply.ok:
-        raise Failed(f"backup schedule {schedule}: {request}: {reply.error or reply.status}")
-    return reply.value
+    return (yield from needed(Request(request, {"schedule": schedule, **args},
+                                      deadline=STEP_DEADLINE, label=schedule),
+                              f"backup schedule {schedule}"))
 
 
 def _run(ctx, schedule, record, run):

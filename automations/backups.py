@@ -34,16 +34,10 @@ from engine.core.registry import automation
 from engine.core.replay import Request
 from engine.errors import Failed
 
-from automations._steps import finish, first_willing, resend
+from automations._steps import disk_copy_deadline, finish, first_willing, resend
 
 STEP_DEADLINE = 120.0
-TIMEOUT_PER_GIB = 240.0         # seconds of copy per GiB of disk
 BUILD_DEADLINE = 300.0
-
-
-def _copy_deadline(disks) -> float:
-    gib = sum(d.get("capacity", 0) for d in disks or ()) / (1 << 30)
-    return max(600.0, TIMEOUT_PER_GIB * gib + 120.0)
 
 
 def _row(vm, error=None, taken=None, target=None, backup_id=None):
@@ -107,7 +101,7 @@ def _take(step, vm, backup_id, plan, store, disks, full):
                     f"{plan['parent']['target']}, which could not take this one")
     taken = yield from resend(step("backup_take", {
         "id": backup_id, "store": store, "parent": parent, "full": bool(full),
-        "why_full": why_full}, vm["host"], _copy_deadline(disks)), tries=2)
+        "why_full": why_full}, vm["host"], disk_copy_deadline(disks)), tries=2)
     if not taken.ok:
         return f"{taken.status}: {taken.error}" if taken.error else taken.status, None
     taken = taken.value
@@ -118,7 +112,7 @@ def _take(step, vm, backup_id, plan, store, disks, full):
               "checkpoint": taken["checkpoint"], "disks": taken["disks"],
               "build": taken["build"]}
     verified = yield from resend(step("backup_verify", {"id": backup_id, "record": record},
-                                      store["host"], _copy_deadline(disks)))
+                                      store["host"], disk_copy_deadline(disks)))
     if not verified.ok:
         return f"verify on {store['host']}: {verified.error or verified.status}", None
     if taken["checkpoint"]:
@@ -168,7 +162,7 @@ def restore(ctx, backup, name, uuid=None, on=None):
     host = claim.value["host"]
     chain = planned.value["chain"]
     made = yield from resend(step("restore_disks", {"chain": chain}, host,
-                                  _copy_deadline(record["disks"]) * len(chain)), tries=2)
+                                  disk_copy_deadline(record["disks"]) * len(chain)), tries=2)
     error = None if made.ok else f"disks on {host}: {made.error or made.status}"
     if error is None:
         built = yield step("build", {**build, "uuid": uuid, "name": name, "disk_ready": True,

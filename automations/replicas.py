@@ -32,21 +32,17 @@ so that no log grows without end.
 from engine.core.registry import automation
 from engine.replicas import replica_id
 from engine.core.replay import Request
-from engine.errors import Failed
 
-from automations._steps import first_willing, resend
-from automations.backups import _copy_deadline
+from automations._steps import disk_copy_deadline, first_willing, needed, resend
 
 STEP_DEADLINE = 120.0
 UPDATES_PER_AUTOMATION = 30
 
 
 def _step(request, uuid, **args):
-    reply = yield from resend(Request(request, {"uuid": uuid, **args},
-                                      deadline=STEP_DEADLINE, label=uuid))
-    if not reply.ok:
-        raise Failed(f"replication of {uuid}: {request}: {reply.error or reply.status}")
-    return reply.value
+    return (yield from needed(Request(request, {"uuid": uuid, **args},
+                                      deadline=STEP_DEADLINE, label=uuid),
+                              f"replication of {uuid}"))
 
 
 def update_once(ctx, plan):
@@ -101,14 +97,14 @@ def _update(step, vm, plan, store, disks):
                                         f"the replica's host {first} could not take it")
     taken = yield from resend(step("replica_take", {
         "store": store, "parent": parent, "why_full": why_full}, vm["host"],
-        _copy_deadline(disks)), tries=2)
+        disk_copy_deadline(disks)), tries=2)
     if not taken.ok:
         return f"{vm['host']}: {taken.error or taken.status}", None
     if taken.value.get("unchanged"):
         return None, {"kind": "unchanged", "bytes": 0}
     applied = yield from resend(step("replica_apply", {
         "source": vm["host"], "expect": plan["expect"], "taken": taken.value},
-        store["host"], _copy_deadline(disks)))
+        store["host"], disk_copy_deadline(disks)))
     if not applied.ok:
         return f"{store['host']}: {applied.error or applied.status}", None
     if taken.value.get("checkpoint"):
