@@ -37,6 +37,8 @@ apt_install() {
 
 # etcd (tests and `up` run Debian's binary); libvirt-python builds from source
 apt_install etcd-server etcd-client libvirt-dev pkg-config gcc
+# the web page's tests drive Debian's chromium (browsers cannot be downloaded)
+apt_install chromium
 
 python=${PYTHON:-python}
 if ! command -v "$python" >/dev/null; then

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import Any, Iterable
 
-__all__ = ["natural_key"]
+from engine.errors import FieldError
+
+__all__ = ["natural_key", "sort_rows", "fields_of"]
 
 _DIGITS = re.compile(r"(\d+)")
 
@@ -35,3 +37,60 @@ def _text_key(text: str) -> tuple:
     parts = _DIGITS.split(text)
     parts[1::2] = map(int, parts[1::2])
     return (1, *parts)
+
+
+def fields_of(spec: str | Iterable[str]) -> list[str]:
+    """``"f1, f2"`` (or a list of them) as field names."""
+    if isinstance(spec, str):
+        spec = spec.split(",")
+    return [f.strip() for f in spec if f.strip()]
+
+
+def sort_rows(rows: list[dict], spec: str | None, known: Iterable[str]) -> list[dict]:
+    """Sort by ``f1,-f2``: stable, applied right to left."""
+    if not spec:
+        return rows
+    known = set(known)
+    keys = fields_of(spec)
+    for key in keys:
+        if key.lstrip("-") not in known:
+            raise FieldError(f"unknown sort field {key.lstrip('-')!r} "
+                             f"(known: {', '.join(sorted(known))})")
+    rows = list(rows)
+    # one sort per run of keys going the same way, right to left (sorts are stable)
+    runs: list[tuple[bool, list[str]]] = []
+    for key in keys:
+        descending = key.startswith("-")
+        if runs and runs[-1][0] == descending:
+            runs[-1][1].append(key.lstrip("-"))
+        else:
+            runs.append((descending, [key.lstrip("-")]))
+    for descending, fields in reversed(runs):
+        values = [[row.get(f) for row in rows] for f in fields]
+        if all(set(map(type, column)) <= {str} for column in values):
+            # The common case (host, name): one string per row, its numbers
+            # zero-padded, compares in C; ten times cheaper than tuples.
+            padded = list(map("\0".join, zip(*map(_padded, values))))
+            order = sorted(range(len(rows)), key=padded.__getitem__, reverse=descending)
+            rows = [rows[i] for i in order]
+        elif len(fields) == 1:
+            field = fields[0]
+            rows.sort(key=lambda r: natural_key(r.get(field)), reverse=descending)
+        else:
+            rows.sort(key=lambda r: tuple([natural_key(r.get(f)) for f in fields]),
+                      reverse=descending)
+    return rows
+
+
+def _zero_fill(match) -> str:
+    return "\x01" + match.group().zfill(20)
+
+
+def _padded(column: list[str]) -> list[str]:
+    """Each text with every run of digits zero-padded to 20 places after a
+    \\x01: the same order as :func:`natural_key` among strings (for numbers
+    below 10**20), where a number sorts before any text at its place
+    (``web1`` before ``web-1``).  Each distinct text once (a column of
+    hosts repeats)."""
+    done = {text: _DIGITS.sub(_zero_fill, text) for text in set(column)}
+    return list(map(done.__getitem__, column))

@@ -16,6 +16,7 @@ import engine.hypervisor.shapes  # noqa: F401  (declares vms/, disowned/)
 import engine.placement.etcd  # noqa: F401  (declares placement/)
 import engine.backups.records  # noqa: F401  (declares backups/)
 import engine.backups.schedules  # noqa: F401  (declares schedules/backup/)
+import engine.core.tokens  # noqa: F401  (declares tokens/)
 
 __all__ = ["find_unreadable", "delete_unreadable"]
 

@@ -57,7 +57,7 @@ from engine.natural import natural_key
 from engine.core import failpoints
 from engine.errors import Failed
 
-__all__ = ["Started", "start", "stop", "read_up", "running_up", "is_ours", "up_file",
+__all__ = ["Started", "start", "stop", "read_up", "running_up", "is_ours", "up_file", "api_urls",
            "etcd_members", "etcd_urls", "client_tls", "processes", "configuration",
            "PEERCTL", "QEMU", "netns_name"]
 
@@ -210,7 +210,8 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
             continue
         peers[host] = _start_peer(state_dir, urls, cluster, host, asked[host],
                                   uris.get(host, asked[host]), ttl,
-                                  client_tls(up, f"peer-{host}"))
+                                  client_tls(up, f"peer-{host}"),
+                                  _api_port(peer, i), (up.get("tls") or {}).get("dir"))
         outcome.started.append(host)
         outcome.report.append((host, "started", peers[host]))
     up["peers"] = sorted(peers.values(), key=lambda p: natural_key(p["host"]))
@@ -347,14 +348,39 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
     return uris
 
 
+API_PORTS = 8080         # host N's API on 127.0.0.1:8080+N when free
+
+
+def _api_port(peer: dict | None, index: int) -> int:
+    """The port a host's API listens on: the one recorded, else 8080+N if
+    free, else any free one."""
+    recorded = (peer or {}).get("api_port")
+    for port in (recorded, API_PORTS + index):
+        if port and _port_free(port):
+            return port
+    from engine.core.etcd_server import free_port
+    return free_port()
+
+
+def api_urls(up: dict) -> list[str]:
+    """The URL of each running peer's HTTP API."""
+    return [p["api"] for p in up.get("peers") or [] if p.get("api") and is_ours(p)]
+
+
 def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
-                libvirt: str, ttl, tls: dict) -> dict:
+                libvirt: str, ttl, tls: dict, api_port: int, tls_dir: str | None) -> dict:
     """``asked`` is what ``up`` was given (a URI, or :data:`QEMU`), ``libvirt``
-    the URI the peer uses, ``tls`` its ``{cacert, cert, key}`` (or {})."""
+    the URI the peer uses, ``tls`` its ``{cacert, cert, key}`` (or {}); its
+    API on loopback at ``api_port``, HTTPS with etcd's certificate and the
+    roles' certificates under TLS."""
+    api = ["--api", f"127.0.0.1:{api_port}"]
+    if tls_dir:
+        api += ["--api-roles", tls_dir, "--api-cert", os.path.join(tls_dir, "etcd.pem"),
+                "--api-key", os.path.join(tls_dir, "etcd-key.pem")]
     cmd = [sys.executable, PEERCTL, "--etcd", url, "--cluster", cluster,
            *[arg for name, path in tls.items() for arg in (f"--{name}", path)], "peer",
            "--host", host, "--libvirt", libvirt, "--ttl", str(ttl),
-           "--state-dir", os.path.join(state_dir, host)]
+           "--state-dir", os.path.join(state_dir, host), *api]
     log_path = os.path.join(state_dir, f"{host}.log")
     with open(log_path, "ab") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -362,7 +388,8 @@ def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
                                    start_new_session=True)
     # ``cmd`` is what /proc shows for it: the interpreter path as exec'd
     record = {"host": host, "pid": process.pid, "cmd": cmd, "libvirt": asked,
-              "log": log_path}
+              "log": log_path, "api_port": api_port,
+              "api": f"{'https' if tls_dir else 'http'}://127.0.0.1:{api_port}/"}
     if libvirt != asked:
         record["libvirt_uri"] = libvirt
     return record

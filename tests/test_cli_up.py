@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import requests
 
 from tests.support import PEERCTL
 
@@ -123,6 +124,15 @@ def test_up_again_and_down(local, tmp_path, cluster_name):
     listed = local("--format", "json", "vmlist")
     assert listed.returncode == 0, listed.stderr
     assert [(vm["name"], vm["state"]) for vm in json.loads(listed.stdout)] == [("vm1", "running")]
+    # each peer serves the API on loopback; a token of the CLI opens it
+    assert len(up["api"]) == 2 and all(url.startswith("http://127.0.0.1:") for url in up["api"])
+    secret = json.loads(local("--format", "json", "token", "create", "--role", "viewer").stdout)[
+        "secret"]
+    for url in up["api"]:
+        assert requests.get(url + "v1/vms", timeout=10).status_code == 401
+        answer = requests.get(url + "v1/vms", headers={"Authorization": f"Bearer {secret}"},
+                              timeout=10)
+        assert [vm["name"] for vm in answer.json()] == ["vm1"]
 
     # in this directory the CLI finds the local cluster by itself
     hosts = json.loads(local("--format", "json", "hostlist").stdout)
@@ -235,6 +245,14 @@ def test_up_with_tls_and_three_etcd_members(local, tmp_path, cluster_name):
     refused = local("boot", "vm2", "--resources", "VCPU:1,MEMORY_MB:256,DISK_GB:1",
                     extra_env=viewer)
     assert refused.returncode == 4 and "viewer" in refused.stderr, refused.stderr
+    # the API is HTTPS with the cluster's certificates: the viewer's reads
+    https = requests.Session()
+    https.trust_env, https.verify = False, str(tls / "ca.pem")
+    https.cert = (str(tls / "viewer.pem"), str(tls / "viewer-key.pem"))
+    assert all(url.startswith("https://127.0.0.1:") for url in up["api"])
+    assert [vm["name"] for vm in https.get(up["api"][0] + "v1/vms", timeout=10).json()] == ["vm1"]
+    assert https.post(up["api"][1] + "v1/vms", json={"names": ["vm3"], "resources": "VCPU:1"},
+                      timeout=10).status_code == 403
     # the peers run as themselves: each with its own certificate
     recorded = json.loads((tmp_path / "state" / "up.json").read_text())
     for peer in recorded["peers"]:

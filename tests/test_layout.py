@@ -120,7 +120,7 @@ def test_only_the_launcher_imports_the_command_line():
 
 COMMAND_LINE = room("engine", "commandline")
 NOUNS = ["vms", "hosts", "moves", "tasks", "leases", "placement", "aside", "admin", "local",
-         "backups", "replicas", "snapshots"]
+         "backups", "replicas", "snapshots", "tokens"]
 
 
 def test_no_command_line_module_is_over_400_lines():

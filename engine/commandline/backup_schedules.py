@@ -56,8 +56,7 @@ COLUMNS = [C("schedule", "Id"), C("pattern", "Pattern"), C("every", "Every", spa
            C("last", "Last", ran), C("runs", "Runs", right=True),
            C("automation", "Automation")]
 DEFAULT = ["schedule", "pattern", "every", "keep", "next", "last", "runs"]
-JSON = ["schedule", "pattern", "every", "keep", "to", "next", "last", "runs", "last_run",
-        "automation"]
+JSON = ops.SCHEDULE_FIELDS
 KEEPS = {"last": "the N newest backups", "daily": "the newest backup of each of N days",
          "weekly": "the newest backup of each of N ISO weeks"}
 

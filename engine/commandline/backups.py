@@ -38,7 +38,7 @@ BACKUP_COLUMNS = [C("id", "Id"), C("vm", "VM"), C("uuid", "UUID"), C("host", "Ho
                   C("newest", "Newest", lambda n: "*" if n else "")]
 BACKUP_DEFAULT = ["id", "vm", "host", "target", "age_s", "kind", "bytes", "consistency",
                   "newest"]
-BACKUP_JSON = [c.field for c in BACKUP_COLUMNS]
+BACKUP_JSON = ops.LISTED
 BACKUP_FIELDS = ["name", "uuid", "host", "state", "backup", "kind", "bytes", "consistency",
                  "target", "reason", "error"]
 BACKUP_RESULT_COLUMNS = [C("name", "Name"), C("host", "Host"), C("target", "Target"),

@@ -34,16 +34,11 @@ HOST_COLUMNS = [
 ]
 HOSTLIST_DEFAULT = ["host", "status", "hypervisor", "vcpus", "memory_mb", "free_memory_mb",
                     "vms", "free_disk_gb", "kernel", "cpu_model"]
-HOSTLIST_JSON = ["host", "alive", "enabled", "drained", "reserved_by", "vcpus", "memory_mb",
-                 "free_memory_mb",
-                 "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model",
-                 "networks"]
+HOSTLIST_JSON = ops.LISTED
 HOSTSTATS_DEFAULT = ["host", "status", "vcpus", "cpu_usage", "memory_mb", "used_memory_mb",
                      "memory_usage", "vms", "disk_gb", "used_disk_gb", "disk_usage",
                      "net_rx_bytes", "net_tx_bytes"]
-HOSTSTATS_JSON = ["host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb",
-                  "free_memory_mb", "vms", "disk_gb", "free_disk_gb",
-                  "net_rx_bytes", "net_tx_bytes"]
+HOSTSTATS_JSON = ops.STATS
 
 def host_totals(hosts: list[dict]) -> str:
     alive = [h for h in hosts if h["alive"]]

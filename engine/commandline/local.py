@@ -32,7 +32,23 @@ def cmd_peer(ctx) -> int:
     from engine.hypervisor.networks import parse_offer
     parse_offer(kwargs["networks"], "in --networks" if args.networks is not None
                 else "in the networks setting")
-    return int(run_peer(ctx.store(), args.host, args.libvirt, **kwargs) or 0)
+    address = args.api if args.api is not None else settings["api"]
+    for name in ("api_cert", "api_key"):
+        if getattr(args, name):
+            settings[name] = getattr(args, name)
+    server = None
+    if address:
+        from engine.web.server import serve_cluster
+        server = serve_cluster(settings, address, host=args.host, libvirt_uri=args.libvirt,
+                               roles_dir=args.api_roles or settings["api_roles"] or None)
+        ctx.store()
+        import structlog
+        structlog.get_logger("peerctl.api").info("api_listening", url=server.url)
+    try:
+        return int(run_peer(ctx.store(), args.host, args.libvirt, **kwargs) or 0)
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def cmd_up(ctx) -> int:
@@ -59,7 +75,7 @@ def cmd_up(ctx) -> int:
            "state_dir": state_dir, "hosts": len(running),
            "peers": [dict(_public(p), started=p["host"] in outcome.started)
                      for p in up["peers"]],
-           "tls": tls or None}
+           "tls": tls or None, "api": supervisor.api_urls(up)}
     if up.get("daemons"):
         doc.update(daemons=[_public(d) for d in up["daemons"]], netns=up.get("netns"))
     lines = []
@@ -81,6 +97,8 @@ def cmd_up(ctx) -> int:
               f"  {me()} hostlist",
               f"  {me()} boot vm1 --resources VCPU:1,MEMORY_MB:256,DISK_GB:1",
               f"  {me()} vmlist",
+              "The HTTP API and the web page: " + " ".join(supervisor.api_urls(up))
+              + f" (a token for them: {me()} token create --role operator)",
               f"Stop everything with: {me()} down"
               + ("" if default_dir else f" --state-dir {short_path(state_dir)}")]
     ctx.emit(doc, "\n".join(lines))
@@ -189,6 +207,16 @@ def register(commands) -> None:
                      help="the libvirt storage pool backups of other hosts' VMs are kept in "
                           "(backup_pool setting; default a dir pool under the state "
                           "directory)")
+    sub.add_argument("--api", metavar="ADDR:PORT",
+                     help="also serve the HTTP API, the page and /metrics here (api "
+                          "setting; default off; without api_cert/api_key only on "
+                          "loopback; docs/api.md)")
+    sub.add_argument("--api-roles", metavar="DIR",
+                     help="viewer.pem/operator.pem (with -key.pem) for etcd: API requests "
+                          "reach etcd as their role (api_roles setting)")
+    sub.add_argument("--api-cert", metavar="FILE",
+                     help="the API's HTTPS certificate (api_cert setting)")
+    sub.add_argument("--api-key", metavar="FILE", help="its key (api_key setting)")
     sub.add_argument("--ha-margin", type=seconds, metavar="SECONDS",
                      help="after a host's lease expired, how long before its HA VMs are "
                           "restarted elsewhere (default: the ha_margin setting, 3s)")

@@ -28,7 +28,8 @@ NOUNS = {"vms": ("vmlist", "boot", "destroy", "start", "stop", "reboot", "suspen
          "backups": ("backup", "restore"), "snapshots": ("snapshot",), "replicas": ("replicate",), "leases": ("lease",),
          "placement": ("placement",),
          "aside": ("aside",),
-         "admin": ("scrub", "tls"), "local": ("peer", "up", "down")}
+         "tokens": ("token",),
+         "admin": ("scrub", "tls"), "local": ("peer", "up", "down"), "serve": ("serve",)}
 NOUN_OF = {command: noun for noun, commands in NOUNS.items() for command in commands}
 # global options that take a value, to find the command after them
 _VALUED = ("--etcd", "--cluster", "--format", "--conf", *(f"--{name}" for name in TLS_FLAGS))

@@ -21,7 +21,8 @@ DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "ta
             "ttl": "5", "workers": "8", "retention": "7d", "state_dir": "state",
             "libvirt": "test:///default", "hosts": "3", "network": "default",
             "networks": "default", "etcd_history": "1h", "etcd_quota": "2G",
-            "ha_margin": "3s", "placement": "etcd", "backup_pool": ""}
+            "ha_margin": "3s", "placement": "etcd", "backup_pool": "",
+            "api": "", "api_roles": "", "api_cert": "", "api_key": ""}
 
 TLS_FLAGS = {"cacert": "CA certificate that signed etcd's (https:// endpoints)",
              "cert": "client certificate: who this is to etcd, and its role",
@@ -94,7 +95,8 @@ def settings_for(args) -> dict:
         if os.environ.get("PEERCTL_" + key.upper()):
             settings[key], where = os.environ["PEERCTL_" + key.upper()], f"from $PEERCTL_{key.upper()}"
         (parse_size if key == "etcd_quota" else parse_duration)(settings[key], key, where)
-    for name in (*TLS_FLAGS, "placement_token_file"):   # relative to the config file
+    for name in (*TLS_FLAGS, "placement_token_file", "api_roles", "api_cert", "api_key"):
+        # relative to the config file
         if settings.get(name) and not os.path.isabs(settings[name]):
             settings[name] = os.path.join(os.path.dirname(os.path.abspath(path)), settings[name])
     source = {"etcd": f"in {path}", "cluster": f"in {path}", "placement": f"in {path}",

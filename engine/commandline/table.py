@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from engine.errors import FieldError
-from engine.natural import natural_key
+from engine.natural import fields_of, natural_key, sort_rows
 
-_DIGITS = re.compile(r"(\d+)")
 
 __all__ = ["Column", "FieldError", "select", "sort_rows", "render", "to_json",
            "human_mb", "human_gb", "human_bytes", "percent", "natural_key"]
@@ -91,12 +89,6 @@ def percent(value) -> str:
     return f"{float(value):.0f}%"
 
 
-def _fields(spec: str | Iterable[str]) -> list[str]:
-    if isinstance(spec, str):
-        spec = spec.split(",")
-    return [f.strip() for f in spec if f.strip()]
-
-
 def select(columns: Sequence[Column], spec: str | None, default: Sequence[str]) -> list[Column]:
     """The columns named by ``-o`` (``+f1,f2`` appends to the default ones)."""
     known = {c.field: c for c in columns}
@@ -105,63 +97,13 @@ def select(columns: Sequence[Column], spec: str | None, default: Sequence[str]) 
     elif spec.startswith("+"):
         spec = ",".join(default) + "," + spec[1:]
     chosen = []
-    for field in _fields(spec):
+    for field in fields_of(spec):
         if field not in known:
             raise FieldError(f"unknown field {field!r} (known: {', '.join(sorted(known))})")
         chosen.append(known[field])
     if not chosen:
         raise FieldError("no field given")
     return chosen
-
-
-def sort_rows(rows: list[dict], spec: str | None, known: Iterable[str]) -> list[dict]:
-    """Sort by ``f1,-f2``: stable, applied right to left."""
-    if not spec:
-        return rows
-    known = set(known)
-    keys = _fields(spec)
-    for key in keys:
-        if key.lstrip("-") not in known:
-            raise FieldError(f"unknown sort field {key.lstrip('-')!r} "
-                             f"(known: {', '.join(sorted(known))})")
-    rows = list(rows)
-    # one sort per run of keys going the same way, right to left (sorts are stable)
-    runs: list[tuple[bool, list[str]]] = []
-    for key in keys:
-        descending = key.startswith("-")
-        if runs and runs[-1][0] == descending:
-            runs[-1][1].append(key.lstrip("-"))
-        else:
-            runs.append((descending, [key.lstrip("-")]))
-    for descending, fields in reversed(runs):
-        values = [[row.get(f) for row in rows] for f in fields]
-        if all(set(map(type, column)) <= {str} for column in values):
-            # The common case (host, name): one string per row, its numbers
-            # zero-padded, compares in C; ten times cheaper than tuples.
-            padded = list(map("\0".join, zip(*map(_padded, values))))
-            order = sorted(range(len(rows)), key=padded.__getitem__, reverse=descending)
-            rows = [rows[i] for i in order]
-        elif len(fields) == 1:
-            field = fields[0]
-            rows.sort(key=lambda r: natural_key(r.get(field)), reverse=descending)
-        else:
-            rows.sort(key=lambda r: tuple([natural_key(r.get(f)) for f in fields]),
-                      reverse=descending)
-    return rows
-
-
-def _zero_fill(match) -> str:
-    return "\x01" + match.group().zfill(20)
-
-
-def _padded(column: list[str]) -> list[str]:
-    """Each text with every run of digits zero-padded to 20 places after a
-    \\x01: the same order as :func:`natural_key` among strings (for numbers
-    below 10**20), where a number sorts before any text at its place
-    (``web1`` before ``web-1``).  Each distinct text once (a column of
-    hosts repeats)."""
-    done = {text: _DIGITS.sub(_zero_fill, text) for text in set(column)}
-    return list(map(done.__getitem__, column))
 
 
 def render(rows: Sequence[dict], columns: Sequence[Column], headers: bool = True,

@@ -29,8 +29,7 @@ VM_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
               C("backup", "Backup", lambda b: backup_age(b["time"])),
               C("replica", "Replica", lambda r: replica_shown(r))]
 VMLIST_DEFAULT = ["host", "name", "vcpus", "memory_mb", "state", "ip"]
-VMLIST_JSON = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
-               "addresses", "ha", "recovered", "crashed", "restarts", "backup", "replica"]
+VMLIST_JSON = ops.LISTED
 
 
 def backup_age(when: str) -> str:
@@ -77,7 +76,7 @@ def vm_totals(vms: list[dict]) -> str:
 
 def cmd_vmlist(ctx) -> int:
     return listing(ctx, lambda: ops.list_vms(ctx, ctx.args.patterns), VM_COLUMNS,
-                   VMLIST_DEFAULT, VMLIST_JSON, "host,name", vm_totals)
+                   VMLIST_DEFAULT, VMLIST_JSON, ops.ORDER, vm_totals)
 
 
 def cmd_boot(ctx) -> int:

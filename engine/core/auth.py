@@ -6,9 +6,10 @@ Three roles, each granted on key ranges under ``/peerctl/<cluster>/``:
 - ``operator`` reads everything and writes what commands write: it starts
   and aborts automations (``auto/``, ``tasks/``, ``member/``), drains
   (``drained/``, ``placement/``), makes and ends leases (``leases/``,
-  ``leasecal/``, ``leaseactive/``, ``leasevm/``, ``reserved/``) and takes
-  VM locks (``locks/``).  It cannot write what only hosts know: host
-  records, VM records, a host's inbox, elections of singletons;
+  ``leasecal/``, ``leaseactive/``, ``leasevm/``, ``reserved/``), takes
+  VM locks (``locks/``) and mints and deletes API tokens (``tokens/``).
+  It cannot write what only hosts know: host records, VM records, a
+  host's inbox, elections of singletons;
 - ``peer`` reads and writes everything of the cluster: a host's peer runs
   any request of any automation, leads them and the singletons.
 
@@ -33,7 +34,8 @@ ROLES = ("peer", "operator", "viewer")
 
 OPERATOR_WRITES = (keys.auto(), keys.task(), keys.member(), keys.drained(),
                    keys.placement(), keys.lease(), keys.lease_calendar(),
-                   keys.lease_active(), keys.lease_vm(), keys.reserved(), keys.lock())
+                   keys.lease_active(), keys.lease_vm(), keys.reserved(), keys.lock(),
+                   keys.token())
 
 
 def _end(prefix: bytes) -> bytes:

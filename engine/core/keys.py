@@ -223,6 +223,12 @@ def lease_vm(name: str = "", uuid: str = "") -> str:
     return f"leasevm/{name}/{uuid}"
 
 
+def token(token_id: str = "") -> str:
+    """``tokens/<id>``: a bearer token of the HTTP API (``engine/core/tokens.py``):
+    its role, its expiry and the sha256 of its secret, never the secret."""
+    return f"tokens/{token_id}"
+
+
 def placement(part: str = "") -> str:
     """The placement store's keys (``engine/placement/etcd.py`` names the parts)."""
     return f"placement/{part}"

@@ -325,6 +325,17 @@ class Store:
             request.revision = request.revision or response.header.revision
             request.key = response.kvs[-1].key + b"\0"
 
+    def has_history_from(self, revision: int) -> bool:
+        """Whether etcd can still answer as of ``revision``: not compacted
+        away, not in the future."""
+        try:
+            self._call("kvstub", "Range", self._range_request("", False, True, revision))
+        except StoreRefused as exc:
+            if "compacted" in str(exc) or "future revision" in str(exc):
+                return False
+            raise
+        return True
+
     def changed_since(self, prefix: str, revision: int) -> tuple[list[KV], int, int]:
         """The keys under ``prefix`` modified at or after ``revision``, how
         many keys there are under ``prefix`` now, and the revision of this

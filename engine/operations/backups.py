@@ -26,9 +26,15 @@ from .select import host_pattern, select_vms, vm_pattern
 from .specs import check_name
 from .tasks import iso
 
-__all__ = ["list_backups", "newest_by_uuid", "count_backups", "plan_backup", "plan_delete",
+__all__ = ["LISTED", "ORDER", "list_backups", "newest_by_uuid", "count_backups", "plan_backup", "plan_delete",
            "plan_restore", "check_id", "set_schedule", "list_schedules", "find_schedules",
-           "delete_schedules", "KEEP_OPTIONS"]
+           "delete_schedules", "KEEP_OPTIONS", "SCHEDULE_FIELDS"]
+
+
+# backup list's JSON: each row's fields, and the order of the rows
+LISTED = ["id", "vm", "uuid", "host", "target", "time", "age_s", "kind", "parent", "bytes",
+          "consistency", "reason", "newest"]
+ORDER = "vm,time"
 
 
 def check_id(text: str) -> str:
@@ -279,6 +285,9 @@ def plan_restore(ctx, backup_id: str, as_name: str | None = None,
 # -- backup schedules ---------------------------------------------------------------
 
 KEEP_OPTIONS = ("last", "daily", "weekly")     # Proxmox's keep-* options, in their order
+# backup schedule list's JSON
+SCHEDULE_FIELDS = ["schedule", "pattern", "every", "keep", "to", "next", "last", "runs",
+                   "last_run", "automation"]
 MAX_EVERY = 366 * 86400.0       # a longer interval is no schedule (and its times overflow)
 MAX_KEEP = 1_000_000
 

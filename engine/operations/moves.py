@@ -113,11 +113,11 @@ def plan_evacuate(ctx, pattern: str, to: str | None = None, parallel: int = 4) -
                 [_row(vm) for vm in vms], ask=len(vms) > 1 or len(leaving) > 1)
 
 
-def evacuate_after_drain(ctx, plan: Plan) -> Plan | None:
+def evacuate_after_drain(ctx, plan: Plan, by: str | None = None) -> Plan | None:
     """Drain the plan's hosts first, so that nothing new lands there while
     the VMs leave, then plan with the VMs there now (booted since or not);
     None when there are none to move."""
-    set_drained(ctx, plan.args["hosts"], True)
+    set_drained(ctx, plan.args["hosts"], True, by)
     vms = _on(ctx.store(), plan.args["hosts"])
     if not vms:
         return None
@@ -143,12 +143,13 @@ def operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def set_drained(ctx, names: list[str], drained: bool) -> list[dict]:
+def set_drained(ctx, names: list[str], drained: bool, by: str | None = None) -> list[dict]:
     """Drain (or undrain) each host: ``[{host, drained}]``; two quick writes
-    per host, no automation."""
+    per host, no automation.  ``by``: who asks (default: this process's
+    user@machine)."""
     from engine.drains import set_drained as write
     try:
         with ctx.placement() as placement:
-            return write(ctx.store(), names, drained, by=operator(), placement=placement)
+            return write(ctx.store(), names, drained, by=by or operator(), placement=placement)
     except PlacementError as exc:
         raise Failed(f"placement: {exc}", result={"hosts": []}) from None

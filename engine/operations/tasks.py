@@ -9,9 +9,12 @@ from engine.errors import Failed, NoPeers, UnknownAutomation, UnknownTask
 from .plans import Plan, failed_doc
 
 __all__ = ["start", "follow", "list_tasks", "get_task", "abort", "vm_result", "failed_vms",
-           "TERMINAL_STATES", "iso"]
+           "TERMINAL_STATES", "iso", "LISTED", "ORDER"]
 
 TERMINAL_STATES = ("done", "failed", "aborted", "stuck")
+# tasks' JSON: each row's fields, and the order of the rows
+LISTED = ["id", "kind", "state", "initiator", "created", "steps"]
+ORDER = "created"
 
 
 def iso(value):

@@ -10,10 +10,14 @@ from .plans import Plan, failed_doc
 from .select import NoMatch, host_pattern, select_vms
 from .specs import check_names, hostname_of, parse_resources
 
-__all__ = ["list_vms", "plan_boot", "plan_action", "plan_ha", "console_target",
+__all__ = ["LISTED", "ORDER", "list_vms", "plan_boot", "plan_action", "plan_ha", "console_target",
            "wait_for_addresses", "check_somewhere", "note_backups_kept", "VM_ACTIONS",
            "DESTRUCTIVE"]
 
+# vmlist's JSON: each row's fields, and the order of the rows
+LISTED = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
+          "addresses", "ha", "recovered", "crashed", "restarts", "backup", "replica"]
+ORDER = "host,name"
 VM_ACTIONS = ("destroy", "start", "stop", "reboot", "suspend", "resume")
 # Actions that take a service down: on more than one VM a person confirms them.
 DESTRUCTIVE = ("destroy", "stop", "reboot", "suspend")

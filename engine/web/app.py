@@ -1,0 +1,290 @@
+"""The aiohttp application: the route table's handlers wrapped in what every
+request gets, written once.
+
+For each request, in order: a JSON 404/405 for paths and methods that do
+not exist; a 503 when the server is at its bound of connections; who asks
+(401 without a known identity); for a write, the role (403 for a viewer,
+before anything is read) and, for ambient credentials, the CSRF token (403);
+the query's names (400 for unknown ones) and the body (400 for malformed
+JSON, unknown fields or wrong types, 413 past :data:`MAX_BODY`); then the
+handler on the pool of threads.  Any error is ``{"error": ONE LINE}``; an
+unexpected one is logged with its traceback and answered 500 without it.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import json
+import os
+
+import jsonschema
+import structlog
+from aiohttp import web
+
+from engine.errors import (Failed, PeerctlError, PermissionDenied, Unavailable,
+                           UsageError)
+from engine.operations.select import NoMatch
+
+from . import events, identity
+from .routes import ROUTES, Call, Refusal
+
+__all__ = ["Api", "make_app", "API", "CONNECTIONS", "MAX_BODY", "MAX_CONNECTIONS"]
+
+log = structlog.get_logger("peerctl.api")
+
+MAX_BODY = 1024 * 1024          # bytes of a request body
+MAX_CONNECTIONS = 256           # open connections, event streams included
+STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+_JSON = "application/json"
+API = web.AppKey("api", object)
+CONNECTIONS = web.AppKey("connections", list)   # the server, once it runs
+
+
+class Api:
+    """What the application serves from: the cluster (one operations context
+    per role, each opened once), the pools blocking calls run on, and the
+    metrics.
+
+    ``role_credentials``: ``{role: Credentials}`` for etcd, so that etcd
+    itself enforces a request's role; a role without any uses the server's
+    own ``credentials`` (the API's own role check still refuses a viewer's
+    writes)."""
+
+    def __init__(self, etcd: str, cluster: str, credentials=None, placement=None,
+                 role_credentials: dict | None = None, default_network: str = "default",
+                 metrics=None, tls: bool = False, pool_size: int = 16, waiters: int = 32):
+        self.etcd, self.cluster = etcd, cluster
+        self.credentials = credentials
+        self.placement = placement
+        self.role_credentials = dict(role_credentials or {})
+        self.default_network = default_network
+        self.metrics = metrics
+        self.tls = tls
+        self._contexts: dict = {}
+        self.pool = concurrent.futures.ThreadPoolExecutor(pool_size, "api")
+        self.waits = concurrent.futures.ThreadPoolExecutor(waiters, "api-wait")
+
+    def context(self, role: str | None = None):
+        """The operations context requests of ``role`` run with (None: the
+        server's own)."""
+        credentials = self.role_credentials.get(role, self.credentials)
+        key = role if role in self.role_credentials else None
+        if key not in self._contexts:
+            from engine.operations import Context
+            ctx = Context(self.etcd, self.cluster, credentials, self.placement)
+            ctx.default_network = self.default_network
+            self._contexts[key] = ctx
+        return self._contexts[key]
+
+    async def run(self, fn, *args, long: bool = False):
+        pool = self.waits if long else self.pool
+        return await asyncio.get_running_loop().run_in_executor(
+            pool, functools.partial(fn, *args))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.waits.shutdown(wait=False, cancel_futures=True)
+        for ctx in self._contexts.values():
+            if ctx._store is not None:
+                ctx._store.close()
+
+
+def _error(status: int, message: str, headers=None) -> web.Response:
+    return web.json_response({"error": message.splitlines()[0] if message else "error"},
+                             status=status, headers=headers)
+
+
+def status_of(exc: BaseException) -> int:
+    if isinstance(exc, Refusal):
+        return exc.status
+    if isinstance(exc, NoMatch):
+        return 404
+    if isinstance(exc, UsageError):
+        return 400
+    if isinstance(exc, PermissionDenied):
+        return 403
+    if isinstance(exc, Unavailable):
+        return 503
+    return 409          # Failed and the rest of the error root: it ran and could not
+
+
+@web.middleware
+async def answer_errors(request, handler):
+    """Every failure as ``{"error": ONE LINE}``; the bound of connections."""
+    servers = request.app[CONNECTIONS]
+    if servers and len(servers[0].connections) > MAX_CONNECTIONS:
+        return _error(503, f"busy: more than {MAX_CONNECTIONS} connections",
+                      {"Connection": "close", "Retry-After": "1"})
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.content_type == _JSON:
+            raise
+        why = {404: f"no such path {request.path}",
+               405: f"{request.method} is not allowed on {request.path}",
+               413: f"request body over {MAX_BODY} bytes"}.get(exc.status, exc.reason)
+        return _error(exc.status, why)
+    except PeerctlError as exc:
+        return _error(status_of(exc), str(exc))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.exception("api request failed", path=request.path, method=request.method)
+        return _error(500, f"internal error: {type(exc).__name__} (logged by the server)")
+
+
+async def who_asks(request) -> identity.Who:
+    """The identity of a request, or 401."""
+    who = identity.certificate_identity(request)
+    if who is not None:
+        return who
+    secret, ambient = identity.bearer_secret(request)
+    if secret is None:
+        raise Refusal(401, "authentication required: a bearer token (Authorization: Bearer "
+                      "SECRET) or a client certificate")
+    api: Api = request.app[API]
+    from engine.core import tokens
+    token = await api.run(tokens.verify, api.context().store(), secret) if secret else None
+    if token is None:
+        raise Refusal(401, "unknown, deleted or expired token")
+    return identity.Who(f"token:{token['id']}", token["role"], ambient,
+                        "session" if ambient else "token")
+
+
+def check_write(request, who: identity.Who, what: str) -> None:
+    if who.role != "operator":
+        raise Refusal(403, f"permission denied for role {who.role}: a {who.role} may read, "
+                      f"not {what}")
+    if who.ambient and not identity.csrf_ok(request):
+        raise Refusal(403, f"missing or wrong CSRF token (the {identity.CSRF_HEADER} header "
+                      f"must match the {identity.CSRF_COOKIE} cookie)")
+
+
+async def _body(request, schema: dict | None) -> dict:
+    raw = await request.read()
+    if schema is None:
+        if raw.strip():
+            raise UsageError(f"{request.method} {request.path} takes no body")
+        return {}
+    if not raw.strip():
+        body = {}
+    else:
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UsageError(f"malformed JSON body: {exc}") from None
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema).iter_errors(body))
+    if error is not None:
+        where = "/".join(map(str, error.absolute_path))
+        raise UsageError(f"bad body{' at ' + where if where else ''}: {error.message}")
+    return body
+
+
+def _query(request, route) -> dict:
+    known = {name for name, _, _ in route.query}
+    unknown = sorted(set(request.query) - known)
+    if unknown:
+        raise UsageError(f"unknown query parameter {unknown[0]!r}"
+                         + (f" (known: {', '.join(sorted(known))})" if known else ""))
+    return {name: request.query.getall(name) for name in known if name in request.query}
+
+
+def _handler(route):
+    long = route.handler.__name__ == "wait"
+
+    async def handle(request):
+        who = await who_asks(request)
+        if route.write:
+            check_write(request, who, route.summary)
+        call = Call(dict(request.match_info), _query(request, route),
+                    await _body(request, route.body), who.role, who.user)
+        api: Api = request.app[API]
+        answer = await api.run(route.handler, api.context(who.role), call, long=long)
+        headers = {"Location": answer.location} if answer.location else None
+        return web.json_response(answer.doc, status=answer.status, headers=headers,
+                                 dumps=functools.partial(json.dumps, default=str))
+    handle.__name__ = route.handler.__name__
+    return handle
+
+
+# -- what is not a command -----------------------------------------------------------
+
+async def openapi(request):
+    from .openapi import document
+    return web.json_response(document())
+
+
+async def event_stream(request):
+    await who_asks(request)
+    api: Api = request.app[API]
+    return await events.stream(request, api.context().store(), api.run)
+
+
+async def metrics(request):
+    await who_asks(request)
+    api: Api = request.app[API]
+    if api.metrics is None:
+        raise Refusal(404, "no metrics on this server")
+    body = await api.run(api.metrics.render)
+    return web.Response(body=body, headers={"Content-Type": api.metrics.CONTENT_TYPE})
+
+
+async def session(request):
+    """``GET``: who the session is; ``POST {token}``: log in (the cookie);
+    ``DELETE``: log out."""
+    if request.method == "DELETE":
+        response = web.json_response({"session": None})
+        response.del_cookie(identity.SESSION_COOKIE, path="/")
+        return response
+    if request.method == "GET":
+        who = await who_asks(request)
+        return web.json_response({"user": who.user, "role": who.role, "how": who.how})
+    body = await _body(request, {"type": "object", "properties": {"token": {"type": "string"}},
+                                 "required": ["token"], "additionalProperties": False})
+    if not identity.csrf_ok(request):
+        raise Refusal(403, "missing or wrong CSRF token")
+    api: Api = request.app[API]
+    from engine.core import tokens
+    token = await api.run(tokens.verify, api.context().store(), body["token"])
+    if token is None:
+        raise Refusal(401, "unknown, deleted or expired token")
+    response = web.json_response({"user": f"token:{token['id']}", "role": token["role"],
+                                  "how": "session"})
+    response.set_cookie(identity.SESSION_COOKIE, body["token"], httponly=True,
+                        samesite="Strict", secure=api.tls, path="/")
+    return response
+
+
+async def page(request):
+    response = web.FileResponse(os.path.join(STATIC, "index.html"))
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["Content-Security-Policy"] = (
+        "default-src 'self'; connect-src 'self'; img-src 'self' data:; "
+        "style-src 'self'; script-src 'self'; frame-ancestors 'none'")
+    if not request.cookies.get(identity.CSRF_COOKIE):
+        response.set_cookie(identity.CSRF_COOKIE, identity.new_csrf(), samesite="Strict",
+                            secure=request.app[API].tls, path="/")
+    return response
+
+
+def make_app(api: Api) -> web.Application:
+    app = web.Application(middlewares=[answer_errors], client_max_size=MAX_BODY)
+    app[API] = api
+    app[CONNECTIONS] = []
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, _handler(route))
+    app.router.add_get("/v1/openapi.json", openapi)
+    app.router.add_get("/v1/events", event_stream)
+    for method in ("GET", "POST", "DELETE"):
+        app.router.add_route(method, "/v1/session", session)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/", page)
+    if os.path.isdir(STATIC):
+        app.router.add_static("/static/", STATIC, show_index=False)
+    from . import console
+    console.add_routes(app, who_asks, check_write)
+    return app

@@ -1,0 +1,127 @@
+"""``/v1/events``: server-sent events of what changed in the cluster.
+
+One SSE message per etcd revision that touched what a person watches: VMs
+(``vms/``), hosts (``hosts/``), automations (``tasks/``) and their steps
+(``auto/<id>/log|response|progress/``), and leases (``leases/``)::
+
+    id: 4711
+    event: change
+    data: {"revision": 4711, "changes": [{"type": "put", "kind": "vm",
+           "key": "vms/host1/<uuid>", "value": {...}}]}
+
+The id is the revision, so a client that reconnects, to this peer or any
+other, with ``Last-Event-ID: R`` gets every change after R exactly once
+(one etcd watch from R + 1: etcd keeps the order and the history).  A
+revision that compaction has removed, or one this etcd never had, answers
+``410``: the client lists again (``GET /v1/vms`` ...) and follows from the
+``hello`` event's id, as Kubernetes watches do.  A new stream without
+``Last-Event-ID`` starts with ``event: hello`` carrying the current
+revision.  A comment line every :data:`HEARTBEAT` seconds finds dead
+connections; a client too slow to keep up with :data:`BACKLOG` revisions is
+cut off, and resumes where it was.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+
+__all__ = ["stream", "kind_of", "HEARTBEAT", "BACKLOG"]
+
+HEARTBEAT = 15.0
+BACKLOG = 10000
+_PLAIN = (("vms/", "vm"), ("hosts/", "host"), ("tasks/", "automation"), ("leases/", "lease"))
+_STEPS = ("log", "response", "progress")
+
+
+def kind_of(key: str) -> str | None:
+    """What a key is to a watcher, or None for keys it does not show."""
+    for prefix, kind in _PLAIN:
+        if key.startswith(prefix):
+            return kind
+    if key.startswith("auto/"):
+        parts = key.split("/")
+        if len(parts) == 4 and parts[2] in _STEPS:
+            return "step"
+    return None
+
+
+def _message(revision: int, changes: list[dict], event: str = "change") -> bytes:
+    data = json.dumps({"revision": revision, "changes": changes}, default=str,
+                      separators=(",", ":"))
+    return f"id: {revision}\nevent: {event}\ndata: {data}\n\n".encode()
+
+
+def _last_event_id(request) -> int | None:
+    text = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise web.HTTPBadRequest(text=json.dumps({"error": f"bad Last-Event-ID {text!r}: "
+                                                  "want an etcd revision"}),
+                                 content_type="application/json")
+    return int(text)
+
+
+def _gone(message: str) -> web.Response:
+    return web.json_response({"error": message}, status=410)
+
+
+async def stream(request, store, run_blocking) -> web.StreamResponse:
+    """The SSE stream for one client; ``run_blocking(fn, *args)`` runs a
+    blocking call on the server's pool."""
+    last = _last_event_id(request)
+    if last is None:
+        last = await run_blocking(store.revision)
+        hello = True
+    else:
+        if not await run_blocking(store.has_history_from, last):
+            return _gone(f"revision {last} is no longer (or never was) in etcd's history: "
+                         "list again and follow from the new revision")
+        hello = False
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def on_events(events, revision):      # on the etcd client's thread
+        loop.call_soon_threadsafe(queue.put_nowait, events)
+
+    cancel = await run_blocking(store.watch, "", last + 1, on_events)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+    try:
+        await response.prepare(request)
+        if hello:
+            await response.write(_message(last, [], "hello"))
+        while True:
+            if queue.qsize() > BACKLOG:
+                break           # too slow: it reconnects with its Last-Event-ID
+            try:
+                events = await asyncio.wait_for(queue.get(), HEARTBEAT)
+            except asyncio.TimeoutError:
+                await response.write(b": heartbeat\n\n")
+                continue
+            if isinstance(events, Exception):
+                break           # compacted or broken: the client reconnects
+            for revision, changes in _by_revision(events):
+                await response.write(_message(revision, changes))
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        cancel()
+    return response
+
+
+def _by_revision(events) -> list[tuple[int, list[dict]]]:
+    """The events of one watch response, grouped by revision, in order,
+    keeping only the keys a watcher is shown."""
+    grouped: dict[int, list[dict]] = {}
+    for event in events:
+        kind = kind_of(event.kv.key)
+        if kind is None:
+            continue
+        grouped.setdefault(event.kv.mod_revision, []).append(
+            {"type": event.kind, "kind": kind, "key": event.kv.key,
+             "value": event.kv.value if event.kind == "put" else None})
+    return sorted(grouped.items())

@@ -1,0 +1,61 @@
+"""The OpenAPI 3.1 document of ``/v1``, made from the route table itself, so
+it cannot drift from what the server does."""
+from __future__ import annotations
+
+import re
+
+from .routes import ROUTES
+
+__all__ = ["document"]
+
+_TYPES = {"string": {"type": "string"}, "string[]": {"type": "array", "items": {"type": "string"}},
+          "boolean": {"type": "boolean"}, "integer": {"type": "integer"},
+          "number": {"type": "number"}}
+_ERROR = {"description": "one line", "content": {"application/json": {"schema": {
+    "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
+
+
+def _operation(route) -> dict:
+    parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for name in re.findall(r"{(\w+)}", route.path)]
+    parameters += [{"name": name, "in": "query", "description": text,
+                    "schema": _TYPES[kind], **({"explode": True} if kind.endswith("[]") else {})}
+                   for name, kind, text in route.query]
+    ok = "202" if route.automation else "200"
+    operation = {
+        "summary": route.summary,
+        "description": f"As `peerctl {route.command}` with `--format json`.",
+        "operationId": route.handler.__name__,
+        "parameters": parameters,
+        "responses": {ok: {"description": "the command's JSON"},
+                      "400": _ERROR, "401": _ERROR, "404": _ERROR, "409": _ERROR,
+                      "503": _ERROR, **({"403": _ERROR} if route.write else {})},
+    }
+    if route.automation:
+        operation["responses"]["202"]["headers"] = {
+            "Location": {"schema": {"type": "string"},
+                         "description": "/v1/automations/ID"}}
+    if route.body is not None:
+        operation["requestBody"] = {"required": True, "content": {
+            "application/json": {"schema": route.body}}}
+    return operation
+
+
+def document(version: str = "1") -> dict:
+    paths: dict = {}
+    for route in ROUTES:
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
+    paths["/v1/events"] = {"get": {
+        "summary": "server-sent events of what changed; id = etcd revision",
+        "parameters": [{"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "text/event-stream"}, "410": _ERROR}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "peerctl", "version": version,
+                 "description": "Every peer answers the same; see docs/api.md."},
+        "components": {"securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "certificate": {"type": "mutualTLS"}}},
+        "security": [{"bearer": []}, {"certificate": []}],
+        "paths": paths,
+    }
