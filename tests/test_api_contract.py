@@ -141,6 +141,34 @@ def test_a_wait_that_times_out_answers_the_running_automation(cluster, served):
     assert client.get("/v1/automations/20990101-000000-abcdef")[0] == 404
 
 
+def test_metrics_are_scraped_with_a_token_and_name_this_host_s_domains(cluster, served):
+    from prometheus_client.parser import text_string_to_metric_families
+    client, _ = served
+    boot_vms(cluster, "web1", on="host1")
+    assert ApiClient(client.url).get("/metrics")[0] == 401
+
+    def scraped():
+        response = client.session.get(client.url + "/metrics", timeout=10)
+        assert response.status_code == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return {f.name: f for f in text_string_to_metric_families(response.text)}
+    wait_for(lambda: any(s.labels == {"kind": "boot", "state": "done"} and s.value >= 1
+                         for s in scraped().get("peerctl_automations", _NONE).samples),
+             what="the boot counted")
+    families = scraped()
+    for name in ("peerctl_automation_duration_seconds", "peerctl_placement_capacity",
+                 "peerctl_ha_recoveries", "peerctl_etcd_up", "peerctl_hosts", "peerctl_vms",
+                 "libvirt_domain_info_cpu_time_seconds", "libvirt_domain_info_virtual_cpus"):
+        assert name in families, name
+    domains = {s.labels["domain"] for s in families["libvirt_domain_info_virtual_cpus"].samples}
+    assert domains == {"web1"}         # host1's own, not host2's
+    assert [s.value for s in families["peerctl_etcd_up"].samples] == [1.0]
+
+
+class _NONE:
+    samples = ()
+
+
 def test_the_openapi_document_lists_every_route(served):
     client, _ = served
     from engine.web.routes import ROUTES

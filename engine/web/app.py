@@ -22,8 +22,7 @@ import jsonschema
 import structlog
 from aiohttp import web
 
-from engine.errors import (Failed, PeerctlError, PermissionDenied, Unavailable,
-                           UsageError)
+from engine.errors import PeerctlError, PermissionDenied, Unavailable, UsageError
 from engine.operations.select import NoMatch
 
 from . import events, identity
