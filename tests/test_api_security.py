@@ -158,3 +158,27 @@ def test_an_oversized_body_is_refused_unread(cluster, store, api_url):
     status, doc, _ = client.call("POST", "/v1/vms", raw=body,
                                  headers={"Content-Type": "application/json"})
     assert status == 413 and "over" in doc["error"]
+
+
+def test_stuck_clients_block_neither_the_peer_nor_other_clients(cluster, store, api_url):
+    """200 connections that never finish their request, and an event stream
+    nobody reads: the peer still boots, and the API still answers."""
+    import socket
+    host, port = api_url.rsplit("/", 1)[1].split(":")
+    stuck = []
+    try:
+        for _ in range(200):
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            sock.sendall(b"GET /v1/vms HTTP/1.1\r\nHost: x\r\n")      # and never the rest
+            stuck.append(sock)
+        secret = token(cluster, "viewer")["secret"]
+        unread = socket.create_connection((host, int(port)), timeout=5)
+        unread.sendall(f"GET /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}"
+                       "\r\n\r\n".encode())
+        stuck.append(unread)
+        boot_vms(cluster, "busy1", "busy2")
+        answer = ApiClient(api_url, secret).get("/v1/vms")
+        assert answer[0] == 200 and [vm["name"] for vm in answer[1]] == ["busy1", "busy2"]
+    finally:
+        for sock in stuck:
+            sock.close()

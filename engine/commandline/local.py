@@ -41,9 +41,10 @@ def cmd_peer(ctx) -> int:
         from engine.web.server import serve_cluster
         server = serve_cluster(settings, address, host=args.host, libvirt_uri=args.libvirt,
                                roles_dir=args.api_roles or settings["api_roles"] or None)
-        ctx.store()
         import structlog
-        structlog.get_logger("peerctl.api").info("api_listening", url=server.url)
+        structlog.get_logger("peerctl.api").info(
+            "api_listening", url=server.url,
+            security="TLS" if server.tls else "plain HTTP, loopback only")
     try:
         return int(run_peer(ctx.store(), args.host, args.libvirt, **kwargs) or 0)
     finally:

@@ -18,8 +18,11 @@ def cmd_serve(ctx) -> int:
     from engine.web.server import serve_cluster
     server = serve_cluster(settings, address, roles_dir=args.api_roles or settings["api_roles"]
                            or None, insecure=args.api_insecure)
-    say(f"peerctl: serving the API of cluster {settings['cluster']!r} at {server.url} "
-        "(SIGTERM or Ctrl-C stops)")
+    plain = "" if server.tls else (
+        ", plain HTTP: loopback only" if not args.api_insecure else
+        ", plain HTTP: tokens travel in the clear")
+    say(f"peerctl: serving the API of cluster {settings['cluster']!r} at {server.url}"
+        f"{plain} (SIGTERM or Ctrl-C stops)")
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
