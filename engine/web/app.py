@@ -38,6 +38,7 @@ STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 _JSON = "application/json"
 API = web.AppKey("api", object)
 CONNECTIONS = web.AppKey("connections", list)   # the server, once it runs
+STREAMS = web.AppKey("streams", set)            # the open event streams' tasks
 
 
 class Api:
@@ -220,7 +221,14 @@ async def openapi(request):
 async def event_stream(request):
     await who_asks(request)
     api: Api = request.app[API]
-    return await events.stream(request, api.context().store(), api.run)
+    return await events.stream(request, api.context().store(), api.run, request.app[STREAMS])
+
+
+async def end_streams(app) -> None:
+    """A stopping server ends its event streams at once (their clients
+    resume elsewhere with Last-Event-ID) instead of waiting them out."""
+    for task in list(app[STREAMS]):
+        task.cancel()
 
 
 async def metrics(request):
@@ -263,7 +271,8 @@ async def page(request):
     response.headers["Cache-Control"] = "no-store"
     response.headers["Content-Security-Policy"] = (
         "default-src 'self'; connect-src 'self'; img-src 'self' data:; "
-        "style-src 'self'; script-src 'self'; frame-ancestors 'none'")
+        # xterm.js (the console) injects <style> elements: styles only, never scripts
+        "style-src 'self' 'unsafe-inline'; script-src 'self'; frame-ancestors 'none'")
     if not request.cookies.get(identity.CSRF_COOKIE):
         response.set_cookie(identity.CSRF_COOKIE, identity.new_csrf(), samesite="Strict",
                             secure=request.app[API].tls, path="/")
@@ -274,6 +283,8 @@ def make_app(api: Api) -> web.Application:
     app = web.Application(middlewares=[answer_errors], client_max_size=MAX_BODY)
     app[API] = api
     app[CONNECTIONS] = []
+    app[STREAMS] = set()
+    app.on_shutdown.append(end_streams)
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _handler(route))
     app.router.add_get("/v1/openapi.json", openapi)

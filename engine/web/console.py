@@ -14,13 +14,14 @@ Promises:
 - after the upgrade: one text message ``{"attached": {"vm", "host"}}``,
   then binary messages, the guest's bytes unchanged; every message the
   client sends (binary, or text as UTF-8) goes to the guest, in order;
-- the session ends with a close frame saying why in one line: 1000 when
-  the guest stopped (``console closed: the VM stopped``); otherwise
+- when the server ends the session it says why in one line, twice: a
+  text message ``{"ended": LINE}``, then the close frame, whose reason is
+  the same line cut to the 123 bytes the protocol allows.  Its code is 1000
+  when the guest stopped (``console closed: the VM stopped``), otherwise
   4000 + the HTTP status the API would answer (4409: no such VM, not
   running, no console on this hypervisor, taken over by another client;
   4503: its host's libvirt unreachable or lost; 4400: a pattern matching
-  several VMs).  The close frame's reason is at most 123 bytes, as the
-  protocol allows;
+  several VMs);
 - the console is let go (stream aborted, connection closed) whenever the
   session ends, the client's side included.
 
@@ -80,8 +81,7 @@ def add_routes(app, who_asks, check_write) -> None:
             await _session(api, api.context(who.role), request.match_info["name"], socket)
         except Exception:           # past the upgrade no JSON answer can go: a close frame
             log.exception("console session failed", path=request.path)
-            if not socket.closed:
-                await socket.close(code=1011, message=b"internal error (logged by the server)")
+            await _end(socket, 1011, "internal error (logged by the server)")
         return socket
 
     app.router.add_get(PATH, console)
@@ -101,9 +101,8 @@ def _close_code(exc: PeerctlError) -> int:
     return 4409
 
 
-def _reason(message: str) -> str:
-    """One line that fits a close frame."""
-    line = (message.splitlines() or ["closed"])[0]
+def _reason(line: str) -> str:
+    """``line`` cut to fit a close frame."""
     if len(line.encode()) <= CLOSE_REASON_BYTES:
         return line
     cut = line.encode()[:CLOSE_REASON_BYTES - 3].decode(errors="ignore")
@@ -122,7 +121,7 @@ async def _session(api, ctx, name: str, socket: web.WebSocketResponse) -> None:
     try:
         attached = await api.run(_attach, ctx, name)
     except PeerctlError as exc:
-        await socket.close(code=_close_code(exc), message=_reason(str(exc)).encode())
+        await _end(socket, _close_code(exc), str(exc))
         return
     pump = _Pump(attached, asyncio.get_running_loop())
     code, why = 1000, STOPPED
@@ -136,10 +135,21 @@ async def _session(api, ctx, name: str, socket: web.WebSocketResponse) -> None:
                 code, why = await api.run(_why_ended, attached)
         finally:
             typing.cancel()
+            await asyncio.wait({typing})    # its read of the socket ends before the close
     finally:
         await asyncio.shield(api.run(pump.close))
-    if not socket.closed:
-        await socket.close(code=code, message=_reason(why).encode())
+    await _end(socket, code, why)
+
+
+async def _end(socket, code: int, why: str) -> None:
+    if socket.closed:
+        return
+    line = (why.splitlines() or ["closed"])[0]
+    try:
+        await socket.send_json({"ended": line})
+    except ConnectionError:
+        return
+    await socket.close(code=code, message=_reason(line).encode())
 
 
 async def _to_browser(socket, pump: "_Pump", typing: asyncio.Future):

@@ -1,8 +1,9 @@
 """``/v1/events``: server-sent events of what changed in the cluster.
 
 One SSE message per etcd revision that touched what a person watches: VMs
-(``vms/``), hosts (``hosts/``), automations (``tasks/``) and their steps
-(``auto/<id>/log|response|progress/``), and leases (``leases/``)::
+(``vms/``), hosts (``hosts/``) and their drains (``drained/``), automations
+(``tasks/``) and their steps (``auto/<id>/log|resp|progress/``), leases
+(``leases/``) and backups (``backups/``)::
 
     id: 4711
     event: change
@@ -31,8 +32,9 @@ __all__ = ["stream", "kind_of", "HEARTBEAT", "BACKLOG"]
 
 HEARTBEAT = 15.0
 BACKLOG = 10000
-_PLAIN = (("vms/", "vm"), ("hosts/", "host"), ("tasks/", "automation"), ("leases/", "lease"))
-_STEPS = ("log", "response", "progress")
+_PLAIN = (("vms/", "vm"), ("hosts/", "host"), ("drained/", "drain"), ("tasks/", "automation"),
+          ("leases/", "lease"), ("backups/", "backup"))
+_STEPS = ("log", "resp", "progress")      # engine/core/keys.py: log_entry, response, progress
 
 
 def kind_of(key: str) -> str | None:
@@ -68,9 +70,10 @@ def _gone(message: str) -> web.Response:
     return web.json_response({"error": message}, status=410)
 
 
-async def stream(request, store, run_blocking) -> web.StreamResponse:
+async def stream(request, store, run_blocking, streams: set) -> web.StreamResponse:
     """The SSE stream for one client; ``run_blocking(fn, *args)`` runs a
-    blocking call on the server's pool."""
+    blocking call on the server's pool; ``streams`` holds the tasks of the
+    open streams, which a server stopping cancels."""
     last = _last_event_id(request)
     if last is None:
         last = await run_blocking(store.revision)
@@ -87,6 +90,7 @@ async def stream(request, store, run_blocking) -> web.StreamResponse:
         loop.call_soon_threadsafe(queue.put_nowait, events)
 
     cancel = await run_blocking(store.watch, "", last + 1, on_events)
+    streams.add(asyncio.current_task())
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
@@ -109,6 +113,7 @@ async def stream(request, store, run_blocking) -> web.StreamResponse:
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
+        streams.discard(asyncio.current_task())
         cancel()
     return response
 

@@ -49,6 +49,12 @@ def document(version: str = "1") -> dict:
         "summary": "server-sent events of what changed; id = etcd revision",
         "parameters": [{"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}}],
         "responses": {"200": {"description": "text/event-stream"}, "410": _ERROR}}}
+    paths["/v1/vms/{name}/console"] = {"get": {
+        "summary": "a VM's serial console, as a websocket (operator)",
+        "parameters": [{"name": "name", "in": "path", "required": True,
+                        "schema": {"type": "string"}}],
+        "responses": {"101": {"description": "websocket: the console's bytes both ways"},
+                      "401": _ERROR, "403": _ERROR}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "peerctl", "version": version,

@@ -18,6 +18,10 @@
 - :mod:`.qemu_guest`: the real-QEMU tier's guest, and why it is skipped.
 - :mod:`.libvirtd_pair`: two private libvirtd daemons, two KVM hosts on this
   machine (``libvirtd_pair`` fixture).
+- :mod:`.api_client`: the HTTP API's client (JSON calls, ``/v1/events``);
+  :mod:`.api_server`: the API served from the test's process, and the
+  browser the page's tests drive; :mod:`.secured_etcd`: a TLS etcd with
+  roles on and a certificate per role.
 
 Test modules import from here, never from each other.
 """
