@@ -13,25 +13,20 @@ import fcntl
 import os
 import pty
 import select
-import shutil
 import signal
 import subprocess
 import sys
 import termios
 import time
 
-import libvirt
 import pytest
 
-from engine.core import api
-from engine.placement import open_placement
 from tests.support import PEERCTL, ROOT, qemu_guest, wait_for
-from tests.support.cluster import Cluster
+from tests.support.console_guest import booted_guest
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
 
 pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
 
-BOOT_TIMEOUT = 120.0
 ANSWER_TIMEOUT = 30.0
 
 
@@ -48,68 +43,12 @@ class Guest:
                                 env=self.cluster.env, cwd=ROOT, **popen)
 
 
-def _cleanup(conn, host, name):
-    """Whatever a failed run left in the shared libvirtd: the domain, the pool."""
-    for dom in conn.listAllDomains(0):
-        if dom.name() == name:
-            try:
-                if dom.isActive():
-                    dom.destroy()
-                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
-            except libvirt.libvirtError:
-                pass
-    try:
-        pool = conn.storagePoolLookupByName(f"peerctl-{host}")
-        for vol in pool.listAllVolumes(0):
-            vol.delete(0)
-        if pool.isActive():
-            pool.destroy()
-        pool.undefine()
-    except libvirt.libvirtError:
-        pass
-
-
 @pytest.fixture(scope="module")
 def guest(guest_dir, etcd, tmp_path_factory):
     """A running guest booted by `boot` on peer ``qc<pid>``, its shell up."""
-    workdir = qemu_guest.world_readable_tmpdir("peerctl-console-")
-    tag = os.getpid()
-    host, name = f"qc{tag}", f"console{tag}"     # unique: the libvirtd is shared
-    cluster = Cluster(etcd.url, f"console{tag}", tmp_path_factory.mktemp("console"))
-    conn = libvirt.open(qemu_guest.QEMU_URI)
-    state_dir = os.path.join(workdir, f"state-{host}")
-    try:
-        image = qemu_guest.build_disk_image(os.path.join(workdir, "guest.img"), guest_dir,
-                                            workdir)
-        cluster.start_peer(host, libvirt=qemu_guest.QEMU_URI,
-                           env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL},
-                           extra_args=["--state-dir", state_dir])
-        from engine.core.store import Store
-        store = Store(etcd.url, cluster.name)
-        try:
-            wait_for(lambda: host in api.live_hosts(store), timeout=60, interval=0.2,
-                     what=f"{host} alive")
-            placement = open_placement("etcd", store)
-            wait_for(lambda: host in {p["name"] for p in placement.providers()},
-                     timeout=30, interval=0.2, what=f"{host} registered as a provider")
-        finally:
-            store.close()
-        booted = cluster.cli_json("boot", name, "--resources", "VCPU:1,MEMORY_MB:128,DISK_GB:1",
-                                  "--image", f"file://{image}", "--network", "none",
-                                  timeout=BOOT_TIMEOUT)
-        assert booted["state"] == "done", booted
-        (vm,) = booted["vms"]
-        log = os.path.join(state_dir, "console", f"{vm['uuid']}.log")
-        assert qemu_guest.wait_for_console(log, qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
-            "guest did not come up; console:\n" + (
-                open(log, errors="replace").read() if os.path.exists(log) else "")
-        yield Guest(cluster, name, host, vm["uuid"], log)
-    finally:
-        cluster.cli("destroy", name, "--yes", timeout=60)
-        cluster.close()
-        _cleanup(conn, host, name)
-        conn.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with booted_guest(guest_dir, etcd.url, tmp_path_factory.mktemp("console"),
+                      "console") as booted:
+        yield Guest(*booted)
 
 
 def read_until(fd, wanted: bytes, timeout: float, seen: bytearray) -> bytes:

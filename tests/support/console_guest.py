@@ -1,0 +1,85 @@
+"""A busybox guest booted by `boot` on a real peer of this machine's
+libvirtd (``qemu:///system``), its shell up on the serial console: what the
+console tests, of the command line and of the page, attach to."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+
+import libvirt
+
+from engine.core import api
+from engine.core.store import Store
+from engine.placement import open_placement
+from tests.support import qemu_guest, wait_for
+from tests.support.cluster import Cluster
+
+__all__ = ["BOOT_TIMEOUT", "booted_guest"]
+
+BOOT_TIMEOUT = 120.0
+
+
+def _cleanup(conn, host, name):
+    """Whatever a failed run left in the shared libvirtd: the domain, the pool."""
+    for dom in conn.listAllDomains(0):
+        if dom.name() == name:
+            try:
+                if dom.isActive():
+                    dom.destroy()
+                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+            except libvirt.libvirtError:
+                pass
+    try:
+        pool = conn.storagePoolLookupByName(f"peerctl-{host}")
+        for vol in pool.listAllVolumes(0):
+            vol.delete(0)
+        if pool.isActive():
+            pool.destroy()
+        pool.undefine()
+    except libvirt.libvirtError:
+        pass
+
+
+@contextlib.contextmanager
+def booted_guest(guest_dir, etcd_url: str, base, tag: str):
+    """``(cluster, name, host, uuid, console_log)`` of a running guest named
+    ``<tag><pid>`` on peer ``q<tag[0]><pid>`` (unique: the libvirtd is
+    shared); destroyed, and whatever it left in libvirtd removed, after."""
+    workdir = qemu_guest.world_readable_tmpdir(f"peerctl-{tag}-")
+    pid = os.getpid()
+    host, name = f"q{tag[0]}{pid}", f"{tag}{pid}"
+    cluster = Cluster(etcd_url, f"{tag}{pid}", base)
+    conn = libvirt.open(qemu_guest.QEMU_URI)
+    state_dir = os.path.join(workdir, f"state-{host}")
+    try:
+        image = qemu_guest.build_disk_image(os.path.join(workdir, "guest.img"), guest_dir,
+                                            workdir)
+        cluster.start_peer(host, libvirt=qemu_guest.QEMU_URI,
+                           env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL},
+                           extra_args=["--state-dir", state_dir])
+        store = Store(etcd_url, cluster.name)
+        try:
+            wait_for(lambda: host in api.live_hosts(store), timeout=60, interval=0.2,
+                     what=f"{host} alive")
+            placement = open_placement("etcd", store)
+            wait_for(lambda: host in {p["name"] for p in placement.providers()},
+                     timeout=30, interval=0.2, what=f"{host} registered as a provider")
+        finally:
+            store.close()
+        booted = cluster.cli_json("boot", name, "--resources", "VCPU:1,MEMORY_MB:128,DISK_GB:1",
+                                  "--image", f"file://{image}", "--network", "none",
+                                  timeout=BOOT_TIMEOUT)
+        assert booted["state"] == "done", booted
+        (vm,) = booted["vms"]
+        log = os.path.join(state_dir, "console", f"{vm['uuid']}.log")
+        assert qemu_guest.wait_for_console(log, qemu_guest.READY_MARKER, BOOT_TIMEOUT), \
+            "guest did not come up; console:\n" + (
+                open(log, errors="replace").read() if os.path.exists(log) else "")
+        yield cluster, name, host, vm["uuid"], log
+    finally:
+        cluster.cli("destroy", name, "--yes", timeout=60)
+        cluster.close()
+        _cleanup(conn, host, name)
+        conn.close()
+        shutil.rmtree(workdir, ignore_errors=True)
