@@ -116,6 +116,16 @@ def test_a_vm_booted_from_the_command_line_shows_within_a_second_of_running(
             booting.join(60)
 
 
+def test_a_drain_from_the_command_line_shows_on_the_page(chromium, api, cluster):
+    with logged_in(chromium, api, "viewer") as page:
+        status = page.locator("#hosts tr[data-host='host2'] .state")
+        expect(status).to_have_text("up")
+        cluster.cli_json("drain", "host2")
+        expect(status).to_have_text("drained", timeout=5 * SECOND)
+        cluster.cli_json("undrain", "host2")
+        expect(status).to_have_text("up", timeout=5 * SECOND)
+
+
 def test_an_operator_stops_a_vm_from_the_page_once_confirmed(chromium, api, cluster):
     boot_vms(cluster, "web1", on="host1")
     with logged_in(chromium, api, "operator") as page:

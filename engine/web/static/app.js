@@ -375,6 +375,12 @@ const APPLY = {
   lease() {
     readLeases();
   },
+  drain() {             // a host's status is derived from its drain: hostlist says it
+    readHosts();
+  },
+  backup() {
+    readBackups();
+  },
 };
 
 function apply(message) {
@@ -425,16 +431,19 @@ function readHosts() {
   });
 }
 
+// A backup's age is not in the VM records: vmlist's rows carry it.
+function readBackups() {
+  readOnce("backups", async () => {
+    const { doc } = await api("GET", "/v1/vms");
+    const backups = new Map(doc.map((vm) => [vm.uuid, vm.backup]));
+    for (const { row } of state.records.values()) if (backups.has(row.uuid)) row.backup = backups.get(row.uuid);
+    changed("vms");
+  });
+}
+
 function finished(id, task) {
   const asked = state.mine.get(id);
-  if (asked.kind === "backup") {       // a backup's age is not in the VM records
-    readOnce("vms", async () => {
-      const { doc } = await api("GET", "/v1/vms");
-      const backups = new Map(doc.map((vm) => [vm.uuid, vm.backup]));
-      for (const { row } of state.records.values()) if (backups.has(row.uuid)) row.backup = backups.get(row.uuid);
-      changed("vms");
-    });
-  }
+  if (asked.kind === "backup") readBackups();
   if (task.state !== "done") notice(`${asked.title}: ${task.state}${task.error ? `: ${task.error}` : ""}`);
   const ended = [...state.mine.keys()].filter((other) => !state.running.has(other));
   for (const old of ended.slice(0, Math.max(0, ended.length - KEPT_FINISHED))) {
