@@ -51,34 +51,6 @@ def _volumes_of(conn, host, uuid):
     return [v.name() for v in pool.listAllVolumes(0) if v.name().startswith(uuid)]
 
 
-def _cleanup(conn, hosts, name):
-    """Whatever a failed run left in the shared libvirtd: domains, pools.
-
-    By name, since a boot that timed out never told us its uuid."""
-    for dom in conn.listAllDomains(0):
-        if dom.name() != name:
-            continue
-        try:
-            if dom.isActive():
-                dom.destroy()
-            dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
-        except libvirt.libvirtError:
-            pass
-    for host in hosts:
-        try:
-            pool = _pool(conn, host)
-        except libvirt.libvirtError:
-            continue
-        try:
-            for vol in pool.listAllVolumes(0):
-                vol.delete(0)
-            if pool.isActive():
-                pool.destroy()
-            pool.undefine()
-        except libvirt.libvirtError:
-            pass
-
-
 def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, conn,
                                                               guest_dir, workdir):
     tag = os.getpid()
@@ -215,4 +187,4 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
                  timeout=20, interval=0.5, what=f"vmlist without {name}")
     finally:
         cluster.close()
-        _cleanup(conn, hosts, name)
+        qemu_guest.remove_leftovers(conn, hosts, name)

@@ -145,13 +145,18 @@ async def who_asks(request) -> identity.Who:
     if secret is None:
         raise Refusal(401, "authentication required: a bearer token (Authorization: Bearer "
                       "SECRET) or a client certificate")
-    api: Api = request.app[API]
+    token = await _token(request.app[API], secret)
+    return identity.Who(f"token:{token['id']}", token["role"], ambient,
+                        "session" if ambient else "token")
+
+
+async def _token(api: Api, secret: str) -> dict:
+    """The live token whose secret this is, or 401."""
     from engine.core import tokens
     token = await api.run(tokens.verify, api.context().store(), secret) if secret else None
     if token is None:
         raise Refusal(401, "unknown, deleted or expired token")
-    return identity.Who(f"token:{token['id']}", token["role"], ambient,
-                        "session" if ambient else "token")
+    return token
 
 
 def check_write(request, who: identity.Who, what: str) -> None:
@@ -255,10 +260,7 @@ async def session(request):
     if not identity.csrf_ok(request):
         raise Refusal(403, "missing or wrong CSRF token")
     api: Api = request.app[API]
-    from engine.core import tokens
-    token = await api.run(tokens.verify, api.context().store(), body["token"])
-    if token is None:
-        raise Refusal(401, "unknown, deleted or expired token")
+    token = await _token(api, body["token"])
     response = web.json_response({"user": f"token:{token['id']}", "role": token["role"],
                                   "how": "session"})
     response.set_cookie(identity.SESSION_COOKIE, body["token"], httponly=True,

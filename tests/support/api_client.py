@@ -3,18 +3,13 @@ reader of ``/v1/events`` that yields each server-sent event."""
 from __future__ import annotations
 
 import json
-import socket
 
 import requests
 
+from engine.core.etcd_server import free_port
+
 
 __all__ = ["ApiClient", "SseEvent", "free_port", "api_peer_args"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def api_peer_args(port: int) -> list[str]:

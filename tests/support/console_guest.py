@@ -20,27 +20,6 @@ __all__ = ["BOOT_TIMEOUT", "booted_guest"]
 BOOT_TIMEOUT = 120.0
 
 
-def _cleanup(conn, host, name):
-    """Whatever a failed run left in the shared libvirtd: the domain, the pool."""
-    for dom in conn.listAllDomains(0):
-        if dom.name() == name:
-            try:
-                if dom.isActive():
-                    dom.destroy()
-                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
-            except libvirt.libvirtError:
-                pass
-    try:
-        pool = conn.storagePoolLookupByName(f"peerctl-{host}")
-        for vol in pool.listAllVolumes(0):
-            vol.delete(0)
-        if pool.isActive():
-            pool.destroy()
-        pool.undefine()
-    except libvirt.libvirtError:
-        pass
-
-
 @contextlib.contextmanager
 def booted_guest(guest_dir, etcd_url: str, base, tag: str):
     """``(cluster, name, host, uuid, console_log)`` of a running guest named
@@ -80,6 +59,6 @@ def booted_guest(guest_dir, etcd_url: str, base, tag: str):
     finally:
         cluster.cli("destroy", name, "--yes", timeout=60)
         cluster.close()
-        _cleanup(conn, host, name)
+        qemu_guest.remove_leftovers(conn, [host], name)
         conn.close()
         shutil.rmtree(workdir, ignore_errors=True)

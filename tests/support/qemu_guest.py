@@ -77,7 +77,7 @@ LINUX_ACCEL = os.environ.get("PEERCTL_TEST_LINUX_ACCEL", "tcg")
 __all__ = ["QEMU_URI", "GUEST_DIR", "READY_MARKER", "skip_reason", "guest_dir",
            "build_initramfs", "guest_args", "build_disk_image", "world_readable_tmpdir",
            "wait_for_console", "CMDLINE", "LINUX_ACCEL", "IP_MARKER", "SEED_MARKER",
-           "SSH_KEY_MARKER", "GUEST_MODULES", "guest_modules"]
+           "SSH_KEY_MARKER", "GUEST_MODULES", "guest_modules", "remove_leftovers"]
 
 _INIT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -377,3 +377,33 @@ def world_readable_tmpdir(prefix: str = "peerctl-qemu-") -> str:
     path = tempfile.mkdtemp(prefix=prefix, dir="/var/tmp")
     os.chmod(path, 0o755)
     return path
+
+
+def remove_leftovers(conn, hosts, name) -> None:
+    """Whatever a failed run left in the shared libvirtd: the domain
+    ``name``, the pools of ``hosts``.
+
+    By name, since a boot that timed out never told us its uuid."""
+    import libvirt
+    for dom in conn.listAllDomains(0):
+        if dom.name() != name:
+            continue
+        try:
+            if dom.isActive():
+                dom.destroy()
+            dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+        except libvirt.libvirtError:
+            pass
+    for host in hosts:
+        try:
+            pool = conn.storagePoolLookupByName(f"peerctl-{host}")
+        except libvirt.libvirtError:
+            continue
+        try:
+            for vol in pool.listAllVolumes(0):
+                vol.delete(0)
+            if pool.isActive():
+                pool.destroy()
+            pool.undefine()
+        except libvirt.libvirtError:
+            pass
