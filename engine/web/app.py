@@ -199,8 +199,6 @@ def _query(request, route) -> dict:
 
 
 def _handler(route):
-    long = route.handler.__name__ == "wait"
-
     async def handle(request):
         who = await who_asks(request)
         if route.write:
@@ -208,7 +206,7 @@ def _handler(route):
         call = Call(dict(request.match_info), _query(request, route),
                     await _body(request, route.body), who.role, who.user)
         api: Api = request.app[API]
-        answer = await api.run(route.handler, api.context(who.role), call, long=long)
+        answer = await api.run(route.handler, api.context(who.role), call, long=route.waits)
         headers = {"Location": answer.location} if answer.location else None
         return web.json_response(answer.doc, status=answer.status, headers=headers,
                                  dumps=functools.partial(json.dumps, default=str))

@@ -77,6 +77,7 @@ class Route:
     body: dict | None = None       # JSON Schema of the body; None: no body
     query: tuple = ()              # (name, type, description)
     automation: bool = False       # answers 202 with the automation's Location
+    waits: bool = False            # may block for long: runs on the pool of waits
 
 
 ROUTES: list[Route] = []
@@ -286,7 +287,7 @@ MAX_WAIT = 300.0
 
 
 @route("GET", "/v1/automations/{id}/wait", "wait until an automation ends",
-       "wait ID [--timeout S]",
+       "wait ID [--timeout S]", waits=True,
        query=(("timeout", "number", f"seconds, at most {MAX_WAIT:g} (default 30)"),))
 def wait(ctx, call: Call) -> Answer:
     automation = call.path["id"]
