@@ -36,7 +36,10 @@ def read_hosts(store) -> list[dict]:
     skipped), with ``alive``, ``enabled``, ``drained``, ``reserved_by`` (the
     active host lease holding it, or None), ``status`` (up, drained,
     reserved, disabled, down) and ``vms``: the VMs vmlist lists on it, counted
-    from ``vms/`` in the same read; by host name, naturally sorted."""
+    from ``vms/`` in the same read; ``foreign_vms``, ``foreign_vcpus``,
+    ``foreign_memory_mb`` and ``foreign_disk_gb``: the domains peerctl did not
+    make there and what they hold, as the host's record says (None when it
+    says nothing); by host name, naturally sorted."""
     cfg, live, drained, reserved, vms, held = store.txn([], [
         Get(keys.host_config(), True), Get(keys.host(), True), Get(keys.drained(), True),
         Get(keys.reserved(), True), Get(keys.vm(), True), Get(keys.lock("vm/"), True)]).ranges
@@ -66,6 +69,8 @@ def read_hosts(store) -> list[dict]:
     counts = _vm_counts(vms, held)
     for name, record in records.items():
         record["vms"] = counts.get(name, 0)
+        for field in _FOREIGN:
+            record.setdefault(field, None)
         record.setdefault("enabled", True)
         record["drained"] = name in drained
         record["reserved_by"] = reserved.get(name)
@@ -103,8 +108,9 @@ def _moving(held) -> dict[str, str | None]:
 
 
 _VM_NUMBERS = ("vcpus", "memory_mb", "disk_gb")
+_FOREIGN = ("foreign_vms", "foreign_vcpus", "foreign_memory_mb", "foreign_disk_gb")
 _HOST_NUMBERS = ("vcpus", "memory_mb", "free_memory_mb", "disk_gb", "free_disk_gb",
-                 "cpu_usage", "net_rx_bytes", "net_tx_bytes")
+                 "cpu_usage", "net_rx_bytes", "net_tx_bytes", *_FOREIGN)
 
 
 def _host_record(kv) -> dict | None:

@@ -1,8 +1,10 @@
 """The peer: the one process every host runs.
 
 It holds a session (lease) in etcd and, under it: the host record, the
-executor taking requests from the host's inbox, the duties (automations it is
-a member of) and the cluster singletons.  When the session is lost (etcd
+host's placement provider (what it keeps back for the reserved setting and
+the foreign domains kept current on every stats tick), the executor taking
+requests from the host's inbox, the duties (automations it is a member of)
+and the cluster singletons.  When the session is lost (etcd
 unreachable for a TTL, the process paused) everything bound to it stops at
 once and the peer starts over with a fresh session; its durable state is all
 in etcd, so it resumes where it was.  SIGTERM/SIGINT stop it gracefully:
@@ -85,7 +87,7 @@ class Peer:
                  hooks_dir: str | None = None, workers: int = 8, state_dir: str | None = None,
                  retention: float = RETENTION, networks: str = "default",
                  etcd_history: float = 3600.0, ha_margin: float = DEFAULT_MARGIN,
-                 backup_pool: str | None = None):
+                 backup_pool: str | None = None, reserved: dict | None = None):
         self.store = store
         self.name = host
         self.ttl = ttl
@@ -97,7 +99,8 @@ class Peer:
         from .hypervisor.networks import parse_offer
         self.host = HostContext(host, libvirt_uri, store, state_dir,
                                 offer=parse_offer(networks, "in the peer's networks setting"),
-                                backup_pool=backup_pool or None)
+                                backup_pool=backup_pool or None,
+                                reserved=dict(reserved or {}))
         self.executor = Executor(store, self.host, hooks_dir, workers)
         # A hypervisor whose VMs outlive this process gets a guard that
         # fences its HA VMs when this peer's lease may lapse.
@@ -192,6 +195,8 @@ class Peer:
                 self.executor.rescan()
                 if not registered:
                     registered = self._register_provider(record["networks"])
+                else:
+                    self._account()
                 if publisher is None:
                     publisher = self._start_publisher(session)
                 self._ensure_guard()
@@ -208,15 +213,17 @@ class Peer:
 
     def _register_provider(self, networks: list[str]) -> bool:
         """The host as a placement provider: same provider across restarts,
-        with one trait per network it offers.  The hypervisor being
-        unreachable is not fatal (a live peer still, as for its host facts):
-        False, and the stats tick tries again."""
+        with one trait per network it offers, keeping back what the reserved
+        setting and the foreign domains hold (``engine/hypervisor/accounting.py``).
+        The hypervisor being unreachable is not fatal (a live peer still, as
+        for its host facts): False, and the stats tick tries again."""
+        from .hypervisor import accounting
         from .hypervisor.networks import NETWORK_TRAIT_PREFIX, network_trait
         from .placement import open_placement
-        from .placement.host import own_traits, register_host
+        from .placement.host import own_traits
         placement = open_placement(None, self.store)
         try:
-            register_host(placement, self.name, self.host.conn, state_dir=self.host.state_dir)
+            accounting.refresh(self.host, placement)
             own_traits(placement, self.name, NETWORK_TRAIT_PREFIX,
                        [network_trait(name) for name in networks])
             align(self.store, placement, self.name)     # drained exactly when drained/ says
@@ -226,6 +233,22 @@ class Peer:
         except Exception as exc:
             self.log.warning("provider_registration_failed", error=str(exc))
             return False
+        finally:
+            placement.close()
+
+    def _account(self) -> None:
+        """Keep the provider's reserved current as foreign domains come, go,
+        start and stop (written only when it changed).  Never fatal: the
+        next tick tries again."""
+        from .hypervisor import accounting
+        from .placement import open_placement
+        placement = open_placement(None, self.store)
+        try:
+            accounting.refresh(self.host, placement)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            self.log.warning("reserved_refresh_failed", error=str(exc))
         finally:
             placement.close()
 
@@ -317,7 +340,8 @@ class Peer:
         except Exception as exc:    # the hypervisor is down: the stats tick tries again
             self.log.warning("vm_publisher_waits", error=str(exc))
             return None
-        publisher = VmPublisher(self.store, self.name, conn, lease=session.lease)
+        publisher = VmPublisher(self.store, self.name, conn, lease=session.lease,
+                                offer=self.host.offer)
         publisher.start()
         return publisher
 
@@ -326,7 +350,8 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
              hooks_dir: str | None = None, workers: int = 8,
              state_dir: str | None = None, retention=RETENTION,
              networks: str = "default", etcd_history=ETCD_HISTORY,
-             ha_margin=DEFAULT_MARGIN, backup_pool: str | None = None) -> int:
+             ha_margin=DEFAULT_MARGIN, backup_pool: str | None = None,
+             reserved: dict | None = None) -> int:
     """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
     automations are kept for ``retention`` (seconds or ``7d``-style);
     ``networks`` is what the host offers (``default, lan=br0``: see
@@ -334,12 +359,13 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
     revisions (0: the cluster never compacts it); a dead host's HA VMs are
     restarted elsewhere ``ha_margin`` after its lease expired; backups of
     other hosts' VMs land in libvirt pool ``backup_pool`` (None: a dir pool
-    under the state directory)."""
+    under the state directory); placement keeps ``reserved`` ``{RC: amount}``
+    back on this host, on top of what its foreign domains hold."""
     peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir,
                 parse_duration(retention if retention is not None else RETENTION), networks,
                 parse_duration(etcd_history if etcd_history is not None else ETCD_HISTORY),
                 parse_duration(ha_margin if ha_margin is not None else DEFAULT_MARGIN),
-                backup_pool)
+                backup_pool, reserved)
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)

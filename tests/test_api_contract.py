@@ -42,6 +42,7 @@ def steady(rows):
 
 
 READS = [("/v1/vms", ["vmlist"]), ("/v1/vms?pattern=host1/*", ["vmlist", "host1/*"]),
+         ("/v1/vms?all=true", ["vmlist", "--all"]),
          ("/v1/hosts", ["hostlist"]), ("/v1/hosts?pattern=host2", ["hostlist", "host2"]),
          ("/v1/hoststats", ["hoststats"]), ("/v1/tasks?all=true", ["tasks", "--all"]),
          ("/v1/leases", ["lease", "list"]), ("/v1/backups", ["backup", "list"]),
@@ -101,6 +102,17 @@ def test_actions_confirm_like_the_command_line(cluster, store, served):
     status, doc, _ = client.post("/v1/vms/start", {"patterns": ["db1"]})
     assert status == 202        # one VM: nothing to confirm
     assert finished(store, doc["automation"])["state"] == "done"
+
+
+def test_an_adopt_is_refused_as_the_command_line_refuses_it(cluster, served):
+    client, _ = served
+    # test:///default's built-in domain is foreign, its disk in no storage pool
+    status, doc, _ = client.post("/v1/adopt", {"patterns": ["host1/test"]})
+    said = cluster.cli("adopt", "host1/test").stderr.strip()
+    assert status == 409 and f"peerctl: {doc['error']}" == said, (status, doc, said)
+    assert "in no libvirt storage pool" in said
+    status, doc, _ = client.post("/v1/adopt", {"patterns": ["test"]})
+    assert status == 400 and "HOSTGLOB/VMGLOB" in doc["error"], doc
 
 
 def test_drain_and_undrain_answer_as_the_command_line(cluster, served):

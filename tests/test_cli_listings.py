@@ -16,7 +16,8 @@ from tests.support import PEERCTL, ROOT
 from tests.support.cluster import start_peers
 
 HOSTLIST_KEYS = {"host", "alive", "enabled", "drained", "reserved_by", "vcpus", "memory_mb",
-                 "free_memory_mb", "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel", "cpu_model",
+                 "free_memory_mb", "disk_gb", "free_disk_gb", "vms", "foreign_vms", "foreign_vcpus",
+                 "foreign_memory_mb", "foreign_disk_gb", "hypervisor", "kernel", "cpu_model",
                  "networks"}
 HOSTSTATS_KEYS = {"host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb",
                   "free_memory_mb", "vms", "disk_gb", "free_disk_gb"}
@@ -67,6 +68,7 @@ def test_hostlist_json_has_every_host_alive_or_not(cluster, small):
     assert {h["host"]: h["alive"] for h in hosts} == {"host1": True, "host2": True,
                                                       "host10": False}
     assert hosts[0]["vms"] == 3 and hosts[0]["vcpus"] == 12
+    assert hosts[0]["foreign_vms"] is None      # a record from before foreign domains counted
     assert cluster.cli_json("hostlist", "host1*") == [hosts[0], hosts[2]]
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from engine.core import failpoints, keys
 from engine.leases.times import iso
+from engine.placement.model import capacity
 from tests.support import wait_for, wait_until
 from tests.support.cluster import refused, start_peers
 from tests.support.hooks import assert_each_index_ran_once, counting_hook, failing_hook
@@ -186,7 +187,7 @@ def test_a_capacity_lease_keeps_its_slots_through_reconciler_passes_and_extends_
     reservation for an orphan, nor the VMs booted into it, nor after its
     leader is SIGKILLed; extending the active lease counts its slots once."""
     three_hosts(cluster, store, env={"PEERCTL_RECONCILE_INTERVAL": "0.3"})
-    host_memory = min(p["inventories"]["MEMORY_MB"]["total"]
+    host_memory = min(capacity(p["inventories"]["MEMORY_MB"])      # what boots may use
                       for p in cluster.cli_json("placement", "providers"))
     # Two slots fill most of a host: counted twice, they would not fit it.
     slot = f"VCPU:1,MEMORY_MB:{int(host_memory * 0.4)},DISK_GB:1"

@@ -238,3 +238,43 @@ def test_a_first_build_writes_definition_and_record_in_one_transaction(store, tm
     assert store.get(f"vmdef/{args['uuid']}").mod_revision <= revision    # unchanged
     assert store.get(f"vms/{host.host}/{args['uuid']}").value["state"] == "running"
     call(host, "destroy", uuid=args["uuid"])
+
+
+def foreign_published(store, host):
+    kvs, _ = store.range(keys.foreign(host.host))
+    return {kv.key.rsplit("/", 1)[1]: kv.value for kv in kvs}
+
+
+BUILT_IN = "6695eb01-f6a4-8304-79aa-97f2502e193f"     # test:///default's own domain
+
+
+def test_foreign_domains_are_published_apart_and_follow_libvirt(store, host):
+    """A domain without peerctl metadata is published under ``foreign/``,
+    never under ``vms/``; it follows define, undefine and adoption (peerctl
+    metadata written into it)."""
+    publisher = VmPublisher(store, host.host, host.conn)
+    mine = build(host)
+    recorded(store, host, mine)
+    publisher.reconcile()
+    assert set(foreign_published(store, host)) == {BUILT_IN}
+    assert foreign_published(store, host)[BUILT_IN]["managed"] is False
+    assert set(published(store, host)) == {mine["uuid"]}
+
+    by_hand = str(uuidlib.uuid4())
+    dom = host.conn.defineXML(
+        f"<domain type='test'><name>hand-{by_hand[:8]}</name><uuid>{by_hand}</uuid>"
+        "<memory unit='MiB'>64</memory><vcpu>1</vcpu><os><type>hvm</type></os></domain>")
+    try:
+        publisher._events.add(by_hand)          # as its define event names it
+        publisher.publish_events()
+        assert foreign_published(store, host)[by_hand]["state"] == "shutoff"
+        from engine.hypervisor.domain_xml import write_metadata
+        write_metadata(dom, {"host": host.host})    # adopted: peerctl's from now on
+        publisher.reconcile()
+        assert by_hand not in foreign_published(store, host)
+        assert by_hand not in published(store, host)   # no record: a publisher makes none
+    finally:
+        dom.undefine()
+    publisher.reconcile()
+    assert set(foreign_published(store, host)) == {BUILT_IN}
+    call(host, "destroy", uuid=mine["uuid"])

@@ -19,7 +19,11 @@ HOST_COLUMNS = [
     C("hypervisor", "Hypervisor"), C("vcpus", "CPUs", right=True),
     C("memory_mb", "Memory", table.human_mb, True),
     C("free_memory_mb", "MemFree", table.human_mb, True),
-    C("vms", "VMs", right=True), C("disk_gb", "Disk", table.human_gb, True),
+    C("vms", "VMs", right=True), C("foreign_vms", "Foreign", right=True),
+    C("foreign_vcpus", "ForeignCPUs", right=True),
+    C("foreign_memory_mb", "ForeignMem", table.human_mb, True),
+    C("foreign_disk_gb", "ForeignDisk", table.human_gb, True),
+    C("disk_gb", "Disk", table.human_gb, True),
     C("free_disk_gb", "DiskFree", table.human_gb, True),
     C("kernel", "Kernel"), C("cpu_model", "CPU model"),
     C("cpu_usage", "CPU%", table.percent, True),
@@ -33,7 +37,7 @@ HOST_COLUMNS = [
     C("networks", "Networks", lambda names: ",".join(names) or "-"),
 ]
 HOSTLIST_DEFAULT = ["host", "status", "hypervisor", "vcpus", "memory_mb", "free_memory_mb",
-                    "vms", "free_disk_gb", "kernel", "cpu_model"]
+                    "vms", "foreign_vms", "free_disk_gb", "kernel", "cpu_model"]
 HOSTLIST_JSON = ops.LISTED
 HOSTSTATS_DEFAULT = ["host", "status", "vcpus", "cpu_usage", "memory_mb", "used_memory_mb",
                      "memory_usage", "vms", "disk_gb", "used_disk_gb", "disk_usage",

@@ -29,6 +29,10 @@ def cmd_peer(ctx) -> int:
               else settings["ha_margin"],
               "backup_pool": args.backup_pool if args.backup_pool is not None
               else settings.get("backup_pool")}
+    from engine.hypervisor.accounting import parse_reserved
+    kwargs["reserved"] = (parse_reserved(args.reserved, "in --reserved")
+                          if args.reserved is not None else
+                          parse_reserved(settings["reserved"], settings["source"]["reserved"]))
     from engine.hypervisor.networks import parse_offer
     parse_offer(kwargs["networks"], "in --networks" if args.networks is not None
                 else "in the networks setting")
@@ -208,6 +212,10 @@ def register(commands) -> None:
                      help="the libvirt storage pool backups of other hosts' VMs are kept in "
                           "(backup_pool setting; default a dir pool under the state "
                           "directory)")
+    sub.add_argument("--reserved", metavar="SPEC",
+                     help="what placement keeps back on this host on top of its foreign "
+                          "domains, e.g. VCPU:2,MEMORY_MB:2048,DISK_GB:10 (reserved "
+                          "setting, $PEERCTL_RESERVED; default none; docs/placement.md)")
     sub.add_argument("--api", metavar="ADDR:PORT",
                      help="also serve the HTTP API, the page and /metrics here (api "
                           "setting; default off; without api_cert/api_key only on "

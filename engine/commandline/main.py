@@ -22,6 +22,7 @@ __all__ = ["build_parser", "run", "main"]
 # --help and an unknown command load them all.
 NOUNS = {"vms": ("vmlist", "boot", "destroy", "start", "stop", "reboot", "suspend", "resume",
                  "console", "ha"),
+         "adoption": ("adopt", "unmanage"),
          "hosts": ("hostlist", "hoststats", "ping"),
          "moves": ("migrate", "drain", "undrain", "evacuate"),
          "tasks": ("tasks", "task", "wait", "abort"),

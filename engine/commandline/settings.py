@@ -21,7 +21,7 @@ DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "ta
             "ttl": "5", "workers": "8", "retention": "7d", "state_dir": "state",
             "libvirt": "test:///default", "hosts": "3", "network": "default",
             "networks": "default", "etcd_history": "1h", "etcd_quota": "2G",
-            "ha_margin": "3s", "placement": "etcd", "backup_pool": "",
+            "ha_margin": "3s", "placement": "etcd", "backup_pool": "", "reserved": "",
             "api": "", "api_roles": "", "api_cert": "", "api_key": ""}
 
 TLS_FLAGS = {"cacert": "CA certificate that signed etcd's (https:// endpoints)",
@@ -100,6 +100,7 @@ def settings_for(args) -> dict:
         if settings.get(name) and not os.path.isabs(settings[name]):
             settings[name] = os.path.join(os.path.dirname(os.path.abspath(path)), settings[name])
     source = {"etcd": f"in {path}", "cluster": f"in {path}", "placement": f"in {path}",
+              "reserved": f"in {path}",
               **{name: f"in {path}" for name in TLS_FLAGS}}
     from engine import supervisor       # cheap: etcd's client is not loaded
     up = supervisor.running_up(os.path.abspath(settings["state_dir"]))
@@ -110,9 +111,10 @@ def settings_for(args) -> dict:
         source.update(etcd=where, cluster=where)
         for name, value in supervisor.client_tls(up).items():     # the operator's identity
             settings[name], source[name] = value, where
-    for key in ("network", "networks"):         # set, even empty: "" offers none
+    for key in ("network", "networks", "reserved"):     # set, even empty: "" none
         if os.environ.get("PEERCTL_" + key.upper()) is not None:
             settings[key] = os.environ["PEERCTL_" + key.upper()]
+            source[key] = f"from $PEERCTL_{key.upper()}"
     for key in ("placement", "placement_token_file"):
         if os.environ.get("PEERCTL_" + key.upper()):
             settings[key] = os.environ["PEERCTL_" + key.upper()]

@@ -74,7 +74,16 @@ def vm_totals(vms: list[dict]) -> str:
             f"{table.human_mb(memory_mb)} memory and {table.human_gb(disk_gb)} disk")
 
 
+ALL_COLUMNS = [*VM_COLUMNS, C("managed", "Managed", lambda m: "yes" if m else "no"),
+               C("manager", "Manager", lambda m: m or "-"),
+               C("problems", "Not adoptable", lambda p: "; ".join(p or []) or "-")]
+
+
 def cmd_vmlist(ctx) -> int:
+    if ctx.args.all:
+        from engine.operations import adoption
+        return listing(ctx, lambda: adoption.list_all(ctx, ctx.args.patterns), ALL_COLUMNS,
+                       [*VMLIST_DEFAULT, "managed"], adoption.ALL_LISTED, ops.ORDER, vm_totals)
     return listing(ctx, lambda: ops.list_vms(ctx, ctx.args.patterns), VM_COLUMNS,
                    VMLIST_DEFAULT, VMLIST_JSON, ops.ORDER, vm_totals)
 
@@ -175,7 +184,11 @@ def register(commands) -> None:
                        "matching nothing exits 1, after the VMs the others matched.")
     sub.add_argument("patterns", nargs="*", metavar="PATTERN",
                      help="HOSTGLOB/VMGLOB or VMGLOB")
-    listing_options(sub, VM_COLUMNS, "host,name")
+    sub.add_argument("--all", action="store_true",
+                     help="also the domains peerctl did not create (foreign: Managed no, "
+                          "with why each could not be adopted); JSON rows gain managed, "
+                          "manager and problems")
+    listing_options(sub, ALL_COLUMNS, "host,name")
 
     sub = commands.add("boot", "create and start VMs, placed by the cluster",
                        "python peerctl.py boot web1 web2 --resources VCPU:1,MEMORY_MB:256,DISK_GB:1 "

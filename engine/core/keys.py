@@ -124,6 +124,23 @@ def disowned(host: str = "", uuid: str = "") -> str:
     return f"disowned/{host}/{uuid}"
 
 
+def foreign(host: str = "", uuid: str = "") -> str:
+    """``foreign/<host>/<uuid>``: a domain of ``host`` that peerctl did not
+    make (no peerctl metadata), as its peer sees it; under the peer's lease."""
+    if not host:
+        return "foreign/"
+    return f"foreign/{host}/{uuid}"
+
+
+def own_volumes(host: str = "", uuid: str = "") -> str:
+    """``ownvols/<host>/<uuid>``: volumes of VM ``uuid`` on ``host`` that are
+    not named after it (an adopted VM's disks, where they were): ``destroy``
+    deletes them with the VM."""
+    if not host:
+        return "ownvols/"
+    return f"ownvols/{host}/{uuid}"
+
+
 def vm_definition(uuid: str = "") -> str:
     """``vmdef/<uuid>``: what a VM was built from, so that it can be built
     again on another host (HA restart)."""

@@ -77,6 +77,8 @@ def definition_of(dom) -> dict:
     networks = [n for n in (meta.get("networks") or "").split(",") if n]
     if networks:
         build["networks"] = networks
+    if meta.get("macs"):
+        build["macs"] = meta["macs"]        # an adopted VM's own MACs
     seed_args = seed_from_metadata(meta.get("seed"))
     if seed_args:
         build["seed"] = seed_args

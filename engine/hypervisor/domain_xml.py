@@ -125,7 +125,8 @@ def domain_xml(spec: DomainSpec) -> str:
     if spec.seed_path:
         _seed_cdrom(devices, spec.seed_path, spec.domain_type)
     for interface in interface_elements(spec.uuid, list(spec.networks), spec.offer,
-                                        virtio=spec.domain_type != "test"):
+                                        virtio=spec.domain_type != "test",
+                                        macs=spec.extra_metadata.get("macs")):
         devices.append(interface)
     # A pty serial console, logged by virtlogd: QEMU never opens the log file
     # itself, so the state directory need not be reachable by its user.

@@ -1,5 +1,6 @@
 """What a request handler gets to work with on its host: its name, its
-libvirt connection (opened on first use) and the cluster's store; and the
+libvirt connection (opened on first use), the cluster's store and the
+host's settings (networks offered, backup pool, reserved); and the
 check that a libvirt URI is one libvirt accepts at all."""
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ class HostContext:
     # The libvirt storage pool backups of other hosts' VMs land in; None:
     # a dir pool under the state directory (engine.hypervisor.backups).
     backup_pool: str | None = None
+    # What the operator keeps back from placement on top of the foreign
+    # domains, {RC: amount} (the peer's reserved setting;
+    # engine.hypervisor.accounting).
+    reserved: dict = field(default_factory=dict)
     _conn: object = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

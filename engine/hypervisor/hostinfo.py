@@ -5,7 +5,13 @@ The hypervisor's capacity (CPUs, memory) comes from libvirt, because that is
 what VMs can be given (on test:///default it is the test driver's fake host);
 usage, disk and network come from psutil, for the machine the peer runs on.
 ``free_memory_mb`` is the smaller of what the machine has available and what
-the hypervisor has not yet promised to running VMs.
+the hypervisor has not yet promised to running VMs (peerctl's and foreign).
+
+Domains peerctl did not make (foreign, :mod:`engine.hypervisor.foreign`)
+are reported apart: ``vms`` counts peerctl's only, ``foreign_vms`` the
+foreign ones, and ``foreign_vcpus``, ``foreign_memory_mb`` (current memory
+of the running ones) and ``foreign_disk_gb`` are what they hold, from
+which placement's reserved is made (:mod:`engine.hypervisor.accounting`).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import platform
 
 import psutil
 
+from engine.hypervisor import foreign
 from engine.hypervisor.domain_xml import read_metadata
 
 __all__ = ["host_facts", "hypervisor_version", "cpu_model"]
@@ -58,11 +65,13 @@ def _owner(dom) -> str | None:
 def host_facts(conn, state_dir: str, host: str | None = None) -> dict:
     """The host's numbers.  ``vms`` counts peerctl's domains (those of
     ``host`` when given: peers may share one libvirtd); ``domains`` counts
-    every domain libvirt has."""
+    every domain libvirt has; ``foreign_*`` the domains without peerctl
+    metadata."""
     _arch, memory_mb, cpus, *_ = conn.getInfo()
     domains = conn.listAllDomains(0)
     ours = [d for d in domains if (_owner(d) == host if host else _owner(d))]
-    promised_mb = sum(d.info()[1] // 1024 for d in ours if d.isActive())
+    held = foreign.usage(conn, _existing(state_dir))
+    promised_mb = sum(d.info()[1] // 1024 for d in ours if d.isActive()) + held["MEMORY_MB"]
     available_mb = psutil.virtual_memory().available // _MiB
     disk = psutil.disk_usage(_existing(state_dir))
     net = psutil.net_io_counters(pernic=True)
@@ -79,6 +88,10 @@ def host_facts(conn, state_dir: str, host: str | None = None) -> dict:
         "net_tx_bytes": tx,
         "vms": len(ours),
         "domains": len(domains),
+        "foreign_vms": len(foreign.foreign_domains(conn)),
+        "foreign_vcpus": held["VCPU"],
+        "foreign_memory_mb": held["MEMORY_MB"],
+        "foreign_disk_gb": held["DISK_GB"],
         "hypervisor": hypervisor_version(conn),
         "libvirt": _version(conn.getLibVersion()),
         "kernel": platform.release(),

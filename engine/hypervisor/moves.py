@@ -115,7 +115,7 @@ def prepare(host, args: dict) -> dict:
         root = ET.fromstring(source["xml"])
         disks, incremental = [], bool(source.get("disks"))
         for disk in source.get("disks") or []:
-            name = os.path.basename(disk["path"])
+            name = _volume_name(uuid, disk)
             base = _base_here(host, pool, disk.get("backing"))
             if base is not None:
                 vol = pool.createXML(volume_xml(
@@ -123,12 +123,24 @@ def prepare(host, args: dict) -> dict:
                     backing_format=base[1]), 0)
             else:
                 incremental = False
-                vol = pool.createXML(volume_xml(name, disk["capacity"], "qcow2"), 0)
+                vol = pool.createXML(volume_xml(name, disk["capacity"],
+                                                disk.get("format") or "qcow2"), 0)
             disks.append({"dev": disk["dev"], "path": vol.path(), "capacity": disk["capacity"]})
         xml = retargeted(host, uuid, root, pool, {d["dev"]: d["path"] for d in disks})
         log.info("move_prepared", uuid=uuid, disks=len(disks), incremental=incremental)
         return {"uuid": uuid, "host": host.host, "libvirt_uri": host.libvirt_uri,
                 "xml": xml, "disks": disks, "incremental": incremental and bool(disks)}
+
+
+def _volume_name(uuid: str, disk: dict) -> str:
+    """The destination volume of a source disk: the source's name when it
+    is peerctl's (``<uuid>.qcow2``), else ``<uuid>-<dev>`` (an adopted VM's
+    disk takes peerctl's naming on its first move, so that ``destroy``
+    finds it by the VM's uuid there)."""
+    name = os.path.basename(disk["path"])
+    if name.startswith(uuid):
+        return name
+    return f"{uuid}-{disk['dev']}.{'qcow2' if disk.get('format') == 'qcow2' else 'img'}"
 
 
 def retargeted(host, uuid: str, source, pool, paths: dict) -> str:
@@ -179,7 +191,7 @@ def _retarget_networks_and_seed(root: ET.Element, host, pool, uuid: str) -> None
     devices = root.find("./devices")
     if names:
         retarget_interfaces(devices, uuid, names, host.offer,
-                            virtio=root.get("type") != "test")
+                            virtio=root.get("type") != "test", macs=_metadata_of(root, "macs"))
     seed_args = seed_from_metadata(_metadata_of(root, "seed"))
     if seed_args is None:
         return

@@ -12,8 +12,9 @@ placed where its networks are.
 
 Promises:
 - interface ``i`` of VM ``uuid`` always has the MAC :func:`mac_for` (uuid,
-  i): a VM keeps its MACs, and with DHCP its addresses, across reboot,
-  migration and rebuild;
+  i), or, for a VM adopted with MACs of its own, the ``i``-th of those
+  (its metadata's ``macs``; :func:`macs_of`): a VM keeps its MACs, and
+  with DHCP its addresses, across reboot, migration and rebuild;
 - the domain XML's ``<interface>`` elements are made by
   :func:`interface_elements` from the names and this host's meaning of them,
   and :func:`retarget` remakes them for another host's meaning;
@@ -36,7 +37,7 @@ import xml.etree.ElementTree as ET
 from engine.errors import UsageError
 from engine.hypervisor.arp import arp_interfaces, arp_prefixes, qemu_table, tap_devices
 
-__all__ = ["parse_offer", "parse_names", "offered", "network_trait", "mac_for",
+__all__ = ["parse_offer", "parse_names", "offered", "network_trait", "mac_for", "macs_of",
            "interface_elements", "retarget", "guest_addresses", "NONE",
            "NETWORK_TRAIT_PREFIX"]
 
@@ -119,15 +120,26 @@ def mac_for(uuid: str, index: int) -> str:
     return ":".join(f"{b:02x}" for b in (0x52, *digest[:5]))
 
 
+def macs_of(uuid: str, count: int, recorded: str | None = None) -> list[str]:
+    """The MACs of a VM's ``count`` interfaces: those ``recorded`` in its
+    metadata (comma-separated: an adopted VM keeps its own), else derived
+    from its uuid."""
+    own = [mac for mac in (recorded or "").split(",") if mac]
+    return [own[index] if index < len(own) else mac_for(uuid, index)
+            for index in range(count)]
+
+
 def interface_elements(uuid: str, names: list[str], offer: dict[str, dict],
-                       virtio: bool = True) -> list[ET.Element]:
+                       virtio: bool = True, macs: str | None = None) -> list[ET.Element]:
     """``<interface>`` elements for networks ``names`` as this host offers
-    them (a name it does not offer raises KeyError)."""
+    them (a name it does not offer raises KeyError); ``macs``: the VM's
+    recorded MACs (:func:`macs_of`)."""
     elements = []
+    addresses = macs_of(uuid, len(names), macs)
     for index, name in enumerate(names):
         where = offer[name]
         interface = ET.Element("interface", type=where["kind"])
-        ET.SubElement(interface, "mac", address=mac_for(uuid, index))
+        ET.SubElement(interface, "mac", address=addresses[index])
         ET.SubElement(interface, "source", {where["kind"]: where["source"]})
         if virtio:
             ET.SubElement(interface, "model", type="virtio")
@@ -136,14 +148,28 @@ def interface_elements(uuid: str, names: list[str], offer: dict[str, dict],
 
 
 def retarget(devices: ET.Element, uuid: str, names: list[str], offer: dict[str, dict],
-             virtio: bool = True) -> None:
+             virtio: bool = True, macs: str | None = None) -> None:
     """Replace the interfaces in ``devices`` by this host's for ``names``
     (same MACs): a move to a host where a network is a bridge, not a
-    libvirt network, or the other way round."""
-    for old in devices.findall("interface"):
-        devices.remove(old)
-    for element in interface_elements(uuid, names, offer, virtio):
+    libvirt network, or the other way round.  What the guest sees of each
+    interface (its model, PCI address, driver, boot order, ROM, MTU) is
+    kept from the one it replaces: a live move must not change the
+    machine's devices (an adopted VM's NIC may be an e1000)."""
+    old = devices.findall("interface")
+    for element in old:
+        devices.remove(element)
+    for index, element in enumerate(interface_elements(uuid, names, offer, virtio, macs)):
+        if index < len(old):
+            for child in old[index]:
+                if child.tag in _GUEST_SIDE:
+                    for mine in element.findall(child.tag):
+                        element.remove(mine)
+                    element.append(child)
         devices.append(element)
+
+
+# An interface's elements the guest sees, kept by :func:`retarget`.
+_GUEST_SIDE = ("model", "address", "driver", "rom", "boot", "mtu")
 
 
 _SOURCES = (("lease", "VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE"),

@@ -20,7 +20,7 @@ import libvirt
 
 from engine.hypervisor.domain_xml import read_metadata
 from engine.hypervisor.harules import DOWN, wants_restart
-from engine.hypervisor.networks import guest_addresses, mac_for
+from engine.hypervisor.networks import guest_addresses, macs_of
 from engine.hypervisor.shapes import first_ip
 
 __all__ = ["vm_state", "vm_record", "owned_by", "merged", "missing", "wants_restart",
@@ -67,8 +67,8 @@ def vm_record(host_name: str, dom) -> dict:
     if names:
         addresses = []
         if state in ("running", "paused"):
-            addresses = guest_addresses(dom, [mac_for(record["uuid"], index)
-                                              for index in range(len(names))])
+            addresses = guest_addresses(dom, macs_of(record["uuid"], len(names),
+                                                     meta.get("macs")))
         record.update(networks=names, addresses=addresses, ip=first_ip(addresses))
     return record
 

@@ -7,7 +7,7 @@ from engine.core import keys
 from engine.core.values import declare, shape
 
 __all__ = ["VM", "DISOWNED", "RECONCILE_REPORT", "VM_DEFINITION", "ASIDE", "RECOVERY",
-           "RESTART", "HA_POLICIES", "WANTED", "first_ip"]
+           "RESTART", "FOREIGN", "OWN_VOLUMES", "HA_POLICIES", "WANTED", "first_ip"]
 
 VM = shape("VM record", host=str, name=str, uuid=str, state=str)
 DISOWNED = shape("disowned mark", uuid=str, host=str)
@@ -16,6 +16,8 @@ VM_DEFINITION = shape("VM definition", uuid=str, name=str, build=dict)
 ASIDE = shape("disks kept aside", uuid=str, host=str, name=str, volumes=list)
 RECOVERY = shape("host recovery", host=str, automation=str)
 RESTART = shape("HA restart request", uuid=str, host=str)
+FOREIGN = shape("foreign domain", host=str, name=str, uuid=str, state=str, problems=list)
+OWN_VOLUMES = shape("a VM's own volumes", uuid=str, host=str, paths=list)
 
 HA_POLICIES = ("restart", "none")   # what happens to a VM when its host dies
 WANTED = ("running", "paused", "shutoff")   # a VM's intended state (its record's ``want``)
@@ -27,6 +29,8 @@ declare(keys.vm_definition() + "*", VM_DEFINITION)
 declare(keys.aside() + "*", ASIDE)
 declare(keys.recovery() + "*", RECOVERY)
 declare(keys.restart() + "*", RESTART)
+declare(keys.foreign() + "*", FOREIGN)
+declare(keys.own_volumes() + "*", OWN_VOLUMES)
 
 
 def first_ip(addresses: list[dict]) -> str | None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 import time
 import uuid as uuidlib
@@ -125,15 +126,16 @@ def _label(args: dict, uuid: str) -> str:
 
 def _find(host, uuid: str):
     """This host's domain ``uuid``, or None.  Another peer's domain on a
-    shared libvirtd counts as absent."""
+    shared libvirtd counts as absent, and so does a foreign domain (no
+    peerctl metadata: made by someone else, or let go by ``unmanage``):
+    no request ever acts on one, except ``adopt``'s."""
     try:
         dom = host.conn.lookupByUUIDString(uuid)
     except libvirt.libvirtError as exc:
         if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
             return None
         raise
-    owner = read_metadata(dom).get("host")
-    return None if owner and owner != host.host else dom
+    return dom if read_metadata(dom).get("host") == host.host else None
 
 
 def _require(host, args: dict):
@@ -183,7 +185,7 @@ def build(host, args: dict) -> dict:
         raise RequestError(f"accel must be one of {', '.join(ACCELERATORS)}, got {accel!r}")
     nets = _networks(host, args)
     seed_args = seed.check_seed_args(args.get("seed"))
-    marks = {"ha": _ha(args), **_recovered(args), **_restored(args)}
+    marks = {"ha": _ha(args), **_recovered(args), **_restored(args), **_macs(args)}
     disk_ready = bool(args.get("disk_ready"))
 
     with _vm_lock(host, uuid):
@@ -229,6 +231,20 @@ def _ha(args: dict) -> str | None:
     if value not in HA_POLICIES:
         raise RequestError(f"ha must be one of {', '.join(HA_POLICIES)}, got {value!r}")
     return None if value == "none" else value
+
+
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}\Z")
+
+
+def _macs(args: dict) -> dict:
+    """``macs``: an adopted VM's own MACs (comma-separated), kept in its
+    metadata so that a rebuild gives its interfaces the same ones."""
+    value = args.get("macs")
+    if value is None:
+        return {}
+    if not isinstance(value, str) or not all(_MAC.match(m) for m in value.split(",")):
+        raise RequestError(f"macs must be MAC addresses separated by commas, got {value!r}")
+    return {"macs": value}
 
 
 def _recovered(args: dict) -> dict:
@@ -494,6 +510,7 @@ def destroy(host, args: dict) -> dict:
         if dom is not None:
             power_off_and_undefine(dom, _label(args, uuid))
         deleted = images.delete_volumes(images.ensure_pool(host), uuid)
+        deleted += _delete_own_volumes(host, uuid)
         try:
             os.unlink(console_log_path(host, uuid))
         except FileNotFoundError:
@@ -502,6 +519,29 @@ def destroy(host, args: dict) -> dict:
             forget(host.store, host.host, uuid)
             host.store.delete(keys.snapshot(uuid, ""), prefix=True)    # gone with its disks
         return {"uuid": uuid, "state": "destroyed", "volumes_deleted": deleted}
+
+
+def _delete_own_volumes(host, uuid: str) -> list[str]:
+    """Delete the volumes ``ownvols/<host>/<uuid>`` names (an adopted VM's
+    disks, under the names they had), then that record; their paths."""
+    if host.store is None:
+        return []
+    key = keys.own_volumes(host.host, uuid)
+    kv = host.store.get(key)
+    paths = (kv.value or {}).get("paths") if kv is not None and isinstance(kv.value, dict) \
+        else None
+    deleted = []
+    for path in paths if isinstance(paths, list) else []:
+        try:
+            host.conn.storageVolLookupByPath(path).delete(0)
+            deleted.append(path)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_VOL:
+                raise RequestError(f"cannot delete volume {path}: "
+                                   f"{exc.get_error_message()}") from None
+    if kv is not None:
+        host.store.delete(key)
+    return deleted
 
 
 def disown(host, args: dict) -> dict:

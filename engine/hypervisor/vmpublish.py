@@ -32,6 +32,12 @@ Promises:
   An event re-publishes only the domains it names (one read and at most
   one write each), not the whole host: a host booting its 250th VM does
   not read and compare the other 249 on each of its events;
+- the host's foreign domains (no peerctl metadata, see
+  :mod:`engine.hypervisor.foreign`) are published too, apart, as
+  ``foreign/<host>/<uuid>`` under the peer's lease (they vanish with it):
+  seen, never acted on.  Each key is written only when it changed, guarded
+  like a VM record, so a look older than an adoption never brings back the
+  foreign record the adoption removed;
 - a running VM with interfaces but no address yet is looked at every
   :data:`ADDRESS_INTERVAL` seconds until its guest has one (DHCP takes a
   few seconds after the start event), so ``boot --wait-ip`` is not held up
@@ -51,10 +57,11 @@ import libvirt
 import structlog
 
 from engine.core import keys, locks
-from engine.core.store import Put, absent, lease_is, modified_at
+from engine.core.store import Delete, Put, absent, lease_is, modified_at
 from engine.core.values import readable
 from engine.errors import StoreUnavailable
 from engine.hypervisor import shapes  # noqa: F401  (declares the vms/ record's shape)
+from engine.hypervisor.foreign import foreign_domains, foreign_record, is_foreign
 from engine.hypervisor.records import merged, missing, owned_by, vm_record, wants_restart
 
 __all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "forget", "DEFAULT_INTERVAL"]
@@ -88,6 +95,12 @@ def ensure_event_loop() -> None:
                 libvirt.virEventRunDefaultImpl()
         _loop_thread = threading.Thread(target=run, name="libvirt-events", daemon=True)
         _loop_thread.start()
+
+
+def _own_state_per_open(uri: str) -> bool:
+    """A test driver file (``test:///path/host.xml``): each open is a fake
+    host of its own."""
+    return uri.startswith("test:///") and uri.rstrip("/") != "test:///default"
 
 
 def _awaits_address(record: dict) -> bool:
@@ -191,6 +204,24 @@ def publish_domain(store, host: str, dom, want: str | None = None,
     return changed
 
 
+def _foreign_change(store, host: str, conn, uuid: str, kv, lease: int, offer: dict) -> list:
+    """The write that brings ``foreign/<host>/<uuid>`` (read as ``kv``) in
+    line with libvirt: a put, a delete, or nothing."""
+    key = keys.foreign(host, uuid)
+    try:
+        dom = conn.lookupByUUIDString(uuid)
+        record = foreign_record(host, dom, offer) if is_foreign(dom) else None
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+            raise
+        record = None
+    if record is None:
+        return [Delete(key)] if kv is not None else []
+    if kv is not None and readable(kv) == record and kv.lease == lease:
+        return []
+    return [Put(key, record, lease)]     # (a new session's lease, too: the old one ends)
+
+
 def forget(store, host: str, uuid: str) -> None:
     """Delete ``vms/<host>/<uuid>``: for ``destroy``, once the VM is gone
     from ``host``."""
@@ -204,9 +235,11 @@ class VmPublisher:
     land (None: no such fence, for a publisher outside a peer)."""
 
     def __init__(self, store, host: str, conn, interval: float = DEFAULT_INTERVAL,
-                 events: bool = EVENTS, lease: int | None = None):
+                 events: bool = EVENTS, lease: int | None = None, offer: dict | None = None):
         self.store = store
+        self.offer = offer or {}        # the networks the host offers (foreign domains' problems)
         self.fence = (lease_is(keys.host(host), lease),) if lease is not None else ()
+        self.lease = lease or 0
         self.events = events
         self.host = host
         self._conn_source = conn if callable(conn) else (lambda: conn)
@@ -251,7 +284,8 @@ class VmPublisher:
         return records
 
     def reconcile(self) -> int:
-        """Make ``vms/<host>/`` match libvirt; returns how many keys changed."""
+        """Make ``vms/<host>/`` match libvirt, and ``foreign/<host>/`` too
+        (:meth:`publish_foreign`); returns how many VM records changed."""
         with self._lock:
             changed = 0
             for _ in range(_TRIES):
@@ -261,6 +295,7 @@ class VmPublisher:
                     break
             else:
                 raise StoreUnavailable(f"{self.prefix}: reconcile refused {_TRIES} times")
+            self.publish_foreign()      # apart: the count is of VM records
             self.reconciles += 1
             self.awaiting_address = any(_awaits_address(r) for r in wanted.values())
             if changed:
@@ -311,6 +346,36 @@ class VmPublisher:
             _ask_restart(self.store, record, self.fence)
         return written, seen
 
+    def publish_foreign(self, uuids=None) -> int:
+        """Make ``foreign/<host>/`` match the foreign domains libvirt has
+        (only ``uuids`` when given); how many keys changed.  A write refused
+        because someone wrote in between is left to the next pass."""
+        prefix = keys.foreign(self.host)
+        kvs, _revision = self.store.range(prefix)
+        present = {kv.key[len(prefix):]: kv for kv in kvs}
+        conn = self._conn()
+        if uuids is None:
+            uuids = set(present)
+            for dom in foreign_domains(conn):
+                try:
+                    uuids.add(dom.UUIDString())
+                except libvirt.libvirtError:
+                    continue
+        changes = []
+        for uuid in sorted(uuids):
+            for op in _foreign_change(self.store, self.host, conn, uuid, present.get(uuid),
+                                      self.lease, self.offer):
+                changes.append((_guard(op.key, present.get(uuid)), op))
+        written = 0
+        for start in range(0, len(changes), _BATCH):
+            batch = changes[start:start + _BATCH]
+            if not self.store.txn([*(guard for guard, _op in batch), *self.fence],
+                                  [op for _guard, op in batch]).succeeded:
+                _check_fence(self.store, self.fence)
+                break
+            written += len(batch)
+        return written
+
     # -- running -----------------------------------------------------------
 
     def _on_lifecycle(self, _conn, dom, event, detail, _opaque):
@@ -335,13 +400,18 @@ class VmPublisher:
         if len(uuids) > self.EVENT_BATCH:
             return self.reconcile()
         changed = 0
+        unrecorded = set()
         with self._lock:
             conn = self._conn()
             for uuid in sorted(uuids):
                 done, record = _publish_uuid(self.store, self.host, conn, uuid, self.fence)
                 changed += done
-                if record and _awaits_address(record):
+                if record is None:
+                    unrecorded.add(uuid)        # foreign, perhaps
+                elif _awaits_address(record):
                     self.awaiting_address = True
+            if unrecorded:
+                self.publish_foreign(unrecorded)
         return changed
 
     def _listen(self) -> None:
@@ -356,7 +426,9 @@ class VmPublisher:
                 pass
             self._events_conn = self._callback_id = None
         try:
-            conn = libvirt.open(self.uri)
+            # A test driver file gives each open a state of its own: listen
+            # on the connection the requests use, or no event would come.
+            conn = self._conn_source() if _own_state_per_open(self.uri) else libvirt.open(self.uri)
             try:
                 conn.setKeepAlive(5, 3)
             except libvirt.libvirtError:
@@ -420,7 +492,8 @@ class VmPublisher:
             try:
                 if self._callback_id is not None:
                     self._events_conn.domainEventDeregisterAny(self._callback_id)
-                self._events_conn.close()
+                if not _own_state_per_open(self.uri):
+                    self._events_conn.close()
             except libvirt.libvirtError:
                 pass
             self._events_conn = self._callback_id = None

@@ -12,8 +12,9 @@ __all__ = ["LISTED", "STATS", "ORDER", "list_hosts", "networks_of", "plan_ping",
 MAX_ROUNDS = 10000
 # hostlist's and hoststats' JSON: each row's fields, and the order of the rows
 LISTED = ["host", "alive", "enabled", "drained", "reserved_by", "vcpus", "memory_mb",
-          "free_memory_mb", "disk_gb", "free_disk_gb", "vms", "hypervisor", "kernel",
-          "cpu_model", "networks"]
+          "free_memory_mb", "disk_gb", "free_disk_gb", "vms", "foreign_vms", "foreign_vcpus",
+          "foreign_memory_mb", "foreign_disk_gb", "hypervisor", "kernel", "cpu_model",
+          "networks"]
 STATS = ["host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb", "free_memory_mb",
          "vms", "disk_gb", "free_disk_gb", "net_rx_bytes", "net_tx_bytes"]
 ORDER = "host"

@@ -1,8 +1,10 @@
 """Hosts as resource providers.
 
-The peer calls, at start and whenever its measurements change::
+The peer calls, at start and on every stats tick (through
+``engine/hypervisor/accounting.py``, which says what is reserved)::
 
-    register_host(placement, host_name, source, state_dir=STATE_DIR) -> provider
+    register_host(placement, host_name, source, state_dir=STATE_DIR,
+                  reserved={RC: amount}) -> provider
 
 ``source`` is a libvirt connection (``getInfo()`` gives CPUs and memory), a
 mapping ``{"vcpus", "memory_mb", "disk_gb"}`` already measured, or None
@@ -12,11 +14,18 @@ Promises:
 - one provider per host, ever: an existing provider of that name is reused,
   and a new one gets ``uuid5(cluster, host)``, so a restarted peer finds its
   provider again and never leaves an orphan;
-- registering again with the same measurements writes nothing, and with new
-  ones changes only what is measured (total, max_unit): reserved,
-  allocation_ratio, min_unit and step_size an operator set are kept;
+- registering again with the same measurements (and the same ``reserved``)
+  writes nothing, and with new ones changes only what is measured (total,
+  max_unit) and, when given, ``reserved``: allocation_ratio, min_unit and
+  step_size an operator set are kept, and so is reserved when none is given;
+- ``reserved`` given is exactly the reserved, every class it does not name
+  0 (the peer gives what its operator's setting and the host's foreign
+  domains hold: ``engine/hypervisor/accounting.py``), capped at the total;
 - a drained host (``drain(placement, host)``: reserved = total, trait
-  COMPUTE_STATUS_DISABLED) stays drained across restarts until undrained.
+  COMPUTE_STATUS_DISABLED) stays drained across restarts until undrained,
+  whatever ``reserved`` says;
+- a write is guarded by the provider's generation (retried on a conflict),
+  so that it never undoes a drain or a claim made meanwhile.
 
 Nested children (NUMA cells, devices) are created with
 ``placement.ensure_provider(name, parent=host_uuid)``; hosts report none today.
@@ -61,20 +70,35 @@ def register_host(placement: Placement, host: str, source=None, *, state_dir: st
     """Create or refresh ``host``'s provider; returns the provider document.
 
     Only what is measured is the peer's: ``total`` and ``max_unit`` (=
-    total).  A class registered before keeps the ``reserved``,
-    ``allocation_ratio``, ``min_unit`` and ``step_size`` it has (an
-    operator's settings survive a restart), unless ``reserved``/``ratios``
-    name it here; a new class gets those or the defaults.  Reserved is capped
-    at the new total (min_unit at max_unit), and a drained host keeps
+    total), and ``reserved`` when given (exactly that: a class it does not
+    name gets 0).  A class registered before keeps the ``allocation_ratio``,
+    ``min_unit`` and ``step_size`` it has (an operator's settings survive a
+    restart), and its ``reserved`` when none is given, unless ``ratios``
+    names it here; a new class gets those or the defaults.  Reserved is
+    capped at the new total (min_unit at max_unit), and a drained host keeps
     reserved = total."""
     totals = measure(source, state_dir)
-    try:
-        rp = placement.provider(host)
-    except NotFound:
-        cluster = getattr(getattr(placement, "store", None), "cluster", None) or placement.backend
-        rp = placement.ensure_provider(host, uuid=host_provider_uuid(cluster, host))
+    ratios = ratios or {}
+    for _ in range(10):
+        try:
+            rp = placement.provider(host)
+        except NotFound:
+            cluster = getattr(getattr(placement, "store", None), "cluster", None) \
+                or placement.backend
+            rp = placement.ensure_provider(host, uuid=host_provider_uuid(cluster, host))
+        inventories = _inventories(rp, totals, reserved, ratios)
+        if inventories == rp["inventories"]:
+            return rp
+        try:
+            return placement.set_inventory(rp["uuid"], inventories, generation=rp["generation"])
+        except Conflict:        # a claim, a drain or another peer's write: read again
+            continue
+    raise Conflict(f"inventory of {host}: changed by others 10 times in a row")
+
+
+def _inventories(rp: dict, totals: dict, reserved: dict | None, ratios: dict) -> dict:
+    """The inventories ``rp`` should have for measured ``totals``."""
     drained = DISABLED_TRAIT in rp["traits"]
-    reserved, ratios = reserved or {}, ratios or {}
     inventories = {}
     for rc, total in totals.items():
         if total < 1:
@@ -82,8 +106,8 @@ def register_host(placement: Placement, host: str, source=None, *, state_dir: st
         old = rp["inventories"].get(rc) or {
             "reserved": 0, "min_unit": 1, "step_size": 1,
             "allocation_ratio": float(DEFAULT_RATIOS[rc])}
-        kept = reserved.get(rc, old["reserved"])
-        inventories[rc] = {"total": total, "reserved": total if drained else min(kept, total),
+        wanted = old["reserved"] if reserved is None else reserved.get(rc, 0)
+        inventories[rc] = {"total": total, "reserved": total if drained else min(wanted, total),
                            "min_unit": min(old["min_unit"], total), "max_unit": total,
                            "step_size": old["step_size"],
                            "allocation_ratio": float(ratios.get(rc, old["allocation_ratio"]))}
@@ -91,9 +115,7 @@ def register_host(placement: Placement, host: str, source=None, *, state_dir: st
     for rc, inv in rp["inventories"].items():
         if rc not in inventories and rp["usages"].get(rc):
             inventories[rc] = inv
-    if inventories != rp["inventories"]:
-        rp = placement.set_inventory(rp["uuid"], inventories)
-    return rp
+    return inventories
 
 
 def own_traits(placement: Placement, host: str, prefix: str, traits) -> dict:

@@ -1,7 +1,7 @@
 """``/v1/events``: server-sent events of what changed in the cluster.
 
 One SSE message per etcd revision that touched what a person watches: VMs
-(``vms/``), hosts (``hosts/``) and their drains (``drained/``), automations
+(``vms/``) and foreign domains (``foreign/``, kind ``foreign``), hosts (``hosts/``) and their drains (``drained/``), automations
 (``tasks/``) and their steps (``auto/<id>/log|resp|progress/``), leases
 (``leases/``) and backups (``backups/``)::
 
@@ -32,7 +32,7 @@ __all__ = ["stream", "kind_of", "HEARTBEAT", "BACKLOG"]
 
 HEARTBEAT = 15.0
 BACKLOG = 10000
-_PLAIN = (("vms/", "vm"), ("hosts/", "host"), ("drained/", "drain"), ("tasks/", "automation"),
+_PLAIN = (("vms/", "vm"), ("foreign/", "foreign"), ("hosts/", "host"), ("drained/", "drain"), ("tasks/", "automation"),
           ("leases/", "lease"), ("backups/", "backup"))
 _STEPS = ("log", "resp", "progress")      # engine/core/keys.py: log_entry, response, progress
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 from engine.errors import Failed, UsageError
 from engine.natural import sort_rows
-from engine.operations import hosts, tasks, vms
+from engine.operations import adoption, hosts, tasks, vms
 from engine.operations.plans import Plan
 
 __all__ = ["Route", "Call", "Answer", "ROUTES", "Refusal"]
@@ -124,11 +124,15 @@ def _started(ctx, plan: Plan, body: dict) -> Answer:
 
 # -- VMs --------------------------------------------------------------------
 
-@route("GET", "/v1/vms", "list VMs", "vmlist [PATTERN...]",
-       query=(("pattern", "string[]", "HOSTGLOB/VMGLOB or VMGLOB, repeatable"),))
+@route("GET", "/v1/vms", "list VMs", "vmlist [PATTERN...] [--all]",
+       query=(("pattern", "string[]", "HOSTGLOB/VMGLOB or VMGLOB, repeatable"),
+              ("all", "boolean", "foreign domains too, with managed, manager and problems")))
 def list_vms(ctx, call: Call) -> Answer:
-    return Answer(_listed(vms.list_vms(ctx, call.query.get("pattern") or []), vms.LISTED,
-                          vms.ORDER))
+    patterns = call.query.get("pattern") or []
+    if call.flag("all"):
+        return Answer(_listed(adoption.list_all(ctx, patterns), adoption.ALL_LISTED,
+                              vms.ORDER))
+    return Answer(_listed(vms.list_vms(ctx, patterns), vms.LISTED, vms.ORDER))
 
 
 BOOT = _obj({"names": {"type": "array", "items": STRING, "minItems": 1},
@@ -171,6 +175,24 @@ HA = _obj({"patterns": PATTERNS, "policy": {"enum": ["restart", "none"]}},
 def set_ha(ctx, call: Call) -> Answer:
     return _started(ctx, vms.plan_ha(ctx, call.body["patterns"], call.body["policy"]),
                     call.body)
+
+
+ADOPT = _obj({"patterns": PATTERNS, "ha": {"enum": ["restart", "none"]}, **CONFIRM},
+             ["patterns"])
+
+
+@route("POST", "/v1/adopt", "adopt foreign domains in place",
+       "adopt HOST/PATTERN... [--ha restart|none] --detach", write=True, body=ADOPT,
+       automation=True)
+def adopt(ctx, call: Call) -> Answer:
+    return _started(ctx, adoption.plan_adopt(ctx, call.body["patterns"],
+                                             call.body.get("ha", "none")), call.body)
+
+
+@route("POST", "/v1/unmanage", "let VMs go: they keep running, unmanaged",
+       "unmanage PATTERN... --detach", write=True, body=ACTION, automation=True)
+def unmanage(ctx, call: Call) -> Answer:
+    return _started(ctx, adoption.plan_unmanage(ctx, call.body["patterns"]), call.body)
 
 
 # -- hosts --------------------------------------------------------------------
