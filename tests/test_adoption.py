@@ -59,6 +59,11 @@ def managed(store, host: str) -> dict[str, dict]:
     return {kv.value["uuid"]: kv.value for kv in store.range(keys.vm(host))[0]}
 
 
+def reserved(cluster, host: str) -> dict:
+    provider = {p["name"]: p for p in cluster.cli_json("placement", "providers")}[host]
+    return {rc: inventory["reserved"] for rc, inventory in provider["inventories"].items()}
+
+
 def allocated(cluster) -> set[str]:
     return {a["consumer"] for a in cluster.cli_json("placement", "allocations")}
 
@@ -67,32 +72,31 @@ def rows_by_name(cluster, *args) -> dict[str, dict]:
     return {row["name"]: row for row in cluster.cli_json("vmlist", "--all", *args)}
 
 
-def test_foreign_domains_are_listed_apart_and_adopted_in_place(cluster, store, tmp_path):
+def test_twenty_foreign_domains_are_adopted_then_one_destroyed_and_one_let_go(
+        cluster, store, tmp_path):
     start_brownfield(cluster, store, tmp_path, [*LEGACY, NOVA_VM])
     rows = rows_by_name(cluster, "host1/*")
     assert {name for name, row in rows.items() if not row["managed"]} == \
         {d.name for d in [*LEGACY, NOVA_VM]}
     assert rows["nova-vm"]["manager"].startswith("Nova"), rows["nova-vm"]
     assert cluster.cli_json("vmlist") == []            # without --all: peerctl's VMs only
+    table = cluster.cli("vmlist", "--all", "host1/legacy-01").stdout.splitlines()
+    assert table[0].split()[-1] == "Managed" and table[1].split()[-1] == "no", table
 
     doc = cluster.cli_json("adopt", "host1/legacy-*", "--yes")
     assert doc["state"] == "done", doc
     assert sorted(vm["name"] for vm in doc["vms"]) == [d.name for d in LEGACY]
     assert {vm["state"] for vm in doc["vms"]} == {"running"}
-    records = managed(store, "host1")
-    assert set(records) == {d.uuid for d in LEGACY}
+    assert set(managed(store, "host1")) == {d.uuid for d in LEGACY}
     assert {d.uuid for d in LEGACY} <= allocated(cluster)
     assert foreign_uuids(store, "host1") == {NOVA_VM.uuid}
     listed = {vm["name"]: vm for vm in cluster.cli_json("vmlist")}
     assert listed["legacy-01"]["memory_mb"] == 128 and listed["legacy-01"]["host"] == "host1"
     assert store.get(keys.vm_definition(LEGACY[0].uuid)) is not None
+    # what the adopted ones hold is claimed now, no longer reserved
+    assert reserved(cluster, "host1")["MEMORY_MB"] == NOVA_VM.memory_mb
 
-
-def test_an_adopted_vm_is_destroyed_or_let_go_and_then_left_alone(cluster, store, tmp_path):
-    start_brownfield(cluster, store, tmp_path, LEGACY[:3])
-    cluster.cli_json("adopt", "host1/legacy-*", "--yes")
     gone, freed, kept = LEGACY[:3]
-
     assert cluster.cli_json("destroy", gone.name)["state"] == "done"
     assert gone.name not in rows_by_name(cluster)       # undefined, not foreign
     assert gone.uuid not in allocated(cluster)
@@ -112,6 +116,9 @@ def test_an_adopted_vm_is_destroyed_or_let_go_and_then_left_alone(cluster, store
     assert row["managed"] is False and row["state"] == "running", row
     assert freed.uuid not in allocated(cluster) and freed.uuid not in managed(store, "host1")
     assert kept.uuid in managed(store, "host1")
+    wait_for(lambda: reserved(cluster, "host1")["MEMORY_MB"]
+             == NOVA_VM.memory_mb + freed.memory_mb, timeout=30,
+             what="the domain let go reserved again")
 
 
 def test_refusals_are_one_line_and_change_nothing(cluster, store, tmp_path):
@@ -133,7 +140,8 @@ def test_refusals_are_one_line_and_change_nothing(cluster, store, tmp_path):
     refused(cluster, ["adopt", "host2/*"], 1, "host2 is down")
 
 
-@pytest.mark.parametrize("point", ["append adopt_claim", "append adopt_take", "finish"])
+@pytest.mark.parametrize("point", ["append adopt_survey", "append adopt_claim",
+                                   "append adopt_take", "finish"])
 def test_an_adopt_whose_initiator_dies_leaves_each_domain_adopted_or_foreign(
         cluster, store, tmp_path, point):
     armed = tmp_path / "failpoints"
@@ -155,3 +163,22 @@ def test_an_adopt_whose_initiator_dies_leaves_each_domain_adopted_or_foreign(
         foreign = domain.uuid in foreign_uuids(store, "host1")
         assert owned != foreign, (domain.name, owned, foreign)
         assert (domain.uuid in claims) == owned, (domain.name, claims)
+    still_foreign = [d for d in LEGACY[:2] if d.uuid in foreign_uuids(store, "host1")]
+    assert reserved(cluster, "host1")["MEMORY_MB"] == sum(d.memory_mb for d in still_foreign)
+
+
+def test_unmanage_refuses_a_replicated_vm_and_keeps_its_backups(cluster, store, tmp_path):
+    start_peers(cluster, store, ["host2", "host3"], env=FAST_SWEEPS)
+    cluster.cli_json("boot", "db1", "db2", "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1",
+                     "--on", "host2")
+    cluster.cli_json("replicate", "db1", "--every", "1h")
+    before = allocated(cluster)
+    refused(cluster, ["unmanage", "db1"], 1, "it is replicated to")
+    refused(cluster, ["unmanage", "nothing-*"], 1, "no VM matches")
+    assert allocated(cluster) == before
+
+    assert cluster.cli_json("backup", "db2")["state"] == "done"
+    doc = cluster.cli_json("unmanage", "db2")
+    assert doc["vms"][0]["backups_kept"] == 1, doc
+    assert [b["vm"] for b in cluster.cli_json("backup", "list")] == ["db2"]
+    assert rows_by_name(cluster)["db2"]["managed"] is False

@@ -180,13 +180,15 @@ def test_an_initiator_killed_mid_update_is_replaced_and_the_replica_recorded_onc
         cluster, store, tmp_path):
     armed = tmp_path / "failpoints"
     armed.write_text("")
-    start_hosts(cluster, store, tmp_path, ["h1", "h2", "m1", "m2"],
+    # Three preferred members, as many as an automation has: h1 and h2 never
+    # lead it, so the armed point kills one of the m's, not the replica's host.
+    start_hosts(cluster, store, tmp_path, ["h1", "h2", "m1", "m2", "m3"],
                 env={failpoints.ENV: str(armed)})
     cluster.cli_json("drain", "m*", "--yes")        # they lead automations, keep no replica
     uuid = boot(cluster, ["db1"], "h1")["db1"]
     failpoints.arm(str(armed), ["append replica_apply"])
     record = replicas.put(store, {"name": "db1", "uuid": uuid}, 10, None, None,
-                          prefer=["m1", "m2"])
+                          prefer=["m1", "m2", "m3"])
     wait_for(lambda: failpoints.fired(str(armed)), timeout=60, what="the initiator killed")
     replica = _replicated(store, uuid, "h2")
     assert replica["seq"] == 1, replica         # the update the dead initiator began
