@@ -9,6 +9,7 @@ from engine.operations import adoption as ops
 from . import table
 from .follow import act, vm_outcome
 from .options import detach_option, dry_run_option, yes_option
+from .vms import backups_kept
 
 C = table.Column
 ADOPT_PLAN_COLUMNS = [C("host", "Host"), C("name", "Name"), C("state", "State"),
@@ -23,20 +24,11 @@ def cmd_adopt(ctx) -> int:
                dry_columns=ADOPT_PLAN_COLUMNS, would="would adopt")
 
 
-def _backups_kept(ctx, doc: dict) -> list[str]:
-    lines = []
-    for row in ops.note_unmanaged(ctx, doc["vms"]):
-        if row.get("backups_kept"):
-            n, name = row["backups_kept"], row["name"]
-            lines.append(f"{name}: its {n} backup{'s are' if n != 1 else ' is'} kept (backup "
-                         f"list {name}); restore makes a new VM of one")
-    return lines
-
-
 def cmd_unmanage(ctx) -> int:
     plan = ops.plan_unmanage(ctx, ctx.args.patterns)
-    return act(ctx, plan, functools.partial(vm_outcome, verb="let go",
-                                            notes=functools.partial(_backups_kept, ctx)),
+    notes = functools.partial(backups_kept, ctx, states=None,
+                              then="restore makes a new VM of one")
+    return act(ctx, plan, functools.partial(vm_outcome, verb="let go", notes=notes),
                would="would let go")
 
 

@@ -132,14 +132,17 @@ def _with_addresses(ctx, automation: str, task: dict, timeout: float, wired: set
     return status
 
 
-def backups_kept(ctx, doc: dict) -> list[str]:
-    """Under destroy's result, one line per destroyed VM that has backups."""
+def backups_kept(ctx, doc: dict, states=ops.ENDED, then: str | None = None) -> list[str]:
+    """Under destroy's (or unmanage's) result, one line per VM it ended (in
+    ``states``; None: every VM without an error) that has backups; ``then``:
+    what to do with them (default: how to delete them)."""
     lines = []
-    for row in ops.note_backups_kept(ctx, doc["vms"]):
+    for row in ops.note_backups_kept(ctx, doc["vms"], states):
         if row.get("backups_kept"):
             n, name = row["backups_kept"], row["name"]
             lines.append(f"{name}: its {n} backup{'s are' if n != 1 else ' is'} kept (backup "
-                         f"list {name}); backup delete removes {'them' if n != 1 else 'it'}")
+                         f"list {name}); " + (then or "backup delete removes "
+                                              + ("them" if n != 1 else "it")))
     return lines
 
 

@@ -10,7 +10,8 @@ two selected domains share, a pattern matching nothing (saying which
 hosts it names are down: a down host's foreign domains are not known).
 ``unmanage`` refuses a VM whose host is down, that is missing, replicated
 (stop its replication first) or in a lease (its reservation holds it);
-its backups are kept and counted in the result (``backups_kept``).
+its backups are kept and counted in the result (``backups_kept``:
+:func:`engine.operations.vms.note_backups_kept`).
 """
 from __future__ import annotations
 
@@ -26,8 +27,7 @@ from .select import NoMatch, by_host_and_name, match_vms, select_vms, vm_pattern
 from .vms import LISTED as MANAGED_LISTED
 from .vms import list_vms
 
-__all__ = ["ALL_LISTED", "list_all", "read_foreign", "plan_adopt", "plan_unmanage",
-           "note_unmanaged"]
+__all__ = ["ALL_LISTED", "list_all", "read_foreign", "plan_adopt", "plan_unmanage"]
 
 # vmlist --all's JSON: a VM record's fields, whether peerctl manages it, the
 # manager that does, and why peerctl could not adopt it
@@ -71,12 +71,18 @@ def _down_hosts(store, host_globs: set[str]) -> list[str]:
                   if any(fnmatch.fnmatchcase(h, glob) for glob in host_globs))
 
 
-def _refused(lines: list[str], rows: list[dict], verb: str) -> Failed:
-    """One line per refused domain, under a line saying how many."""
+def _check(vms: list[dict], why_not, verb: str) -> None:
+    """Refuse, one line per VM that ``why_not(vm)`` gives a reason for
+    (under a line saying how many), with a row per VM in the result."""
+    rows = [{"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"],
+             "state": vm["state"], "error": why_not(vm)} for vm in vms]
+    lines = [f"{row['host']}/{row['name']}: {row['error']}" for row in rows if row["error"]]
+    if not lines:
+        return
     head = f"cannot {verb} {len(lines)} domain{'s' if len(lines) != 1 else ''}"
-    return Failed("\n  ".join([head + ":", *lines]) if len(lines) > 1 else
-                  f"cannot {verb} {lines[0]}",
-                  result={"automation": None, "state": "failed", "vms": rows})
+    raise Failed("\n  ".join([head + ":", *lines]) if len(lines) > 1 else
+                 f"cannot {verb} {lines[0]}",
+                 result={"automation": None, "state": "failed", "vms": rows})
 
 
 def plan_adopt(ctx, patterns: list[str], ha: str = "none") -> Plan:
@@ -101,25 +107,19 @@ def plan_adopt(ctx, patterns: list[str], ha: str = "none") -> Plan:
     chosen = by_host_and_name(chosen)
     peerctl = {vm["name"]: vm["host"] for vm in list_vms(ctx)}
     first: dict[str, str] = {}
-    lines, rows = [], []
-    for vm in chosen:
-        label = f"{vm['host']}/{vm['name']}"
-        why = None
+
+    def why_not(vm) -> str | None:
+        label = first.setdefault(vm["name"], f"{vm['host']}/{vm['name']}")
         if vm.get("manager"):
-            why = f"it carries {vm['manager']} metadata: another manager owns it"
-        elif vm.get("problems"):
-            why = "; ".join(vm["problems"])
-        elif vm["name"] in peerctl:
-            why = f"a peerctl VM is named {vm['name']!r} already (on {peerctl[vm['name']]})"
-        elif vm["name"] in first:
-            why = f"{first[vm['name']]} is named {vm['name']!r} too (VM names are unique)"
-        first.setdefault(vm["name"], label)
-        rows.append({"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"],
-                     "state": vm["state"], "error": why})
-        if why:
-            lines.append(f"{label}: {why}")
-    if lines:
-        raise _refused(lines, rows, "adopt")
+            return f"it carries {vm['manager']} metadata: another manager owns it"
+        if vm.get("problems"):
+            return "; ".join(vm["problems"])
+        if vm["name"] in peerctl:
+            return f"a peerctl VM is named {vm['name']!r} already (on {peerctl[vm['name']]})"
+        if label != f"{vm['host']}/{vm['name']}":
+            return f"{label} is named {vm['name']!r} too (VM names are unique)"
+        return None
+    _check(chosen, why_not, "adopt")
     targets = [{"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"]} for vm in chosen]
     return Plan("adopt", {"vms": targets, "ha": ha},
                 [dict(t, state=vm["state"], vcpus=vm["vcpus"], memory_mb=vm["memory_mb"],
@@ -134,7 +134,9 @@ def _held_elsewhere(store) -> tuple[dict, dict]:
     for kv in store.range(keys.replica())[0]:
         record = readable(kv)
         if isinstance(record, dict):
-            replicated[keys.suffix(kv.key, keys.replica())] = record.get("host") or "?"
+            replica = record.get("replica") if isinstance(record.get("replica"), dict) else {}
+            replicated[keys.suffix(kv.key, keys.replica())] = \
+                replica.get("host") or "another host"
     leased = {}
     for kv in store.range(keys.lease_vm(), keys_only=True)[0]:
         lease, _, uuid = keys.suffix(kv.key, keys.lease_vm()).partition("/")
@@ -148,36 +150,19 @@ def plan_unmanage(ctx, patterns: list[str]) -> Plan:
     from .vms import _read_vms
     vms = select_vms(lambda: _read_vms(ctx), list(patterns))
     replicated, leased = _held_elsewhere(ctx.store())
-    lines, rows = [], []
-    for vm in vms:
-        why = None
+
+    def why_not(vm) -> str | None:
         if vm["state"] in ("unknown", "missing"):
-            why = (f"its host {vm['host']} is down" if vm["state"] == "unknown"
-                   else f"its host {vm['host']} has no such domain (missing)")
-        elif vm["uuid"] in replicated:
-            why = (f"it is replicated to {replicated[vm['uuid']]}: stop that first "
-                   f"(replicate {vm['name']} --stop)")
-        elif vm["uuid"] in leased:
-            why = f"it is in lease {leased[vm['uuid']]}: end the lease or destroy it there"
-        rows.append({"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"],
-                     "state": vm["state"], "error": why})
-        if why:
-            lines.append(f"{vm['host']}/{vm['name']}: {why}")
-    if lines:
-        raise _refused(lines, rows, "unmanage")
+            return (f"its host {vm['host']} is down" if vm["state"] == "unknown"
+                    else f"its host {vm['host']} has no such domain (missing)")
+        if vm["uuid"] in replicated:
+            return (f"it is replicated to {replicated[vm['uuid']]}: stop that first "
+                    f"(replicate {vm['name']} --stop)")
+        if vm["uuid"] in leased:
+            return f"it is in lease {leased[vm['uuid']]}: end the lease or destroy it there"
+        return None
+    _check(vms, why_not, "unmanage")
     targets = [{"host": vm["host"], "name": vm["name"], "uuid": vm["uuid"]} for vm in vms]
     return Plan("unmanage", {"vms": targets},
                 [dict(t, state=vm["state"]) for t, vm in zip(targets, vms)],
                 ask=len(targets) > 1)
-
-
-def note_unmanaged(ctx, rows: list[dict]) -> list[dict]:
-    """unmanage's result ``rows``, each VM let go that has backups with
-    ``backups_kept``: how many (kept: ``restore`` makes a new VM of one)."""
-    from .backups import count_backups
-    gone = [row for row in rows if not row.get("error") and row.get("uuid")]
-    counts = count_backups(ctx, [row["uuid"] for row in gone])
-    for row in gone:
-        if counts.get(row["uuid"]):
-            row["backups_kept"] = counts[row["uuid"]]
-    return rows

@@ -12,7 +12,7 @@ from .specs import check_names, hostname_of, parse_resources
 
 __all__ = ["LISTED", "ORDER", "list_vms", "plan_boot", "plan_action", "plan_ha", "console_target",
            "wait_for_addresses", "check_somewhere", "note_backups_kept", "VM_ACTIONS",
-           "DESTRUCTIVE"]
+           "DESTRUCTIVE", "ENDED"]
 
 # vmlist's JSON: each row's fields, and the order of the rows
 LISTED = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
@@ -72,12 +72,17 @@ def plan_action(ctx, kind: str, patterns: list[str]) -> Plan:
                 ask=kind in DESTRUCTIVE and len(vms) > 1)
 
 
-def note_backups_kept(ctx, rows: list[dict]) -> list[dict]:
-    """destroy's result ``rows``, each VM it destroyed that has backups with
+ENDED = ("destroyed", "disowned")     # what destroy leaves a VM as
+
+
+def note_backups_kept(ctx, rows: list[dict], states=ENDED) -> list[dict]:
+    """destroy's (or unmanage's) result ``rows``, each VM it ended (in
+    ``states``; None: any without an error) that has backups with
     ``backups_kept``: how many (they stay until ``backup delete`` removes
-    them: no schedule matches a destroyed VM); one range read of ``backups/``."""
+    them: no schedule matches a VM peerctl no longer has); one range read
+    of ``backups/``."""
     from .backups import count_backups
-    gone = [row for row in rows if row.get("state") in ("destroyed", "disowned")
+    gone = [row for row in rows if (states is None or row.get("state") in states)
             and not row.get("error") and row.get("uuid")]
     counts = count_backups(ctx, [row["uuid"] for row in gone])
     for row in gone:
