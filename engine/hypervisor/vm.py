@@ -47,6 +47,7 @@ import structlog
 
 from engine.core import failpoints, keys
 from engine.core.store import Put, absent
+from engine.core.values import readable
 from engine.errors import RequestError
 from engine.hypervisor import images, seed
 from engine.hypervisor.definition import (definition_record, record_definition,
@@ -528,10 +529,11 @@ def _delete_own_volumes(host, uuid: str) -> list[str]:
         return []
     key = keys.own_volumes(host.host, uuid)
     kv = host.store.get(key)
-    paths = (kv.value or {}).get("paths") if kv is not None and isinstance(kv.value, dict) \
-        else None
+    record = readable(kv) if kv is not None else None       # shape OWN_VOLUMES: paths a list
     deleted = []
-    for path in paths if isinstance(paths, list) else []:
+    for path in record["paths"] if record is not None else []:
+        if not isinstance(path, str):
+            continue
         try:
             host.conn.storageVolLookupByPath(path).delete(0)
             deleted.append(path)

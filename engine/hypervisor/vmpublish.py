@@ -204,17 +204,28 @@ def publish_domain(store, host: str, dom, want: str | None = None,
     return changed
 
 
-def _foreign_change(store, host: str, conn, uuid: str, kv, lease: int, offer: dict) -> list:
-    """The write that brings ``foreign/<host>/<uuid>`` (read as ``kv``) in
-    line with libvirt: a put, a delete, or nothing."""
-    key = keys.foreign(host, uuid)
+def _foreign_domain(conn, uuid: str):
+    """The foreign domain ``uuid`` of ``conn``, or None (none, or peerctl's)."""
     try:
         dom = conn.lookupByUUIDString(uuid)
-        record = foreign_record(host, dom, offer) if is_foreign(dom) else None
+        return dom if is_foreign(dom) else None
     except libvirt.libvirtError as exc:
         if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
             raise
-        record = None
+        return None
+
+
+def _foreign_change(host: str, uuid: str, kv, dom, lease: int, offer: dict) -> list:
+    """The write that brings ``foreign/<host>/<uuid>`` (read as ``kv``) in
+    line with the foreign domain ``dom`` (None: there is none): a put, a
+    delete, or nothing."""
+    key = keys.foreign(host, uuid)
+    try:
+        record = foreign_record(host, dom, offer) if dom is not None else None
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+            raise
+        record = None                   # undefined meanwhile
     if record is None:
         return [Delete(key)] if kv is not None else []
     if kv is not None and readable(kv) == record and kv.lease == lease:
@@ -354,16 +365,19 @@ class VmPublisher:
         kvs, _revision = self.store.range(prefix)
         present = {kv.key[len(prefix):]: kv for kv in kvs}
         conn = self._conn()
-        if uuids is None:
-            uuids = set(present)
+        if uuids is None:               # every one: one listing, no lookups
+            seen = {}
             for dom in foreign_domains(conn):
                 try:
-                    uuids.add(dom.UUIDString())
+                    seen[dom.UUIDString()] = dom
                 except libvirt.libvirtError:
                     continue
+            uuids = set(present) | set(seen)
+        else:
+            seen = {uuid: _foreign_domain(conn, uuid) for uuid in uuids}
         changes = []
         for uuid in sorted(uuids):
-            for op in _foreign_change(self.store, self.host, conn, uuid, present.get(uuid),
+            for op in _foreign_change(self.host, uuid, present.get(uuid), seen.get(uuid),
                                       self.lease, self.offer):
                 changes.append((_guard(op.key, present.get(uuid)), op))
         written = 0
