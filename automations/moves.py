@@ -182,7 +182,9 @@ def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False
     move.migration = ctx.uuid("migration/" + move.uuid)
     claimed = yield from resend(move.step("claim_move", {
         "consumer": move.migration, "source": move.source, "hosts": to,
-        "required": described.get("required")}))
+        "required": described.get("required"),
+        # only when planned (evacuate): moves logged before plans replay alike
+        **({"prefer": vm["prefer"]} if vm.get("prefer") else {})}))
     if not claimed.ok:
         yield from move.unlock()
         return move.result(move.source, move.was, f"no destination: {claimed.error}")

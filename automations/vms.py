@@ -47,7 +47,11 @@ def _outcome(vm, uuid, host, state, error=None):
 def _claim(ctx, vm, uuid, tried, lease):
     args = {"consumer": uuid, "resources": vm["resources"],
             "required": _traits(vm.get("required")), "hosts": vm.get("on"),
-            "exclude": tried, "project": ctx.automation_id}
+            "exclude": tried, "project": ctx.automation_id,
+            # Added only when asked for: a boot logged before groups and
+            # plans existed replays the same steps.
+            **({"prefer": vm["prefer"]} if vm.get("prefer") else {}),
+            **({"group": vm["group"], "name": vm["name"]} if vm.get("group") else {})}
     if lease:
         return Request("lease_claim", {**args, "lease": lease, "name": vm["name"]},
                        label=vm["name"])

@@ -16,6 +16,9 @@ MOVE_FIELDS = ["name", "uuid", "from", "host", "state", "mode", "downtime_ms", "
 VIA_COLUMN = C("via_replica", "Disks", lambda v: "since replica" if v and v.get("used")
                else "whole")
 PLANNED_COLUMNS = [C("name", "Name"), C("from", "From"), C("state", "State"), C("uuid", "UUID")]
+# evacuate --dry-run: where each VM would go (the same choice its move's claim makes)
+LANDING_COLUMNS = [C("name", "Name"), C("from", "From"), C("host", "To"), C("state", "State"),
+                   C("error", "Why not")]
 
 
 def move_outcome(ctx, automation: str, task: dict) -> int:
@@ -73,7 +76,7 @@ def cmd_evacuate(ctx) -> int:
     plan = ops.plan_evacuate(ctx, args.hostglob, args.to, args.parallel)
     hosts = ", ".join(plan.args["hosts"])
     if args.dry_run:
-        return act(ctx, plan, move_outcome, "evacuate", PLANNED_COLUMNS,
+        return act(ctx, plan, move_outcome, "evacuate", LANDING_COLUMNS,
                    _where(plan.args["to"]) + f", after draining {hosts}", "would move")
     if plan.ask and not args.yes:
         confirm("evacuate", [f"{row['from']}/{row['name']} ({row['state']})"

@@ -93,12 +93,18 @@ def cmd_boot(ctx) -> int:
     plan = ops.plan_boot(ctx, args.names, args.resources, required=args.required,
                          image=args.image, on=args.on, networks=args.network,
                          default_network=ctx.settings["network"], seed=_seed(args),
-                         reservation=args.reservation, ha=args.ha)
+                         reservation=args.reservation, ha=args.ha, group=args.group,
+                         rule=args.rule)
     outcome = vm_outcome
     if args.wait_ip:
         wired = {vm["name"] for vm in plan.args["vms"] if vm.get("networks")}
         outcome = functools.partial(_with_addresses, timeout=args.ip_timeout, wired=wired)
-    return act(ctx, plan, outcome)
+    return act(ctx, plan, outcome, dry_columns=LANDING_COLUMNS, would="would place")
+
+
+# boot --dry-run: where each VM would land, as its claim will choose
+LANDING_COLUMNS = [C("name", "Name"), C("host", "Host"), C("alternates", "Alternates"),
+                   C("error", "Why not")]
 
 
 def _seed(args) -> dict | None:
@@ -195,10 +201,14 @@ def register(commands) -> None:
 
     sub = commands.add("boot", "create and start VMs, placed by the cluster",
                        "python peerctl.py boot web1 web2 --resources VCPU:1,MEMORY_MB:256,DISK_GB:1 "
-                       "--required '!CUSTOM_SLOW' --on 'host1*'", cmd_boot,
+                       "--required '!CUSTOM_SLOW' --on 'host1*'\n"
+                       "python peerctl.py boot web3 web4 --resources VCPU:1,MEMORY_MB:256 "
+                       "--group web --spread --dry-run", cmd_boot,
                        "Create and start one VM per NAME in one automation: each is placed "
                        "on a host with room for SPEC and the required traits, claimed, "
-                       "built and started.")
+                       "built and started. --dry-run shows where each would land, and "
+                       "its alternates, as the claims will choose; the boot then asks each "
+                       "claim for that host first.")
     sub.add_argument("names", nargs="+", metavar="NAME")
     sub.add_argument("--resources", required=True, metavar="SPEC",
                      help="VCPU:1,MEMORY_MB:256,DISK_GB:1 or resources=...&required=...")
@@ -226,10 +236,20 @@ def register(commands) -> None:
                      help="restart: when the VM's host dies, the VM is fenced there and "
                           "started again on another host, from its image (default none: it "
                           "waits, state unknown, for its host; docs/ha.md)")
+    sub.add_argument("--group", metavar="NAME",
+                     help="the VMs join group NAME, whose rule every placement keeps "
+                          "(boot, migrate, evacuate, HA restart, balance; docs/placement.md)")
+    rule = sub.add_mutually_exclusive_group()
+    rule.add_argument("--spread", dest="rule", action="store_const", const="spread",
+                      help="a new group's rule: at most one of its VMs per host")
+    rule.add_argument("--together", dest="rule", action="store_const", const="together",
+                      help="a new group's rule: all its VMs on one host")
     sub.add_argument("--wait-ip", action="store_true",
                      help="after the build, wait for each VM's guest address and print it")
     sub.add_argument("--ip-timeout", type=positive, default=300, metavar="SECONDS",
                      help="how long --wait-ip waits (default 300)")
+    dry_run_option(sub, "only show where each VM would land, and its alternates; "
+                        "claim nothing")
     detach_option(sub)
 
     for action in ops.VM_ACTIONS:

@@ -147,6 +147,28 @@ def vm_definition(uuid: str = "") -> str:
     return f"vmdef/{uuid}"
 
 
+def group(name: str = "", uuid: str = "") -> str:
+    """``groups/<name>/<uuid>``: VM ``uuid`` is a member of group ``name``;
+    ``group()`` is every group, ``group(name)`` + ``/`` one group's members."""
+    if not name:
+        return "groups/"
+    return f"groups/{name}/{uuid}" if uuid else f"groups/{name}"
+
+
+def group_of(uuid: str = "") -> str:
+    """``groupof/<uuid>``: the group VM ``uuid`` is in."""
+    return f"groupof/{uuid}"
+
+
+def balanced(uuid: str = "") -> str:
+    """``balanced/<uuid>``: a ``balance`` moved this VM (its hold time runs)."""
+    return f"balanced/{uuid}"
+
+
+BALANCE_SETTINGS = "settings/balance"   # balance's cluster settings (engine/balancing.py)
+BALANCER_STATUS = "balancer/status"     # the balancer singleton's last round (engine/balancer.py)
+
+
 def aside(host: str = "", uuid: str = "") -> str:
     """``aside/<host>/<uuid>``: the disks of a stale copy of a VM, kept aside
     on ``host`` after the VM was restarted elsewhere."""

@@ -17,7 +17,9 @@ The cluster half, :func:`reconcile_once`, runs on one peer at a time (the
   cannot publish any more, and the VM lives elsewhere.  The record is
   deleted, and never counts as a VM;
 - a VM definition (``vmdef/<uuid>``) whose VM has no allocation and is
-  held by nobody (the same list), on two passes in a row, is deleted;
+  held by nobody (the same list), on two passes in a row, is deleted; so
+  is a group's member (``groups/<name>/<uuid>``, ``groupof/<uuid>``):
+  a destroyed VM leaves its group;
 - VMs without allocations are reported (``reconcile/report``), not touched:
   they may be someone's VM started by hand.
 
@@ -57,6 +59,7 @@ from engine.core.hosts import live_host_names
 from engine.core.store import Delete, Put, Store
 from engine.core.values import readable
 from engine.errors import Deposed, RequestError, StoreUnavailable
+from engine.groups import leave_ops
 from engine.hypervisor import shapes  # noqa: F401  (declares vms/, disowned/)
 from engine.hypervisor import vm as lifecycle
 from engine.hypervisor.aside import keep_aside
@@ -257,6 +260,16 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
         txn([], [Delete(keys.vm_definition(uuid)) for uuid in batch])
         for uuid in batch:
             log.warning("vm_definition_forgotten", uuid=uuid)
+    # A group's member outlives its VM by two passes, by the same rule.
+    members = [readable(kv) for kv in store.range(keys.group())[0]]
+    gone = {f"group:{m['group']}/{m['uuid']}" for m in members
+            if m is not None and m["uuid"] not in allocations and m["uuid"] not in held}
+    left = sorted(gone & suspects)
+    for start in range(0, len(left), _BATCH // 2):
+        batch = [mark.split(":", 1)[1].split("/") for mark in left[start:start + _BATCH // 2]]
+        txn([], [op for group, uuid in batch for op in leave_ops(group, uuid)])
+        for group, uuid in batch:
+            log.warning("group_member_forgotten", group=group, uuid=uuid)
     unallocated = sorted(f"{kv.value['host']}/{kv.value['name']}" for kv in vms
                          if kv.value["uuid"] not in allocations)
     for vm in unallocated:
@@ -267,7 +280,7 @@ def reconcile_once(store: Store, placement, suspects: set[str], fence=None,
               "host": host}
     txn([], [Put(keys.RECONCILE_REPORT, report)])
     suspects.clear()
-    suspects.update(orphans - set(released), undefined - set(forgotten))
+    suspects.update(orphans - set(released), undefined - set(forgotten), gone - set(left))
     return report
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 
+from engine import groups
 from engine.core import keys
 from engine.core.hosts import live_host_names
 from engine.core.values import readable
@@ -208,17 +209,37 @@ def lease_claim(host, args: dict) -> dict:
         raise RequestError(f"lease {name} is {record['state']}: VMs boot into it only "
                            "while it is active")
     store.create(keys.lease_vm(name, consumer), {"uuid": consumer, "name": args.get("name") or consumer})
+    group = args.get("group")
+    if not isinstance(group, dict):
+        return _claim_in_lease(store, record, args, lambda host_name: True)
+
+    def choose(allowed, taken, rule):
+        done = _claim_in_lease(store, record, args, allowed,
+                               f" (group {group.get('name')!r}, {rule}, rules out some)")
+        return done["host"], done
+    return groups.place(store, str(group.get("name")), group.get("rule"), consumer,
+                        args.get("name") or consumer, choose)
+
+
+def _claim_in_lease(store, record: dict, args: dict, allowed, ruled: str = "") -> dict:
+    """``lease_claim``'s pick: a host of the lease (or a slot of its
+    capacity) that ``allowed`` accepts (a group's rule; ``ruled``: words
+    for the refusal when it had a say)."""
+    consumer, name = args.get("consumer"), record["lease"]
     excluded = set(args.get("exclude") or ())
     with for_request(store) as placement:
         held = placement.allocations(consumer)["allocations"]
-        if held:
+        if held and allowed(_host_named(placement, held)):
             return {"consumer": consumer, "allocations": held, "host": _host_named(placement, held)}
+        if held:
+            lease_return_claim(placement, record, consumer)
         amounts = _amounts(args.get("resources"))
         if record["kind"] == "hosts":
             required = ",".join(filter(None, [args.get("required"), lease_trait(name)]))
             query = ",".join(f"{rc}:{n}" for rc, n in sorted(amounts.items()))
             for candidate in placement.candidates(query, required=required):
-                if candidate["host"] in excluded or candidate["host"] not in record["hosts"]:
+                if candidate["host"] in excluded or candidate["host"] not in record["hosts"] \
+                        or not allowed(candidate["host"]):
                     continue
                 try:
                     doc = placement.claim(consumer, candidate["allocations"],
@@ -228,13 +249,14 @@ def lease_claim(host, args: dict) -> dict:
                 return {"consumer": consumer, "allocations": doc["allocations"],
                         "host": candidate["host"]}
             raise RequestError(f"lease {name} is full: none of its hosts "
-                               f"({', '.join(record['hosts'])}) fits {query}")
+                               f"({', '.join(record['hosts'])}) fits {query}{ruled}")
         traits = [t for t in (args.get("required") or "").split(",") if t]
         holding = placement.allocations(record["consumer"])["allocations"]
         for rp, there in sorted(holding.items(), key=lambda item: -sum(item[1].values())):
             provider = placement.provider(rp)
             host_name, has = provider["name"], set(provider["traits"])
-            if host_name in excluded or any(there.get(rc, 0) < n for rc, n in amounts.items()) \
+            if host_name in excluded or not allowed(host_name) \
+                    or any(there.get(rc, 0) < n for rc, n in amounts.items()) \
                     or any((t[1:] in has) if t.startswith("!") else (t not in has)
                            for t in traits):
                 continue
@@ -245,7 +267,17 @@ def lease_claim(host, args: dict) -> dict:
                 continue
             return {"consumer": consumer, "allocations": doc["allocations"], "host": host_name}
         raise RequestError(f"lease {name} is full: no slot of "
-                           f"{','.join(f'{rc}:{n}' for rc, n in sorted(amounts.items()))} left")
+                           f"{','.join(f'{rc}:{n}' for rc, n in sorted(amounts.items()))} "
+                           f"left{ruled}")
+
+
+def lease_return_claim(placement, record: dict, consumer: str) -> None:
+    """Give back what ``consumer`` took in the lease (to its reservation,
+    for a capacity lease), so that it can be placed again."""
+    if record["kind"] == "capacity":
+        placement.give_back(consumer, record["consumer"])
+    else:
+        placement.release(consumer)
 
 
 def _host_named(placement, allocations: dict) -> str | None:

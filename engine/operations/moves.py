@@ -39,13 +39,33 @@ def _nowhere(what: str, to: str | None, hosts: list[dict], why_own: str) -> str:
             f"{why_own}")
 
 
-def _move_target(vm: dict) -> dict:
-    return {"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"], "state": vm.get("state")}
+def _move_target(vm: dict, landing: dict | None = None) -> dict:
+    planned = (landing or {}).get(vm["uuid"]) or {}
+    return {"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"], "state": vm.get("state"),
+            **({"prefer": planned["host"]} if planned.get("host") else {})}
 
 
-def _row(vm: dict) -> dict:
-    return {"name": vm["name"], "uuid": vm["uuid"], "from": vm["host"], "host": None,
-            "state": vm.get("state")}
+def _row(vm: dict, landing: dict | None = None) -> dict:
+    planned = (landing or {}).get(vm["uuid"]) or {}
+    return {"name": vm["name"], "uuid": vm["uuid"], "from": vm["host"],
+            "host": planned.get("host"), "state": vm.get("state"),
+            **({"error": planned["error"]} if planned.get("error") else {})}
+
+
+def _landing(ctx, leaving: list[str], vms: list[dict], to: str | None) -> dict:
+    """Where each VM leaving ``leaving`` would go (by uuid: ``{host,
+    error}``), as the moves' claims choose (:mod:`engine.planning.placements`):
+    ``evacuate --dry-run`` shows it, the real evacuation asks each move's
+    claim for that host first."""
+    from engine.planning.placements import plan_evacuation
+    from engine.planning.snapshot import read_cluster
+    try:
+        with ctx.placement() as placement:
+            cluster = read_cluster(ctx.store(), placement)
+    except PlacementError as exc:
+        raise Failed(f"placement: {exc}", result=failed_doc()) from None
+    uuids = [vm["uuid"] for vm in vms if vm["uuid"] in cluster.vms]
+    return {row["uuid"]: row for row in plan_evacuation(cluster, leaving, uuids, to=to)}
 
 
 def plan_migrate(ctx, patterns: list[str], to: str | None = None, *, offline: bool = False,
@@ -108,9 +128,10 @@ def plan_evacuate(ctx, pattern: str, to: str | None = None, parallel: int = 4) -
         raise Failed(_nowhere(f"the VMs of {', '.join(leaving)}", to, hosts,
                               "which " + ("is" if len(leaving) == 1 else "are")
                               + " being evacuated"), result=failed_doc())
-    return Plan("evacuate", {"hosts": leaving, "vms": [_move_target(vm) for vm in vms],
+    landing = _landing(ctx, leaving, vms, to)
+    return Plan("evacuate", {"hosts": leaving, "vms": [_move_target(vm, landing) for vm in vms],
                              "to": to, "parallel": parallel},
-                [_row(vm) for vm in vms], ask=len(vms) > 1 or len(leaving) > 1)
+                [_row(vm, landing) for vm in vms], ask=len(vms) > 1 or len(leaving) > 1)
 
 
 def evacuate_after_drain(ctx, plan: Plan, by: str | None = None) -> Plan | None:
@@ -121,8 +142,9 @@ def evacuate_after_drain(ctx, plan: Plan, by: str | None = None) -> Plan | None:
     vms = _on(ctx.store(), plan.args["hosts"])
     if not vms:
         return None
-    return Plan("evacuate", dict(plan.args, vms=[_move_target(vm) for vm in vms]),
-                [_row(vm) for vm in vms], ask=plan.ask)
+    landing = _landing(ctx, plan.args["hosts"], vms, plan.args.get("to"))
+    return Plan("evacuate", dict(plan.args, vms=[_move_target(vm, landing) for vm in vms]),
+                [_row(vm, landing) for vm in vms], ask=plan.ask)
 
 
 def plan_drain(ctx, pattern: str) -> list[dict]:

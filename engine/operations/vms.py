@@ -112,11 +112,17 @@ def plan_boot(ctx, names: list[str], resources: str, *, required: str | None = N
               image: str | None = None, on: str | None = None,
               networks: list[str] | None = None, default_network: str = "default",
               seed: dict | None = None, reservation: str | None = None,
-              ha: str = "none") -> Plan:
+              ha: str = "none", group: str | None = None, rule: str | None = None) -> Plan:
     """Create and start one VM per name, each placed where ``resources``
     (a spec) and the required traits fit.  ``networks``: names given
     (``["none"]`` for no interface), else ``default_network``; ``seed``:
-    ``{hostname, user_data, ssh_keys}`` for cloud-init, or None."""
+    ``{hostname, user_data, ssh_keys}`` for cloud-init, or None;
+    ``group``/``rule``: the VMs join that group (spread or together).
+
+    The plan's targets say where each VM would land (and its alternates),
+    computed as the claims choose (:mod:`engine.planning.placements`);
+    each VM's claim asks for that host first (``prefer``).  A VM its
+    group's rule leaves no host for is refused here, nothing started."""
     check_names(list(names))
     resources, traits = parse_resources(resources, required)
     on = host_pattern(on) if on is not None else None
@@ -133,13 +139,23 @@ def plan_boot(ctx, names: list[str], resources: str, *, required: str | None = N
                    if t not in traits]
     if on is not None:
         check_somewhere(ctx, on, reservation)
+    from .groups import group_for_boot, plan_landing, refuse_broken_rule
+    joined = group_for_boot(ctx, group, rule) if group is not None else None
+    if rule is not None and group is None:
+        raise UsageError(f"--{rule} needs --group NAME")
     vms = [{"name": name, "resources": resources, "required": traits, "image": image, "on": on,
             **({"ha": ha} if ha != "none" else {}),
             **({"reservation": reservation} if reservation else {}),
             **({"networks": networks} if networks else {}),
             **({"seed": {**seed, "hostname": seed["hostname"] or hostname_of(name)}}
-               if seed else {})} for name in names]
-    return Plan("boot", {"vms": vms}, [{"name": vm["name"], "host": None} for vm in vms])
+               if seed else {}),
+            **({"group": joined} if joined else {})} for name in names]
+    landing = plan_landing(ctx, vms, on)
+    refuse_broken_rule(landing)
+    for vm, row in zip(vms, landing):
+        if row["host"]:
+            vm["prefer"] = row["host"]
+    return Plan("boot", {"vms": vms}, landing)
 
 
 def check_somewhere(ctx, on: str, reservation: str | None) -> None:

@@ -309,8 +309,10 @@ class EtcdPlacement(Placement):
             query = parse_query(claim.query, claim.required)
             self._check_classes_exist(query.resource_classes)
             view = {**providers, **working} if working else providers
-            best = next((c for c in order(find_candidates(view, query, None, layout))
-                         if claim.allowed(c["host"])), None)
+            ordered = order(find_candidates(view, query, None, layout))
+            if claim.prefer:
+                ordered.sort(key=lambda c: c["host"] != claim.prefer)
+            best = next((c for c in ordered if claim.allowed(c["host"])), None)
             if best is None or claim.consumer in want or _bad_uuid(claim.consumer):
                 results.append(None)
                 continue

@@ -41,12 +41,14 @@ LIMIT = 32      # claims per transaction: two keys each at most (etcd allows 128
 
 @dataclass
 class NewClaim:
-    """One consumer to place: ``allowed(host)`` filters the candidates."""
+    """One consumer to place: ``allowed(host)`` filters the candidates;
+    ``prefer``: a host to take first when it fits (a plan's choice)."""
     consumer: str
     query: str
     required: str | None
     allowed: Callable[[str], bool]
     owner: dict
+    prefer: str | None = None
 
 
 @dataclass

@@ -1,0 +1,5 @@
+"""Planners: where VMs would go, computed from one snapshot of the cluster
+before anything is claimed (``balance``, ``boot --dry-run``, ``evacuate
+--dry-run``).  :mod:`.model` is the cluster as they see it,
+:mod:`.snapshot` reads it from etcd, :mod:`.balance` plans moves that even
+out hosts, :mod:`.placements` plans boots and evacuations."""
