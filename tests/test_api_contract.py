@@ -86,6 +86,24 @@ def test_a_boot_answers_202_with_the_automation_to_wait_for(cluster, served):
     assert set(detached) == set(doc)
 
 
+def test_a_group_boots_plans_and_reads_as_on_the_command_line(cluster, served):
+    client, _ = served
+    body = {"names": ["g1", "g2"], "resources": SMALL_VM, "group": "web", "rule": "spread"}
+    status, plan, _ = client.post("/v1/vms", {**body, "dry_run": True})
+    assert status == 200 and plan["state"] == "dry-run"
+    assert sorted(row["host"] for row in plan["vms"]) == ["host1", "host2"]
+    status, doc, headers = client.post("/v1/vms", body)
+    assert status == 202
+    assert client.get(headers["Location"] + "/wait?timeout=60")[1]["state"] == "done"
+    for path, command in (("/v1/groups", ["group", "list"]),
+                          ("/v1/groups/web", ["group", "show", "web"])):
+        status, doc, _ = client.get(path)
+        assert status == 200 and doc == cluster.cli_json(*command), path
+    assert client.get("/v1/groups/nope")[0] == 404
+    status, doc, _ = client.post("/v1/vms", {**body, "names": ["g3"]})
+    assert status == 409 and "group 'web' (spread) rules out host1, host2" in doc["error"]
+
+
 def test_actions_confirm_like_the_command_line(cluster, store, served):
     client, _ = served
     boot_vms(cluster, "db1", "db2", on="host1")

@@ -7,9 +7,10 @@ real boot asks each claim for its planned host first.
 """
 from __future__ import annotations
 
-from engine.errors import Failed, NotFound, UsageError
+from engine.errors import Failed, UsageError
 
 from .plans import failed_doc
+from .select import NoMatch
 
 __all__ = ["list_groups", "show_group", "group_for_boot", "plan_landing"]
 
@@ -42,7 +43,7 @@ def show_group(ctx, name: str) -> dict:
     check_name(name)
     members, _ = read_group(ctx.store(), name)
     if not members:
-        raise NotFound(f"no group {name!r} (a group exists while it has VMs)")
+        raise NoMatch(f"no group {name!r} (a group exists while it has VMs)")
     return _doc(name, members)
 
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 from engine.errors import Failed, UsageError
 from engine.natural import sort_rows
-from engine.operations import adoption, hosts, tasks, vms
+from engine.operations import adoption, groups, hosts, tasks, vms
 from engine.operations.plans import Plan
 
 __all__ = ["Route", "Call", "Answer", "ROUTES", "Refusal"]
@@ -138,7 +138,9 @@ def list_vms(ctx, call: Call) -> Answer:
 BOOT = _obj({"names": {"type": "array", "items": STRING, "minItems": 1},
              "resources": STRING, "required": STRING, "image": STRING, "on": STRING,
              "networks": STRINGS, "reservation": STRING,
-             "ha": {"enum": ["restart", "none"]}}, ["names", "resources"])
+             "ha": {"enum": ["restart", "none"]}, "group": STRING,
+             "rule": {"enum": ["spread", "together"]}, "dry_run": BOOL},
+            ["names", "resources"])
 
 
 @route("POST", "/v1/vms", "boot VMs", "boot NAME... --resources SPEC --detach", write=True,
@@ -149,8 +151,19 @@ def boot(ctx, call: Call) -> Answer:
                          image=body.get("image"), on=body.get("on"),
                          networks=body.get("networks"),
                          default_network=ctx.default_network,
-                         reservation=body.get("reservation"), ha=body.get("ha", "none"))
+                         reservation=body.get("reservation"), ha=body.get("ha", "none"),
+                         group=body.get("group"), rule=body.get("rule"))
     return _started(ctx, plan, body)
+
+
+@route("GET", "/v1/groups", "list VM groups", "group list")
+def list_groups(ctx, call: Call) -> Answer:
+    return Answer(groups.list_groups(ctx))
+
+
+@route("GET", "/v1/groups/{name}", "one VM group", "group show NAME")
+def show_group(ctx, call: Call) -> Answer:
+    return Answer(groups.show_group(ctx, call.path["name"]))
 
 
 ACTION = _obj({"patterns": PATTERNS, **CONFIRM}, ["patterns"])
