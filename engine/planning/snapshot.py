@@ -76,16 +76,10 @@ def read_hosts(store, placement) -> Cluster:
             reserved[value["host"]] = value.get("lease", "?")
     hosts = _hosts(placement.providers(), live_host_names(store), drained_hosts(store),
                    reserved)
-    vms, rules = {}, {}
-    for name, members in read_groups(store).items():
-        for uuid, member in members.items():
-            rules.setdefault(name, member["rule"])
-            vms[uuid] = Vm(uuid, member["name"], member["host"], {}, group=name,
-                           stuck="not planned")
-            if member.get("leaving"):       # a move under way counts both hosts
-                vms[uuid + "/leaving"] = Vm(uuid + "/leaving", member["name"],
-                                            member["leaving"], {}, group=name,
-                                            stuck="not planned")
+    vms: dict = {}
+    groups = read_groups(store)
+    rules = {name: next(iter(members.values()))["rule"] for name, members in groups.items()}
+    _members_elsewhere(vms, groups)
     return Cluster(hosts, vms, rules)
 
 
@@ -149,7 +143,22 @@ def read_cluster(store, placement, *, hold: float = HOLD_SECONDS,
                        uuid in locked and in_force(store, "vm/" + uuid))
         vms[uuid] = Vm(uuid, record["name"], record["host"], size, required, forbidden,
                        group, stuck)
+    _members_elsewhere(vms, groups)
     return Cluster(hosts, vms, rules)
+
+
+def _members_elsewhere(vms: dict, groups: dict) -> None:
+    """Group members the VMs above do not show where they are held (a boot
+    or a move under way): kept as sizeless, stuck VMs, so that a plan
+    counts them for their group's rule."""
+    for name, members in groups.items():
+        for uuid, member in members.items():
+            for where, suffix in ((member["host"], ""), (member.get("leaving"), "/leaving")):
+                known = vms.get(uuid)
+                if where and (known is None or known.host != where):
+                    vms[uuid + (suffix or "/claimed")] = Vm(
+                        uuid + (suffix or "/claimed"), member["name"], where, {}, group=name,
+                        stuck="placed, not yet listed there")
 
 
 def _stuck(record, where, rule, lease, snapshots, moved_at, hold, now,
