@@ -56,7 +56,7 @@ from engine.core.store import Put, Store, StoreUnavailable  # noqa: E402
 from engine.core.watch import PrefixWatch  # noqa: E402
 
 PEERCTL = os.path.join(ROOT, "peerctl.py")
-SINGLETONS = ("janitor", "reconciler", "lease-guard", "compactor")
+SINGLETONS = ("janitor", "reconciler", "lease-guard", "compactor", "recoverer", "balancer")
 STATS_INTERVAL = 5.0
 TARGET_HOSTS, TARGET_VMS = 1000, 50000
 

@@ -28,6 +28,7 @@ import time
 
 import structlog
 
+from .balancer import balancer
 from .core import keys
 from .core.duties import Duties, Singleton, janitor
 from .core.maintenance import compactor
@@ -172,7 +173,9 @@ class Peer:
                       Singleton(self.store, session, self.name, "lease-guard",
                                 lease_guard(self.store)).start(),
                       Singleton(self.store, session, self.name, "recoverer",
-                                recoverer(self.store, self.ha_margin)).start()]
+                                recoverer(self.store, self.ha_margin)).start(),
+                      Singleton(self.store, session, self.name, "balancer",
+                                balancer(self.store, host=self.name)).start()]
         if self.etcd_history > 0:
             singletons.append(Singleton(self.store, session, self.name, "compactor",
                                         compactor(self.store, self.etcd_history,

@@ -17,6 +17,8 @@ import engine.placement.etcd  # noqa: F401  (declares placement/)
 import engine.backups.records  # noqa: F401  (declares backups/)
 import engine.backups.schedules  # noqa: F401  (declares schedules/backup/)
 import engine.core.tokens  # noqa: F401  (declares tokens/)
+import engine.groups  # noqa: F401  (declares groups/, groupof/)
+import engine.balancing  # noqa: F401  (declares balanced/, settings/balance, balancer/status)
 
 __all__ = ["find_unreadable", "delete_unreadable"]
 

@@ -100,6 +100,8 @@ def test_a_group_boots_plans_and_reads_as_on_the_command_line(cluster, served):
         status, doc, _ = client.get(path)
         assert status == 200 and doc == cluster.cli_json(*command), path
     assert client.get("/v1/groups/nope")[0] == 404
+    status, doc, _ = client.post("/v1/balance", {"dry_run": True})
+    assert status == 200 and doc == cluster.cli_json("balance", "--dry-run")
     status, doc, _ = client.post("/v1/vms", {**body, "names": ["g3"]})
     assert status == 409 and "group 'web' (spread) rules out host1, host2" in doc["error"]
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 from engine.errors import Failed, UsageError
 from engine.natural import sort_rows
-from engine.operations import adoption, groups, hosts, tasks, vms
+from engine.operations import adoption, balance, groups, hosts, tasks, vms
 from engine.operations.plans import Plan
 
 __all__ = ["Route", "Call", "Answer", "ROUTES", "Refusal"]
@@ -236,6 +236,21 @@ def ping(ctx, call: Call) -> Answer:
 
 
 # -- moves ----------------------------------------------------------------------
+
+BALANCE = _obj({"hosts": STRING, "max_moves": POSITIVE, "parallel": POSITIVE, **CONFIRM})
+
+
+@route("POST", "/v1/balance", "even out hosts with live migrations",
+       "balance [HOSTGLOB] [--max-moves N] [--parallel N] --detach", write=True, body=BALANCE,
+       automation=True)
+def start_balance(ctx, call: Call) -> Answer:
+    body = call.body
+    plan = balance.plan_balance(ctx, body.get("hosts"), max_moves=body.get("max_moves"),
+                                parallel=body.get("parallel", 4))
+    if not plan.targets and not body.get("dry_run"):
+        return Answer({**plan.dry_run(), "state": "done"})      # nothing to move: nothing started
+    return _started(ctx, plan, body)
+
 
 MIGRATE = _obj({"patterns": PATTERNS, "to": STRING, "offline": BOOL, "parallel": POSITIVE,
                 "bandwidth_mib": POSITIVE, "postcopy": BOOL, **CONFIRM}, ["patterns"])
