@@ -137,14 +137,26 @@ def member_doc(group: str, rule: str, uuid: str, name: str, host: str, *,
             "leaving": leaving, "violated": bool(violated), "time": time.time()}
 
 
-def join(store, member: dict, revision: int) -> bool:
+def join(store, member: dict, revision: int, members: dict | None = None) -> bool:
     """Write ``member`` (and its ``groupof/``) if no member of its group
-    changed since ``revision``; False when one did (check again)."""
+    changed since ``revision``; False when one did (check again).  The
+    other ``members`` (as read at ``revision``) whose rule it mends lose
+    their ``violated`` mark in the same write."""
     group, uuid = member["group"], member["uuid"]
     prefix = keys.group(group) + "/"
     return store.txn([untouched_since(prefix, _prefix_end(prefix), revision)],
                      [Put(keys.group(group, uuid), member),
-                      Put(keys.group_of(uuid), {"group": group})]).succeeded
+                      Put(keys.group_of(uuid), {"group": group}),
+                      *_mended(members or {}, member)]).succeeded
+
+
+def _mended(members: dict, changed: dict) -> list:
+    """Writes clearing ``violated`` on the members whose rule holds once
+    ``changed`` is where it says (another member moved away from them)."""
+    now = {**members, changed["uuid"]: changed}
+    return [Put(keys.group(m["group"], m["uuid"]), dict(m, violated=False))
+            for m in members.values() if m.get("violated") and m["uuid"] != changed["uuid"]
+            and allows(m["rule"], occupied(now, m["uuid"]))(m["host"])]
 
 
 def leave_ops(group: str, uuid: str) -> list:
@@ -185,7 +197,7 @@ def place(store, group: str, rule: str | None, uuid: str, name: str,
             host, result = choose(lambda host: True, taken, rule_now)
         member = member_doc(group, rule_now, uuid, name, host, leaving=leaving,
                             violated=not allowed(host))
-        if join(store, member, revision):
+        if join(store, member, revision, members):
             return result
     raise Conflict("concurrent_update", f"group {group!r} kept changing")
 
@@ -201,11 +213,15 @@ def settle(store, uuid: str, host: str | None = None) -> None:
     group = group_of(store, uuid)
     if group is None:
         return
-    members, _ = read_group(store, group)
-    member = members.get(uuid)
-    if member is None or (member.get("leaving") is None and host in (None, member["host"])):
-        return
-    where = host or member["host"]
-    allowed = allows(member["rule"], occupied(members, uuid))
-    store.put(keys.group(group, uuid), dict(member, host=where, leaving=None,
-                                            violated=not allowed(where), time=time.time()))
+    for _ in range(RACES):
+        members, revision = read_group(store, group)
+        member = members.get(uuid)
+        if member is None or (member.get("leaving") is None and host in (None, member["host"])):
+            return
+        where = host or member["host"]
+        allowed = allows(member["rule"], occupied(members, uuid))
+        settled = dict(member, host=where, leaving=None, violated=not allowed(where),
+                       time=time.time())
+        if join(store, settled, revision, members):
+            return
+    raise Conflict("concurrent_update", f"group {group!r} kept changing")

@@ -143,7 +143,8 @@ def test_ha_restart_keeps_the_rule_when_it_can_and_says_so_when_it_cannot(
         cluster, store, tmp_path):
     """web-1..3 spread over h1..h3, h4 empty.  h1 dies: web-1 comes back on
     h4, the one host without a member.  h2 dies: web-2 has no such host
-    left; it comes back anyway, marked violated."""
+    left; it comes back anyway, marked violated, until a balance moves it to
+    h5, a host added since."""
     from engine.core import api
     from tests.support.ha_hosts import boot as ha_boot, start_hosts
     start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3", "h4"])
@@ -174,3 +175,15 @@ def test_ha_restart_keeps_the_rule_when_it_can_and_says_so_when_it_cannot(
     assert shown["violated"] == [second]
     text = cluster.cli("group", "show", "web").stdout
     assert f"rule broken by {second}" in text
+
+    # a new host: balance mends the rule first (a broken rule outweighs any evening out)
+    start_hosts(cluster, store, tmp_path, ["h5"])
+    planned = cluster.cli_json("balance", "--dry-run")
+    together_now = {name for name, host in members(cluster, "web").items()
+                    if host == broken["host"]}
+    assert planned["moves"][0]["vm"] in together_now and planned["moves"][0]["to"] == "h5"
+    done = cluster.cli_json("balance", "--yes")
+    assert done["state"] == "done", done
+    shown = cluster.cli_json("group", "show", "web")
+    assert shown["violated"] == [] and sorted(vm["host"] for vm in shown["vms"]) == \
+        sorted({"h3", "h4", "h5"})

@@ -127,8 +127,11 @@ def test_plan_boot_refuses_on_hosts_that_are_all_drained(only_host1_takes_vms):
                                      "host2 drained, host3 drained"):
         vms.plan_boot(ctx, ["new1"], SPEC, on="host[23]")
     plan = vms.plan_boot(ctx, ["new1"], SPEC, on="host*")
-    assert plan.kind == "boot" and plan.targets == [{"name": "new1", "host": None}]
+    # the plan lands it on host1, the one host that takes VMs, with no alternate
+    assert plan.kind == "boot" and plan.targets == [
+        {"name": "new1", "host": "host1", "alternates": [], "error": None}]
     assert plan.args["vms"][0]["resources"] == {"VCPU": 1, "MEMORY_MB": 64, "DISK_GB": 1}
+    assert plan.args["vms"][0]["prefer"] == "host1"
 
 
 # -- hosts and moves -------------------------------------------------------------------
