@@ -148,6 +148,7 @@ def test_twenty_hosts_two_hundred_vms_get_even_and_stay_so(cluster, store, tmp_p
     assert len({t["id"] for t in cluster.cli_json("tasks", "--all")} - before) == 1
 
 
+@pytest.mark.slow     # a crash scenario: two initiators SIGKILLed mid-plan
 def test_initiator_killed_mid_plan_resumes_and_moves_no_vm_twice(cluster, store, tmp_path):
     """Members m1-m3 lead the balance; a failpoint kills the leader as it
     is about to send the first move's copy, another the next leader as it

@@ -320,6 +320,7 @@ def test_wait_exits_1_on_a_stuck_automation(cluster, peers, store):
     assert done.returncode == 1 and "stuck" in done.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow     # waits out abort's whole wait for a leader that never answers
 def test_abort_exits_1_while_the_automation_still_runs(cluster, store):
     """`abort` asks the leader and waits; a leader that does not act on it in
     that time (here a ghost candidate that never answers) leaves the

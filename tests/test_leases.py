@@ -227,6 +227,7 @@ def test_a_capacity_lease_keeps_its_slots_through_reconciler_passes_and_extends_
 
 # -- back to back ---------------------------------------------------------------------
 
+@pytest.mark.slow     # two leases' whole windows, back to back
 def test_back_to_back_the_second_starts_only_once_the_first_has_freed_the_host(
         cluster, store, tmp_path):
     hooks = str(tmp_path / "hooks")
@@ -326,6 +327,7 @@ def test_a_reserved_host_that_dies_is_replaced_or_the_lease_degrades(cluster, st
 
 # -- extend, delete, refusals ----------------------------------------------------------------
 
+@pytest.mark.slow     # a lease's window, extended and run out
 def test_extend_moves_the_end_and_is_refused_into_another_lease(cluster, store):
     three_hosts(cluster, store)
     cluster.cli_json("lease", "create", "x", "--hosts", "3", "--start", "now", "--end", "+6s")

@@ -8,6 +8,8 @@ or a hypervisor that lost them.  A failpoint (``responded build``) kills a
 peer right after its build's response is written, before its publisher
 ever looked at the VM.
 """
+import pytest
+
 from engine.core import api, failpoints, keys
 from engine.placement import open_placement
 from tests.support import wait_for, wait_until
@@ -132,6 +134,7 @@ def test_a_vanished_domain_is_kept_missing_and_an_ha_one_restarted(cluster, stor
     assert held_on(store) == {web1: [vms["web1"]["host"]]}
 
 
+@pytest.mark.slow     # several HA restarts within a real time window
 def test_restarts_stop_after_the_stated_number_within_the_window(cluster, store, tmp_path):
     """With ``PEERCTL_HA_MAX_RESTARTS=1``, web1 vanishes twice: the first
     time it is rebuilt elsewhere, the second it is left ``missing``, its
