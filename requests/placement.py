@@ -5,8 +5,9 @@
   ``resources`` (``"VCPU:1,MEMORY_MB:256"`` or a mapping) it takes the best
   candidate whose host matches the ``hosts`` glob, alternates on
   capacity_exceeded; hosts named in ``exclude`` are skipped (alternates
-  after a failed build); ``prefer`` (a plan's host) is tried first.  Idempotent: a consumer that already holds what was asked
-  for gets its allocations back unchanged.
+  after a failed build); ``prefer`` (a plan's host) is tried first.
+  Idempotent: a consumer that already holds what was asked for gets its
+  allocations back unchanged.
 - ``release``: ``{consumer}`` -> ``{consumer, released: true}`` (also when it
   held nothing).
 - ``candidates``: ``{resources, required?, limit?}`` -> ``{candidates: [...]}``.
@@ -98,10 +99,7 @@ def claim(host, args: dict) -> dict:
             if done is not None:
                 return done
         held = placement.allocations(consumer)
-        wanted = {}
-        for group in parse_query(query, args.get("required")).groups:
-            for rc, n in group.resources.items():
-                wanted[rc] = wanted.get(rc, 0) + n
+        wanted = _wanted(query, args.get("required"))
         if held["allocations"] and _totals(held["allocations"]) == wanted:
             return {"consumer": consumer, "allocations": held["allocations"],
                     "host": _host_of(placement, held["allocations"])}
@@ -114,6 +112,15 @@ def claim(host, args: dict) -> dict:
                           claimed, f"no host can fit {query}", f"claim for {consumer}",
                           lambda: _why_none(host.store, placement, query, required, args,
                                             dict.fromkeys(excluded, "tried")))
+
+
+def _wanted(query: str, required) -> dict:
+    """What a query asks for in all, by resource class."""
+    wanted: dict[str, int] = {}
+    for group in parse_query(query, required).groups:
+        for rc, n in group.resources.items():
+            wanted[rc] = wanted.get(rc, 0) + n
+    return wanted
 
 
 def _group_arg(args: dict) -> tuple[str, str | None]:
@@ -156,10 +163,7 @@ def _claim_in_group(host, placement, args: dict, query: str, required, excluded:
     claimed, then the VM recorded as the group's member there."""
     consumer = args.get("consumer")
     name, rule = _group_arg(args)
-    wanted = {}
-    for group in parse_query(query, args.get("required")).groups:
-        for rc, n in group.resources.items():
-            wanted[rc] = wanted.get(rc, 0) + n
+    wanted = _wanted(query, args.get("required"))
 
     def choose(allowed, taken, rule_now):
         held = placement.allocations(consumer)["allocations"]

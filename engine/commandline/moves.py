@@ -73,7 +73,8 @@ def cmd_drain(ctx) -> int:
 
 def cmd_evacuate(ctx) -> int:
     args = ctx.args
-    plan = ops.plan_evacuate(ctx, args.hostglob, args.to, args.parallel)
+    plan = ops.plan_evacuate(ctx, args.hostglob, args.to, args.parallel,
+                             planned=args.dry_run)
     hosts = ", ".join(plan.args["hosts"])
     if args.dry_run:
         return act(ctx, plan, move_outcome, "evacuate", LANDING_COLUMNS,

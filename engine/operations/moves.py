@@ -112,10 +112,13 @@ def _on(store, hosts: list[str]) -> list[dict]:
     return by_host_and_name([vm for vm in read_vms(store) if vm["host"] in hosts])
 
 
-def plan_evacuate(ctx, pattern: str, to: str | None = None, parallel: int = 4) -> Plan:
+def plan_evacuate(ctx, pattern: str, to: str | None = None, parallel: int = 4, *,
+                  planned: bool = True) -> Plan:
     """Drain the hosts matching ``pattern`` and move every VM off them.
-    The plan lists the VMs there now; :func:`evacuate_after_drain` drains
-    and plans again with what is there then."""
+    The plan lists the VMs there now, with where each would go unless
+    ``planned`` is false (a real run: :func:`evacuate_after_drain` drains
+    and plans again with what is there then, so the first plan would be
+    read for nothing)."""
     host_pattern(pattern)       # bad patterns, --to too, are usage errors before any read
     to = host_pattern(to) if to is not None else None
     from engine.cluster import read_hosts
@@ -128,7 +131,7 @@ def plan_evacuate(ctx, pattern: str, to: str | None = None, parallel: int = 4) -
         raise Failed(_nowhere(f"the VMs of {', '.join(leaving)}", to, hosts,
                               "which " + ("is" if len(leaving) == 1 else "are")
                               + " being evacuated"), result=failed_doc())
-    landing = _landing(ctx, leaving, vms, to)
+    landing = _landing(ctx, leaving, vms, to) if planned else None
     return Plan("evacuate", {"hosts": leaving, "vms": [_move_target(vm, landing) for vm in vms],
                              "to": to, "parallel": parallel},
                 [_row(vm, landing) for vm in vms], ask=len(vms) > 1 or len(leaving) > 1)

@@ -302,7 +302,7 @@ def evacuate(ctx, call: Call) -> Answer:
     from engine.operations import moves
     body = call.body
     plan = moves.plan_evacuate(ctx, call.path["pattern"], body.get("to"),
-                               body.get("parallel", 4))
+                               body.get("parallel", 4), planned=bool(body.get("dry_run")))
     if body.get("dry_run") or (plan.ask and not body.get("yes")):
         return _started(ctx, plan, body)
     planned = moves.evacuate_after_drain(ctx, plan, by=call.user)
