@@ -66,16 +66,21 @@ def _traits(build: dict) -> tuple[frozenset, frozenset]:
             frozenset(t[1:] for t in items if t.startswith("!")))
 
 
+def _leased(kvs) -> dict:
+    """Host -> the lease holding it, from ``reserved/`` entries."""
+    held = {}
+    for kv in kvs:
+        value = readable(kv)
+        if value is not None:
+            held[value["host"]] = value.get("lease", "?")
+    return held
+
+
 def read_hosts(store, placement) -> Cluster:
     """The hosts now, and of the VMs only the groups' members (where they
     are, no sizes): what a boot's plan needs."""
-    reserved = {}
-    for kv in store.range(keys.reserved())[0]:
-        value = readable(kv)
-        if value is not None:
-            reserved[value["host"]] = value.get("lease", "?")
     hosts = _hosts(placement.providers(), live_host_names(store), drained_hosts(store),
-                   reserved)
+                   _leased(store.range(keys.reserved())[0]))
     vms: dict = {}
     groups = read_groups(store)
     rules = {name: next(iter(members.values()))["rule"] for name, members in groups.items()}
@@ -97,14 +102,10 @@ def read_cluster(store, placement, *, hold: float = HOLD_SECONDS,
         Get(keys.lease_vm(), True), Get(keys.balanced(), True),
         Get(keys.snapshot(), True), Get(keys.lock("vm/"), True)]).ranges
     locked = {keys.suffix(kv.key, keys.lock("vm/")) for kv in locks}
-    reserved = {}
-    for kv in reserved_kvs:
-        value = readable(kv)
-        if value is not None:
-            reserved[value["host"]] = value.get("lease", "?")
-    hosts = _hosts(providers, live_host_names(store), drained_hosts(store), reserved)
-    names = {p["uuid"]: p.get("root", p["uuid"]) for p in providers}
-    root_name = {p["uuid"]: p["name"] for p in providers}
+    hosts = _hosts(providers, live_host_names(store), drained_hosts(store),
+                   _leased(reserved_kvs))
+    root_of = {p["uuid"]: p.get("root", p["uuid"]) for p in providers}
+    name_of = {p["uuid"]: p["name"] for p in providers}
     builds = {}
     for kv in definitions:
         value = readable(kv)
@@ -133,7 +134,7 @@ def read_cluster(store, placement, *, hold: float = HOLD_SECONDS,
         size: dict = {}
         where = set()
         for rp, resources in held.items():
-            where.add(root_name.get(names.get(rp)))
+            where.add(name_of.get(root_of.get(rp)))
             for rc, n in resources.items():
                 size[rc] = size.get(rc, 0) + n
         required, forbidden = _traits(builds.get(uuid))
