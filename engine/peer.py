@@ -7,7 +7,10 @@ requests from the host's inbox, the duties (automations it is a member of)
 and the cluster singletons.  When the session is lost (etcd
 unreachable for a TTL, the process paused) everything bound to it stops at
 once and the peer starts over with a fresh session; its durable state is all
-in etcd, so it resumes where it was.  SIGTERM/SIGINT stop it gracefully:
+in etcd, so it resumes where it was.  An upgrade hands the host over to a
+process of another release on the same lease (``engine/releases/handover.py``):
+the host record, the guard's heartbeat and the VMs carry on; if that
+process does not come up, this one serves again.  SIGTERM/SIGINT stop it gracefully:
 running requests finish, then the lease is revoked so the other members take
 over at once instead of after a TTL (unless the host runs HA VMs: then the
 lease runs out, and a peer back within it keeps them; see
@@ -30,6 +33,7 @@ import structlog
 
 from .balancer import balancer
 from .core import keys
+from .core import features
 from .core.duties import Duties, Singleton, janitor
 from .core.maintenance import compactor
 from .core.executor import Executor
@@ -39,7 +43,7 @@ from .core.session import Session
 from .core.store import Put, Store, StoreUnavailable
 from .core.validate import parse_duration   # one check, shared with the command line
 from .drains import align
-from .errors import RequestError, UsageError
+from .errors import Refused, RequestError, UsageError
 from .hypervisor.guard import (Heartbeat, ensure_guard, fenced, forget_fenced, ha_domains,
                                lead_for, needs_guard)
 from .hypervisor.ha import DEFAULT_MARGIN, recoverer
@@ -47,12 +51,15 @@ from .hypervisor.hostctx import HostContext, check_libvirt_uri
 from .hypervisor.backup_sweep import sweep_backups
 from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
 from .leases.guard import lease_guard
+from .releases import current as releases
+from .releases.handover import DEFAULT_DEADLINE, adopted_lease, hand_over, handed_over, note_serving
 
 __all__ = ["run_peer", "parse_duration"]
 
 log = structlog.get_logger("peerctl.peer")
 
 STATS_INTERVAL = 5.0
+DRAIN_TIMEOUT = 120.0     # how long a hand-over waits for the host's running requests
 RETENTION = 24 * 3600.0
 ETCD_HISTORY = 3600.0     # etcd revisions kept by the cluster's compactor
 
@@ -88,7 +95,8 @@ class Peer:
                  hooks_dir: str | None = None, workers: int = 8, state_dir: str | None = None,
                  retention: float = RETENTION, networks: str = "default",
                  etcd_history: float = 3600.0, ha_margin: float = DEFAULT_MARGIN,
-                 backup_pool: str | None = None, reserved: dict | None = None):
+                 backup_pool: str | None = None, reserved: dict | None = None,
+                 pause=None, resume=None):
         self.store = store
         self.name = host
         self.ttl = ttl
@@ -101,7 +109,8 @@ class Peer:
         self.host = HostContext(host, libvirt_uri, store, state_dir,
                                 offer=parse_offer(networks, "in the peer's networks setting"),
                                 backup_pool=backup_pool or None,
-                                reserved=dict(reserved or {}))
+                                reserved=dict(reserved or {}),
+                                replace=self.replace)
         self.executor = Executor(store, self.host, hooks_dir, workers)
         # A hypervisor whose VMs outlive this process gets a guard that
         # fences its HA VMs when this peer's lease may lapse.
@@ -109,6 +118,50 @@ class Peer:
         self.stopping = threading.Event()
         self.extras = []                # per-session components started by plugins
         self.log = log.bind(host=host)
+        # A hand-over: what the upgrade asked for, the lease a previous
+        # process left us, and what the host record says about both.
+        self.pause, self.resume = pause or (lambda: None), resume or (lambda: None)
+        self.replacing: dict | None = None
+        self.adopt = adopted_lease()
+        self.handover: dict | None = None
+        self.rolled_back: dict | None = None
+        self.guarded: bool | None = None    # the guard was found or started (None: none needed)
+        self.code = self._code()
+
+    def _code(self) -> dict:
+        """What this process runs, as a choice for ``current.json``: the
+        host's current release when it runs from it, else its own tree."""
+        chosen = releases.read_current(self.host.state_dir)
+        mine = releases.running_choice()
+        if chosen and os.path.realpath(chosen["path"]) == mine["path"]:
+            return {**mine, "release": chosen.get("release"),
+                    "previous": chosen.get("previous")}
+        return {**mine, "previous": None}
+
+    def identity(self) -> dict:
+        """The host record's fields about this peer's code."""
+        code = self.code
+        version = code["version"] or "unknown"
+        if code.get("commit"):
+            version += "+" + code["commit"][:8]
+        previous = code.get("previous") or None
+        return {"version": version, "release": code.get("release"),
+                "feature_level": features.SUPPORTED,
+                "previous": ({"release": previous.get("release"),
+                              "version": previous.get("version"),
+                              "feature_level": previous.get("feature_level")}
+                             if previous else None),
+                **({"guarded": self.guarded} if self.heartbeat is not None else {}),
+                **({"handover": self.handover} if self.handover else {}),
+                **({"rolled_back": self.rolled_back} if self.rolled_back else {})}
+
+    def replace(self, plan: dict) -> bool:
+        """Hand the host over to ``plan['choice']`` once running requests
+        are done (called by the ``upgrade_host`` request)."""
+        if self.replacing is not None:
+            return False
+        self.replacing = plan
+        return True
 
     def run(self) -> int:
         try:
@@ -118,14 +171,24 @@ class Peer:
             return 2
         load_request_handlers()
         load_automations()
+        self._carry_in()
+        releases.write_peer_file(self.host.state_dir)
         while not self.stopping.is_set():
             try:
-                session = Session(self.store, self.ttl,
+                features.check_supported(self.store)
+            except Refused as exc:
+                sys.stderr.write(f"peerctl: {exc}\n")
+                return 2
+            except StoreUnavailable:
+                pass                    # checked again once etcd answers
+            try:
+                session = Session(self.store, self.ttl, adopt=self.adopt,
                                   on_renewed=self.heartbeat.beat if self.heartbeat else None)
             except StoreUnavailable as exc:
                 self.log.warning("etcd_unreachable", error=str(exc))
                 self.stopping.wait(0.5)
                 continue
+            self.adopt = None
             crashed = False
             try:
                 self._serve(session)
@@ -143,16 +206,95 @@ class Peer:
                 graceful = self.stopping.is_set()
                 if graceful:
                     self.executor.wait_idle(30)
-                # A host running HA VMs lets its lease run out instead: a
-                # peer restarted within it (an upgrade) keeps them running;
-                # otherwise the guard fences them and they restart elsewhere.
-                session.close(revoke=(graceful or crashed) and not self._runs_ha_vms())
+                if self.replacing is not None and not crashed:
+                    last_renewal = self._drain(session)
+                else:
+                    # A host running HA VMs lets its lease run out instead: a
+                    # peer restarted within it keeps them running; otherwise
+                    # the guard fences them and they restart elsewhere.  A
+                    # process that came from a hand-over and crashed keeps
+                    # it too: the old one may still take the host back.
+                    session.close(revoke=(graceful or crashed) and not self._runs_ha_vms()
+                                  and not (crashed and handed_over()))
+            if self.replacing is not None:
+                if self._hand_over(session.lease, last_renewal):
+                    return 0
         self.log.info("peer_stopped")
         return 0
 
+    def _drain(self, session: Session) -> float:
+        """Stop serving for a hand-over, keeping the lease: running requests
+        finish, the test driver's domains are saved; the lease's last renewal."""
+        if not self.executor.wait_idle(DRAIN_TIMEOUT):
+            self.log.warning("handover_not_idle", timeout=DRAIN_TIMEOUT)
+        self.replacing["carried"] = self._carry_out()
+        try:
+            last = session.renew()
+        except StoreUnavailable:
+            last = time.time()
+        session.close(revoke=False)
+        return last
+
+    def _hand_over(self, lease: int, last_renewal: float) -> bool:
+        """Start the new release on ``lease``; True once it serves, False
+        (this process serves again, on the same lease) when it did not."""
+        plan, self.replacing = self.replacing, None
+        self.pause()
+        self.log.info("handing_over", to=plan["choice"].get("release"),
+                      path=plan["choice"]["path"])
+        outcome = hand_over(self.host.state_dir, lease, last_renewal, plan["choice"],
+                            {k: v for k, v in self.code.items() if k != "previous"},
+                            float(plan.get("deadline") or DEFAULT_DEADLINE),
+                            plan.get("carried"), plan.get("automation"))
+        if plan.get("carried"):
+            try:
+                os.unlink(plan["carried"])
+            except OSError:
+                pass
+        if outcome.ok:
+            self.log.info("handed_over", pid=outcome.pid)
+            return True
+        self.log.error("handover_rolled_back", why=outcome.why)
+        self.rolled_back = {"to": plan["choice"].get("release"), "why": outcome.why,
+                            "time": time.time(), "automation": plan.get("automation")}
+        self.adopt = lease
+        self.code = self._code()
+        self.resume()
+        return False
+
+    def _carry_out(self) -> str | None:
+        """Save the test driver's domains for the next process (a real
+        hypervisor keeps them by itself)."""
+        path = os.path.join(releases.releases_dir(self.host.state_dir), "carry.json")
+        try:
+            from .hypervisor import carry
+            if not carry.carries(self.host.libvirt_uri):
+                return None
+            carry.save(self.host.conn, path)
+        except Exception as exc:
+            self.log.error("carry_save_failed", error=str(exc))
+            return None
+        return path
+
+    def _carry_in(self) -> None:
+        came = handed_over()
+        path = (came or {}).get("carried")
+        if not path:
+            return
+        try:
+            from .hypervisor import carry
+            restored = carry.restore(self.host.conn, path)
+            self.log.info("carried_domains", domains=restored)
+        except Exception as exc:
+            self.log.error("carry_restore_failed", error=str(exc))
+
+    def _host_record(self) -> dict:
+        return {**_host_record(self.host), **self.identity()}
+
     def _serve(self, session: Session):
-        self.log.info("session_started", lease=f"{session.lease:x}", ttl=self.ttl)
-        record = _host_record(self.host)
+        self.log.info("session_started", lease=f"{session.lease:x}", ttl=self.ttl,
+                      adopted=session.adopted, version=self.identity()["version"])
+        record = self._host_record()
         cfg = self.store.get(keys.host_config(self.name))
         enabled = (cfg.value or {}).get("enabled", True) if cfg else True
         self.store.txn([], [Put(keys.host(self.name), {**record, "enabled": enabled}, session.lease),
@@ -181,18 +323,23 @@ class Peer:
                                         compactor(self.store, self.etcd_history,
                                                   self.name)).start())
         self._unfence()
+        if handed_over() is not None:
+            self.handover = note_serving(self.host.state_dir, session.first_renewal)
+            self.store.put(keys.host(self.name), {**self._host_record(), "enabled": enabled},
+                           session.lease)
         try:
-            while not self.stopping.is_set() and not session.lost.is_set():
+            while not self.stopping.is_set() and not session.lost.is_set() \
+                    and self.replacing is None:
                 # Short slices: a lost lease must end this session at once, not
                 # up to STATS_INTERVAL later, so that the next one is made (and
                 # the host record re-published) before the old lease expires.
                 next_stats = time.monotonic() + STATS_INTERVAL
                 while not (self.stopping.wait(0.1) or session.lost.is_set()
-                           or time.monotonic() >= next_stats):
+                           or self.replacing is not None or time.monotonic() >= next_stats):
                     pass
-                if self.stopping.is_set() or session.lost.is_set():
+                if self.stopping.is_set() or session.lost.is_set() or self.replacing is not None:
                     break
-                record = _host_record(self.host)
+                record = self._host_record()
                 self.store.put(keys.host(self.name), {**record, "enabled": enabled},
                                session.lease)
                 self.executor.rescan()
@@ -263,7 +410,9 @@ class Peer:
         try:
             ensure_guard(self.host.state_dir, self.name, self.host.libvirt_uri,
                          lead_for(self.ttl))
+            self.guarded = True
         except Exception as exc:
+            self.guarded = False
             self.log.error("guard_unavailable", error=str(exc))
 
     def _runs_ha_vms(self) -> bool:
@@ -354,7 +503,7 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
              state_dir: str | None = None, retention=RETENTION,
              networks: str = "default", etcd_history=ETCD_HISTORY,
              ha_margin=DEFAULT_MARGIN, backup_pool: str | None = None,
-             reserved: dict | None = None) -> int:
+             reserved: dict | None = None, pause=None, resume=None) -> int:
     """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
     automations are kept for ``retention`` (seconds or ``7d``-style);
     ``networks`` is what the host offers (``default, lan=br0``: see
@@ -363,12 +512,14 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
     restarted elsewhere ``ha_margin`` after its lease expired; backups of
     other hosts' VMs land in libvirt pool ``backup_pool`` (None: a dir pool
     under the state directory); placement keeps ``reserved`` ``{RC: amount}``
-    back on this host, on top of what its foreign domains hold."""
+    back on this host, on top of what its foreign domains hold.  ``pause``
+    and ``resume`` stop and start what else the process serves (its API)
+    around a hand-over to another release."""
     peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir,
                 parse_duration(retention if retention is not None else RETENTION), networks,
                 parse_duration(etcd_history if etcd_history is not None else ETCD_HISTORY),
                 parse_duration(ha_margin if ha_margin is not None else DEFAULT_MARGIN),
-                backup_pool, reserved)
+                backup_pool, reserved, pause, resume)
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)

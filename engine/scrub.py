@@ -19,13 +19,32 @@ import engine.backups.schedules  # noqa: F401  (declares schedules/backup/)
 import engine.core.tokens  # noqa: F401  (declares tokens/)
 import engine.groups  # noqa: F401  (declares groups/, groupof/)
 import engine.balancing  # noqa: F401  (declares balanced/, settings/balance, balancer/status)
+import engine.releases.catalog  # noqa: F401  (declares code/)
 
 __all__ = ["find_unreadable", "delete_unreadable"]
 
 
+def _values(store: Store):
+    """Every key with its value, a kind at a time: the chunks of releases
+    (``code/chunks/``, up to 16 MiB each release) are read one release at a
+    time, so no read holds them all."""
+    names, _ = store.range("", keys_only=True)
+    kinds = sorted({kv.key.split("/", 1)[0] for kv in names})
+    for kind in kinds:
+        if kind != "code":
+            yield from store.range(kind + "/")[0]
+            yield from (kv for kv in store.range(kind)[0] if kv.key == kind)
+            continue
+        yield from store.range("code/releases/")[0]
+        versions = sorted({kv.key.split("/")[2] for kv in names
+                           if kv.key.startswith("code/chunks/") and kv.key.count("/") >= 3})
+        for version in versions:
+            yield from store.range(f"code/chunks/{version}/")[0]
+
+
 def find_unreadable(store: Store) -> list[Unreadable]:
     """Every key of the cluster whose value cannot be read, by key."""
-    kvs, _ = store.range("")
+    kvs = _values(store)
     found = []
     for kv in kvs:
         why = values.problem(kv)

@@ -59,7 +59,7 @@ from engine.errors import Failed
 
 __all__ = ["Started", "start", "stop", "read_up", "running_up", "is_ours", "up_file", "api_urls",
            "etcd_members", "etcd_urls", "client_tls", "processes", "configuration",
-           "PEERCTL", "QEMU", "netns_name"]
+           "PEERCTL", "QEMU", "netns_name", "live_peer"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERCTL = os.path.join(ROOT, "peerctl.py")      # what each peer runs
@@ -147,6 +147,25 @@ def is_ours(record: dict) -> bool:
     return bool(pid) and cmdline(pid) == record.get("cmd")
 
 
+def live_peer(state_dir: str, peer: dict) -> dict | None:
+    """The process serving as ``peer``'s host now, as a record like
+    ``peer``: the one ``up`` started, or the one it became or handed over
+    to in an upgrade (the host's ``peer.json``, see
+    :mod:`engine.releases.current`), if that runs the same arguments; None
+    when none runs."""
+    if is_ours(peer):
+        return peer
+    from engine.hypervisor.daemons import cmdline
+    from engine.releases.current import read_peer_file
+    noted = read_peer_file(os.path.join(state_dir, peer.get("host") or ""))
+    if not noted or not peer.get("cmd"):
+        return None
+    running = cmdline(noted["pid"])
+    if running and running == noted.get("cmd") and running[2:] == peer["cmd"][2:]:
+        return {**peer, "pid": noted["pid"], "cmd": running}
+    return None
+
+
 @dataclass
 class Started:
     """What ``start`` did: ``up`` as now recorded, one ``(name, "started" or
@@ -199,12 +218,14 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
     # its private daemon running
     asked = {host: (peers.get(host) or {}).get("libvirt") or libvirt for host in names}
     wanted = [host for i, host in enumerate(names, 1)
-              if asked[host] == QEMU and (i <= hosts or is_ours(peers.get(host) or {}))]
+              if asked[host] == QEMU and (i <= hosts or live_peer(state_dir, peers.get(host) or {}))]
     uris = _start_daemons(state_dir, cluster, up, wanted, outcome) if wanted else {}
     for i, host in enumerate(names, 1):
         peer = peers.get(host)
-        if peer and is_ours(peer):
-            outcome.report.append((host, "already running", peer))
+        serving = live_peer(state_dir, peer) if peer else None
+        if serving:
+            peers[host] = serving
+            outcome.report.append((host, "already running", serving))
             continue
         if i > hosts:
             continue
@@ -364,7 +385,8 @@ def _api_port(peer: dict | None, index: int) -> int:
 
 def api_urls(up: dict) -> list[str]:
     """The URL of each running peer's HTTP API."""
-    return [p["api"] for p in up.get("peers") or [] if p.get("api") and is_ours(p)]
+    return [p["api"] for p in up.get("peers") or []
+            if p.get("api") and live_peer(up.get("state_dir") or "", p)]
 
 
 def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
@@ -440,7 +462,7 @@ def _wait_hosts(up: dict, cluster: str, peers: dict, hosts: list[str],
             missing = [h for h in hosts if h not in seen]
             if not missing:
                 return
-            dead = [h for h in missing if not is_ours(peers[h])]
+            dead = [h for h in missing if not live_peer(up.get("state_dir") or "", peers[h])]
             if dead:
                 host = dead[0]
                 raise Failed(f"peer {host} exited; see {peers[host]['log']}:\n"
@@ -467,7 +489,7 @@ def stop(state_dir: str, *, keep_guests: bool = False, guest_timeout: float | No
     if not up:
         return None
     stopped = []
-    peers = up.get("peers") or []
+    peers = [live_peer(state_dir, p) or p for p in up.get("peers") or []]
     running = [p for p in peers if is_ours(p)]
     if running:
         say(f"stopping {len(running)} peer{'s' if len(running) != 1 else ''}")

@@ -35,6 +35,7 @@ HOST_COLUMNS = [
     C("net_tx_bytes", "NetTx", table.human_bytes, True),
     C("libvirt_uri", "Libvirt"), C("provider_uuid", "Provider"),
     C("networks", "Networks", lambda names: ",".join(names) or "-"),
+    C("version", "Version"), C("feature_level", "Level", right=True),
 ]
 HOSTLIST_DEFAULT = ["host", "status", "hypervisor", "vcpus", "memory_mb", "free_memory_mb",
                     "vms", "foreign_vms", "free_disk_gb", "kernel", "cpu_model"]

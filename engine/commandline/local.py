@@ -16,6 +16,9 @@ from .settings import DEFAULTS
 def cmd_peer(ctx) -> int:
     args, settings = ctx.args, ctx.settings
     check_name(args.host, "host name")
+    from engine.releases import current
+    state_dir = args.state_dir or current.default_state_dir(settings["cluster"], args.host)
+    current.exec_current(state_dir)         # the host's current release, if another tree
     configure_logging("DEBUG" if args.debug else "INFO")
     from engine import placement
     placement.configure(settings["placement_config"])
@@ -40,19 +43,38 @@ def cmd_peer(ctx) -> int:
     for name in ("api_cert", "api_key"):
         if getattr(args, name):
             settings[name] = getattr(args, name)
-    server = None
-    if address:
+    api = _Api(settings, address, args)
+    api.start()
+    try:
+        return int(run_peer(ctx.store(), args.host, args.libvirt, pause=api.stop,
+                            resume=api.start, **kwargs) or 0)
+    finally:
+        api.stop()
+
+
+class _Api:
+    """The peer's HTTP face, stopped and started again around a hand-over
+    to another release (the new process takes the port)."""
+    def __init__(self, settings, address, args):
+        self.settings, self.address, self.args = settings, address, args
+        self.server = None
+
+    def start(self) -> None:
+        if not self.address or self.server is not None:
+            return
         from engine.web.server import serve_cluster
-        server = serve_cluster(settings, address, host=args.host, libvirt_uri=args.libvirt,
-                               roles_dir=args.api_roles or settings["api_roles"] or None)
+        args = self.args
+        self.server = serve_cluster(self.settings, self.address, host=args.host,
+                                    libvirt_uri=args.libvirt,
+                                    roles_dir=args.api_roles or self.settings["api_roles"] or None)
         import structlog
         structlog.get_logger("peerctl.api").info(
-            "api_listening", url=server.url,
-            security="TLS" if server.tls else "plain HTTP, loopback only")
-    try:
-        return int(run_peer(ctx.store(), args.host, args.libvirt, **kwargs) or 0)
-    finally:
-        if server is not None:
+            "api_listening", url=self.server.url,
+            security="TLS" if self.server.tls else "plain HTTP, loopback only")
+
+    def stop(self) -> None:
+        if self.server is not None:
+            server, self.server = self.server, None
             server.stop()
 
 
@@ -73,7 +95,7 @@ def cmd_up(ctx) -> int:
         history=f"{int(parse_duration(settings['etcd_history']))}s")
     up = outcome.up
     cluster, urls = up["cluster"], supervisor.etcd_urls(up)
-    running = [p for p in up["peers"] if supervisor.is_ours(p)]
+    running = [p for p in up["peers"] if supervisor.live_peer(up["state_dir"], p)]
     tls = supervisor.client_tls(up)
     doc = {"cluster": cluster, "etcd": urls.split(","),
            "processes": supervisor.processes(up),

@@ -27,6 +27,8 @@ NOUNS = {"vms": ("vmlist", "boot", "destroy", "start", "stop", "reboot", "suspen
          "hosts": ("hostlist", "hoststats", "ping"),
          "moves": ("migrate", "drain", "undrain", "evacuate"),
          "balance": ("balance",),
+         "code": ("code", "version"),
+         "upgrade": ("upgrade", "cluster"),
          "tasks": ("tasks", "task", "wait", "abort"),
          "backups": ("backup", "restore"), "snapshots": ("snapshot",), "replicas": ("replicate",), "leases": ("lease",),
          "placement": ("placement",),

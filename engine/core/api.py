@@ -53,7 +53,8 @@ def automation_ops(store: Store, kind: str, args: dict, members: int = DEFAULT_M
     """``(id, compares, ops)`` that create an automation when written, for a
     caller that writes it in one transaction with something else (a lease
     and the automation that carries it)."""
-    version, _ = latest(kind)
+    from . import features
+    version, _ = latest(kind, features.cluster_level(store))
     hosts = sorted(live_hosts(store))
     if not hosts:
         raise NoPeers("no live peers in this cluster: start some with "

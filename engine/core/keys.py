@@ -276,3 +276,20 @@ def placement(part: str = "") -> str:
 def suffix(key: str, prefix: str) -> str:
     """``suffix("hosts/h1", host())`` -> ``"h1"``."""
     return key[len(prefix):]
+
+
+def release(version: str = "") -> str:
+    """``code/releases/<version>``: a release of peerctl the cluster carries,
+    its meta (``engine/releases/catalog.py``)."""
+    return f"code/releases/{version}"
+
+
+def release_chunk(version: str = "", index: int | None = None) -> str:
+    """``code/chunks/<version>/<index>``: one piece of a release's archive;
+    without ``index``, every piece of ``version``; without either, every
+    release's pieces."""
+    if not version:
+        return "code/chunks/"
+    if index is None:
+        return f"code/chunks/{version}/"
+    return f"code/chunks/{version}/{index:05d}"

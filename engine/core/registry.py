@@ -7,6 +7,11 @@ that changes the requests it yields, register the new code under a new
 version and keep the old one until no running automation uses it: old logs
 keep replaying under old code.  (Inside one version, ``ctx.version`` lets a
 worker branch on small changes.)
+
+A version whose log other peers' code may not know yet is registered with
+``feature_level=N`` (``engine/core/features.py``): new automations use it
+only once the cluster's feature level is N or more, so that a cluster of
+mixed releases keeps starting what every member can run.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ _loaded: set[str] = set()
 _loading = threading.RLock()
 
 
-def automation(kind: str, version: int = 1, cleans_up: bool = False):
+def automation(kind: str, version: int = 1, cleans_up: bool = False, feature_level: int = 1):
     """Register ``fn`` as ``kind`` at ``version``.
 
     ``abort ID`` ends an automation at once, its workers stopped where they
@@ -39,14 +44,18 @@ def automation(kind: str, version: int = 1, cleans_up: bool = False):
     they must (a migration reverting its allocations, say)."""
     def register(fn):
         fn.cleans_up = cleans_up
+        fn.feature_level = feature_level
         _WORKERS[(kind, version)] = fn
         return fn
     return register
 
 
-def latest(kind: str) -> tuple[int, Callable]:
+def latest(kind: str, level: int | None = None) -> tuple[int, Callable]:
+    """The newest version of ``kind`` (that the cluster's feature ``level``
+    allows, when given)."""
     load_automations()
-    versions = [v for (k, v) in _WORKERS if k == kind]
+    versions = [v for (k, v), fn in _WORKERS.items() if k == kind
+                and (level is None or getattr(fn, "feature_level", 1) <= level)]
     if not versions:
         raise UnknownAutomation(f"unknown automation kind {kind!r}")
     return max(versions), _WORKERS[(kind, max(versions))]

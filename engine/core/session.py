@@ -22,19 +22,33 @@ log = structlog.get_logger("peerctl.session")
 
 
 class Session:
-    def __init__(self, store: Store, ttl: int, on_renewed=None):
+    def __init__(self, store: Store, ttl: int, on_renewed=None, adopt: int | None = None):
         """``on_renewed(valid_until)``, if given, is called after the grant
         and after every renewal with the CLOCK_MONOTONIC moment before which
         the lease cannot have expired on the server (its TTL counted from
-        when the request was sent)."""
+        when the request was sent).  ``adopt`` is a lease a previous process
+        of this peer handed over (``engine/releases/handover.py``): renewed
+        and kept while it is still alive, else a new one is granted
+        (``adopted`` says which)."""
         self.store = store
         self.ttl = ttl
         self.on_renewed = on_renewed
         sent = time.monotonic()
-        self.lease = store.grant(ttl)
+        self.adopted = False
+        self.lease = None
+        if adopt:
+            try:
+                remaining = store.keepalive(adopt)
+            except StoreUnavailable:
+                remaining = None
+            if remaining:
+                self.lease, self.adopted, ttl_left = adopt, True, remaining
+        if self.lease is None:
+            self.lease, ttl_left = store.grant(ttl), ttl
+        self.first_renewal = time.time()
         self.lost = threading.Event()
         self._closed = threading.Event()
-        self._valid_until = sent + ttl
+        self._valid_until = sent + ttl_left
         self._renewed()
         self._thread = threading.Thread(target=self._keepalive, daemon=True,
                                         name=f"lease:{self.lease:x}")
@@ -68,6 +82,16 @@ class Session:
             self.on_renewed(self._valid_until)
         except Exception as exc:        # never the lease's concern
             log.warning("on_renewed_failed", error=str(exc))
+
+    def renew(self) -> float:
+        """Renew the lease now (a hand-over's last renewal): the wall-clock
+        time it was renewed at."""
+        sent = time.monotonic()
+        remaining = self.store.keepalive(self.lease)
+        if remaining:
+            self._valid_until = sent + remaining
+            self._renewed()
+        return time.time()
 
     def close(self, revoke: bool = True) -> None:
         """End the session; revoking deletes every key bound to the lease now."""

@@ -34,6 +34,10 @@ class HostContext:
     # domains, {RC: amount} (the peer's reserved setting;
     # engine.hypervisor.accounting).
     reserved: dict = field(default_factory=dict)
+    # Asks the peer to hand this host over to another release
+    # (engine/releases/handover.py): replace({choice, deadline, automation})
+    # -> False if one is under way already.  None outside a peer.
+    replace: object = field(default=None, repr=False)
     _conn: object = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -41,8 +41,33 @@ class Cluster:
         self.peers[host] = process
         return process
 
+    def state_dir(self, host: str):
+        return self.tmp_path / f"state-{host}"
+
+    def successor(self, host: str) -> int | None:
+        """The PID serving as ``host``'s peer after an upgrade handed it over
+        to a new process (not the one this object started), if it runs."""
+        from engine.hypervisor.daemons import cmdline
+        from engine.releases.current import read_peer_file
+        noted = read_peer_file(str(self.state_dir(host)))
+        process = self.peers.get(host)
+        if not noted or (process is not None and noted["pid"] == process.pid):
+            return None
+        running = cmdline(noted["pid"])
+        return noted["pid"] if running and str(self.state_dir(host)) in running \
+            and running == noted.get("cmd") else None
+
+    def pid(self, host: str) -> int:
+        """The PID serving as ``host``'s peer now."""
+        return self.successor(host) or self.peers[host].pid
+
     def kill(self, host: str, sig=signal.SIGKILL) -> None:
         process = self.peers[host]
+        successor = self.successor(host)
+        if successor is not None:
+            os.kill(successor, sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                wait_for(lambda: not _runs(successor), timeout=30, what=f"{host}'s peer to exit")
         if process.poll() is None:
             process.send_signal(sig)
             if sig in (signal.SIGKILL, signal.SIGTERM):
@@ -62,6 +87,11 @@ class Cluster:
         return json.loads(done.stdout)
 
     def close(self) -> None:
+        for host in self.peers:
+            successor = self.successor(host)
+            if successor is not None:
+                os.kill(successor, signal.SIGCONT)
+                os.kill(successor, signal.SIGKILL)
         for process in self.peers.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGCONT)
@@ -69,6 +99,11 @@ class Cluster:
                 process.wait(30)
         for host in self.peers:
             stop_guard(self.tmp_path / f"state-{host}")
+
+
+def _runs(pid: int) -> bool:
+    from engine.hypervisor.daemons import cmdline
+    return bool(cmdline(pid))
 
 
 def stop_guard(state_dir) -> None:

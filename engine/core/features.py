@@ -1,0 +1,90 @@
+"""The cluster's feature level: which shapes peers may write.
+
+Code that can write a new shape (a new automation worker's log, a new key)
+declares the level it needs; it keeps writing the old shape until the
+operator raises the cluster's level (``cluster feature-level N``), after
+MongoDB's feature compatibility version.  So versions N and N+1 run side by
+side for as long as needed, and a host can go back to its previous release
+until the level is raised.
+
+Promises:
+- :data:`SUPPORTED` is the highest level this code knows; every peer
+  reports it in its host record (``feature_level``);
+- the level is ``cluster/feature_level`` ``{level, time}``, 1 when unset;
+  a value of the wrong shape reads as an error, never as a level;
+- raising it is refused while any live peer supports less, naming each
+  (:func:`raise_level`); it never goes down;
+- a peer whose code supports less than the cluster's level refuses to
+  start (:func:`check_supported`).
+"""
+from __future__ import annotations
+
+import time
+
+from engine.errors import Refused, Unreadable, UsageError
+
+__all__ = ["SUPPORTED", "BASE", "level_key", "cluster_level", "raise_level", "check_supported"]
+
+SUPPORTED = 1       # the highest cluster feature level this code knows
+BASE = 1            # the level of a cluster nobody raised
+
+
+def level_key() -> str:
+    return "cluster/feature_level"
+
+
+def _level(kv) -> int:
+    if kv is None:
+        return BASE
+    value = kv.value
+    level = value.get("level") if isinstance(value, dict) else None
+    if not isinstance(level, int) or isinstance(level, bool) or level < BASE:
+        raise Unreadable(f"etcd key {kv.key}: no feature level ({value!r:.80})")
+    return level
+
+
+def cluster_level(store) -> int:
+    """The cluster's feature level now."""
+    return _level(store.get(level_key()))
+
+
+def check_supported(store, supported: int = SUPPORTED) -> int:
+    """The cluster's level; :class:`Refused` when this code supports less."""
+    level = cluster_level(store)
+    if level > supported:
+        raise Refused(f"the cluster's feature level is {level}, this code supports up to "
+                      f"{supported}: run a release that supports it")
+    return level
+
+
+def raise_level(store, level: int) -> dict:
+    """Raise the cluster's level to ``level``: ``{level, previous, hosts}``.
+    Refused (nothing written) below the current level or while a live
+    peer supports less; the same level again is a no-op."""
+    from engine.core.hosts import live_hosts
+    from engine.core.store import Put, absent, modified_at
+    if not isinstance(level, int) or level < BASE:
+        raise UsageError(f"feature level {level!r}: a whole number from {BASE}")
+    for _ in range(10):
+        kv = store.get(level_key())
+        current = _level(kv)
+        if level < current:
+            raise Refused(f"the feature level is {current}: it never goes down "
+                          f"(asked {level})")
+        hosts = live_hosts(store)
+        short = sorted(f"{host} ({record.get('version', 'unknown version')}, up to "
+                       f"{record.get('feature_level', BASE)})"
+                       for host, record in hosts.items()
+                       if not isinstance(record.get("feature_level"), int)
+                       or record["feature_level"] < level)
+        if short:
+            raise Refused(f"feature level {level} is not supported by "
+                          + ", ".join(short) + ": upgrade them first")
+        if level == current:
+            return {"level": current, "previous": current, "hosts": sorted(hosts)}
+        result = store.txn([absent(level_key()) if kv is None
+                            else modified_at(level_key(), kv.mod_revision)],
+                           [Put(level_key(), {"level": level, "time": time.time()})])
+        if result.succeeded:
+            return {"level": level, "previous": current, "hosts": sorted(hosts)}
+    raise Refused("the feature level kept changing under this command: try again")

@@ -1,0 +1,114 @@
+"""Which code a host's peer runs: ``<state_dir>/releases/current.json``.
+
+``{release, path, version, feature_level, previous}``: the installed
+release (its ``code list`` version, None for the tree the peer was first
+started from), the directory it runs from, and ``previous``, the same for
+what it ran before (what ``upgrade --rollback`` goes back to).  No file:
+the peer runs from the tree it was started from.
+
+Promises:
+- written atomically (a temporary file, then ``os.replace``), so a crash
+  leaves the old or the new choice, never half of one;
+- :func:`exec_current` is how every start of ``peer`` (by ``up``, a service
+  manager or a person) lands on the host's current release: when the file
+  names another tree that exists, the process replaces itself with that
+  tree's ``peerctl.py`` (same PID, same arguments); a file that names a
+  missing tree or is unreadable is ignored, with one warning line;
+- :func:`peer_file` (``<state_dir>/peer.json``, ``{pid, cmd}``) says which
+  process serves as this host's peer now, for ``down`` and for tests, since
+  a hand-over changes the PID.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .version import ROOT, describe
+
+__all__ = ["read_current", "write_current", "clear_current", "exec_current", "default_state_dir",
+           "peer_file", "write_peer_file", "read_peer_file", "releases_dir"]
+
+
+def default_state_dir(cluster: str, host: str) -> str:
+    """Where a peer keeps its state when not told (as :class:`engine.peer.Peer`)."""
+    return os.path.join("/tmp", "peerctl", cluster, host)
+
+
+def releases_dir(state_dir: str) -> str:
+    return os.path.join(state_dir, "releases")
+
+
+def _path(state_dir: str) -> str:
+    return os.path.join(releases_dir(state_dir), "current.json")
+
+
+def _write_json(path: str, value) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)
+
+
+def read_current(state_dir: str) -> dict | None:
+    """The host's current choice, or None (no file, or not a choice)."""
+    try:
+        with open(_path(state_dir)) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("path"), str) else None
+
+
+def write_current(state_dir: str, choice: dict) -> None:
+    _write_json(_path(state_dir), choice)
+
+
+def clear_current(state_dir: str) -> None:
+    try:
+        os.unlink(_path(state_dir))
+    except FileNotFoundError:
+        pass
+
+
+def running_choice(release: str | None = None) -> dict:
+    """This process's code as a choice (``release`` when it runs from one)."""
+    described = describe(ROOT)
+    return {"release": release, "path": described["path"], "version": described["version"],
+            "commit": described["commit"], "feature_level": described["feature_level"]}
+
+
+def exec_current(state_dir: str) -> None:
+    """Become the host's current release if this process runs another tree
+    (never returns then); otherwise return at once."""
+    choice = read_current(state_dir)
+    if choice is None or os.path.realpath(choice["path"]) == os.path.realpath(ROOT):
+        return
+    script = os.path.join(choice["path"], "peerctl.py")
+    if not os.path.isfile(script):
+        sys.stderr.write(f"peerctl: warning: {_path(state_dir)} names {choice['path']}, "
+                         "which holds no peerctl.py: running this tree instead\n")
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, script, *sys.argv[1:]])
+
+
+def peer_file(state_dir: str) -> str:
+    return os.path.join(state_dir, "peer.json")
+
+
+def write_peer_file(state_dir: str) -> None:
+    """Note this process as the host's peer."""
+    from engine.hypervisor.daemons import cmdline
+    _write_json(peer_file(state_dir), {"pid": os.getpid(), "cmd": cmdline(os.getpid())})
+
+
+def read_peer_file(state_dir: str) -> dict | None:
+    try:
+        with open(peer_file(state_dir)) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("pid"), int) else None

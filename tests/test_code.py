@@ -1,0 +1,294 @@
+"""Releases the cluster carries, through the real command line on a real
+etcd: ``code add``, ``code list``, ``code delete`` and ``version``.  Every
+bad input is one line and an exit code, with nothing written under
+``code/``; a corrupt chunk installs nothing; an add killed between chunks is
+finished by the next add, or removed with every chunk by delete."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+
+from engine.core import failpoints, keys
+from engine.core.features import SUPPORTED
+from engine.errors import Failed
+from engine.releases import catalog
+from engine.releases.install import MARK, install, installed, remove
+from engine.releases.version import ROOT, describe, label
+from tests.support.releases import build_release
+
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+ROW = {"version", "commit", "feature_level", "sha256", "bytes", "state", "added", "running_on"}
+
+
+def code_keys(store) -> dict:
+    """Everything under ``code/``, as stored."""
+    return {kv.key: kv.value for kv in store.range("code/")[0]}
+
+
+def one_line(done, code: int) -> str:
+    """The one line a refused command says, after checking its exit code."""
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("peerctl: "), done.stderr
+    return lines[0]
+
+
+def sha256(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def chunks(store, version: str) -> list[bytes]:
+    return [kv.value for kv in store.range(keys.release_chunk(version))[0]]
+
+
+def test_a_release_is_added_listed_and_deleted(cluster, store, tmp_path):
+    path = build_release(tmp_path, "0.2.0")
+    added = cluster.cli_json("code", "add", path)
+    assert added == {"version": "0.2.0", "sha256": sha256(path), "bytes": os.path.getsize(path),
+                     "commit": "test-0.2.0", "feature_level": SUPPORTED, "state": "ready",
+                     "already": False}
+    with open(path, "rb") as f:
+        assert b"".join(chunks(store, "0.2.0")) == f.read()
+
+    [row] = cluster.cli_json("code", "list")
+    assert set(row) == ROW and ISO.fullmatch(row["added"])
+    assert {k: row[k] for k in ("version", "sha256", "state", "running_on")} == {
+        "version": "0.2.0", "sha256": added["sha256"], "state": "ready", "running_on": []}
+    table = cluster.cli("code", "list")
+    assert table.returncode == 0 and re.search(r"0\.2\.0\s+test-0\.2\s+1\s+\S+\s+ready",
+                                               table.stdout), table.stdout
+
+    assert cluster.cli_json("code", "delete", "0.2.0") == {"version": "0.2.0", "deleted": True}
+    assert cluster.cli_json("code", "list") == []
+    assert code_keys(store) == {}
+
+
+def test_the_same_release_again_changes_nothing_and_another_with_its_version_is_refused(
+        cluster, store, tmp_path):
+    path = build_release(tmp_path, "0.2.0")
+    first = cluster.cli_json("code", "add", path)
+    revision = store.revision()
+    again = cluster.cli_json("code", "add", path)
+    assert again == {**first, "already": True}
+    assert store.revision() == revision
+
+    (tmp_path / "other").mkdir()
+    other = build_release(tmp_path / "other", "0.2.0", files={"README.md": "another tree\n"})
+    line = one_line(cluster.cli("code", "add", other), 1)
+    assert "release 0.2.0 is already stored with another sha256" in line
+    assert "delete it first" in line and store.revision() == revision
+
+    flat_zip = build_release(tmp_path, "0.10.0", fmt="zip", top=False)
+    assert cluster.cli_json("code", "add", flat_zip)["commit"] == "test-0.10.0"
+    assert [row["version"] for row in cluster.cli_json("code", "list")] == ["0.2.0", "0.10.0"]
+
+
+def test_past_the_most_releases_kept_the_next_is_refused(cluster, store, tmp_path):
+    cluster.cli_json("code", "add", build_release(tmp_path, "0.2.0"))
+    meta = store.get(keys.release("0.2.0")).value
+    for version in ("0.3.0", "0.4.0", "0.5.0", "0.6.0"):
+        store.put(keys.release(version), {**meta, "version": version})
+    before = code_keys(store)
+
+    line = one_line(cluster.cli("code", "add", build_release(tmp_path, "0.7.0")), 1)
+    assert line == ("peerctl: 5 releases stored, the most kept: delete one "
+                    "(code delete VERSION)")
+    assert code_keys(store) == before
+    assert cluster.cli_json("code", "add", build_release(tmp_path, "0.2.0"))["already"]
+
+    cluster.cli_json("code", "delete", "0.3.0")
+    assert cluster.cli_json("code", "add", build_release(tmp_path, "0.7.0"))["state"] == "ready"
+    assert len(cluster.cli_json("code", "list")) == catalog.MAX_RELEASES
+
+
+def test_a_meta_of_the_wrong_shape_is_skipped_with_one_warning(cluster, store, tmp_path):
+    cluster.cli_json("code", "add", build_release(tmp_path, "0.2.0"))
+    store.put(keys.release("0.9.0"), {"version": "0.9.0", "state": "ready"})
+    done = cluster.cli("--format", "json", "code", "list")
+    assert done.returncode == 0, done.stderr
+    assert [row["version"] for row in json.loads(done.stdout)] == ["0.2.0"]
+    assert done.stderr.strip().splitlines() == [
+        "peerctl: warning: skipped unreadable key code/releases/0.9.0: not a release: "
+        "no 'commit'"]
+
+
+# -- bad input: one line, nothing written -----------------------------------------------
+
+def _tar(path, members: dict) -> str:
+    """A tar.gz of ``members``: name -> text, or ("link", target)."""
+    with tarfile.open(path, "w:gz") as archive:
+        for name, content in members.items():
+            info = tarfile.TarInfo(name)
+            if isinstance(content, tuple):
+                info.type, info.linkname = tarfile.SYMTYPE, content[1]
+                archive.addfile(info)
+                continue
+            data = content.encode()
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def text_file(tmp_path):
+    (tmp_path / "notes.tar.gz").write_text("these are notes, not a release\n")
+    return str(tmp_path / "notes.tar.gz"), {}
+
+
+def no_engine(tmp_path):
+    return _tar(tmp_path / "peerctl.tar.gz", {
+        "peerctl-0.2.0/peerctl.py": "", "peerctl-0.2.0/setup.cfg": "[metadata]\nversion = 0.2.0\n",
+        "peerctl-0.2.0/automations/vms.py": "", "peerctl-0.2.0/requests/vm.py": ""}), {}
+
+
+def wheel(tmp_path):
+    path = tmp_path / "peerctl-0.2.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("peerctl.py", "")
+        archive.writestr("engine/core/features.py", "SUPPORTED = 1\n")
+        archive.writestr("peerctl-0.2.0.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+    return str(path), {}
+
+
+def leaves_its_directory(tmp_path):
+    return _tar(tmp_path / "peerctl.tar.gz", {"peerctl-0.2.0/peerctl.py": "",
+                                              "peerctl-0.2.0/../x": "escaped"}), {}
+
+
+def links_outside(tmp_path):
+    return _tar(tmp_path / "peerctl.tar.gz", {"peerctl-0.2.0/peerctl.py": "",
+                                              "peerctl-0.2.0/x": ("link", "../../etc/passwd")}), {}
+
+
+def does_not_start(tmp_path):
+    return build_release(tmp_path, "0.2.0", files={"peerctl.py": "raise SystemExit('boom')"}), {}
+
+
+def over_the_limit(tmp_path):
+    return build_release(tmp_path, "0.2.0"), {"PEERCTL_RELEASE_MAX_BYTES": "100000"}
+
+
+def missing(tmp_path):
+    return str(tmp_path / "nosuch.tar.gz"), {}
+
+
+@pytest.mark.parametrize("make, code, words", [
+    (text_file, 2, "not a release: neither a tar.gz nor a zip archive"),
+    (no_engine, 2, "not a release: no engine/commandline/__init__.py, engine/core/features.py"),
+    (wheel, 2, "a wheel cannot carry the top-level requests/ without shadowing the requests "
+               "library; use a source archive"),
+    (leaves_its_directory, 2, "a path leaving its directory in it: peerctl-0.2.0/../x"),
+    (links_outside, 2, "a link pointing outside it: peerctl-0.2.0/x -> ../../etc/passwd"),
+    (does_not_start, 1, "release 0.2.0 does not start: boom"),
+    (over_the_limit, 2, "over the 100000 bytes a release may be"),
+    (missing, 2, "no such file or directory"),
+], ids=lambda v: v.__name__ if callable(v) else None)
+def test_what_is_not_a_release_is_one_line_and_nothing_is_written(cluster, store, tmp_path,
+                                                                   make, code, words):
+    path, env = make(tmp_path)
+    line = one_line(cluster.cli("code", "add", path, env=env), code)
+    assert words in line and (code == 1 or path in line), line
+    assert code_keys(store) == {}
+
+
+def test_deleting_an_unknown_or_malformed_version_is_one_line(cluster, store):
+    assert one_line(cluster.cli("code", "delete", "9.9.9"), 1) == \
+        "peerctl: no release '9.9.9': code list shows the stored ones"
+    assert "bad release version '../x'" in one_line(cluster.cli("code", "delete", "../x"), 2)
+
+
+# -- installing on a host ------------------------------------------------------------------
+
+def test_a_release_installs_once_into_its_own_directory(cluster, store, tmp_path):
+    path = build_release(tmp_path, "0.2.0")
+    cluster.cli_json("code", "add", path)
+    state = str(tmp_path / "state")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    leftover = os.path.join(state, "releases", f".partial-0.2.0-{dead}")
+    os.makedirs(leftover)
+
+    where = install(store, state, "0.2.0")
+    assert where == os.path.join(state, "releases", "0.2.0")
+    assert not os.path.exists(leftover)
+    with open(os.path.join(where, MARK)) as f:
+        assert f.read().strip() == sha256(path)
+    assert describe(where)["version"] == "0.2.0" and describe(where)["commit"] == "test-0.2.0"
+    marked = os.stat(os.path.join(where, MARK)).st_mtime_ns
+    assert install(store, state, "0.2.0") == where
+    assert os.stat(os.path.join(where, MARK)).st_mtime_ns == marked
+    assert installed(state) == ["0.2.0"]
+
+    assert remove(state, "0.2.0") and installed(state) == []
+    assert sorted(os.listdir(os.path.join(state, "releases"))) == []
+
+
+def test_a_corrupt_chunk_installs_nothing(cluster, store, tmp_path):
+    cluster.cli_json("code", "add", build_release(tmp_path, "0.2.0"))
+    key = keys.release_chunk("0.2.0", 0)
+    good = store.get(key).value
+    store.put(key, bytes(b ^ 0xFF for b in good[:64]) + good[64:])     # same size, other bytes
+    state = str(tmp_path / "state")
+
+    with pytest.raises(Failed) as failed:
+        install(store, state, "0.2.0")
+    assert re.fullmatch(r"release 0\.2\.0 is corrupt in etcd: sha256 [0-9a-f]{12}\.\.\. "
+                        r"expected, [0-9a-f]{12}\.\.\. read \(code delete it and add it again\)",
+                        str(failed.value)), str(failed.value)
+    assert os.listdir(os.path.join(state, "releases")) == []
+
+
+# -- crashes -------------------------------------------------------------------------------
+
+def ballast() -> str:
+    """Text that does not compress much: a release of several chunks."""
+    return base64.b64encode(os.urandom(900_000)).decode()
+
+
+def killed_add(cluster, tmp_path, path) -> None:
+    armed = str(tmp_path / "failpoints")
+    failpoints.arm(armed, ["release_chunk_written"])
+    done = cluster.cli("code", "add", path, env={failpoints.ENV: armed})
+    assert done.returncode == -9, (done.returncode, done.stderr)
+    assert [point for point, _, _ in failpoints.fired(armed)][-1] == "release_chunk_written"
+
+
+def test_an_add_killed_between_chunks_is_finished_by_the_next_add_or_deleted(
+        cluster, store, tmp_path):
+    path = build_release(tmp_path, "0.2.0", files={"bench/ballast.txt": ballast()})
+    killed_add(cluster, tmp_path, path)
+    [row] = cluster.cli_json("code", "list")
+    meta = store.get(keys.release("0.2.0")).value
+    assert row["state"] == "uploading" and meta["chunks"] >= 3
+    assert len(chunks(store, "0.2.0")) == 1
+
+    assert cluster.cli_json("code", "add", path)["state"] == "ready"
+    with open(path, "rb") as f:
+        assert catalog.fetch(store, "0.2.0") == f.read()
+
+    other = build_release(tmp_path, "0.3.0", files={"bench/ballast.txt": ballast()})
+    killed_add(cluster, tmp_path, other)
+    assert json.loads(cluster.cli("--format", "json", "code", "list").stdout)[1]["state"] \
+        == "uploading"
+    assert cluster.cli_json("code", "delete", "0.3.0") == {"version": "0.3.0", "deleted": True}
+    assert chunks(store, "0.3.0") == [] and store.get(keys.release("0.3.0")) is None
+    assert len(chunks(store, "0.2.0")) == meta["chunks"]
+
+
+def test_version_answers_without_etcd_or_settings(cluster):
+    here = describe(ROOT)
+    done = cluster.cli("version", env={"PEERCTL_ETCD": "http://127.0.0.1:9"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"peerctl {label(here)}, feature level {SUPPORTED}"
+    assert cluster.cli_json("version", env={"PEERCTL_ETCD": "http://127.0.0.1:9"}) == {
+        "version": here["version"], "commit": here["commit"], "feature_level": SUPPORTED}

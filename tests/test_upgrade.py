@@ -1,0 +1,240 @@
+"""Rolling upgrade: a second release of peerctl reaches every host through
+the cluster, one host at a time, with nothing interrupted (docs/upgrade.md).
+
+The second release is this tree with its version bumped to 0.2.0, a
+feature level of 2, and ``ping`` given a version 2 that needs that level
+(:func:`second_release`)."""
+from __future__ import annotations
+
+import collections
+import threading
+
+import pytest
+
+from engine.core import api, failpoints, keys
+from tests.support import wait_for, wait_until
+from tests.support.cluster import finished, start_peers
+from tests.support.hooks import assert_each_index_ran_once, counting_hook
+from tests.support.releases import build_release
+
+TTL = 5         # a production TTL: the hand-over must fit well inside it
+
+PING_V2 = '''
+"""ping, version 2: the same rounds, needing the cluster's feature level 2."""
+from engine.core.registry import automation
+from automations.ping import ping as ping_v1
+
+
+@automation("ping", version=2, feature_level=2)
+def ping(ctx, hosts, rounds=1, deadline=10.0):
+    result = yield from ping_v1(ctx, hosts, rounds, deadline)
+    return {**result, "version": 2}
+'''
+
+
+def second_release(tmp_path, version="0.2.0", **files) -> str:
+    import os
+    from tests.support import ROOT
+    with open(os.path.join(ROOT, "engine", "core", "features.py")) as f:
+        features = f.read().replace("SUPPORTED = 1 ", "SUPPORTED = 2 ")
+    assert "SUPPORTED = 2 " in features
+    return build_release(str(tmp_path / "releases"), version,
+                         files={"engine/core/features.py": features,
+                                "automations/ping_v2.py": PING_V2, **files})
+
+
+def hosts_now(cluster) -> dict:
+    return {h["host"]: h for h in cluster.cli_json("hostlist") if h["alive"]}
+
+
+def leases_of(store, names) -> dict:
+    return {name: store.get(keys.host(name)).lease for name in names}
+
+
+def upgrade(cluster, *args, expect_rc=0):
+    return cluster.cli_json("upgrade", *args, "--yes", expect_rc=expect_rc, timeout=300)
+
+
+def start_hosts(cluster, store, names, tmp_path, env=None):
+    hooks = str(tmp_path / "hooks")
+    logs = {request: counting_hook(hooks, request=request, log_name=f"{request}.log")
+            for request in ("ping", "build", "lease_start")}
+    start_peers(cluster, store, names, hooks=hooks, env=env, ttl=TTL)
+    wait_for(lambda: set(names) <= {p["name"] for p in cluster.cli_json(
+        "placement", "providers")}, what="providers of the hosts")
+    return logs
+
+
+class Stream:
+    """Boots and migrations, one after another, until stopped: every
+    automation they start, to check afterwards."""
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.stop = threading.Event()
+        self.automations, self.errors, self.names = [], [], []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            name = f"s{n}"
+            done = self.cluster.cli("--format", "json", "boot", name, "--network", "none",
+                                    "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1",
+                                    timeout=120)
+            self._note(done, name)
+            if done.returncode == 0:
+                self.names.append(name)
+                moved = self.cluster.cli("--format", "json", "migrate", name, timeout=120)
+                self._note(moved, f"migrate {name}")
+
+    def _note(self, done, what):
+        import json
+        try:
+            doc = json.loads(done.stdout)
+        except ValueError:
+            doc = {}
+        if doc.get("automation"):
+            self.automations.append(doc["automation"])
+        if done.returncode != 0:
+            self.errors.append(f"{what}: {done.stderr.strip()[-300:]}")
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(300)
+
+
+@pytest.mark.slow       # three hand-overs under a stream of work: about a minute
+def test_a_rolling_upgrade_interrupts_no_automation_vm_ping_or_lease(cluster, store, tmp_path):
+    names = ["host1", "host2", "host3"]
+    logs = start_hosts(cluster, store, names, tmp_path)
+    before = hosts_now(cluster)
+    assert {h["feature_level"] for h in before.values()} == {1}
+    leases = leases_of(store, names)
+    booted = cluster.cli_json("boot", "keep1", "keep2", "keep3", "--network", "none",
+                              "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1")
+    assert booted["state"] == "done", booted
+    kept = {vm["name"]: (vm["host"], vm["uuid"]) for vm in cluster.cli_json("vmlist")}
+
+    added = cluster.cli_json("code", "add", second_release(tmp_path))
+    assert added["version"] == "0.2.0" and len(added["sha256"]) == 64, added
+
+    ping = api.start_automation(store, "ping", {"hosts": names, "rounds": 500})
+    lease = cluster.cli_json("lease", "create", "during", "--hosts", "1", "--start", "+4s",
+                             "--end", "+10m")
+    with Stream(cluster) as stream:
+        wait_for(lambda: len(stream.names) >= 1, timeout=60, what="the stream's first boot")
+        done = upgrade(cluster, "--to", "0.2.0")
+    assert done["state"] == "done", done
+    assert [(h["host"], h["state"]) for h in done["hosts"]] == \
+        [(n, "upgraded") for n in names], done
+    assert all(0 <= h["out_of_service_s"] < TTL for h in done["hosts"]), done
+
+    # every host on the new release, on the lease it had: never seen dead
+    after = hosts_now(cluster)
+    assert {h["version"].split("+")[0] for h in after.values()} == {"0.2.0"}, after
+    assert {h["feature_level"] for h in after.values()} == {2}
+    assert leases_of(store, names) == leases
+    # the VMs that were there are still there, once each (the lease may
+    # have moved some off the host it took)
+    listed = collections.Counter(vm["uuid"] for vm in cluster.cli_json("vmlist"))
+    assert set(listed.values()) == {1}, listed
+    now = {vm["name"]: (vm["uuid"], vm["state"]) for vm in cluster.cli_json("vmlist")}
+    assert {n: now[n] for n in kept} == {n: (uuid, "running") for n, (_, uuid) in kept.items()}
+
+    # the ping never missed, and no step ran twice
+    task = finished(store, ping, timeout=180)
+    assert task["state"] == "done", task["error"]
+    replies = task["result"]["replies"]
+    assert len(replies) == 1500 and {r["status"] for r in replies} == {"ok"}
+    assert len(assert_each_index_ran_once(logs["ping"], ping)) == 1500
+    for automation in stream.automations:
+        assert finished(store, automation, timeout=120)["state"] == "done", automation
+        assert_each_index_ran_once(logs["build"], automation)
+    assert stream.errors == [] and len(stream.automations) >= 2, stream.errors
+    # the lease started once, through the hand-overs
+    started = wait_until(lambda: cluster.cli_json("lease", "show", "during"),
+                         lambda doc: doc["state"] == "active", timeout=60,
+                         what="the lease active")
+    runs = assert_each_index_ran_once(logs["lease_start"], started["automation"])
+    assert len(runs) == 1 and lease["hosts"] == started["hosts"]
+
+
+def test_a_release_that_cannot_start_is_rolled_back_on_the_first_host_only(
+        cluster, store, tmp_path):
+    names = ["host1", "host2"]
+    start_hosts(cluster, store, names, tmp_path)
+    leases = leases_of(store, names)
+    before = hosts_now(cluster)
+    booted = cluster.cli_json("boot", "stays", "--network", "none", "--on", "host1",
+                              "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1")
+    assert booted["state"] == "done", booted
+    broken = build_release(str(tmp_path / "releases"), "0.2.1", files={
+        "engine/peer.py": "raise SystemExit('peerctl 0.2.1 cannot start: broken on purpose')\n"})
+    cluster.cli_json("code", "add", broken)
+
+    done = upgrade(cluster, "--to", "0.2.1", "--deadline", "20", expect_rc=1)
+    assert done["state"] == "failed", done
+    rows = {h["host"]: h for h in done["hosts"]}
+    assert rows["host1"]["state"] == "failed"
+    assert "rolled back" in rows["host1"]["error"]
+    assert "broken on purpose" in rows["host1"]["error"], rows["host1"]
+    assert rows["host2"]["state"] == "skipped"
+    after = hosts_now(cluster)
+    assert {n: after[n]["version"] for n in names} == {n: before[n]["version"] for n in names}
+    assert store.get(keys.host("host1")).value["rolled_back"]["to"] == "0.2.1"
+    assert leases_of(store, names) == leases
+    assert [vm["name"] for vm in cluster.cli_json("vmlist", "host1/*")] == ["stays"]
+    # host1 still serves: a ping goes through it
+    assert cluster.cli_json("ping", "host1")["state"] == "done"
+
+
+def test_mixed_releases_keep_working_and_the_feature_level_waits_for_the_last(
+        cluster, store, tmp_path):
+    names = ["host1", "host2", "host3"]
+    start_hosts(cluster, store, names, tmp_path)
+    cluster.cli_json("code", "add", second_release(tmp_path))
+    done = upgrade(cluster, "--to", "0.2.0", "host[12]")
+    assert [h["host"] for h in done["hosts"]] == ["host1", "host2"], done
+
+    # host3 is left on the old release: the cluster works, new automations
+    # keep the shapes every peer knows
+    refused = cluster.cli("cluster", "feature-level", "2")
+    assert refused.returncode == 1 and "host3" in refused.stderr and \
+        len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert cluster.cli_json("cluster", "feature-level")["level"] == 1
+    booted = cluster.cli_json("boot", "mixed", "--network", "none",
+                              "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1")
+    assert booted["state"] == "done", booted
+    ping = api.start_automation(store, "ping", {"hosts": names, "rounds": 3})
+    assert finished(store, ping)["state"] == "done"
+    assert store.get(keys.spec(ping)).value["version"] == 1
+
+    # host1 goes back, then forward again
+    back = upgrade(cluster, "--rollback", "host1")
+    assert [(h["host"], h["state"]) for h in back["hosts"]] == [("host1", "upgraded")], back
+    assert hosts_now(cluster)["host1"]["feature_level"] == 1
+    upgrade(cluster, "--to", "0.2.0")
+    levels = cluster.cli_json("cluster", "feature-level", "2")
+    assert levels["level"] == 2 and levels["previous"] == 1, levels
+
+    # now the new shape is written, and going back is refused
+    ping = start_ping_v2(store, names, tmp_path)
+    assert store.get(keys.spec(ping)).value["version"] == 2
+    assert finished(store, ping)["result"]["version"] == 2
+    refused = cluster.cli("upgrade", "--rollback", "--yes")
+    assert refused.returncode == 1 and "feature level is 2" in refused.stderr, refused.stderr
+
+
+def start_ping_v2(store, names, tmp_path):
+    """Start ping as a peer of the new release would: this process must
+    know ping's version 2 to record it."""
+    from tests.support.cluster import start_automation
+    code = tmp_path / "v2-automations"
+    code.mkdir(exist_ok=True)
+    (code / "ping_v2.py").write_text(PING_V2)
+    return start_automation(store, "ping", {"hosts": names, "rounds": 2}, code=str(code))
