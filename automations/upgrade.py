@@ -34,11 +34,16 @@ def _row(host, state, came_from=None, to=None, out=None, error=None):
             "out_of_service_s": out, "error": error}
 
 
-def _watcher(host, watchers, batch):
-    """A live host outside the batch to run the wait on: not the host being
-    replaced, whose running requests its hand-over waits for."""
+def _watchers(host, watchers, batch):
+    """The hosts to run the wait on, in turn while they are not alive:
+    those outside the batch (not the host being replaced, whose running
+    requests its hand-over waits for), starting at one of them that depends
+    on the host; the initiator itself when there is none."""
     others = [h for h in watchers if h not in batch]
-    return others[sum(map(ord, host)) % len(others)] if others else None
+    if not others:
+        return [None]
+    start = sum(map(ord, host)) % len(others)
+    return others[start:] + others[:start]
 
 
 def upgrade_one(ctx, host, release, rollback, deadline, watchers, batch):
@@ -51,10 +56,13 @@ def upgrade_one(ctx, host, release, rollback, deadline, watchers, batch):
     answer = asked.value
     if answer["state"] == "running":
         return _row(host, "current", answer["version"], answer["version"], 0.0)
-    waited = yield from resend(Request("upgrade_wait", {
-        "host": host, "release": answer["release"], "to": answer["to"], "pid": answer["pid"],
-        "vms": answer["vms"], "since": asked.time - 1.0, "deadline": deadline + SETTLE},
-        target=_watcher(host, watchers, batch), deadline=deadline + SETTLE + 30.0, label=host))
+    wait = {"host": host, "release": answer["release"], "to": answer["to"], "pid": answer["pid"],
+            "vms": answer["vms"], "since": asked.time - 1.0, "deadline": deadline + SETTLE}
+    for watcher in _watchers(host, watchers, batch):
+        waited = yield Request("upgrade_wait", wait, target=watcher,
+                               deadline=deadline + SETTLE + 30.0, label=host)
+        if waited.status != "lost":         # lost: that host is gone; ask the next
+            break
     if not waited.ok:
         return _row(host, "failed", answer["from"], answer["to"],
                     error=waited.error or f"no answer ({waited.status})")

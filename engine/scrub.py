@@ -20,6 +20,7 @@ import engine.core.tokens  # noqa: F401  (declares tokens/)
 import engine.groups  # noqa: F401  (declares groups/, groupof/)
 import engine.balancing  # noqa: F401  (declares balanced/, settings/balance, balancer/status)
 import engine.releases.catalog  # noqa: F401  (declares code/)
+import engine.core.features  # noqa: F401  (declares cluster/feature_level)
 
 __all__ = ["find_unreadable", "delete_unreadable"]
 

@@ -149,19 +149,28 @@ def is_ours(record: dict) -> bool:
 
 def live_peer(state_dir: str, peer: dict) -> dict | None:
     """The process serving as ``peer``'s host now, as a record like
-    ``peer``: the one ``up`` started, or the one it became or handed over
-    to in an upgrade (the host's ``peer.json``, see
-    :mod:`engine.releases.current`), if that runs the same arguments; None
+    ``peer``: the one ``up`` started, also once it became the host's current
+    release (same PID and arguments, another ``peerctl.py``), or the one an
+    upgrade handed the host over to (the host's ``peer.json``, see
+    :mod:`engine.releases.current`) if that runs the same arguments; None
     when none runs."""
     if is_ours(peer):
         return peer
     from engine.hypervisor.daemons import cmdline
     from engine.releases.current import read_peer_file
-    noted = read_peer_file(os.path.join(state_dir, peer.get("host") or ""))
-    if not noted or not peer.get("cmd"):
+    recorded = peer.get("cmd") or []
+    if len(recorded) < 3:
         return None
-    running = cmdline(noted["pid"])
-    if running and running == noted.get("cmd") and running[2:] == peer["cmd"][2:]:
+
+    def same(running) -> bool:
+        return len(running) >= 3 and running[1].endswith("peerctl.py") \
+            and running[2:] == recorded[2:]
+    running = cmdline(peer["pid"]) if peer.get("pid") else []
+    if same(running):
+        return {**peer, "cmd": running}
+    noted = read_peer_file(os.path.join(state_dir, peer.get("host") or ""))
+    running = cmdline(noted["pid"]) if noted else []
+    if same(running):
         return {**peer, "pid": noted["pid"], "cmd": running}
     return None
 

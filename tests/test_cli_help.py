@@ -16,7 +16,7 @@ from tests.support.cluster import start_peers
 
 READ_ONLY = {"vmlist", "hostlist", "hoststats", "tasks", "task", "placement", "aside list",
              "lease list", "lease show", "lease calendar", "scrub", "ping", "backup list",
-             "backup schedule list", "token list"}
+             "backup schedule list", "token list", "code list", "version", "group list"}
 
 
 def parsers(parser=None, path=()):

@@ -238,3 +238,176 @@ def start_ping_v2(store, names, tmp_path):
     code.mkdir(exist_ok=True)
     (code / "ping_v2.py").write_text(PING_V2)
     return start_automation(store, "ping", {"hosts": names, "rounds": 2}, code=str(code))
+
+
+def plan_args(cluster, release, hostglob):
+    from engine.operations import Context
+    from engine.operations.upgrade import plan_upgrade
+    return plan_upgrade(Context(cluster.etcd_url, cluster.name), release, hostglob).args
+
+
+def handed_over(cluster, host) -> int:
+    """How many times ``host``'s peers handed the host over (all its logs)."""
+    return cluster.log(host).count("handing_over")
+
+
+@pytest.mark.slow       # a crash scenario: the initiator SIGKILLed between two hosts
+def test_an_upgrade_resumes_when_its_initiator_dies_between_hosts(cluster, store, tmp_path):
+    """Members m1-m3 lead the upgrade of host1-host3; a failpoint kills the
+    leader just before it appends host2's ``upgrade_host`` (log index 2).
+    Another member resumes: every host is upgraded, each handed over once."""
+    armed = tmp_path / "failpoints"
+    armed.write_text("")
+    names, members = ["host1", "host2", "host3"], ["m1", "m2", "m3"]
+    start_hosts(cluster, store, names, tmp_path)
+    start_peers(cluster, store, members, env={failpoints.ENV: str(armed)}, ttl=TTL)
+    cluster.cli_json("code", "add", second_release(tmp_path))
+    failpoints.arm(str(armed), ["append 2"])
+
+    upgrading = api.start_automation(store, "upgrade", plan_args(cluster, "0.2.0", "host*"),
+                                     prefer=members)
+    task = finished(store, upgrading, timeout=180)
+    assert task["state"] == "done", task["error"]
+    assert [p for p, _, _ in failpoints.fired(str(armed))] == ["append 2"]
+    assert sum(cluster.peers[m].poll() is not None for m in members) == 1
+    assert [(h["host"], h["state"]) for h in task["result"]["hosts"]] == \
+        [(n, "upgraded") for n in names]
+    asked = collections.Counter(e["label"] for e in task["log"] if e["request"] == "upgrade_host")
+    assert asked == {n: 1 for n in names}, asked
+    assert {n: handed_over(cluster, n) for n in names} == {n: 1 for n in names}
+    assert {h["version"].split("+")[0] for h in hosts_now(cluster).values()
+            if h["host"] in names} == {"0.2.0"}
+
+
+@pytest.mark.slow       # a crash scenario: the peer being upgraded SIGKILLed mid-install
+def test_a_peer_killed_mid_install_comes_back_and_the_upgrade_goes_on(cluster, store, tmp_path):
+    """host1's peer dies just after unpacking the release (failpoint
+    ``release_unpacked``).  Restarted as an operator would, it comes back
+    on the release it ran (the new one was never chosen), the upgrade's
+    request reaches it again, and it finishes: both hosts on 0.2.0, no
+    partial install left behind."""
+    armed = tmp_path / "failpoints"
+    armed.write_text("")
+    names = ["host1", "host2"]
+    env = {failpoints.ENV: str(armed)}
+    start_hosts(cluster, store, names, tmp_path, env=env)
+    cluster.cli_json("code", "add", second_release(tmp_path))
+    failpoints.arm(str(armed), ["release_unpacked"])
+    upgrading = api.start_automation(store, "upgrade", plan_args(cluster, "0.2.0", "host*"))
+
+    restarted = []
+
+    def restart_the_dead():
+        for host in names:
+            if cluster.peers[host].poll() is not None and cluster.successor(host) is None:
+                cluster.start_peer(host, ttl=TTL, env=env,
+                                   extra_args=["--hooks", str(tmp_path / "hooks")])
+                restarted.append(host)
+        task = api.get_task(store, upgrading)
+        return task if task["state"] in keys.TERMINAL_STATES else None
+    task = wait_for(restart_the_dead, timeout=180, interval=0.1,
+                    what="the upgrade to finish through the crash")
+    assert task["state"] == "done", task["error"]
+    assert [p for p, _, _ in failpoints.fired(str(armed))] == ["release_unpacked"]
+    assert restarted == ["host1"]
+    log = cluster.log("host1")
+    after_crash = log[log.index("session_started", log.index("session_started") + 1):]
+    assert "version=0.1.0" in after_crash.splitlines()[0], "it did not come back on the old code"
+    assert [(h["host"], h["state"]) for h in task["result"]["hosts"]] == \
+        [(n, "upgraded") for n in names]
+    releases = cluster.state_dir("host1") / "releases"
+    assert sorted(p.name for p in releases.iterdir() if p.is_dir()) == ["0.2.0"]
+
+
+def command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def processes_under(path) -> list[str]:
+    import os
+    return [line for line in (command_line(int(p)) for p in os.listdir("/proc") if p.isdigit())
+            if str(path) in line]
+
+
+@pytest.mark.slow       # two `up`s and two `down`s of a local cluster
+def test_up_and_down_follow_each_hosts_current_release(tmp_path, cluster_name):
+    """`up`, an upgrade, `down`: nothing left running (down finds the
+    processes the hand-over started); `up` again: the peers run from their
+    host's current release, and `down` stops them."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from tests.support import PEERCTL
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEERCTL_")}
+    env.update(PEERCTL_CLUSTER=cluster_name, PEERCTL_CONF=os.devnull, PYTHONUNBUFFERED="1")
+
+    def local(*args, rc=0):
+        done = subprocess.run([sys.executable, PEERCTL, "--format", "json", *args],
+                              capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                              timeout=300, stdin=subprocess.DEVNULL)
+        assert done.returncode == rc, (args, done.stdout, done.stderr)
+        return json.loads(done.stdout) if done.stdout.strip() else None
+
+    state = tmp_path / "state"
+    try:
+        local("up", "--hosts", "2")
+        local("code", "add", build_release(str(tmp_path / "releases"), "0.2.0"))
+        done = local("upgrade", "--to", "0.2.0", "--yes")
+        assert [h["state"] for h in done["hosts"]] == ["upgraded", "upgraded"], done
+        peers = [line for line in processes_under(state) if " peer " in line]
+        assert len(peers) == 2 and all("releases/0.2.0/peerctl.py" in p for p in peers), peers
+
+        stopped = local("down")
+        assert processes_under(state) == [], "down left a process running"
+        assert {row["what"] for row in stopped["stopped"] if row["role"] == "peer"} <= \
+            {"stopped", "killed"}, stopped
+
+        local("up")
+        peers = [line for line in processes_under(state) if " peer " in line]
+        assert len(peers) == 2 and all("releases/0.2.0/peerctl.py" in p for p in peers), peers
+        rows = local("hostlist")
+        assert {h["version"].split("+")[0] for h in rows if h["alive"]} == {"0.2.0"}, rows
+    finally:
+        subprocess.run([sys.executable, PEERCTL, "down"], env=env, cwd=str(tmp_path),
+                       capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert processes_under(state) == []
+
+
+@pytest.mark.parametrize("argv, rc, said", [
+    (["upgrade", "--yes"], 2, "upgrade needs --to VERSION or --rollback"),
+    (["upgrade", "--to", "0.2.0", "--rollback", "--yes"], 2, "one of them"),
+    (["upgrade", "--to", "9.9.9", "--yes"], 1, "no release '9.9.9'"),
+    (["upgrade", "--to", "0.2.0", "--parallel", "0", "--yes"], 2, "--parallel"),
+    (["upgrade", "--to", "0.2.0", "--parallel", "99", "--yes"], 2, "bad --parallel 99"),
+    (["upgrade", "--to", "0.2.0", "nohost*", "--yes"], 1, "no live host matches 'nohost*'"),
+    (["upgrade", "--rollback", "--yes"], 1, "no live host matching '*' has a previous release"),
+    (["upgrade", "--to", "0.2.0"], 2, "add --yes to confirm"),
+    (["cluster", "feature-level", "0"], 2, "feature-level"),
+    (["cluster", "feature-level", "two"], 2, "feature-level"),
+    (["cluster", "feature-level", "3"], 1, "feature level 3 is not supported by host1"),
+])
+def test_bad_upgrade_commands_say_one_line_and_start_nothing(cluster, store, tmp_path, argv,
+                                                            rc, said):
+    start_peers(cluster, store, ["host1"])
+    cluster.cli_json("code", "add", second_release(tmp_path))
+    before = store.range("")[0]
+    done = cluster.cli(*argv)
+    assert done.returncode == rc, (done.stdout, done.stderr)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("peerctl: ")]
+    assert len(errors) == 1 and said in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+    changed = {kv.key for kv in store.range("")[0]} - {kv.key for kv in before}
+    assert not [k for k in changed if k.startswith(("auto/", "tasks/", "cluster/"))], changed
+
+
+def test_a_feature_level_garbled_in_etcd_is_one_line(cluster, store):
+    store.put("cluster/feature_level", {"level": "high"})
+    done = cluster.cli("cluster", "feature-level")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert len(done.stderr.strip().splitlines()) == 1 and "cluster/feature_level" in \
+        done.stderr, done.stderr

@@ -23,6 +23,8 @@ import time
 
 from engine.errors import Refused, Unreadable, UsageError
 
+from .values import declare, shape
+
 __all__ = ["SUPPORTED", "BASE", "level_key", "cluster_level", "raise_level", "check_supported"]
 
 SUPPORTED = 1       # the highest cluster feature level this code knows
@@ -33,14 +35,24 @@ def level_key() -> str:
     return "cluster/feature_level"
 
 
+def _why_not_level(value: dict) -> str | None:
+    level = value.get("level")
+    if isinstance(level, bool) or not isinstance(level, int) or level < BASE:
+        return f"level {level!r} is no whole number from {BASE}"
+    return None
+
+
+LEVEL = shape("feature level", _why_not_level, level=int)
+declare(level_key(), LEVEL)
+
+
 def _level(kv) -> int:
     if kv is None:
         return BASE
-    value = kv.value
-    level = value.get("level") if isinstance(value, dict) else None
-    if not isinstance(level, int) or isinstance(level, bool) or level < BASE:
-        raise Unreadable(f"etcd key {kv.key}: no feature level ({value!r:.80})")
-    return level
+    why = LEVEL.problem(kv.value)
+    if why is not None:
+        raise Unreadable(kv.key, why)
+    return kv.value["level"]
 
 
 def cluster_level(store) -> int:
