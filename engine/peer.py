@@ -245,7 +245,8 @@ class Peer:
         outcome = hand_over(self.host.state_dir, lease, last_renewal, plan["choice"],
                             {k: v for k, v in self.code.items() if k != "previous"},
                             float(plan.get("deadline") or DEFAULT_DEADLINE),
-                            plan.get("carried"), plan.get("automation"))
+                            plan.get("carried"), plan.get("automation"),
+                            renew=lambda: self._renew(lease), ttl=self.ttl)
         if plan.get("carried"):
             try:
                 os.unlink(plan["carried"])
@@ -255,12 +256,22 @@ class Peer:
             self.log.info("handed_over", pid=outcome.pid)
             return True
         self.log.error("handover_rolled_back", why=outcome.why)
+        releases.write_peer_file(self.host.state_dir)
         self.rolled_back = {"to": plan["choice"].get("release"), "why": outcome.why,
                             "time": time.time(), "automation": plan.get("automation")}
         self.adopt = lease
         self.code = self._code()
         self.resume()
         return False
+
+    def _renew(self, lease: int) -> float:
+        """Renew ``lease`` outside a session (a hand-over waiting for the new
+        process), the guard told as after any renewal; when it was."""
+        sent = time.monotonic()
+        remaining = self.store.keepalive(lease)
+        if remaining > 0 and self.heartbeat is not None:
+            self.heartbeat.beat(sent + remaining)
+        return time.time()
 
     def _carry_out(self) -> str | None:
         """Save the test driver's domains for the next process (a real

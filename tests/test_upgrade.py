@@ -411,3 +411,26 @@ def test_a_feature_level_garbled_in_etcd_is_one_line(cluster, store):
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert len(done.stderr.strip().splitlines()) == 1 and "cluster/feature_level" in \
         done.stderr, done.stderr
+
+
+@pytest.mark.slow       # a new release that takes two TTLs to start
+def test_a_release_slow_to_start_never_lets_the_hosts_lease_lapse(cluster, store, tmp_path):
+    """The new process spends 2 TTLs importing before it adopts the lease:
+    the old one renews it meanwhile, so the host never looks dead."""
+    import os
+    from tests.support import ROOT
+    names = ["host1", "host2"]
+    start_hosts(cluster, store, names, tmp_path)
+    leases = leases_of(store, names)
+    with open(os.path.join(ROOT, "engine", "peer.py")) as f:
+        slow_peer = f.read().replace("from __future__ import annotations\n",
+                                     "from __future__ import annotations\nimport time as _t\n"
+                                     f"_t.sleep({2 * TTL})\n", 1)
+    assert "_t.sleep" in slow_peer
+    cluster.cli_json("code", "add", build_release(str(tmp_path / "releases"), "0.2.2",
+                                                  files={"engine/peer.py": slow_peer}))
+    done = upgrade(cluster, "--to", "0.2.2", "host1")
+    assert [(h["host"], h["state"]) for h in done["hosts"]] == [("host1", "upgraded")], done
+    # the same lease: it never expired (an expired lease is never granted again)
+    assert leases_of(store, names) == leases
+    assert store.get(keys.recovery("host1")) is None

@@ -26,7 +26,7 @@ import sys
 
 from .version import ROOT, describe
 
-__all__ = ["read_current", "write_current", "clear_current", "exec_current", "default_state_dir",
+__all__ = ["write_json", "read_json", "read_current", "write_current", "clear_current", "exec_current", "default_state_dir",
            "peer_file", "write_peer_file", "read_peer_file", "releases_dir"]
 
 
@@ -43,7 +43,9 @@ def _path(state_dir: str) -> str:
     return os.path.join(releases_dir(state_dir), "current.json")
 
 
-def _write_json(path: str, value) -> None:
+def write_json(path: str, value) -> None:
+    """``value`` as JSON at ``path``, whole or not at all (a temporary file,
+    then ``os.replace``)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
@@ -51,18 +53,24 @@ def _write_json(path: str, value) -> None:
     os.replace(tmp, path)
 
 
-def read_current(state_dir: str) -> dict | None:
-    """The host's current choice, or None (no file, or not a choice)."""
+def read_json(path: str) -> dict | None:
+    """The JSON object at ``path``; None when there is none, or no object."""
     try:
-        with open(_path(state_dir)) as f:
+        with open(path) as f:
             value = json.load(f)
     except (OSError, ValueError):
         return None
-    return value if isinstance(value, dict) and isinstance(value.get("path"), str) else None
+    return value if isinstance(value, dict) else None
+
+
+def read_current(state_dir: str) -> dict | None:
+    """The host's current choice, or None (no file, or not a choice)."""
+    value = read_json(_path(state_dir))
+    return value if value and isinstance(value.get("path"), str) else None
 
 
 def write_current(state_dir: str, choice: dict) -> None:
-    _write_json(_path(state_dir), choice)
+    write_json(_path(state_dir), choice)
 
 
 def clear_current(state_dir: str) -> None:
@@ -102,13 +110,9 @@ def peer_file(state_dir: str) -> str:
 def write_peer_file(state_dir: str) -> None:
     """Note this process as the host's peer."""
     from engine.hypervisor.daemons import cmdline
-    _write_json(peer_file(state_dir), {"pid": os.getpid(), "cmd": cmdline(os.getpid())})
+    write_json(peer_file(state_dir), {"pid": os.getpid(), "cmd": cmdline(os.getpid())})
 
 
 def read_peer_file(state_dir: str) -> dict | None:
-    try:
-        with open(peer_file(state_dir)) as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) and isinstance(value.get("pid"), int) else None
+    value = read_json(peer_file(state_dir))
+    return value if value and isinstance(value.get("pid"), int) else None

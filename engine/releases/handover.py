@@ -4,8 +4,10 @@ etcd lease, and takes it back if that process does not come up.
 The old process (trusted: it ran until now) does it all:
 
 1. it stops serving (its requests finished, its duties and singletons
-   handed on, the API port freed) but keeps the lease, renews it one last
-   time and notes that moment in ``<state_dir>/releases/handover.json``;
+   handed on, the API port freed) but keeps the lease, renews it and notes
+   that moment in ``<state_dir>/releases/handover.json``; until the new
+   process serves, it renews the lease every half TTL (noted there too), so
+   a slow start never lets the lease lapse;
 2. it writes the new choice in ``current.json``
    (:mod:`engine.releases.current`) and starts the new release's
    ``peerctl.py`` with the same arguments, told the lease to adopt
@@ -22,18 +24,19 @@ The old process (trusted: it ran until now) does it all:
 Because the lease is never revoked, the host never looks dead: the HA guard
 stays quiet (its heartbeat is renewed by whichever process holds the lease)
 and no VM is restarted elsewhere.  ``out_of_service_s`` is the time from the
-old process's last renewal to the new one's first.
+old process's last renewal to the new one's first (at most about half a
+TTL, then: a slower start shows in the upgrade's time instead).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
-from .current import releases_dir, write_current, read_current, clear_current
+from .current import clear_current, read_current, read_json, releases_dir, write_current, \
+    write_json
 
 __all__ = ["Outcome", "hand_over", "note_serving", "handed_over", "ADOPT_ENV", "HANDOVER_ENV",
            "DEFAULT_DEADLINE"]
@@ -57,23 +60,6 @@ def _serving_path(state_dir: str) -> str:
 
 def _handover_path(state_dir: str) -> str:
     return os.path.join(releases_dir(state_dir), "handover.json")
-
-
-def _write(path: str, value) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f)
-    os.replace(tmp, path)
-
-
-def _read(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _tail(path: str | None, start: int) -> str:
@@ -101,19 +87,22 @@ def _log_path() -> str | None:
 
 def hand_over(state_dir: str, lease: int, last_renewal: float, choice: dict,
               previous: dict, deadline: float = DEFAULT_DEADLINE, carried: str | None = None,
-              automation: str | None = None) -> Outcome:
+              automation: str | None = None, renew=None, ttl: float = 5.0) -> Outcome:
     """Start ``choice`` (``{release, path, version, ...}``) as this host's
     peer on ``lease`` and wait until it serves; on failure, put ``previous``
-    back as the current choice (the caller serves again)."""
+    back as the current choice (the caller serves again).  While it has not
+    said it serves, ``renew()`` (the lease renewed, its wall-clock time) is
+    called every half TTL: a new process slow to start never lets the
+    host's lease lapse, and the hand-over file keeps the last renewal."""
     before = read_current(state_dir)
     serving = _serving_path(state_dir)
     try:
         os.unlink(serving)
     except FileNotFoundError:
         pass
-    _write(_handover_path(state_dir), {
-        "from": previous, "to": choice, "lease": lease, "last_renewal": last_renewal,
-        "old_pid": os.getpid(), "automation": automation, "carried": carried})
+    noted = {"from": previous, "to": choice, "lease": lease, "last_renewal": last_renewal,
+             "old_pid": os.getpid(), "automation": automation, "carried": carried}
+    write_json(_handover_path(state_dir), noted)
     write_current(state_dir, {**choice, "previous": previous})
     script = os.path.join(choice["path"], "peerctl.py")
     log = _log_path()
@@ -129,9 +118,19 @@ def hand_over(state_dir: str, lease: int, last_renewal: float, choice: dict,
         return Outcome(False, f"could not start {script}: {exc}")
     until = time.monotonic() + deadline
     while time.monotonic() < until:
-        noted = _read(serving)
-        if noted and noted.get("pid") == child.pid:
+        said = read_json(serving)
+        if said and said.get("pid") == child.pid:
+            try:
+                os.unlink(_handover_path(state_dir))
+            except FileNotFoundError:
+                pass
             return Outcome(True, pid=child.pid)
+        if renew is not None and time.time() - noted["last_renewal"] >= ttl / 2:
+            try:
+                noted["last_renewal"] = renew()
+                write_json(_handover_path(state_dir), noted)
+            except Exception:       # etcd away: the new process may still renew it
+                pass
         code = child.poll()
         if code is not None:
             last = _tail(log, log_start)
@@ -159,7 +158,7 @@ def _restore(state_dir: str, before: dict | None) -> None:
 def handed_over() -> dict | None:
     """In a new process: the hand-over it came from (None on a plain start)."""
     path = os.environ.get(HANDOVER_ENV)
-    return _read(path) if path else None
+    return read_json(path) if path else None
 
 
 def adopted_lease() -> int | None:
@@ -177,7 +176,7 @@ def note_serving(state_dir: str, first_renewal: float) -> dict | None:
     came = handed_over()
     if came is None:
         return None
-    _write(_serving_path(state_dir), {"pid": os.getpid(), "time": time.time()})
+    write_json(_serving_path(state_dir), {"pid": os.getpid(), "time": time.time()})
     try:
         os.unlink(os.environ[HANDOVER_ENV])
     except OSError:

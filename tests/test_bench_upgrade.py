@@ -1,0 +1,63 @@
+"""bench/upgrade.py runs, small, from end to end.
+
+``--smoke`` takes every path of the benchmark (its own etcd, three real
+peers on the test driver with a VM each, a second release stored with
+``code add``, ``upgrade --to`` while pings through every host follow one
+another, the hand-overs read back from the peers' logs) and must end well,
+printing each figure, with its verdict where it has a target, and leave
+nothing behind: no work directory, no peer (neither those it started nor
+those the upgrade handed over to), no etcd.  Whether a target is met is the
+benchmark's answer, never this test's.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT
+from tests.support.bench_leftovers import leftovers
+
+pytestmark = pytest.mark.slow   # a benchmark's smoke run: the third tier
+
+BENCH = os.path.join(ROOT, "bench", "upgrade.py")
+TIMEOUT = 180
+WORK = "peerctl-bupgrade-"      # the benchmark's work directory, under /var/tmp
+VERDICT = r"(PASS|MISS)$"
+SECONDS = r"[0-9.]+s"
+FIGURES = {
+    "out of service": r"^3 peers: [0-3] of 3 upgraded \(\w+\); out of service per host median "
+                      rf"(-|{SECONDS}), worst ({SECONDS}|inf) \(target <= 5s, TTL 5s\): "
+                      + VERDICT,
+    "whole upgrade": rf"^3 peers: whole upgrade {SECONDS}, {SECONDS} per host \(no target\)$",
+    "hand-over": r"^3 peers: hand-over per host \(peer logs\), median: new process up to its "
+                 rf"first renewal (-|{SECONDS}), then serving (-|{SECONDS}); slowest ping reply "
+                 rf"(-|{SECONDS}) \(no target\)$",
+    "failed automations": r"^3 peers: failed automations [0-9]+ \([0-9]+ pings of [0-9]+ rounds "
+                          r"in all through the upgrade; target 0\): " + VERDICT,
+}
+
+
+def test_the_smoke_run_prints_every_figure_with_its_verdict_and_leaves_nothing_behind():
+    before = leftovers(WORK)
+    done = subprocess.run([sys.executable, BENCH, "--smoke"], capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=ROOT)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    for figure, line in FIGURES.items():
+        assert re.search(line, done.stdout, re.M), f"no {figure} line:\n{done.stdout}"
+    assert leftovers(WORK) - before == set(), "the benchmark left these behind"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--ttl", "1"], "bench/upgrade.py: argument --ttl: '1' is not from 2 to 30 seconds"),
+    (["--peers", "3,x"], "bench/upgrade.py: argument --peers: not a list of peer counts: '3,x'"),
+    (["--smokes"], "bench/upgrade.py: unrecognized arguments: --smokes")])
+def test_bad_options_give_one_line_and_start_nothing(args, line):
+    before = leftovers(WORK)
+    done = subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (2, "", [line])
+    assert leftovers(WORK) - before == set()
