@@ -35,10 +35,11 @@ def _row(host, state, came_from=None, to=None, out=None, error=None):
 
 
 def _watchers(host, watchers, batch):
-    """The hosts to run the wait on, in turn while they are not alive:
-    those outside the batch (not the host being replaced, whose running
-    requests its hand-over waits for), starting at one of them that depends
-    on the host; the initiator itself when there is none."""
+    """The hosts to run the wait on, each in turn while the one before is
+    gone: those outside the batch (never the host being replaced: its
+    hand-over waits for its running requests), starting at a place that
+    depends on the host so that waits spread out; the initiator itself when
+    there is none."""
     others = [h for h in watchers if h not in batch]
     if not others:
         return [None]
@@ -56,8 +57,9 @@ def upgrade_one(ctx, host, release, rollback, deadline, watchers, batch):
     answer = asked.value
     if answer["state"] == "running":
         return _row(host, "current", answer["version"], answer["version"], 0.0)
-    wait = {"host": host, "release": answer["release"], "to": answer["to"], "pid": answer["pid"],
-            "vms": answer["vms"], "since": asked.time - 1.0, "deadline": deadline + SETTLE}
+    wait = {"host": host, "release": answer["release"], "to": answer["to"],
+            "pid": answer["pid"], "vms": answer["vms"], "since": asked.time - 1.0,
+            "deadline": deadline + SETTLE}
     for watcher in _watchers(host, watchers, batch):
         waited = yield Request("upgrade_wait", wait, target=watcher,
                                deadline=deadline + SETTLE + 30.0, label=host)
@@ -71,13 +73,13 @@ def upgrade_one(ctx, host, release, rollback, deadline, watchers, batch):
 
 
 @automation("upgrade", version=1)
-def upgrade(ctx, hosts, release=None, rollback=False, parallel=1, deadline=60.0, watchers=None):
+def upgrade(ctx, hosts, release=None, rollback=False, parallel=1, deadline=60.0,
+            watchers=None):
     rows, failed = [], None
     for start in range(0, len(hosts), parallel):
         batch = hosts[start:start + parallel]
-        if failed or ctx.aborted:
-            rows += [_row(h, "skipped", to=release,
-                          error="not upgraded: " + (f"{failed} failed" if failed else "aborted"))
+        if failed:
+            rows += [_row(h, "skipped", to=release, error=f"not upgraded: {failed} failed")
                      for h in batch]
             continue
         done = yield ctx.all([ctx.worker(upgrade_one, h, release, rollback, deadline,

@@ -52,7 +52,8 @@ from .hypervisor.backup_sweep import sweep_backups
 from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
 from .leases.guard import lease_guard
 from .releases import current as releases
-from .releases.handover import DEFAULT_DEADLINE, adopted_lease, hand_over, handed_over, note_serving
+from .releases.handover import (DEFAULT_DEADLINE, adopted_lease, hand_over, handed_over,
+                                note_serving)
 
 __all__ = ["run_peer", "parse_duration"]
 

@@ -227,7 +227,8 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
     # its private daemon running
     asked = {host: (peers.get(host) or {}).get("libvirt") or libvirt for host in names}
     wanted = [host for i, host in enumerate(names, 1)
-              if asked[host] == QEMU and (i <= hosts or live_peer(state_dir, peers.get(host) or {}))]
+              if asked[host] == QEMU
+              and (i <= hosts or live_peer(state_dir, peers.get(host) or {}))]
     uris = _start_daemons(state_dir, cluster, up, wanted, outcome) if wanted else {}
     for i, host in enumerate(names, 1):
         peer = peers.get(host)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import libvirt
+import pytest
 
 from engine.backups import schedules
 from engine.core import api, keys
@@ -72,6 +73,7 @@ def test_a_schedule_keeps_exactly_what_its_retention_says(cluster, store, two_ho
     assert kept[-1]["kind"] == "full"               # the test driver's are all full
 
 
+@pytest.mark.slow       # a long scenario: every member dead through a scheduled run
 def test_a_run_missed_while_no_initiator_lived_happens_once(cluster, store, two_hosts):
     members = ["m1", "m2", "m3"]
     start_peers(cluster, store, members)

@@ -626,6 +626,7 @@ def test_a_running_tasks_summary_counts_steps_without_a_write_per_step(cluster, 
     assert writes < 150 / 2
 
 
+@pytest.mark.slow       # a long scenario: members killed one after another
 def test_members_that_die_are_replaced_so_the_automation_outlives_them(cluster, store, tmp_path):
     hooks = str(tmp_path / "hooks")
     counting_hook(hooks, sleep=0.15)

@@ -72,6 +72,7 @@ def daemon():
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow       # a long scenario: libvirt away for a backoff's whole climb
 def test_a_guard_backs_off_while_libvirt_is_away_and_exits_once_its_peer_is_a_zombie(
         daemon, tmp_path):
     state_dir = str(tmp_path / "h1")

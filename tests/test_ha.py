@@ -6,6 +6,8 @@ import collections
 import signal
 import time
 
+import pytest
+
 from engine.core import api, failpoints, keys
 from engine.hypervisor.aside import keep_aside, delete_aside
 from engine.hypervisor import images
@@ -90,6 +92,7 @@ def test_a_dead_hosts_ha_vms_run_elsewhere_and_the_others_are_unknown(
     assert all(len(where) == 1 for where in copies.values()), copies
 
 
+@pytest.mark.slow       # a long scenario: an HA window run to its end
 def test_a_host_back_within_the_margin_keeps_its_vms(cluster, store, tmp_path):
     """Flapping: h1's peer is frozen until its lease has expired, then
     thawed within the margin.  Nothing is recovered: its HA VMs stay its

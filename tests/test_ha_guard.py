@@ -9,6 +9,7 @@ import signal
 import time
 
 import libvirt
+import pytest
 
 from engine.core import api, failpoints, keys
 from engine.hypervisor.domain_xml import read_metadata
@@ -161,6 +162,7 @@ def test_a_hung_peer_is_fenced_by_its_guard(cluster, store, daemon_hosts, tmp_pa
     scenario(cluster, store, daemon_hosts, tmp_path, "h", freeze, thaw)
 
 
+@pytest.mark.slow       # a long scenario: a partition held past the lease
 def test_a_peer_cut_off_from_etcd_fences_itself_before_its_lease_expires(
         cluster, store, daemon_hosts, tmp_path):  # noqa: F811
     """A partition: g1's peer reaches etcd through a proxy the test cuts.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import pytest
 
 from engine import replicas
 from engine.core import api, failpoints, keys, locks
@@ -139,6 +140,7 @@ def test_with_its_replica_host_dead_too_a_vm_waits_unless_the_fallback_is_allowe
     assert (db1["host"], db1["state"]) == ("h1", "unknown"), db1
 
 
+@pytest.mark.slow       # a long scenario: two hosts die, each a TTL and a margin
 def test_when_the_replicas_host_dies_a_new_replica_elsewhere_serves_the_next_restart(
         cluster, store, tmp_path):
     start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])

@@ -193,6 +193,7 @@ def test_a_release_that_cannot_start_is_rolled_back_on_the_first_host_only(
     assert cluster.cli_json("ping", "host1")["state"] == "done"
 
 
+@pytest.mark.slow       # a long scenario: four upgrades and a rollback
 def test_mixed_releases_keep_working_and_the_feature_level_waits_for_the_last(
         cluster, store, tmp_path):
     names = ["host1", "host2", "host3"]

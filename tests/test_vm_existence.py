@@ -162,6 +162,7 @@ def test_restarts_stop_after_the_stated_number_within_the_window(cluster, store,
     assert "vm_restart_given_up" in "".join(cluster.log(h) for h in ("h1", "h2"))
 
 
+@pytest.mark.slow       # a long scenario: a crash and a TTL
 def test_a_host_killed_right_after_a_build_replied_takes_no_vm_with_it(
         cluster, store, tmp_path):
     """The build's response is written, then its host's peer dies before its

@@ -47,7 +47,7 @@ from .version import describe
 __all__ = ["MAX_BYTES", "MAX_BYTES_ENV", "MAX_UNPACKED", "START_TIMEOUT", "Release",
            "max_bytes", "read_release", "unpack", "verify_starts"]
 
-MAX_BYTES = 16 * 1024 * 1024        # the largest archive the cluster carries (5 kept: 80 MiB of etcd)
+MAX_BYTES = 16 * 1024 * 1024    # the largest archive the cluster carries (5 kept: 80 MiB)
 MAX_BYTES_ENV = "PEERCTL_RELEASE_MAX_BYTES"     # for tests: a smaller limit, read at each call
 MAX_UNPACKED = 8 * MAX_BYTES        # what an archive may unpack to (a bomb is refused)
 START_TIMEOUT = 60                  # seconds its `peerctl.py version` may take

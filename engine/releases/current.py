@@ -26,7 +26,8 @@ import sys
 
 from .version import ROOT, describe
 
-__all__ = ["write_json", "read_json", "read_current", "write_current", "clear_current", "exec_current", "default_state_dir",
+__all__ = ["write_json", "read_json", "read_current", "write_current", "clear_current",
+           "exec_current", "default_state_dir", "running_choice",
            "peer_file", "write_peer_file", "read_peer_file", "releases_dir"]
 
 

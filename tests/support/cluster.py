@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ class Cluster:
         self.name = name
         self.tmp_path = tmp_path
         self.peers: dict[str, subprocess.Popen] = {}
+        self.state_dirs: dict[str, str] = {}    # host -> the state directory its peer uses
 
     @property
     def env(self) -> dict:
@@ -32,17 +34,20 @@ class Cluster:
     def start_peer(self, host: str, libvirt: str = "test:///default", ttl: int = 2,
                    extra_args=(), env=None) -> subprocess.Popen:
         log = open(self.tmp_path / f"{host}.log", "ab")
+        args = ["peer", "--host", host, "--libvirt", libvirt, "--ttl", str(ttl),
+                "--state-dir", str(self.tmp_path / f"state-{host}"), *extra_args]
+        # the last --state-dir given is the one the peer uses
+        self.state_dirs[host] = [a for i, a in enumerate(args[1:], 1)
+                                 if args[i - 1] == "--state-dir"][-1]
         process = subprocess.Popen(
-            [sys.executable, PEERCTL, "peer", "--host", host, "--libvirt", libvirt,
-             "--ttl", str(ttl), "--state-dir", str(self.tmp_path / f"state-{host}"),
-             *extra_args],
+            [sys.executable, PEERCTL, *args],
             stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})},
             cwd=ROOT, start_new_session=True)
         self.peers[host] = process
         return process
 
-    def state_dir(self, host: str):
-        return self.tmp_path / f"state-{host}"
+    def state_dir(self, host: str) -> pathlib.Path:
+        return pathlib.Path(self.state_dirs.get(host) or self.tmp_path / f"state-{host}")
 
     def successor(self, host: str) -> int | None:
         """The PID serving as ``host``'s peer after an upgrade handed it over
@@ -98,7 +103,7 @@ class Cluster:
                 process.kill()
                 process.wait(30)
         for host in self.peers:
-            stop_guard(self.tmp_path / f"state-{host}")
+            stop_guard(self.state_dir(host))
 
 
 def _runs(pid: int) -> bool:
