@@ -85,7 +85,7 @@ def register(commands) -> None:
         "python peerctl.py upgrade --to 0.2.0 'rack1-*' --parallel 2 --yes\n"
         "python peerctl.py upgrade --rollback --yes", cmd_upgrade,
         "Hand each live host matching HOSTGLOB over to release VERSION (code add stores "
-        "one; code list shows them), PARALLEL hosts at a time, as one automation. Each "
+        "one; code list shows them), N hosts at a time (--parallel), as one automation. Each "
         "host installs the release under its state directory (checking its sha256), and "
         "its peer hands over to a process of the release on the same lease: the host "
         "never looks dead, its VMs keep running, its HA guard stays quiet. The next host "
