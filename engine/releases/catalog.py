@@ -35,7 +35,7 @@ from engine.core.store import Delete, Get, Put, absent, modified_at
 from engine.core.values import declare, readable, report, shape
 from engine.errors import Failed, Refused, UsageError
 
-from .version import _VERSION      # what setup.cfg's version may be: a release's name
+from .version import VERSION_PATTERN
 
 __all__ = ["CHUNK_SIZE", "TXN_BYTES", "MAX_RELEASES", "UPLOADING", "READY", "META", "CHUNK",
            "check_version", "add", "releases", "get", "fetch", "delete"]
@@ -67,7 +67,7 @@ declare(keys.release_chunk() + "*", CHUNK)
 
 
 def check_version(version) -> str:
-    if not isinstance(version, str) or not _VERSION.fullmatch(version):
+    if not isinstance(version, str) or not VERSION_PATTERN.fullmatch(version):
         raise UsageError(f"bad release version {version!r} (a version as setup.cfg "
                          "gives it: 0.2.0)")
     return version

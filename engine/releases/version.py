@@ -12,10 +12,11 @@ import configparser
 import os
 import re
 
-__all__ = ["ROOT", "describe", "running", "label"]
+__all__ = ["ROOT", "VERSION_PATTERN", "describe", "running", "label"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_VERSION = re.compile(r"^[0-9][0-9A-Za-z.+_-]{0,63}$")
+# a release number, as it may name a release in etcd
+VERSION_PATTERN = re.compile(r"^[0-9][0-9A-Za-z.+_-]{0,63}$")
 _LEVEL = re.compile(r"^SUPPORTED\s*=\s*(\d+)", re.M)
 _running: dict | None = None
 
@@ -35,7 +36,7 @@ def _release_number(root: str) -> str | None:
         except OSError:
             return None
     version = (version or "").strip()
-    return version if _VERSION.match(version) else None
+    return version if VERSION_PATTERN.match(version) else None
 
 
 def _commit(root: str) -> str | None:
