@@ -12,19 +12,15 @@ benchmark's answer, never this test's.
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
 
 import pytest
 
 from tests.support import ROOT
-from tests.support.bench_leftovers import leftovers
+from tests.support.bench_runs import VERDICT, run_refused, run_smoke
 
 BENCH = os.path.join(ROOT, "bench", "api.py")
 TIMEOUT = 120
 WORK = "peerctl-bapi-"           # the benchmark's work directory, under /var/tmp
-VERDICT = r"(PASS|MISS)$"
 FIGURES = {
     "list": r"^list: GET /v1/vms [0-9.]+s vs vmlist --format json, fresh process [0-9.]+s "
             r"\(best of 2 each\) = x[0-9.]+ \(target <= x0\.5\): " + VERDICT,
@@ -41,14 +37,8 @@ FIGURES = {
 
 
 def test_the_smoke_run_prints_every_figure_with_its_verdict_and_leaves_nothing_behind():
-    before = leftovers(WORK)
-    done = subprocess.run([sys.executable, BENCH, "--smoke"], capture_output=True, text=True,
-                          timeout=TIMEOUT, cwd=ROOT)
-    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-    for figure, line in FIGURES.items():
-        assert re.search(line, done.stdout, re.M), f"no {figure} line:\n{done.stdout}"
-    assert "never arrived" not in done.stdout, done.stdout
-    assert leftovers(WORK) - before == set(), "the benchmark left these behind"
+    printed = run_smoke(BENCH, FIGURES, WORK, TIMEOUT)
+    assert "never arrived" not in printed, printed
 
 
 @pytest.mark.parametrize("args, line", [
@@ -56,10 +46,4 @@ def test_the_smoke_run_prints_every_figure_with_its_verdict_and_leaves_nothing_b
     (["--hosts", "1", "--vms-per-host", "5", "--events", "10"],
      "bench/api.py: --events 10 is more than the 5 VMs written")])
 def test_bad_options_give_one_line_and_start_nothing(args, line):
-    before = leftovers(WORK)
-    done = subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
-    assert done.returncode == 2
-    assert done.stdout == ""
-    assert done.stderr.splitlines() == [line]
-    assert leftovers(WORK) - before == set()
+    run_refused(BENCH, args, line, WORK)

@@ -12,21 +12,17 @@ benchmark's answer, never this test's.
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
 
 import pytest
 
 from tests.support import ROOT
-from tests.support.bench_leftovers import leftovers
+from tests.support.bench_runs import VERDICT, run_refused, run_smoke
 
 pytestmark = pytest.mark.slow   # a benchmark's smoke run: the third tier
 
 BENCH = os.path.join(ROOT, "bench", "upgrade.py")
 TIMEOUT = 180
 WORK = "peerctl-bupgrade-"      # the benchmark's work directory, under /var/tmp
-VERDICT = r"(PASS|MISS)$"
 SECONDS = r"[0-9.]+s"
 FIGURES = {
     "out of service": r"^3 peers: [0-3] of 3 upgraded \(\w+\); out of service per host median "
@@ -42,13 +38,7 @@ FIGURES = {
 
 
 def test_the_smoke_run_prints_every_figure_with_its_verdict_and_leaves_nothing_behind():
-    before = leftovers(WORK)
-    done = subprocess.run([sys.executable, BENCH, "--smoke"], capture_output=True, text=True,
-                          timeout=TIMEOUT, cwd=ROOT)
-    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-    for figure, line in FIGURES.items():
-        assert re.search(line, done.stdout, re.M), f"no {figure} line:\n{done.stdout}"
-    assert leftovers(WORK) - before == set(), "the benchmark left these behind"
+    run_smoke(BENCH, FIGURES, WORK, TIMEOUT)
 
 
 @pytest.mark.parametrize("args, line", [
@@ -56,8 +46,4 @@ def test_the_smoke_run_prints_every_figure_with_its_verdict_and_leaves_nothing_b
     (["--peers", "3,x"], "bench/upgrade.py: argument --peers: not a list of peer counts: '3,x'"),
     (["--smokes"], "bench/upgrade.py: unrecognized arguments: --smokes")])
 def test_bad_options_give_one_line_and_start_nothing(args, line):
-    before = leftovers(WORK)
-    done = subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
-    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (2, "", [line])
-    assert leftovers(WORK) - before == set()
+    run_refused(BENCH, args, line, WORK)

@@ -22,6 +22,10 @@
   :mod:`.api_server`: the API served from the test's process, and the
   browser the page's tests drive; :mod:`.secured_etcd`: a TLS etcd with
   roles on and a certificate per role.
+- :mod:`.releases`: releases of peerctl built from the working tree;
+  :mod:`.carry_worker`: a process that saves or restores the test driver's
+  domains; :mod:`.bench_runs`: a benchmark's smoke run and bad options,
+  checked (:mod:`.bench_leftovers`: what a run may leave behind).
 
 Test modules import from here, never from each other.
 """
