@@ -148,13 +148,8 @@ MOVING = ("balance", "migrate", "evacuate", "recover", "ha_restart")
 def running_balances(store, kinds: tuple = ("balance",)) -> list[str]:
     """The automations of ``kinds`` (balances) that have not ended, oldest
     first."""
-    running = []
-    for kv in store.range(keys.task())[0]:
-        task = readable(kv)
-        if task is not None and task["kind"] in kinds \
-                and task["state"] not in keys.TERMINAL_STATES:
-            running.append((task.get("created") or 0, task["id"]))
-    return [automation for _, automation in sorted(running)]
+    from engine.core.api import running_kinds
+    return running_kinds(store, kinds)
 
 
 def is_running(store, automation_id: str | None) -> bool:

@@ -22,7 +22,7 @@ from .values import readable
 from .watch import PrefixWatch
 
 __all__ = ["start_automation", "automation_ops", "nudge", "get_task", "list_tasks", "abort",
-           "follow",
+           "follow", "running_kinds",
            "UnknownTask", "NoPeers", "TERMINAL_STATES", "live_hosts", "DEFAULT_MEMBERS"]
 
 TERMINAL_STATES = keys.TERMINAL_STATES
@@ -124,6 +124,18 @@ def task_view(record: AutomationRecord) -> dict:
             "members": record.spec.get("members", []), "created": record.spec.get("created"),
             "args": record.spec.get("args"), "result": status.get("result"),
             "error": status.get("error"), "log": log}
+
+
+def running_kinds(store: Store, kinds: tuple) -> list[str]:
+    """The ids of the automations of ``kinds`` that have not ended, oldest
+    first (one read of their summaries)."""
+    running = []
+    for kv in store.range(keys.task())[0]:
+        task = readable(kv)
+        if task is not None and task["kind"] in kinds \
+                and task["state"] not in keys.TERMINAL_STATES:
+            running.append((task.get("created") or 0, task["id"]))
+    return [automation for _, automation in sorted(running)]
 
 
 def get_task(store: Store, automation_id: str) -> dict:

@@ -35,13 +35,9 @@ def _parallel(value) -> int:
     return value
 
 
-def _watchers(ctx) -> list[str]:
-    from engine.core.hosts import live_host_names
-    from engine.natural import natural_key
-    return sorted(live_host_names(ctx.store()), key=natural_key)
-
-
-def _live(ctx, glob: str) -> list[dict]:
+def _live(ctx, glob: str) -> tuple[list[dict], list[str]]:
+    """The records of the live hosts matching ``glob``, and the names of
+    every live host (those the waits may run on), in natural order."""
     from engine.core.hosts import live_hosts
     from engine.natural import natural_key
     hosts = live_hosts(ctx.store())
@@ -49,22 +45,16 @@ def _live(ctx, glob: str) -> list[dict]:
               if fnmatch.fnmatchcase(name, glob)]
     if not chosen:
         raise Failed(f"no live host matches {glob!r}")
-    return sorted(chosen, key=lambda r: natural_key(r["host"]))
-
-
-def _running_upgrade(ctx) -> str | None:
-    from engine.core import api
-    for task in api.list_tasks(ctx.store()):
-        if task.get("kind") == "upgrade" and task.get("state") == "running":
-            return task["id"]
-    return None
+    return (sorted(chosen, key=lambda r: natural_key(r["host"])),
+            sorted(hosts, key=natural_key))
 
 
 def _refuse_second(ctx) -> None:
-    running = _running_upgrade(ctx)
+    from engine.core.api import running_kinds
+    running = running_kinds(ctx.store(), ("upgrade",))
     if running:
-        raise Failed(f"upgrade {running} is running: wait for it (peerctl.py wait {running}) "
-                     "or abort it first")
+        raise Failed(f"upgrade {running[0]} is running: wait for it (peerctl.py wait "
+                     f"{running[0]}) or abort it first")
 
 
 def plan_upgrade(ctx, release: str, hostglob: str | None = None, *, parallel: int = 1,
@@ -77,14 +67,11 @@ def plan_upgrade(ctx, release: str, hostglob: str | None = None, *, parallel: in
         raise UsageError("--to needs a release (code list shows them)")
     from engine.releases import catalog
     catalog.get(ctx.store(), release)       # unknown or incomplete: one line
-    hosts = _live(ctx, glob)
+    hosts, watchers = _live(ctx, glob)
     _refuse_second(ctx)
     rows = [{"host": h["host"], "from": h.get("version"), "to": release,
              "state": "current" if h.get("release") == release else "planned"} for h in hosts]
-    from engine.releases.handover import DEFAULT_DEADLINE
-    args = {"hosts": [h["host"] for h in hosts], "release": release, "parallel": parallel,
-            "deadline": float(deadline or DEFAULT_DEADLINE), "watchers": _watchers(ctx)}
-    return Plan("upgrade", args, rows, ask=True, what="hosts", key="hosts")
+    return _plan(rows, {"release": release}, parallel, deadline, watchers)
 
 
 def plan_rollback(ctx, hostglob: str | None = None, *, parallel: int = 1,
@@ -95,7 +82,8 @@ def plan_rollback(ctx, hostglob: str | None = None, *, parallel: int = 1,
     glob = host_pattern(hostglob)
     _parallel(parallel)
     from engine.core import features
-    hosts = [h for h in _live(ctx, glob) if h.get("previous")]
+    live, watchers = _live(ctx, glob)
+    hosts = [h for h in live if h.get("previous")]
     if not hosts:
         raise Failed(f"no live host matching {glob!r} has a previous release to go back to")
     level = features.cluster_level(ctx.store())
@@ -110,10 +98,16 @@ def plan_rollback(ctx, hostglob: str | None = None, *, parallel: int = 1,
     rows = [{"host": h["host"], "from": h.get("version"),
              "to": h["previous"].get("release") or h["previous"].get("version"),
              "state": "planned"} for h in hosts]
+    return _plan(rows, {"release": None, "rollback": True}, parallel, deadline, watchers)
+
+
+def _plan(rows: list[dict], target: dict, parallel: int, deadline: float | None,
+          watchers: list[str]) -> Plan:
+    """The ``upgrade`` automation over the hosts of ``rows``, to ``target``
+    (``{release}``, or a rollback's)."""
     from engine.releases.handover import DEFAULT_DEADLINE
-    args = {"hosts": [h["host"] for h in hosts], "release": None, "rollback": True,
-            "parallel": parallel, "deadline": float(deadline or DEFAULT_DEADLINE),
-            "watchers": _watchers(ctx)}
+    args = {"hosts": [row["host"] for row in rows], **target, "parallel": parallel,
+            "deadline": float(deadline or DEFAULT_DEADLINE), "watchers": watchers}
     return Plan("upgrade", args, rows, ask=True, what="hosts", key="hosts")
 
 

@@ -27,7 +27,7 @@ import sys
 from .version import ROOT, describe
 
 __all__ = ["write_json", "read_json", "read_current", "write_current", "clear_current",
-           "exec_current", "default_state_dir", "running_choice",
+           "exec_current", "default_state_dir", "running_code",
            "peer_file", "write_peer_file", "read_peer_file", "releases_dir"]
 
 
@@ -81,11 +81,19 @@ def clear_current(state_dir: str) -> None:
         pass
 
 
-def running_choice(release: str | None = None) -> dict:
-    """This process's code as a choice (``release`` when it runs from one)."""
+def running_code(state_dir: str) -> dict:
+    """What this process runs, as a choice for ``current.json``: ``{release,
+    path, version, commit, feature_level, previous}``; ``release`` and
+    ``previous`` are what the host's ``current.json`` says when it names
+    this tree, else None (a tree started as it is)."""
     described = describe(ROOT)
-    return {"release": release, "path": described["path"], "version": described["version"],
-            "commit": described["commit"], "feature_level": described["feature_level"]}
+    code = {"release": None, "path": described["path"], "version": described["version"],
+            "commit": described["commit"], "feature_level": described["feature_level"],
+            "previous": None}
+    chosen = read_current(state_dir)
+    if chosen and os.path.realpath(chosen["path"]) == code["path"]:
+        code.update(release=chosen.get("release"), previous=chosen.get("previous"))
+    return code
 
 
 def exec_current(state_dir: str) -> None:
