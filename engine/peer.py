@@ -127,17 +127,7 @@ class Peer:
         self.handover: dict | None = None
         self.rolled_back: dict | None = None
         self.guarded: bool | None = None    # the guard was found or started (None: none needed)
-        self.code = self._code()
-
-    def _code(self) -> dict:
-        """What this process runs, as a choice for ``current.json``: the
-        host's current release when it runs from it, else its own tree."""
-        chosen = releases.read_current(self.host.state_dir)
-        mine = releases.running_choice()
-        if chosen and os.path.realpath(chosen["path"]) == mine["path"]:
-            return {**mine, "release": chosen.get("release"),
-                    "previous": chosen.get("previous")}
-        return {**mine, "previous": None}
+        self.code = releases.running_code(state_dir)
 
     def identity(self) -> dict:
         """The host record's fields about this peer's code."""
@@ -261,7 +251,7 @@ class Peer:
         self.rolled_back = {"to": plan["choice"].get("release"), "why": outcome.why,
                             "time": time.time(), "automation": plan.get("automation")}
         self.adopt = lease
-        self.code = self._code()
+        self.code = releases.running_code(self.host.state_dir)
         self.resume()
         return False
 
@@ -336,6 +326,14 @@ class Peer:
                                                   self.name)).start())
         self._unfence()
         if handed_over() is not None:
+            # what the upgrade checks: this process's own look at its VMs
+            if publisher is not None:
+                try:
+                    publisher.reconcile()
+                except StoreUnavailable:
+                    raise
+                except Exception as exc:
+                    self.log.warning("first_publication_failed", error=str(exc))
             self.handover = note_serving(self.host.state_dir, session.first_renewal)
             self.store.put(keys.host(self.name), {**self._host_record(), "enabled": enabled},
                            session.lease)

@@ -16,8 +16,10 @@
   ``running``.
 - ``upgrade_wait`` ``{host, release, to, pid, vms, since, deadline}``, run by
   another host: polls the host's record until the host serves again from
-  ``release`` (a process other than ``pid``, its guard heartbeat found when
-  it needs one, every VM of ``vms`` listed and not ``missing``) ->
+  ``release`` (a process other than ``pid`` that says it serves, having
+  published its VMs once, its guard found when it needs one, no VM of
+  ``vms`` listed ``missing`` there: one no longer listed there left, moved
+  or destroyed meanwhile) ->
   ``{version, pid, out_of_service_s}``.  A host whose record says its
   peer rolled back to the old release since ``since``, or that is not back
   within ``deadline`` seconds, is an error saying why.
@@ -46,11 +48,10 @@ def upgrade_host(host, args: dict) -> dict:
     if host.replace is None:
         raise RequestError("this host's peer cannot be replaced (no peer process)")
     rollback = bool(args.get("rollback"))
-    chosen = current.read_current(host.state_dir) or {}
-    running = current.running_choice()
-    running_release = chosen.get("release") if chosen.get("path") == running["path"] else None
+    running = current.running_code(host.state_dir)
+    running_release = running["release"]
     if rollback:
-        target = chosen.get("previous") if chosen.get("path") == running["path"] else None
+        target = running["previous"]
         if not target:
             raise RequestError(f"{host.host} has no previous release to go back to")
         level = features.cluster_level(host.store)
@@ -94,10 +95,12 @@ def _missing(host, record: dict | None, args: dict) -> str | None:
         return "its guard is not running"
     kvs, _ = host.store.range(keys.vm(args["host"]))
     listed = {keys.suffix(kv.key, keys.vm(args["host"])): kv.value for kv in kvs}
+    # a VM no longer listed here left (moved, destroyed); one listed
+    # missing is one the new process did not find
     gone = [uuid for uuid in args.get("vms") or []
-            if not isinstance(listed.get(uuid), dict) or listed[uuid].get("state") == "missing"]
+            if isinstance(listed.get(uuid), dict) and listed[uuid].get("state") == "missing"]
     if gone:
-        return f"{len(gone)} of its VMs not listed ({', '.join(sorted(gone)[:3])})"
+        return f"{len(gone)} of its VMs missing ({', '.join(sorted(gone)[:3])})"
     return None
 
 
