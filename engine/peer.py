@@ -1,6 +1,7 @@
 """The peer: the one process every host runs.
 
-It holds a session (lease) in etcd and, under it: the host record, the
+It holds a session (lease) in etcd and, under it: the host record (written
+again only when it says something new: the lease proves the host alive), the
 host's placement provider (what it keeps back for the reserved setting and
 the foreign domains kept current on every stats tick), the executor taking
 requests from the host's inbox, the duties (automations it is a member of)
@@ -48,6 +49,7 @@ from .hypervisor.guard import (Heartbeat, ensure_guard, fenced, forget_fenced, h
                                lead_for, needs_guard)
 from .hypervisor.ha import DEFAULT_MARGIN, recoverer
 from .hypervisor.hostctx import HostContext, check_libvirt_uri
+from .hypervisor.hostinfo import Publication, host_facts
 from .hypervisor.backup_sweep import sweep_backups
 from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
 from .leases.guard import lease_guard
@@ -78,10 +80,7 @@ def _offered(host: HostContext) -> tuple[dict, list[str]]:
 
 def _host_record(host: HostContext) -> dict:
     try:
-        from .hypervisor.hostinfo import host_facts
         facts = host_facts(host.conn, host.state_dir, host.host)
-    except ImportError:
-        facts = {"kernel": platform.release()}
     except Exception as exc:    # the hypervisor is down: still be a live peer
         log.warning("host_facts_failed", error=str(exc))
         facts = {"kernel": platform.release(), "error": str(exc)}
@@ -296,11 +295,15 @@ class Peer:
     def _serve(self, session: Session):
         self.log.info("session_started", lease=f"{session.lease:x}", ttl=self.ttl,
                       adopted=session.adopted, version=self.identity()["version"])
-        record = self._host_record()
         cfg = self.store.get(keys.host_config(self.name))
         enabled = (cfg.value or {}).get("enabled", True) if cfg else True
-        self.store.txn([], [Put(keys.host(self.name), {**record, "enabled": enabled}, session.lease),
-                            Put(keys.host_config(self.name), {**record, "enabled": enabled})])
+        record = {**self._host_record(), "enabled": enabled}
+        self.store.txn([], [Put(keys.host(self.name), record, session.lease),
+                            Put(keys.host_config(self.name), record)])
+        # The lease proves that this host is alive: its record is written
+        # again when it says something new (engine/hypervisor/hostinfo.py).
+        published = Publication()
+        published.written(record, time.monotonic())
         registered = self._register_provider(record["networks"])
         # Before publishing: a copy of a VM the cluster placed elsewhere while
         # this host was away (its libvirtd kept the domain) never shows up.
@@ -335,8 +338,7 @@ class Peer:
                 except Exception as exc:
                     self.log.warning("first_publication_failed", error=str(exc))
             self.handover = note_serving(self.host.state_dir, session.first_renewal)
-            self.store.put(keys.host(self.name), {**self._host_record(), "enabled": enabled},
-                           session.lease)
+            self._publish(session, published, {**self._host_record(), "enabled": enabled})
         try:
             while not self.stopping.is_set() and not session.lost.is_set() \
                     and self.replacing is None:
@@ -349,9 +351,9 @@ class Peer:
                     pass
                 if self.stopping.is_set() or session.lost.is_set() or self.replacing is not None:
                     break
-                record = self._host_record()
-                self.store.put(keys.host(self.name), {**record, "enabled": enabled},
-                               session.lease)
+                record = {**self._host_record(), "enabled": enabled}
+                if published.due(record, time.monotonic()):
+                    self._publish(session, published, record)
                 self.executor.rescan()
                 if not registered:
                     registered = self._register_provider(record["networks"])
@@ -370,6 +372,10 @@ class Peer:
             self.executor.detach()
             if publisher is not None:
                 publisher.stop()
+
+    def _publish(self, session: Session, published: Publication, record: dict) -> None:
+        self.store.put(keys.host(self.name), record, session.lease)
+        published.written(record, time.monotonic())
 
     def _register_provider(self, networks: list[str]) -> bool:
         """The host as a placement provider: same provider across restarts,

@@ -1,4 +1,5 @@
-"""host_facts: the host record's numbers, from libvirt and psutil."""
+"""host_facts: the host record's numbers, from libvirt and psutil; and
+Publication: when a measured record is worth writing again."""
 from __future__ import annotations
 
 import platform
@@ -6,7 +7,8 @@ import uuid as uuidlib
 
 import libvirt
 
-from engine.hypervisor.hostinfo import host_facts, hypervisor_version
+from engine.hypervisor.hostinfo import (DRIFT_EVERY, MOVED_EVERY, Publication, host_facts,
+                                       hypervisor_version)
 from tests.support.handlers import TEST_URI, call, host  # noqa: F401  (host: a fixture)
 
 KEYS = {"vcpus": int, "cpu_usage": float, "memory_mb": int, "free_memory_mb": int,
@@ -49,3 +51,68 @@ def test_vms_counts_this_hosts_peerctl_domains_and_their_memory(host):
     assert after["foreign_vms"] == before["foreign_vms"]
     assert after["free_memory_mb"] <= before["free_memory_mb"] - 512 + 64  # psutil moves too
     call(host, "destroy", uuid=args["uuid"])
+
+
+# -- when a record is written again (Publication): records in, reasons out ------------
+
+RECORD = {"host": "host1", "pid": 4242, "updated": 1000.0, "vcpus": 8, "memory_mb": 16384,
+          "disk_gb": 500.0, "vms": 2, "networks": ["default"], "version": "1.0",
+          "cpu_usage": 3.0, "free_memory_mb": 8000, "free_disk_gb": 250.0,
+          "net_rx_bytes": 10_000, "net_tx_bytes": 20_000}
+
+
+def published(at: float = 0.0) -> Publication:
+    publication = Publication()
+    publication.written(RECORD, at)
+    return publication
+
+
+def test_a_record_nobody_wrote_yet_is_due():
+    assert Publication().due(RECORD, 0.0) == "changed"
+
+
+def test_an_unchanged_record_is_never_written_again_whenever_it_was_measured():
+    publication = published()
+    for now in (5.0, MOVED_EVERY, DRIFT_EVERY, 24 * 3600.0):
+        assert publication.due({**RECORD, "updated": 1000.0 + now}, now) is None
+
+
+def test_what_the_host_is_or_holds_is_written_on_the_first_tick_that_sees_it_change():
+    publication = published()
+    assert publication.due({**RECORD, "vms": 3}, 5.0) == "changed"
+    assert publication.due({**RECORD, "networks": []}, 5.0) == "changed"
+    assert publication.due({**RECORD, "error": "libvirt is down"}, 5.0) == "changed"
+    assert publication.due({k: v for k, v in RECORD.items() if k != "version"}, 5.0) \
+        == "changed"
+
+
+def test_a_gauge_past_its_step_waits_for_moved_every_after_the_last_write():
+    publication = published()
+    busy = {**RECORD, "cpu_usage": 3.0 + 10.0}
+    assert publication.due(busy, MOVED_EVERY - 5) is None
+    assert publication.due(busy, MOVED_EVERY) == "moved"
+    # free memory: 5 % of memory_mb (819 MiB of 16 GiB)
+    assert publication.due({**RECORD, "free_memory_mb": 8000 - 818}, MOVED_EVERY) is None
+    assert publication.due({**RECORD, "free_memory_mb": 8000 + 820}, MOVED_EVERY) == "moved"
+    publication.written(busy, MOVED_EVERY)
+    assert publication.due({**busy, "cpu_usage": 90.0}, MOVED_EVERY + 5) is None
+
+
+def test_a_drift_under_the_steps_is_written_every_drift_every():
+    publication = published()
+    drift = {**RECORD, "cpu_usage": 9.0, "free_memory_mb": 7900, "free_disk_gb": 249.0,
+             "net_rx_bytes": 10**9, "net_tx_bytes": 10**9}
+    for now in (5.0, MOVED_EVERY, DRIFT_EVERY - 5):
+        assert publication.due(drift, now) is None
+    assert publication.due(drift, DRIFT_EVERY) == "drifted"
+
+
+def test_a_gauge_past_its_step_on_every_tick_is_written_once_a_minute():
+    publication, writes = published(), 0
+    for tick in range(1, 721):                  # an hour of 5 s ticks, 1 GiB less each
+        now = tick * 5.0
+        record = {**RECORD, "free_memory_mb": 16000 - tick * 1024 % 16000, "net_rx_bytes": tick}
+        if publication.due(record, now):
+            publication.written(record, now)
+            writes += 1
+    assert writes == 3600 / MOVED_EVERY

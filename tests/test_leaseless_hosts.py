@@ -3,10 +3,12 @@ put by hand beside two real peers (a record of the right shape, one whose
 name is a number, and bytes that are no record at all, none of them held
 by a lease), the real command line's ``hostlist``, ``ping``, ``boot`` and
 ``evacuate`` work on the real peers alone, saying once which keys they
-skipped."""
+skipped.  The other way round, a record a lease holds is a live host however
+long ago it was written: peers write it only when it says something new."""
 from __future__ import annotations
 
 import json
+import time
 
 import msgpack
 import pytest
@@ -79,3 +81,18 @@ def test_ping_boot_and_evacuate_use_the_real_hosts_alone(cluster, store, haunted
         ("g1", "host2"), ("g2", "host2"), ("g3", "host2")]
     _, said = json_and_warnings(cluster, "evacuate", "ghost*", "--yes", rc=1)
     assert said.splitlines()[-1] == "peerctl: no host matches 'ghost*'"
+
+
+def test_a_leased_record_written_an_hour_ago_is_a_live_host_with_its_figures(cluster, store):
+    record = {"host": "quiet-1", "updated": time.time() - 3600, "vcpus": 8,
+              "memory_mb": 16384, "free_memory_mb": 12288, "disk_gb": 500.0,
+              "free_disk_gb": 400.0, "cpu_usage": 4.0, "kernel": "6.1.0"}
+    store.put(keys.host("quiet-1"), record, store.grant(60))
+    store.put(keys.host_config("quiet-1"), record)
+    (listed,), warnings = json_and_warnings(cluster, "hostlist")
+    assert warnings == ""
+    assert (listed["host"], listed["alive"], listed["enabled"]) == ("quiet-1", True, True)
+    assert (listed["free_memory_mb"], listed["free_disk_gb"]) == (12288, 400.0)
+    (stats,), _ = json_and_warnings(cluster, "hoststats")
+    assert (stats["alive"], stats["cpu_usage"]) == (True, 4.0)
+    assert "1 host responded" in cluster.cli("hostlist").stdout

@@ -1,7 +1,8 @@
 """The one rule for "which hosts are alive" (engine/core/hosts.py), against
 a real etcd: a ``hosts/`` record counts only while a lease holds it and it
 names its own host; anything else under ``hosts/`` is reported once, saying
-why, and never counted."""
+why, and never counted.  A real peer's record is written when it says
+something new, not on every tick: the lease alone keeps its host alive."""
 from __future__ import annotations
 
 import uuid
@@ -9,6 +10,10 @@ import uuid
 import pytest
 
 from engine.core import hosts, keys, values
+from engine.core.watch import PrefixWatch
+from engine.peer import STATS_INTERVAL
+from tests.support import wait_for, wait_until
+from tests.support.cluster import ready_hosts
 from tests.support.raw import put_raw
 
 UNLEASED = "bound to no lease: no peer holds it, not a live host"
@@ -74,3 +79,23 @@ def test_a_host_whose_lease_is_revoked_is_alive_no_more(store, reported):
     store.revoke(lease)
     assert hosts.live_host_names(store) == {"host2"}
     assert reported == {}
+
+
+def test_a_real_peer_writes_its_record_when_it_changes_and_lives_by_its_lease(cluster, store):
+    ready_hosts(cluster, store, ["host1"])
+    booted = cluster.cli_json("boot", "quiet1", "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1")
+    assert booted["state"] == "done", booted
+    # the VM is in the record from the next tick on (what the host holds changed)
+    record = wait_until(lambda: store.get(keys.host("host1")), lambda kv: kv.value["vms"] == 1,
+                        timeout=3 * STATS_INTERVAL, what="the boot in host1's record")
+    # a tick that finds nothing new writes nothing, and host1 stays alive
+    watch = PrefixWatch(store, keys.host("host1"), record.mod_revision, exact=True).start()
+    try:
+        assert watch.get(timeout=STATS_INTERVAL + 1) is None
+    finally:
+        watch.stop()
+    assert hosts.live_host_names(store) == {"host1"}
+    assert cluster.cli_json("hostlist")[0]["alive"] is True
+    # killed: down once its lease runs out (TTL 2 s), whatever the record said
+    cluster.kill("host1")
+    wait_for(lambda: not hosts.live_host_names(store), timeout=10, what="host1 down")
