@@ -165,6 +165,7 @@ class Peer:
         releases.write_peer_file(self.host.state_dir)
         while not self.stopping.is_set():
             try:
+                features.found_cluster(self.store)
                 features.check_supported(self.store)
             except Refused as exc:
                 sys.stderr.write(f"peerctl: {exc}\n")

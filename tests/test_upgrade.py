@@ -2,8 +2,10 @@
 the cluster, one host at a time, with nothing interrupted (docs/upgrade.md).
 
 The second release is this tree with its version bumped to 0.2.0, a
-feature level of 2, and ``ping`` given a version 2 that needs that level
-(:func:`second_release`)."""
+feature level one above this tree's (``NEXT``), and ``ping`` given a
+version 2 that needs that level (:func:`second_release`).  A cluster these
+tests start is new, so its first peer sets it at this tree's level
+(``NOW``)."""
 from __future__ import annotations
 
 import collections
@@ -12,32 +14,34 @@ import threading
 import pytest
 
 from engine.core import api, failpoints, keys
+from engine.core.features import SUPPORTED
 from tests.support import wait_for, wait_until
 from tests.support.cluster import finished, start_peers
 from tests.support.hooks import assert_each_index_ran_once, counting_hook
 from tests.support.releases import build_release
 
 TTL = 5         # a production TTL: the hand-over must fit well inside it
+NOW, NEXT = SUPPORTED, SUPPORTED + 1     # this tree's level, the second release's
 
 PING_V2 = '''
-"""ping, version 2: the same rounds, needing the cluster's feature level 2."""
+"""ping, version 2: the same rounds, needing the second release's feature level."""
 from engine.core.registry import automation
 from automations.ping import ping as ping_v1
 
 
-@automation("ping", version=2, feature_level=2)
+@automation("ping", version=2, feature_level=%d)
 def ping(ctx, hosts, rounds=1, deadline=10.0):
     result = yield from ping_v1(ctx, hosts, rounds, deadline)
     return {**result, "version": 2}
-'''
+''' % NEXT
 
 
 def second_release(tmp_path, version="0.2.0", **files) -> str:
     import os
     from tests.support import ROOT
     with open(os.path.join(ROOT, "engine", "core", "features.py")) as f:
-        features = f.read().replace("SUPPORTED = 1 ", "SUPPORTED = 2 ")
-    assert "SUPPORTED = 2 " in features
+        features = f.read().replace(f"SUPPORTED = {NOW} ", f"SUPPORTED = {NEXT} ")
+    assert f"SUPPORTED = {NEXT} " in features
     return build_release(str(tmp_path / "releases"), version,
                          files={"engine/core/features.py": features,
                                 "automations/ping_v2.py": PING_V2, **files})
@@ -113,7 +117,7 @@ def test_a_rolling_upgrade_interrupts_no_automation_vm_ping_or_lease(cluster, st
     names = ["host1", "host2", "host3"]
     logs = start_hosts(cluster, store, names, tmp_path)
     before = hosts_now(cluster)
-    assert {h["feature_level"] for h in before.values()} == {1}
+    assert {h["feature_level"] for h in before.values()} == {NOW}
     leases = leases_of(store, names)
     booted = cluster.cli_json("boot", "keep1", "keep2", "keep3", "--network", "none",
                               "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1")
@@ -137,7 +141,7 @@ def test_a_rolling_upgrade_interrupts_no_automation_vm_ping_or_lease(cluster, st
     # every host on the new release, on the lease it had: never seen dead
     after = hosts_now(cluster)
     assert {h["version"].split("+")[0] for h in after.values()} == {"0.2.0"}, after
-    assert {h["feature_level"] for h in after.values()} == {2}
+    assert {h["feature_level"] for h in after.values()} == {NEXT}
     assert leases_of(store, names) == leases
     # the VMs that were there are still there, once each (the lease may
     # have moved some off the host it took)
@@ -204,10 +208,10 @@ def test_mixed_releases_keep_working_and_the_feature_level_waits_for_the_last(
 
     # host3 is left on the old release: the cluster works, new automations
     # keep the shapes every peer knows
-    refused = cluster.cli("cluster", "feature-level", "2")
+    refused = cluster.cli("cluster", "feature-level", str(NEXT))
     assert refused.returncode == 1 and "host3" in refused.stderr and \
         len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-    assert cluster.cli_json("cluster", "feature-level")["level"] == 1
+    assert cluster.cli_json("cluster", "feature-level")["level"] == NOW
     booted = cluster.cli_json("boot", "mixed", "--network", "none",
                               "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1")
     assert booted["state"] == "done", booted
@@ -218,17 +222,17 @@ def test_mixed_releases_keep_working_and_the_feature_level_waits_for_the_last(
     # host1 goes back, then forward again
     back = upgrade(cluster, "--rollback", "host1")
     assert [(h["host"], h["state"]) for h in back["hosts"]] == [("host1", "upgraded")], back
-    assert hosts_now(cluster)["host1"]["feature_level"] == 1
+    assert hosts_now(cluster)["host1"]["feature_level"] == NOW
     upgrade(cluster, "--to", "0.2.0")
-    levels = cluster.cli_json("cluster", "feature-level", "2")
-    assert levels["level"] == 2 and levels["previous"] == 1, levels
+    levels = cluster.cli_json("cluster", "feature-level", str(NEXT))
+    assert levels["level"] == NEXT and levels["previous"] == NOW, levels
 
     # now the new shape is written, and going back is refused
     ping = start_ping_v2(store, names, tmp_path)
     assert store.get(keys.spec(ping)).value["version"] == 2
     assert finished(store, ping)["result"]["version"] == 2
     refused = cluster.cli("upgrade", "--rollback", "--yes")
-    assert refused.returncode == 1 and "feature level is 2" in refused.stderr, refused.stderr
+    assert refused.returncode == 1 and f"feature level is {NEXT}" in refused.stderr, refused.stderr
 
 
 def start_ping_v2(store, names, tmp_path):
@@ -390,7 +394,8 @@ def test_up_and_down_follow_each_hosts_current_release(tmp_path, cluster_name):
     (["upgrade", "--to", "0.2.0"], 2, "add --yes to confirm"),
     (["cluster", "feature-level", "0"], 2, "feature-level"),
     (["cluster", "feature-level", "two"], 2, "feature-level"),
-    (["cluster", "feature-level", "3"], 1, "feature level 3 is not supported by host1"),
+    (["cluster", "feature-level", str(NEXT + 1)], 1,
+     f"feature level {NEXT + 1} is not supported by host1"),
 ])
 def test_bad_upgrade_commands_say_one_line_and_start_nothing(cluster, store, tmp_path, argv,
                                                             rc, said):
@@ -435,3 +440,17 @@ def test_a_release_slow_to_start_never_lets_the_hosts_lease_lapse(cluster, store
     # the same lease: it never expired (an expired lease is never granted again)
     assert leases_of(store, names) == leases
     assert store.get(keys.recovery("host1")) is None
+
+
+def test_a_new_cluster_starts_at_this_trees_level_and_one_that_had_hosts_keeps_its_own(
+        cluster, store):
+    start_peers(cluster, store, ["host1"])
+    assert cluster.cli_json("cluster", "feature-level")["level"] == NOW
+
+    # a cluster from before the level existed: hosts, no level; its peers
+    # must not raise it on their own (an older release may still run there)
+    cluster.kill("host1")
+    store.delete("cluster/feature_level")
+    start_peers(cluster, store, ["host1", "host2"])
+    assert cluster.cli_json("cluster", "feature-level")["level"] == 1
+    assert store.get("cluster/feature_level") is None

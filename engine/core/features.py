@@ -12,6 +12,9 @@ Promises:
   reports it in its host record (``feature_level``);
 - the level is ``cluster/feature_level`` ``{level, time}``, 1 when unset;
   a value of the wrong shape reads as an error, never as a level;
+- a new cluster (one that never had a host) starts at :data:`SUPPORTED`:
+  the first peer writes it (:func:`found_cluster`), so nothing new waits
+  for an operator where no older release ever ran;
 - raising it is refused while any live peer supports less, naming each
   (:func:`raise_level`); it never goes down;
 - a peer whose code supports less than the cluster's level refuses to
@@ -25,10 +28,13 @@ from engine.errors import Refused, Unreadable, UsageError
 
 from .values import declare, shape
 
-__all__ = ["SUPPORTED", "BASE", "level_key", "cluster_level", "raise_level", "check_supported"]
+__all__ = ["SUPPORTED", "BASE", "level_key", "cluster_level", "raise_level",
+           "check_supported", "found_cluster"]
 
-SUPPORTED = 1       # the highest cluster feature level this code knows
+SUPPORTED = 2       # the highest cluster feature level this code knows
 BASE = 1            # the level of a cluster nobody raised
+# Level 2 (issue 34): migrate's max_downtime_ms, and the automation versions
+# registered with feature_level=2 (docs/upgrade.md lists them).
 
 
 def level_key() -> str:
@@ -58,6 +64,17 @@ def _level(kv) -> int:
 def cluster_level(store) -> int:
     """The cluster's feature level now."""
     return _level(store.get(level_key()))
+
+
+def found_cluster(store, supported: int = SUPPORTED) -> bool:
+    """In a cluster that never had a host (no host config) and no level,
+    write ``supported`` as its level: True when this call wrote it."""
+    from engine.core import keys
+    from engine.core.store import Put, absent
+    if store.get(level_key()) is not None or store.range(keys.host_config(), keys_only=True)[0]:
+        return False
+    return store.txn([absent(level_key())],
+                     [Put(level_key(), {"level": supported, "time": time.time()})]).succeeded
 
 
 def check_supported(store, supported: int = SUPPORTED) -> int:
