@@ -157,11 +157,14 @@ def _decide(mode: str, was: str, at_source: str, at_dest: str) -> str:
 
 
 def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False,
-             replicas=False):
+             replicas=False, max_downtime_ms=None, stop_to_redefine=True):
     """One VM's move, steps 1 to 7 of the module's docstring; its result
     row, ``error`` saying what went wrong.  With ``replicas`` (migrate and
     evacuate version 2), a live move to the VM's replica's host copies only
-    what changed since the replica (``automations/_handoff.py``)."""
+    what changed since the replica (``automations/_handoff.py``).  Without
+    ``stop_to_redefine`` (evacuate version 3) a running VM on the test
+    driver is redefined without being stopped first, as a live move leaves
+    it running: a step and its record writes fewer per VM."""
     move = _Move(ctx, vm)
     locked = yield from resend(move.step("lock_vm", {
         "host": move.source, "owner": ctx.automation_id, "kind": "migrate",
@@ -190,7 +193,8 @@ def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False
         return move.result(move.source, move.was, f"no destination: {claimed.error}")
     move.dest = claimed.value["host"]
 
-    if move.mode != "live" and move.was in ACTIVE:     # an offline move: stop it first
+    if move.mode != "live" and move.was in ACTIVE and \
+            (stop_to_redefine or move.mode != "redefine"):     # an offline move: stop it first
         halted = yield from resend(move.step("stop", {}, move.source))
         if not halted.ok:
             return (yield from _revert(move, f"stop before the move: {halted.error}"))
@@ -211,7 +215,8 @@ def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False
     else:
         move.via = {"used": True, **move.via}
 
-    moved = yield from _copy(move, described, prepared, bandwidth_mib, postcopy)
+    moved = yield from _copy(move, described, prepared, bandwidth_mib, postcopy,
+                             max_downtime_ms)
     outcome, why = yield from _outcome(move, moved, described, prepared)
     if outcome == "confirm":
         copied = (moved.value or {}) if moved.ok and move.mode != "redefine" else {}
@@ -221,11 +226,12 @@ def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False
     return (yield from _keep_both(move, why))
 
 
-def _copy(move: _Move, described, prepared, bandwidth_mib, postcopy):
+def _copy(move: _Move, described, prepared, bandwidth_mib, postcopy, max_downtime_ms=None):
     """The move itself, one step: the domain defined anew on the test
     driver, else libvirt's copy from the source.  Its answer, unresent: a
     copy whose outcome is unknown is decided from both hosts, never run
-    twice."""
+    twice.  Options not given are left out of the request, so that a move
+    logged before they existed replays alike."""
     if move.mode == "redefine":
         return (yield move.step("move_adopt", {"xml": prepared["xml"], "state": move.final},
                                 move.dest))
@@ -235,6 +241,7 @@ def _copy(move: _Move, described, prepared, bandwidth_mib, postcopy):
         "incremental": prepared["incremental"], "live": move.mode == "live",
         "timeout_per_gib": TIMEOUT_PER_GIB,
         **({"bandwidth_mib": bandwidth_mib} if bandwidth_mib else {}),
+        **({"max_downtime_ms": max_downtime_ms} if max_downtime_ms else {}),
         **({"postcopy": True} if postcopy else {})},
         move.source, _copy_deadline(described)))
 
@@ -313,7 +320,8 @@ def _keep_both(move: _Move, why):
     return move.result(move.source, "error", why)
 
 
-def _lane(ctx, vms, to, offline, bandwidth_mib, postcopy=False, replicas=False):
+def _lane(ctx, vms, to, offline, bandwidth_mib, postcopy=False, replicas=False,
+          max_downtime_ms=None, stop_to_redefine=True):
     """Move ``vms`` one after another; after an abort, start no more."""
     results = []
     for vm in vms:
@@ -321,29 +329,33 @@ def _lane(ctx, vms, to, offline, bandwidth_mib, postcopy=False, replicas=False):
             results.append(_result(vm, vm["host"], vm.get("state"), error="not moved: aborted"))
             continue
         results.append((yield ctx.worker(move_one, vm, to, offline, bandwidth_mib, postcopy,
-                                         replicas, label=vm["name"])))
+                                         replicas, max_downtime_ms, stop_to_redefine,
+                                         label=vm["name"])))
     return results
 
 
 def _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib=None, postcopy=False,
-              replicas=False):
+              replicas=False, max_downtime_ms=None, stop_to_redefine=True):
     lanes = max(1, min(int(parallel or 1), len(vms)))
     done = yield ctx.all([ctx.worker(_lane, vms[i::lanes], to, offline, bandwidth_mib,
-                                     postcopy, replicas) for i in range(lanes)])
+                                     postcopy, replicas, max_downtime_ms, stop_to_redefine)
+                          for i in range(lanes)])
     by_uuid = {r["uuid"]: r for lane in done for r in lane}
     return [by_uuid[vm["uuid"]] for vm in vms]
 
 
 @automation("migrate", version=2, cleans_up=True)
 def migrate(ctx, vms, to=None, offline=False, parallel=4, bandwidth_mib=None,
-            postcopy=False):
+            postcopy=False, max_downtime_ms=None):
     """``bandwidth_mib``: a cap on each copy, MiB/s (libvirt's migration
     bandwidth), for moves that must not fill a link; ``postcopy``: a live
     copy that has not converged in time switches to post-copy instead of
-    being aborted.  Since version 2 a live move to the VM's replica's host
-    copies only what changed since the replica."""
+    being aborted; ``max_downtime_ms``: the longest pause QEMU may plan for
+    the switch-over of a live copy (absent in moves started before it
+    existed: QEMU's own default, 300 ms).  Since version 2 a live move to
+    the VM's replica's host copies only what changed since the replica."""
     results = yield from _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib, postcopy,
-                                   True)
+                                   True, max_downtime_ms)
     return finish(results, "moved")
 
 
@@ -356,11 +368,22 @@ def migrate_v1(ctx, vms, to=None, offline=False, parallel=4, bandwidth_mib=None,
     return finish(results, "moved")
 
 
-@automation("evacuate", version=2, cleans_up=True)
+@automation("evacuate", version=3, cleans_up=True, feature_level=2)
 def evacuate(ctx, hosts, vms, to=None, parallel=4, bandwidth_mib=None):
     """The hosts are drained before this starts (by the command line): the
     VMs on them move away, live where running, cold where shut off (a live
-    move to a VM's replica's host copies what changed since the replica)."""
+    move to a VM's replica's host copies what changed since the replica).
+    Since version 3 a running VM on the test driver is redefined without
+    being stopped first (docs/moves.md: ``stop`` is for offline moves)."""
+    results = yield from _in_lanes(ctx, vms, to, False, parallel, bandwidth_mib, False, True,
+                                   stop_to_redefine=False)
+    return finish(results, "moved")
+
+
+@automation("evacuate", version=2, cleans_up=True)
+def evacuate_v2(ctx, hosts, vms, to=None, parallel=4, bandwidth_mib=None):
+    """A running VM on the test driver stopped before it is redefined: kept
+    so that evacuations started before version 3 replay."""
     results = yield from _in_lanes(ctx, vms, to, False, parallel, bandwidth_mib, False, True)
     return finish(results, "moved")
 

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from engine.commandline.progress import ProgressView
+from engine.core import keys
 from tests.support import PEERCTL, wait_for
 from tests.support.cluster import boot_vms, listed_vms, refused, task_ids
 from tests.support.terminal import Terminal
@@ -127,7 +128,9 @@ def test_on_a_terminal_moves_of_several_vms_ask_first(cluster, two_hosts):
 @pytest.mark.parametrize("command", [
     ["migrate", "vm1", "--to", "a/b"], ["migrate", "a/b/c"], ["evacuate", "a/b"],
     ["evacuate", "host1", "--to", "h["], ["evacuate", "host1", "--parallel", "x"],
-    ["drain", "a/b"], ["undrain"], ["migrate"]])
+    ["drain", "a/b"], ["undrain"], ["migrate"],
+    ["migrate", "vm1", "--max-downtime", "0"], ["migrate", "vm1", "--max-downtime", "1.5"],
+    ["migrate", "vm1", "--max-downtime", "10001"], ["migrate", "vm1", "--max-downtime", "x"]])
 def test_usage_errors_come_before_etcd(cluster, command):
     done = cluster.cli("--etcd", "http://127.0.0.1:1", *command, input="")
     assert done.returncode == 2, (command, done.stderr)
@@ -140,6 +143,31 @@ def test_etcd_unreachable_exits_3_in_one_line(cluster, command):
     done = cluster.cli("--etcd", "http://127.0.0.1:1", *command, input="")
     assert done.returncode == 3, (command, done.stderr)
     assert done.stderr == "peerctl: etcd unreachable at http://127.0.0.1:1\n"
+
+
+def test_a_live_moves_downtime_is_passed_from_feature_level_2_and_refused_below(
+        cluster, two_hosts, store):
+    boot_vms(cluster, "web1")
+    moved = cluster.cli_json("migrate", "web1", "--to", "host2", "--max-downtime", "40")
+    assert spec_of(store, moved)["args"]["max_downtime_ms"] == 40
+    moved = cluster.cli_json("migrate", "web1", "--to", "host1")
+    assert spec_of(store, moved)["args"]["max_downtime_ms"] == 100      # the default
+
+    # a cluster where an older release may still run: nothing it cannot read
+    store.put("cluster/feature_level", {"level": 1, "time": 0.0})
+    before = task_ids(cluster)
+    refused(cluster, ["migrate", "web1", "--max-downtime", "40"], 1,
+            "--max-downtime needs the cluster's feature level 2")
+    assert task_ids(cluster) == before
+    moved = cluster.cli_json("migrate", "web1", "--to", "host2")
+    assert "max_downtime_ms" not in spec_of(store, moved)["args"]
+    drained = cluster.cli_json("evacuate", "host2", "--yes")
+    assert spec_of(store, drained)["version"] == 2 and drained["state"] == "done", drained
+
+
+def spec_of(store, done: dict) -> dict:
+    assert done["state"] == "done", done
+    return store.get(keys.spec(done["automation"])).value
 
 
 def test_migrate_dry_run_lists_what_would_move(cluster, two_hosts):

@@ -314,6 +314,37 @@ def test_aborts_leave_the_guest_running_on_the_source(hosts, guest, store):
     lookup(dest, uuid).destroy()
 
 
+def test_the_maximum_downtime_holds_from_the_start_of_the_job(hosts, guest):
+    """``max_downtime_ms`` is QEMU's limit as soon as the job runs (set
+    before it starts), and the result's downtime is libvirt's own figure,
+    as the destination's completed job statistics keep it."""
+    source, dest = hosts
+    uuid, dom = boot_on_source(hosts, guest)
+    target = blank_volume(dest, uuid).path()
+    args = move_args(dom, dest, uuid, target, max_downtime_ms=123, bandwidth_mib=32)
+    outcome = {}
+
+    def move():
+        outcome["result"] = migration.migrate(source, args)
+
+    runner = threading.Thread(target=move)
+    runner.start()
+    try:
+        wait_for(lambda: "result" in outcome or migration._job_running(dom), timeout=30,
+                 what="the migration job")
+        assert "result" not in outcome, "the move ended before its job could be seen"
+        assert dom.migrateGetMaxDowntime(0) == 123
+    finally:
+        runner.join(120)
+    assert not runner.is_alive()
+    result = outcome["result"]
+    there = lookup(dest, uuid)
+    completed = there.jobStats(libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED
+                               | libvirt.VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED)
+    assert result["downtime_ms"] == completed["downtime"] > 0, (result, completed)
+    there.destroy()
+
+
 def test_bad_requests_are_one_line_errors(hosts):
     source, dest = hosts
     base = {"uuid": str(uuidlib.uuid4()), "destination": dest.host,
@@ -327,3 +358,5 @@ def test_bad_requests_are_one_line_errors(hosts):
         migration.migrate(source, {**base, "destination": source.host})
     with pytest.raises(RequestError, match="bandwidth_mib"):
         migration.migrate(source, {**base, "bandwidth_mib": -1})
+    with pytest.raises(RequestError, match="max_downtime_ms must be a whole number > 0"):
+        migration.migrate(source, {**base, "max_downtime_ms": 2.5})

@@ -1,6 +1,9 @@
 """Moving VMs: migrate, drain, undrain, evacuate (docs/moves.md)."""
 from __future__ import annotations
 
+import argparse
+
+from engine.errors import UsageError
 from engine.operations import moves as ops
 
 from . import table
@@ -32,6 +35,14 @@ def move_outcome(ctx, automation: str, task: dict) -> int:
     return vm_outcome(ctx, automation, task, MOVE_FIELDS, columns, "moved")
 
 
+def downtime_ms(text: str) -> int:
+    """``--max-downtime``: whole milliseconds, within ops.MAX_DOWNTIME_RANGE_MS."""
+    try:
+        return ops.max_downtime(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _where(to) -> str:
     return f" to {'hosts matching ' + repr(to) if to else 'any other host'}"
 
@@ -40,7 +51,7 @@ def cmd_migrate(ctx) -> int:
     args = ctx.args
     plan = ops.plan_migrate(ctx, args.patterns, args.to, offline=args.offline,
                             parallel=args.parallel, bandwidth_mib=args.bandwidth,
-                            postcopy=args.postcopy)
+                            postcopy=args.postcopy, max_downtime_ms=args.max_downtime)
     return act(ctx, plan, move_outcome, dry_columns=PLANNED_COLUMNS,
                dry_text=_where(plan.args["to"]), would="would move")
 
@@ -98,6 +109,7 @@ def register(commands) -> None:
     sub = commands.add(
         "migrate", "move VMs to other hosts, live where they run",
         "python peerctl.py migrate db1 --to 'host2*'\n"
+        "python peerctl.py migrate db1 --max-downtime 50\n"
         "python peerctl.py migrate 'host1/*web*' --yes --parallel 2\n"
         "python peerctl.py migrate 'host1/*' --dry-run", cmd_migrate,
         "Move every VM matching any PATTERN to another live, undrained host "
@@ -106,7 +118,10 @@ def register(commands) -> None:
         "'live' (it ran on, memory and disks copied), 'cold' (shut off, or "
         "stopped first with --offline: disks copied, left as it was), or "
         "'redefine' (libvirt's test driver: the domain is defined anew on the "
-        "destination, no disk is copied). A VM that could not move says why in "
+        "destination, no disk is copied). A live move pauses the guest once, "
+        "for the switch-over: QEMU plans that pause to last at most --max-downtime "
+        "(default 100 ms); each VM's Downtime column is the pause libvirt measured. "
+        "A VM that could not move says why in "
         "the Error column and the command exits 1. On more than one "
         "VM it lists them and asks for --yes. A pattern matching nothing, or "
         "--to offering no host but the VM's own, exits 1 with nothing started.")
@@ -118,6 +133,11 @@ def register(commands) -> None:
                      help="VMs moved at the same time (default 4)")
     sub.add_argument("--bandwidth", type=positive, metavar="MIB",
                      help="cap each copy at MIB MiB/s (default: as fast as it goes)")
+    sub.add_argument("--max-downtime", type=downtime_ms, metavar="MS",
+                     help=f"longest pause a live move may plan for its switch-over, "
+                          f"{ops.MAX_DOWNTIME_RANGE_MS[0]} to {ops.MAX_DOWNTIME_RANGE_MS[1]} "
+                          f"ms (default {ops.DEFAULT_MAX_DOWNTIME_MS}; QEMU's own 300 in a "
+                          f"cluster below feature level {ops.DOWNTIME_LEVEL})")
     sub.add_argument("--postcopy", action="store_true",
                      help="a live move that has not converged within its time (120 s per "
                           "GiB of RAM and disk) switches to post-copy instead of aborting")

@@ -21,6 +21,13 @@ Promises:
   whose caller died) is waited for, not doubled.  A copy already running on
   the destination while this host still has the VM is refused: a second
   copy is never started;
+- ``max_downtime_ms``, when given for a live move, is QEMU's limit on the
+  pause it plans for the switch-over (its ``downtime-limit``; QEMU's own
+  default is 300 ms): set on the source before the job starts, so that it
+  holds from the first iteration on;
+- the result's ``downtime_ms`` is libvirt's own figure, read from the
+  completed job statistics the destination keeps: from the moment the
+  source's CPUs stopped to the moment the destination's resumed;
 - progress: ``engine.core.steps.progress`` every half second while the job
   runs (``phase`` disk, memory or switch-over, ``percent``, remaining and
   transferred bytes);
@@ -282,6 +289,11 @@ def _copy(host, dest, dom, move: _Move) -> dict:
             dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
     try:
         timeout, disk_to_copy = _timeout(dom, move)
+        if move.live and move.max_downtime_ms:
+            # Before the job, not once it runs: QEMU decides when to switch
+            # over from its first iteration on, and a small guest's first
+            # may be its last.
+            dom.migrateSetMaxDowntime(move.max_downtime_ms, 0)
         sockets = _socket_dir(host, dest, move) if _same_machine(move.destination_uri) \
             else None
     except BaseException:
@@ -348,7 +360,7 @@ def _watch(host, dom, move: _Move, thread, timeout: float) -> tuple[str | None, 
     why, postcopy_started = None, False
     gone_since, began = None, time.monotonic()
     deadline = began + timeout
-    poller = _Stats(dom, move, tune=thread is not None)
+    poller = _Stats(dom, move)
     try:
         while True:
             # Faster at first: a small disk's copy may be over in a second.
@@ -394,12 +406,12 @@ class _Stats:
     not yet seen (or None), ``last`` the latest (``disk_total`` the largest
     seen: the disk figures drop to 0 once libvirt ends the mirror jobs,
     before the job itself ends), ``ended`` is set once libvirt says no job
-    runs.  With ``tune``, the job's maximum downtime is set once it runs."""
+    runs."""
 
     SLOW = 5.0          # a query that took longer is logged
 
-    def __init__(self, dom, move: _Move, tune: bool):
-        self.dom, self.move, self.tune = dom, move, tune and bool(move.max_downtime_ms)
+    def __init__(self, dom, move: _Move):
+        self.dom, self.move = dom, move
         self.last: dict = {}
         self.ended, self.stop = threading.Event(), threading.Event()
         self._new = None
@@ -426,9 +438,6 @@ class _Stats:
                                           self.last.get("disk_total", 0))
                 with self._lock:
                     self.last = self._new = stats
-                if self.tune:
-                    self.tune = not _try(self.dom.migrateSetMaxDowntime,
-                                         self.move.max_downtime_ms, 0)
             self.stop.wait(POLL / 5 if time.monotonic() - began < 1.0 else POLL)
 
 

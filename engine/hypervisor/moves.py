@@ -151,7 +151,9 @@ def retargeted(host, uuid: str, source, pool, paths: dict) -> str:
     root = ET.fromstring(source) if isinstance(source, str) else source
     _retarget(root, paths, host, uuid)
     _retarget_networks_and_seed(root, host, pool, uuid)
-    if host.store is not None:
+    # Read first: a mark is rare, and a read costs etcd no log entry nor
+    # disk write, which a delete does even when there is nothing to delete.
+    if host.store is not None and host.store.get(keys.disowned(host.host, uuid)) is not None:
         host.store.delete(keys.disowned(host.host, uuid))
     return ET.tostring(root, encoding="unicode")
 

@@ -2,19 +2,46 @@
 
 A move needs somewhere to go: a live, undrained host other than the VM's
 own, matching ``to`` when given; without one it is refused, naming why,
-before anything is written."""
+before anything is written.  A live move's switch-over is planned to pause
+the guest for at most ``max_downtime_ms`` (:data:`DEFAULT_MAX_DOWNTIME_MS`
+unless asked otherwise, within :data:`MAX_DOWNTIME_RANGE_MS`)."""
 from __future__ import annotations
 
 import fnmatch
 import os
 
-from engine.errors import Failed, PlacementError
+from engine.core import features
+from engine.errors import Failed, PlacementError, Refused, UsageError
 
 from .plans import Plan, failed_doc
 from .select import host_pattern, select_hosts, select_vms, vm_pattern, by_host_and_name
 
 __all__ = ["plan_migrate", "plan_evacuate", "evacuate_after_drain", "set_drained",
-           "plan_drain", "operator"]
+           "plan_drain", "operator", "max_downtime", "DEFAULT_MAX_DOWNTIME_MS",
+           "MAX_DOWNTIME_RANGE_MS"]
+
+# Proxmox starts a live migration at 100 ms; QEMU's own default is 300 ms.
+DEFAULT_MAX_DOWNTIME_MS = 100
+# A pause of seconds is no longer a live move: more is a slip (seconds for ms).
+MAX_DOWNTIME_RANGE_MS = (1, 10_000)
+DOWNTIME_LEVEL = 2          # the cluster feature level that passes it to peers
+
+
+def max_downtime(value) -> int:
+    """``value`` (a number, or its text) as a live move's maximum downtime
+    in whole milliseconds; :class:`UsageError` quoting it when it is none,
+    or out of range."""
+    low, high = MAX_DOWNTIME_RANGE_MS
+    number = value
+    if isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
+        raise UsageError(f"must be a whole number of milliseconds from {low} to {high}: "
+                         f"{value!r}")
+    return number
 
 
 def _takers(hosts: list[dict], glob: str) -> set[str]:
@@ -70,8 +97,17 @@ def _landing(ctx, leaving: list[str], vms: list[dict], to: str | None) -> dict:
 
 def plan_migrate(ctx, patterns: list[str], to: str | None = None, *, offline: bool = False,
                  parallel: int = 4, bandwidth_mib: int | None = None,
-                 postcopy: bool = False) -> Plan:
-    """Move the VMs matching ``patterns`` to other hosts (matching ``to``)."""
+                 postcopy: bool = False,
+                 max_downtime_ms: int | None = None) -> Plan:
+    """Move the VMs matching ``patterns`` to other hosts (matching ``to``).
+    ``max_downtime_ms`` needs the cluster's feature level 2 (older peers
+    know no such argument): below it, none is passed and QEMU's default
+    applies, and asking for one is refused."""
+    if max_downtime_ms is not None:
+        try:
+            max_downtime_ms = max_downtime(max_downtime_ms)
+        except UsageError as exc:
+            raise UsageError(f"max_downtime_ms {exc}") from None
     for text in patterns:
         vm_pattern(text)        # bad patterns and --to are usage errors before any read
     to = host_pattern(to) if to is not None else None
@@ -86,9 +122,16 @@ def plan_migrate(ctx, patterns: list[str], to: str | None = None, *, offline: bo
         raise Failed(_nowhere(", ".join(repr(vm["name"]) for vm in stuck), to, hosts,
                               "where it is" if len(stuck) == 1 else "where they are"),
                      result=failed_doc())
+    if features.cluster_level(store) >= DOWNTIME_LEVEL:
+        max_downtime_ms = max_downtime_ms or DEFAULT_MAX_DOWNTIME_MS
+    elif max_downtime_ms is not None:
+        raise Refused(f"--max-downtime needs the cluster's feature level {DOWNTIME_LEVEL}: "
+                      "raise it with 'cluster feature-level' once every host runs this "
+                      "release (docs/upgrade.md)")
     return Plan("migrate", {
         "vms": [_move_target(vm) for vm in vms], "to": to, "offline": bool(offline),
         "parallel": parallel,
+        **({"max_downtime_ms": max_downtime_ms} if max_downtime_ms else {}),
         **({"bandwidth_mib": bandwidth_mib} if bandwidth_mib else {}),
         **({"postcopy": True} if postcopy else {})},
         [_row(vm) for vm in vms], ask=len(vms) > 1)
