@@ -10,6 +10,11 @@ host is lost, release the claim and take the next alternate, up to
 ``attempts`` hosts.  A VM that cannot be built ends in state ``error`` with
 the reason, and its claim released.
 
+Since version 5 the first claims of :data:`CLAIMS_PER_STEP` VMs go in one
+step, ``claim_vms`` (each VM's ``claim`` as before, made at the same time
+so that placement writes them together); the build, and every attempt
+after it, stays the VM's own.
+
 A host whose build failed or was lost may still hold (or, when its libvirtd
 outlived a killed peer, bring back) a copy of the VM.  Since version 2, boot
 ``disown``s the VM on that host before taking an alternate: a durable
@@ -25,13 +30,14 @@ the networks' placement traits are among its ``required`` traits (the
 command line adds them), so a host without a network is never picked.
 """
 from engine.core.registry import automation
-from engine.core.replay import Request
+from engine.core.replay import Request, Response
 
 from automations._steps import finish as _finish
 from automations._steps import resend as _idempotent
 
 BUILD_DEADLINE = 300.0
 ACTION_DEADLINE = 120.0
+CLAIMS_PER_STEP = 16        # VMs whose first claims go in one claim_vms step (version 5)
 
 
 def _traits(required) -> str | None:
@@ -64,15 +70,20 @@ def _release(vm, uuid, lease):
     return Request("release", {"consumer": uuid}, label=vm["name"])
 
 
-def boot_one(ctx, vm, attempts, disown=False, keep_traits=False, leases=False):
+def boot_one(ctx, vm, attempts, disown=False, keep_traits=False, leases=False, claimed=None):
     """``leases`` (version 4): a VM with a ``reservation`` is claimed inside
-    that lease (``lease_claim``) and gives its share back if never built."""
+    that lease (``lease_claim``) and gives its share back if never built.
+    ``claimed`` (version 5): the reply to the first claim, made already
+    with other VMs' (:func:`boot_some`); the next attempts claim alone."""
     uuid = ctx.uuid("vm/" + vm["name"])
     resources = vm["resources"]
     lease = vm.get("reservation") if leases else None
     tried, reasons = [], []
     for _ in range(attempts):
-        claim = yield from _idempotent(_claim(ctx, vm, uuid, tried, lease))
+        if claimed is not None:
+            claim, claimed = claimed, None
+        else:
+            claim = yield from _idempotent(_claim(ctx, vm, uuid, tried, lease))
         if not claim.ok:
             reasons.append(claim.error or claim.status)
             break
@@ -109,8 +120,49 @@ def boot_one(ctx, vm, attempts, disown=False, keep_traits=False, leases=False):
     return _outcome(vm, uuid, None, "error", "; ".join(reasons) or "no attempt left")
 
 
-@automation("boot", version=4)
+def _claim_reply(value: dict) -> Response:
+    """One VM's part of a ``claim_vms`` reply, as its own ``claim``'s reply."""
+    if value.get("error"):
+        return Response("error", error=value["error"])
+    return Response("ok", value)
+
+
+def boot_some(ctx, vms, attempts):
+    """Version 5: the first claims of ``vms`` in one step (``claim_vms``:
+    each VM's ``claim`` as before, made at the same time so that placement
+    writes them together), then each VM's :func:`boot_one` from its reply.
+    A VM booting into a lease claims alone, inside it; so does every VM of
+    a ``claim_vms`` that failed as a whole.  The step is labelled with its
+    first VM's name: progress views show one line per VM, and it is on that
+    one's until its build."""
+    together = [vm for vm in vms if not vm.get("reservation")]
+    replies = {}
+    if together:
+        claims = yield from _idempotent(Request("claim_vms", {"claims": [
+            _claim(ctx, vm, ctx.uuid("vm/" + vm["name"]), [], None).args for vm in together]},
+            deadline=ACTION_DEADLINE, label=together[0]["name"]))
+        if claims.ok:
+            replies = {vm["name"]: _claim_reply(value)
+                       for vm, value in zip(together, claims.value["claims"])}
+    return (yield ctx.all([ctx.worker(boot_one, vm, attempts, True, True, True,
+                                      claimed=replies.get(vm["name"]), label=vm["name"])
+                           for vm in vms]))
+
+
+@automation("boot", version=5, feature_level=2)
 def boot(ctx, vms, attempts=3):
+    """Since version 5 the first claims go :data:`CLAIMS_PER_STEP` VMs to a
+    step (:func:`boot_some`): a thousand VMs' claims are some sixty steps,
+    not a thousand, and placement writes them in batches as large as it
+    takes, not as the executor's threads allow."""
+    chunks = [vms[start:start + CLAIMS_PER_STEP]
+              for start in range(0, len(vms), CLAIMS_PER_STEP)]
+    results = yield ctx.all([ctx.worker(boot_some, chunk, attempts) for chunk in chunks])
+    return _finish([result for chunk in results for result in chunk], "built")
+
+
+@automation("boot", version=4)
+def boot_v4(ctx, vms, attempts=3):
     """Since version 4 a VM may boot into a lease (``reservation``)."""
     results = yield ctx.all([ctx.worker(boot_one, vm, attempts, True, True, True,
                                         label=vm["name"]) for vm in vms])

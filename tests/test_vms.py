@@ -39,13 +39,14 @@ def assert_one_to_one(store, result_vms, hosts):
 
 
 def test_boot_twenty_vms_survives_sigkill_of_the_initiator(cluster, store, tmp_path):
-    """Claims run on the initiator one at a time (~0.15 s each), so when the
-    initiator is killed some VMs are built and others not yet claimed: the
-    new initiator must carry the automation on, appending their steps."""
+    """Claims run on the initiator 16 VMs to a step, one step at a time
+    (~2 s each), so when the initiator is killed some VMs are built and
+    others not yet claimed: the new initiator must carry the automation on,
+    appending their steps."""
     hooks = str(tmp_path / "hooks")
     builds = counting_hook(hooks, request="build", sleep=0.1)
     member_hooks = str(tmp_path / "member-hooks")
-    serial_hook(member_hooks, "claim", 0.15)
+    serial_hook(member_hooks, "claim_vms", 2.0)
     start(cluster, store, ["t1", "t2", "t3"], hooks=hooks)
     start(cluster, store, ["m1", "m2", "m3"], hooks=member_hooks)
     names = [f"vm{i:02d}" for i in range(20)]
