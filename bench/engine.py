@@ -1,7 +1,7 @@
 """Engine benchmark: replicated steps against raw etcd, and failover time.
 
-    python bench/engine.py [--steps 600] [--parallel-steps 2400] [--runs 3]
-                           [--ttl 2] [--failovers 5]
+    python bench/engine.py [--steps 600] [--parallel-steps 2400] [--runs 5]
+                           [--ttl 2] [--failovers 5] [--smoke]
 
 Prints, side by side and measured in the same run on the same etcd:
 raw sequential etcd transactions/s through the same client; replicated steps/s
@@ -11,8 +11,15 @@ SIGKILL of the initiator to the next request appended by another peer; and
 where a step on another peer spends its time (``step_timeline``).
 Each figure is printed next to its target, with PASS or MISS: sequential
 steps/s at least 40% of raw sequential transactions/s (issue 2), 16 parallel
-workers at least 40% of raw transactions/s from 8 threads (issue 15);
-failover within TTL + 0.5 s.
+workers at least 40% of raw transactions/s from 8 threads (issue 15); a
+sequential step on another peer within 1.25x its floor, three sequential raw
+transactions through the same client, measured before each of its runs
+(interleaved, so that load hits both alike; the medians count, issue 34);
+failover within TTL + 0.5 s.  The load average is printed with them.
+
+``--smoke``: 60 sequential steps, 160 parallel, 3 runs, 1 failover: every
+path, in seconds.  The work directory (under /var/tmp), etcd and the peers
+are gone when it ends, however it ends.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import argparse
 import os
 import signal
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,8 +46,29 @@ from engine.core.watch import PrefixWatch, Reset  # noqa: E402
 from tests.support import wait_for  # noqa: E402
 
 AUTOMATIONS = os.path.join(ROOT, "bench", "automations")
+WORK = "peerctl-bengine-"   # the work directory's prefix, under /var/tmp
 SEQUENTIAL_TARGET = 0.40    # issue 2: sequential steps/s >= 40% of raw etcd txn/s
 PARALLEL_TARGET = 0.40      # issue 15: 16 workers' steps/s >= 40% of raw txn/s from 8 threads
+FLOOR_TARGET = 1.25         # issue 34: a step on another peer <= 1.25x three raw transactions
+LANES = 16
+SMOKE = {"steps": 60, "parallel_steps": 160, "runs": 3, "failovers": 1}
+
+
+class BadInput(argparse.ArgumentParser):
+    """Bad options: one line and exit 2, nothing started."""
+
+    def error(self, message):
+        self.exit(2, f"bench/engine.py: {message}\n")
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
+    return value
 
 
 def verdict_of(met: bool) -> str:
@@ -132,18 +161,8 @@ def step_timeline(store, automation_id) -> dict[str, float]:
     return {hop: 1000 * statistics.median(times) for hop, times in hops.items() if times}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=600, help="steps of a sequential run")
-    parser.add_argument("--parallel-steps", type=int, default=2400,
-                        help="steps of a parallel run, over 16 workers")
-    parser.add_argument("--runs", type=int, default=3, help="runs of each; the median counts")
-    parser.add_argument("--ttl", type=int, default=2)
-    parser.add_argument("--failovers", type=int, default=5)
-    options = parser.parse_args()
-    os.environ["PEERCTL_AUTOMATIONS_PATH"] = AUTOMATIONS
-    load = os.getloadavg()
-    workdir = tempfile.mkdtemp(prefix="peerctl-bench-")
+def measure(options, workdir) -> list[str]:
+    """Run every measure on an etcd and peers of its own; the lines to print."""
     etcd = EtcdServer(os.path.join(workdir, "etcd")).start()
     store = Store(etcd.url, "bench")
     peers = {}
@@ -154,66 +173,28 @@ def main():
         for host in ("p1", "p2", "p3"):
             peers[host] = start_peer(etcd.url, "bench", host, options.ttl, workdir)
         wait(lambda: len(api.live_hosts(store)) == 3)
-        n, lane_steps = options.steps, options.parallel_steps // 16
-        rows = []
+        n, lane_steps = options.steps, max(1, options.parallel_steps // LANES)
+        rows, floors, remote = [], [], []
         for label, kind, args in [
                 ("sequential, step on the initiator", "noop_sequence", {"steps": n}),
                 ("sequential, step on another peer", "noop_sequence", {"steps": n, "target": "p2"}),
-                ("16 parallel workers, on the initiator", "noop_parallel",
-                 {"lanes": 16, "steps": lane_steps}),
-                ("16 parallel workers, on another peer", "noop_parallel",
-                 {"lanes": 16, "steps": lane_steps, "target": "p2"})]:
-            steps = n if kind == "noop_sequence" else 16 * lane_steps
-            runs = [run_automation(store, kind, args, 1, ["p1"]) for _ in range(options.runs)]
+                (f"{LANES} parallel workers, on the initiator", "noop_parallel",
+                 {"lanes": LANES, "steps": lane_steps}),
+                (f"{LANES} parallel workers, on another peer", "noop_parallel",
+                 {"lanes": LANES, "steps": lane_steps, "target": "p2"})]:
+            steps = n if kind == "noop_sequence" else LANES * lane_steps
+            runs = []
+            for _ in range(options.runs):
+                if label == "sequential, step on another peer":
+                    # The floor right before each run: load hits both alike.
+                    floors.append(3 * 1000 / raw_txn_rate(store, n))
+                runs.append(run_automation(store, kind, args, 1, ["p1"]))
             rows.append((label, statistics.median(steps / seconds for seconds, _ in runs)))
-            if kind == "noop_sequence" and "target" in args:
+            if label == "sequential, step on another peer":
+                remote = [1000 * seconds / steps for seconds, _ in runs]
                 timeline = step_timeline(store, sorted(runs)[len(runs) // 2][1])
-
-        failovers = []
-        for _ in range(options.failovers):
-            automation_id = api.start_automation(store, "noop_forever",
-                                                 {"target": "p3", "pause": 0.0},
-                                                 members=2, prefer=["p1", "p2"])
-            wait(lambda: len(store.range(keys.auto(automation_id, "log/"), keys_only=True)[0]) > 5)
-            leader = api.get_task(store, automation_id)["initiator"]
-            before = {kv.key for kv in store.range(keys.auto(automation_id, "log/"))[0]}
-            killed = time.perf_counter()       # the clock starts at the SIGKILL
-            peers[leader].send_signal(signal.SIGKILL)
-            peers[leader].wait()
-
-            def appended_by_other():
-                entries, _ = store.range(keys.auto(automation_id, "log/"))
-                return any(kv.key not in before and kv.value["initiator"] != leader
-                           for kv in entries)
-            wait(appended_by_other, timeout=30)
-            failovers.append(time.perf_counter() - killed)
-            api.abort(store, automation_id)
-            peers[leader] = start_peer(etcd.url, "bench", leader, options.ttl, workdir)
-            wait(lambda: len(api.live_hosts(store)) == 3)
-
-        target = options.ttl + 0.5
-        print(f"\npeerctl engine benchmark ({n} sequential steps, {16 * lane_steps} parallel, "
-              f"median of {options.runs} runs; etcd {etcd.url}, lease TTL {options.ttl}s)\n")
-        print(f"{'measure':45} {'value':>10} {'vs raw etcd':>12} {'target':>12}")
-        print(f"{'raw etcd sequential transactions/s':45} {raw:10.0f} {'100%':>12}")
-        print(f"{'raw etcd transactions/s from 8 threads':45} {raw8:10.0f} "
-              f"{raw8 / raw:12.0%}")
-        for label, rate in rows:
-            sequential = label.startswith("sequential")
-            reference, share = (raw, SEQUENTIAL_TARGET) if sequential else (raw8, PARALLEL_TARGET)
-            verdict = f">= {share:.0%} " + verdict_of(rate / reference >= share)
-            print(f"{'steps/s, ' + label:45} {rate:10.0f} {rate / raw:12.0%} {verdict:>12}"
-                  + ("" if sequential else f"  ({rate / raw8:.0%} of 8 threads)"))
-        print("\na step on another peer, median ms per hop (the median run): "
-              + ", ".join(f"{hop} {ms:.2f}" for hop, ms in timeline.items()))
-        print(f"\nload average before -> after: {' '.join(f'{x:.2f}' for x in load)} -> "
-              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        print(f"\nfailover, SIGKILL of the initiator -> next append by another peer "
-              f"(TTL {options.ttl}s):")
-        print(f"  median {statistics.median(failovers):.2f}s  max {max(failovers):.2f}s  "
-              f"runs {' '.join(f'{f:.2f}' for f in failovers)}")
-        print(f"  target: every run within TTL + 0.5 = {target:.1f}s: "
-              f"{verdict_of(max(failovers) <= target)}")
+        failovers = [failover(store, etcd.url, peers, options.ttl, workdir)
+                     for _ in range(options.failovers)]
     finally:
         for process in peers.values():
             if process.poll() is None:
@@ -221,6 +202,89 @@ def main():
                 process.wait()
         etcd.stop()
 
+    step, floor = statistics.median(remote), statistics.median(floors)
+    target = options.ttl + 0.5
+    lines = [f"peerctl engine benchmark ({n} sequential steps, {LANES * lane_steps} parallel, "
+             f"median of {options.runs} runs; lease TTL {options.ttl}s)", "",
+             f"{'measure':45} {'value':>10} {'vs raw etcd':>12} {'target':>12}",
+             f"{'raw etcd sequential transactions/s':45} {raw:10.0f} {'100%':>12}",
+             f"{'raw etcd transactions/s from 8 threads':45} {raw8:10.0f} {raw8 / raw:12.0%}"]
+    for label, rate in rows:
+        sequential = label.startswith("sequential")
+        reference, share = (raw, SEQUENTIAL_TARGET) if sequential else (raw8, PARALLEL_TARGET)
+        lines.append(f"{'steps/s, ' + label:45} {rate:10.0f} {rate / raw:12.0%} "
+                     + ("" if sequential else f"({rate / raw8:.0%} of 8 threads) ")
+                     + f">= {share:.0%}: " + verdict_of(rate / reference >= share))
+    lines += ["",
+              f"step on another peer: {step:.2f} ms vs its floor, 3 sequential raw transactions "
+              f"{floor:.2f} ms (interleaved, medians of {options.runs}) = x{step / floor:.2f} "
+              f"(target <= x{FLOOR_TARGET}): " + verdict_of(step <= FLOOR_TARGET * floor),
+              "a step on another peer, median ms per hop (the median run): "
+              + ", ".join(f"{hop} {ms:.2f}" for hop, ms in timeline.items()),
+              "",
+              f"failover, SIGKILL of the initiator -> next append by another peer "
+              f"(TTL {options.ttl}s): median {statistics.median(failovers):.2f}s, "
+              f"max {max(failovers):.2f}s, runs {' '.join(f'{f:.2f}' for f in failovers)} "
+              f"(target: every run within TTL + 0.5 = {target:.1f}s): "
+              + verdict_of(max(failovers) <= target)]
+    return lines
+
+
+def failover(store, url, peers, ttl, workdir) -> float:
+    """Seconds from SIGKILL of an automation's initiator to the next request
+    appended by another peer; the killed peer is started again."""
+    automation_id = api.start_automation(store, "noop_forever", {"target": "p3", "pause": 0.0},
+                                         members=2, prefer=["p1", "p2"])
+    wait(lambda: len(store.range(keys.auto(automation_id, "log/"), keys_only=True)[0]) > 5)
+    leader = api.get_task(store, automation_id)["initiator"]
+    before = {kv.key for kv in store.range(keys.auto(automation_id, "log/"))[0]}
+    killed = time.perf_counter()       # the clock starts at the SIGKILL
+    peers[leader].send_signal(signal.SIGKILL)
+    peers[leader].wait()
+
+    def appended_by_other():
+        entries, _ = store.range(keys.auto(automation_id, "log/"))
+        return any(kv.key not in before and kv.value["initiator"] != leader for kv in entries)
+    wait(appended_by_other, timeout=30)
+    seconds = time.perf_counter() - killed
+    api.abort(store, automation_id)
+    peers[leader] = start_peer(url, "bench", leader, ttl, workdir)
+    wait(lambda: len(api.live_hosts(store)) == 3)
+    return seconds
+
+
+def main() -> int:
+    parser = BadInput(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=positive, default=600, help="steps of a sequential run")
+    parser.add_argument("--parallel-steps", type=positive, default=2400,
+                        help=f"steps of a parallel run, over {LANES} workers")
+    parser.add_argument("--runs", type=positive, default=5,
+                        help="runs of each; the median counts")
+    parser.add_argument("--ttl", type=positive, default=2)
+    parser.add_argument("--failovers", type=positive, default=5)
+    parser.add_argument("--smoke", action="store_true",
+                        help="60 sequential steps, 160 parallel, 3 runs, 1 failover: "
+                             "every path, in seconds")
+    options = parser.parse_args()
+    if options.smoke:
+        vars(options).update(SMOKE)
+    os.environ["PEERCTL_AUTOMATIONS_PATH"] = AUTOMATIONS
+    # SIGTERM ends the run as Ctrl-C does: through the cleanup.
+    signal.signal(signal.SIGTERM, lambda _signo, _frame: sys.exit(
+        "bench/engine.py: terminated (everything it started is gone)"))
+    load = os.getloadavg()
+    workdir = tempfile.mkdtemp(prefix=WORK, dir="/var/tmp")
+    try:
+        lines = measure(options, workdir)
+    except KeyboardInterrupt:
+        raise SystemExit("bench/engine.py: interrupted (everything it started is gone)") from None
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print("\n".join(["", *lines, "",
+                     f"load average before -> after: {' '.join(f'{x:.2f}' for x in load)} -> "
+                     f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"]))
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

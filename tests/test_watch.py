@@ -86,3 +86,22 @@ def test_drain_hands_over_every_queued_batch_in_order(store):
         assert watch.drain(timeout=0.05) == []
     finally:
         watch.stop()
+
+
+def test_quiet_events_wake_nobody_and_come_first_in_the_next_batch(store):
+    _, revision = store.range("jobs/")
+    watch = PrefixWatch(store, "jobs/", revision,
+                        quiet=lambda event: event.kv.key.startswith("jobs/late/")).start()
+    try:
+        store.put("jobs/late/1", 1)
+        store.put("jobs/late/2", 2)
+        wait_for(lambda: watch.last_revision > revision + 1, what="both puts read")
+        assert watch.events.empty()                             # nobody woken
+        store.put("jobs/now", 3)
+        batches = watch.drain(timeout=5)
+        assert [[e.kv.value for e in b] for b in batches] == [[1, 2, 3]]   # in order
+        put = store.put("jobs/late/4", 4)
+        wait_for(lambda: watch.last_revision >= put, what="the put read")
+        assert [e.kv.value for e in watch.get(timeout=0.1)] == [4]   # a timeout returns it
+    finally:
+        watch.stop()

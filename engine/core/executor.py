@@ -208,12 +208,13 @@ class Executor:
                     self._unknown_claims[inbox_key] = nonce
                 return
             try:
+                # On a retry, a refusal reads what may be our own claim.
                 result = self.store.txn(
                     [exists(inbox_key), absent(claim_key), absent(keys.response(automation_id, index))],
                     [Put(claim_key, {"executor": self.host.host, "nonce": nonce}, session.lease),
                      Delete(inbox_key), Get(keys.log_entry(automation_id, index)),
                      Get(keys.status(automation_id))],
-                    [Get(claim_key), Get(keys.response(automation_id, index))])
+                    [Get(claim_key), Get(keys.response(automation_id, index))] if attempt else [])
             except StoreUnavailable:
                 attempt += 1
                 time.sleep(min(0.1 * attempt, 1.0))
@@ -222,8 +223,10 @@ class Executor:
                 entry, status = (list(result.ranges) + [[], []])[:2]
                 self._run_claimed(automation_id, index, claim_key, entry, status)
                 return
+            if not attempt:
+                return      # taken or answered already
             claim, response = result.ranges
-            if claim and (readable(claim[0]) or {}).get("nonce") == nonce and not response and attempt:
+            if claim and (readable(claim[0]) or {}).get("nonce") == nonce and not response:
                 # Our claim landed though its call failed: read what it would have.
                 entry, status = self.store.txn([], [Get(keys.log_entry(automation_id, index)),
                                                     Get(keys.status(automation_id))]).ranges

@@ -154,7 +154,8 @@ class Initiator:
         self._gone_since: dict[str, float] = {}    # target host -> first seen not alive
         self._summary_at = None
         self.log.info("initiator_leads", replayed=len(self.entries), pending=len(record.pending()))
-        watch = PrefixWatch(self.store, keys.auto(self.id), revision).start()
+        watch = PrefixWatch(self.store, keys.auto(self.id), revision,
+                            quiet=self._heard_late).start()
         self._watch = watch
         try:
             # Requests whose executor died while nobody led.
@@ -202,6 +203,18 @@ class Initiator:
                 alive = live_host_names(self.store)
                 self._check_targets(alive)
                 self._replenish_members(alive)
+
+    def _heard_late(self, event) -> bool:
+        """Events that need no action now (watch thread): this leader's own
+        log entries, claims taken, progress.  Not waking the leader for
+        them leaves the CPU to the executor whose step is under way; they
+        reach it with the next batch, in order, within a wake-up interval
+        (a claim's delete, which may mean `lost`, is never among them)."""
+        part, _, rest = event.kv.key[len(keys.auto(self.id)):].partition("/")
+        if part == "progress":
+            return True
+        return event.kind == "put" and part in ("log", "claim") and rest.isdigit() \
+            and readable(event.kv) is not None
 
     def _next_wakeup(self) -> float:
         due = [*self.open.values(), *self.timers.values()]

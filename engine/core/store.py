@@ -16,6 +16,9 @@ Promises:
 - ``watch`` delivers events in revision order to a callback and reports a
   broken stream (etcd restarted, revision compacted) as one error call, so the
   caller can resume from the last revision it saw.
+- ``watch_stream`` delivers the same events to the thread that iterates it,
+  straight from gRPC, and ends by raising :class:`WatchBroken` or
+  :class:`Compacted`.
 """
 from __future__ import annotations
 
@@ -41,8 +44,8 @@ from .credentials import Credentials
 from .validate import endpoint_scheme, parse_endpoints   # shared with the command line
 
 __all__ = [
-    "Store", "KV", "Event", "TxnResult", "StoreUnavailable", "StoreRefused", "WatchBroken",
-    "Compacted", "Put", "Delete", "Get", "absent", "exists", "created_at",
+    "Store", "WatchStream", "KV", "Event", "TxnResult", "StoreUnavailable", "StoreRefused",
+    "WatchBroken", "Compacted", "Put", "Delete", "Get", "absent", "exists", "created_at",
     "modified_at", "value_is", "lease_is", "untouched_since", "parse_endpoints",
 ]
 
@@ -158,7 +161,12 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                     ("grpc.min_reconnect_backoff_ms", 100),
                     ("grpc.max_reconnect_backoff_ms", 500),
                     # gRPC's 4 MiB default would refuse a page of large values
-                    ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+                    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                    # A unary-stream call (watch_stream) is read on its caller's
+                    # thread, not handed over by the channel's spin thread.
+                    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+_WATCH = "/etcdserverpb.Watch/Watch"
+_DELETE = etcdrpc.kv_pb2.Event.DELETE
 
 
 class Store:
@@ -590,8 +598,76 @@ class Store:
                 pass
         return cancel
 
+    def watch_stream(self, prefix: str, start_revision: int, exact: bool = False,
+                     puts_only: bool = False) -> "WatchStream":
+        """Watch ``prefix`` from ``start_revision`` on a gRPC call of its
+        own, read on the thread that iterates it: each etcd message's events
+        (a list, in revision order) reach that thread straight from gRPC,
+        where :meth:`watch` passes them through two client threads first.
+        See :class:`WatchStream` for how it ends."""
+        filters = [etcdrpc.WatchCreateRequest.NODELETE] if puts_only else []
+        full = self._full(prefix)
+        request = etcdrpc.WatchRequest(create_request=etcdrpc.WatchCreateRequest(
+            key=full, range_end=b"" if exact else etcd_utils.prefix_range_end(full),
+            start_revision=start_revision, filters=filters))
+        with self._watch_lock:
+            if len(self._client.endpoints) > 1 and self._watch_broke is not None \
+                    and self._watch_broke == self._client._current_endpoint_label:
+                self._failover()        # watch from another member
+            self._watch_broke = None
+            member = self._client._current_endpoint_label
+            try:
+                channel = self._client.channel
+            except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
+                raise StoreUnavailable(self._why(exc)) from None
+        # Sent whole (create, then half-close): etcd keeps the stream open.
+        call = channel.unary_stream(_WATCH,
+                                    request_serializer=etcdrpc.WatchRequest.SerializeToString,
+                                    response_deserializer=etcdrpc.WatchResponse.FromString)
+        return WatchStream(self, call(request, metadata=self._client.metadata), member)
+
     def close(self) -> None:
         try:
             self._client.close()
         except Exception:
             pass
+
+
+class WatchStream:
+    """One watch's events, read by whoever iterates it (one thread at a
+    time).  It ends only by raising: :class:`Compacted` when the start
+    revision is gone; :class:`WatchBroken` when the stream breaks (etcd
+    restarted, the member left) or :meth:`cancel` was called, from any
+    thread; a refusal of this identity (:class:`PermissionDenied`) as any
+    call would."""
+
+    def __init__(self, store: Store, call, member):
+        self._store = store
+        self._call = call
+        self._member = member
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+    def __iter__(self):
+        kv = self._store._kv
+        try:
+            for response in self._call:
+                if response.compact_revision:
+                    raise Compacted(response.compact_revision)
+                if response.canceled:
+                    raise WatchBroken(f"etcd canceled the watch: {response.cancel_reason}")
+                if response.events:
+                    yield [Event("delete" if event.type == _DELETE else "put", kv(event.kv))
+                           for event in response.events]
+        except grpc.RpcError as exc:
+            if self._cancelled:
+                raise WatchBroken("watch canceled") from None
+            refusal = self._store._refusal(exc)
+            if refusal is not None:
+                raise refusal from None
+            self._store._watch_broke = self._member     # gone, maybe: watch elsewhere next
+            raise WatchBroken(self._store._why(exc)) from None
+        raise WatchBroken("etcd ended the watch stream")
