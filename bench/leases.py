@@ -2,7 +2,7 @@
 check costs as leases grow.
 
     python bench/leases.py [--hosts 100] [--base 1000] [--creates 200]
-                           [--checkpoints 100,300,1000,3000] [--samples 40]
+                           [--checkpoints 100,300,1000,3000] [--samples 40] [--smoke]
 
 In one run, against its own etcd and the etcd placement backend:
 - ``--hosts`` host providers (VCPU 32, 128 GiB, 2 TB) with live host records;
@@ -18,8 +18,13 @@ In one run, against its own etcd and the etcd placement backend:
 
 There is no fixed target; the reference is "the check grows no faster than
 the leases that overlap the window": the line at the end compares the time
-per lease read at the last checkpoint with the first (PASS within 2x, while
-the total grows many times more).  Not a test: figures depend on the machine.
+per lease read at the last checkpoint with the first (PASS within 1.5x the growth of
+the leases read, while the total grows many times more).
+
+``--smoke``: 5 hosts, 20 creates after 50 leases, checkpoints 30 and 120,
+5 samples each: every path in a few seconds.  Bad options: one line, exit
+2, nothing started.  etcd runs in /var/tmp/peerctl-bleases-*, removed at
+the end, on error too.  Not a test: figures depend on the machine.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import argparse
 import logging
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -45,8 +51,38 @@ from engine.errors import Refused  # noqa: E402
 from engine.leases import admission  # noqa: E402
 from engine.placement import open_placement  # noqa: E402
 
+WORK = "peerctl-bleases-"   # the work directory's prefix, under /var/tmp
 SLOT = {"VCPU": 2, "MEMORY_MB": 4096, "DISK_GB": 20}
 YEAR = 365 * 86400
+SMOKE = {"hosts": 5, "base": 50, "creates": 20, "checkpoints": [30, 120], "samples": 5}
+
+
+class BadInput(argparse.ArgumentParser):
+    """Bad options: one line and exit 2, nothing started."""
+
+    def error(self, message):
+        self.exit(2, f"bench/leases.py: {message}\n")
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
+    return value
+
+
+def checkpoints(text: str) -> list[int]:
+    """Two or more totals of leases granted, ascending once sorted."""
+    try:
+        values = sorted({positive(v) for v in text.split(",")})
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"not a list of lease counts: {text!r}") from None
+    if len(values) < 2:
+        raise argparse.ArgumentTypeError(f"want two lease counts or more: {text!r}")
+    return values
 
 
 def setup_hosts(store, placement, count: int) -> None:
@@ -121,51 +157,62 @@ def timed_creates(granter: Granter, base: int, count: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=100)
-    parser.add_argument("--base", type=int, default=1000)
-    parser.add_argument("--creates", type=int, default=200)
-    parser.add_argument("--checkpoints", default="100,300,1000,3000")
-    parser.add_argument("--samples", type=int, default=40)
+    parser = BadInput(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=positive, default=100)
+    parser.add_argument("--base", type=positive, default=1000,
+                        help="leases granted before the timed creates")
+    parser.add_argument("--creates", type=positive, default=200)
+    parser.add_argument("--checkpoints", type=checkpoints, default=[100, 300, 1000, 3000],
+                        metavar="N,N", help="totals granted at which the check is timed")
+    parser.add_argument("--samples", type=positive, default=40,
+                        help="window checks timed at each checkpoint")
+    parser.add_argument("--smoke", action="store_true",
+                        help="5 hosts, 50 + 20 leases, checkpoints 30,120, 5 samples")
     args = parser.parse_args()
-    checkpoints = sorted(int(n) for n in args.checkpoints.split(","))
+    if args.smoke:
+        for name, value in SMOKE.items():
+            setattr(args, name, value)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
-    with tempfile.TemporaryDirectory() as tmp:
-        server = EtcdServer(os.path.join(tmp, "etcd")).start()
-        try:
-            store = Store(server.url, "bench")
-            placement = open_placement(None, store)
-            setup_hosts(store, placement, args.hosts)
-            granter = Granter(store, placement)
-            rng = random.Random(11)
+    work = tempfile.mkdtemp(prefix=WORK, dir="/var/tmp")
+    server = None
+    try:
+        server = EtcdServer(os.path.join(work, "etcd")).start()
+        store = Store(server.url, "bench")
+        placement = open_placement(None, store)
+        setup_hosts(store, placement, args.hosts)
+        granter = Granter(store, placement)
+        rng = random.Random(11)
 
-            print(f"{'granted':>8} {'check (median)':>15} {'leases read':>12} "
-                  f"{'per lease read':>15}")
-            rows, creates = [], None
-            for total in checkpoints:
-                if creates is None and total > args.base:
-                    creates = timed_creates(granter, args.base, args.creates)
-                granter.up_to(total)
-                cost, read = check_cost(store, placement, rng, args.samples, granter.now)
-                rows.append((total, cost, read))
-                print(f"{total:>8} {cost * 1000:>12.2f} ms {read:>12.0f} "
-                      f"{cost / max(read, 1) * 1e6:>12.1f} us")
-            if creates is None:
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(f"{'granted':>8} {'check (median)':>15} {'leases read':>12} "
+              f"{'per lease read':>15}")
+        rows, creates = [], None
+        for total in args.checkpoints:
+            if creates is None and total > args.base:
                 creates = timed_creates(granter, args.base, args.creates)
-            print(creates)
-            first, last = rows[0], rows[-1]
-            cost_growth = last[1] / first[1]
-            read_growth = max(1.0, last[2] / max(first[2], 1))
-            verdict = "PASS" if cost_growth <= 1.5 * read_growth else "MISS"
-            print(f"\nreference: the check grows no faster than the leases in its window: "
-                  f"from {first[0]} to {last[0]} leases granted (x{last[0] / first[0]:.0f}) "
-                  f"the leases read grew x{read_growth:.1f} and the check x{cost_growth:.1f} "
-                  f"(allowed: x{1.5 * read_growth:.1f}) {verdict}")
-            placement.close()
-            store.close()
-        finally:
+            granter.up_to(total)
+            cost, read = check_cost(store, placement, rng, args.samples, granter.now)
+            rows.append((total, cost, read))
+            print(f"{total:>8} {cost * 1000:>12.2f} ms {read:>12.0f} "
+                  f"{cost / max(read, 1) * 1e6:>12.1f} us")
+        if creates is None:
+            creates = timed_creates(granter, args.base, args.creates)
+        print(creates)
+        first, last = rows[0], rows[-1]
+        cost_growth = last[1] / first[1]
+        read_growth = max(1.0, last[2] / max(first[2], 1))
+        verdict = "PASS" if cost_growth <= 1.5 * read_growth else "MISS"
+        print(f"\nreference: the check grows no faster than the leases in its window: "
+              f"from {first[0]} to {last[0]} leases granted (x{last[0] / first[0]:.0f}) "
+              f"the leases read grew x{read_growth:.1f} and the check x{cost_growth:.1f} "
+              f"(allowed: x{1.5 * read_growth:.1f}): {verdict}")
+        placement.close()
+        store.close()
+    finally:
+        if server is not None:
             server.stop()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Callable, Sequence
 
 from engine.errors import FieldError
@@ -26,6 +27,10 @@ __all__ = ["Column", "FieldError", "select", "sort_rows", "render", "to_json",
            "human_mb", "human_gb", "human_bytes", "percent", "natural_key"]
 
 
+# Values of these exact types that compare equal look alike (1 == 1.0 == True do not)
+_KEYED = {str, int, bool}
+
+
 @dataclass(frozen=True)
 class Column:
     field: str                                  # key in the row dict
@@ -33,14 +38,31 @@ class Column:
     show: Callable[[Any], str] | None = None    # value -> table text
     right: bool = False                         # right-align (numbers)
 
-    def texts(self, rows: Sequence[dict]) -> list[str]:
-        """The column's cell in each row (:meth:`shown` of its value), the
-        plain strings (most cells) taken without a call."""
-        field, shown = self.field, self.shown
-        if self.show is None:
-            return [value if type(value) is str else shown(value)
-                    for value in [row.get(field) for row in rows]]
-        return [shown(row.get(field)) for row in rows]
+    def cells(self, rows: Sequence[dict], header: bool = True, align: bool = False) -> list[str]:
+        """The column's cells, its header first if ``header``, each padded to
+        the column's width if ``align``.  A long listing repeats a few values
+        in most columns (a host, a state, a size): each distinct one is shown
+        and padded once, and the cells are looked up, not formatted again."""
+        values = [row.get(self.field) for row in rows]
+        texts = [self.header] if header else []
+        kinds = set(map(type, values))
+        plain = kinds == {str} and self.show is None      # the values are the texts
+        kinds.discard(type(None))
+        if len(kinds) <= 1 and kinds <= _KEYED:
+            distinct = set(values)
+            if not plain or len(distinct) * 2 <= len(values):
+                shown = {value: self.shown(value) for value in distinct}
+                if align:
+                    pad = str.rjust if self.right else str.ljust
+                    width = max(map(len, [*texts, *shown.values()]), default=0)
+                    shown = {value: pad(text, width) for value, text in shown.items()}
+                    texts = [pad(text, width) for text in texts]
+                return texts + list(map(shown.__getitem__, values))
+        texts += values if plain else map(self.shown, values)
+        if align:
+            texts = list(map(str.rjust if self.right else str.ljust, texts,
+                             repeat(max(map(len, texts), default=0), len(texts))))
+        return texts
 
     def shown(self, value) -> str:
         """One value as its cell."""
@@ -111,22 +133,15 @@ def render(rows: Sequence[dict], columns: Sequence[Column], headers: bool = True
     """The table as text (no trailing newline; empty when there is nothing)."""
     if not rows and not headers:
         return ""
-    # Column by column: each column's cells in one pass, then its width.
-    cells = [([c.header] if headers else []) + c.texts(rows) for c in columns]
     if separator is not None:
+        cells = [column.cells(rows, headers) for column in columns]
         return "\n".join(map(separator.join, zip(*cells)))
-    # Each column padded to its width in one pass (the last one, left
-    # aligned, needs none), then each line joined: cheaper than formatting.
-    padded = []
-    for n, (column, texts) in enumerate(zip(columns, cells)):
-        width = max(map(len, texts))
-        if column.right:
-            padded.append([text.rjust(width) for text in texts])
-        elif n < len(columns) - 1:
-            padded.append([text.ljust(width) for text in texts])
-        else:
-            padded.append(texts)
-    return "\n".join([" ".join(line).rstrip() for line in zip(*padded)])
+    # Column by column, each padded to its width (the last one, left
+    # aligned, needs none); then each line joined and stripped, in C.
+    last = len(columns) - 1
+    cells = [column.cells(rows, headers, align=column.right or n < last)
+             for n, column in enumerate(columns)]
+    return "\n".join(map(str.rstrip, map(" ".join, zip(*cells))))
 
 
 def to_json(doc: Any) -> str:
