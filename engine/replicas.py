@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 
-from engine.core import api, keys
+from engine.core import keys
 from engine.core.store import Delete, Put, absent, modified_at
 from engine.core.values import declare, readable, shape
 from engine.errors import Conflict
@@ -98,6 +98,7 @@ def put(store, vm: dict, every: float, to: str | None, fallback: str | None,
     """Replicate ``vm`` (``{name, uuid}``) every ``every`` seconds to a host
     matching ``to``; its record.  A VM replicated already keeps its replica
     and changes its settings."""
+    from engine.core import api     # here: listings read replicas, and need no engine
     every = check_every(every)
     if fallback not in (None, *FALLBACKS):
         raise ValueError(f"unknown fallback {fallback!r}")
@@ -123,6 +124,8 @@ def put(store, vm: dict, every: float, to: str | None, fallback: str | None,
 def stop(store, uuid: str) -> dict | None:
     """Mark the replication of ``uuid`` to stop; its record, or None when
     it is not replicated."""
+    from engine.core import api
+
     def edit(known):
         if known is None or known.get("stop"):
             return known, None, [], []
