@@ -3,7 +3,10 @@ to date by reading only what changed, and never staler than a full read.
 
 Each scenario has a reader and a writer on two stores (two gRPC clients, two
 views, as two peers have): whatever the writer did before the reader asks,
-the reader's candidates show."""
+the reader's candidates show.  Every scenario runs twice: with the view of
+a small cluster (one scan of every provider per query) and with that of a
+large one (the buckets stamped since the last query, then what changed in
+them)."""
 from __future__ import annotations
 
 import fnmatch
@@ -12,9 +15,10 @@ import msgpack
 import pytest
 
 from engine.core import values
-from engine.core.store import Store
+from engine.core.store import Delete, Put, Store
 from engine.placement import Conflict, open_placement
-from engine.placement.view import view_of
+from engine.placement import view as view_module
+from engine.placement.view import BUCKET, RP, stamped, view_of
 from tests.support.placement import make_provider, new_uuid
 from tests.support.raw import put_raw
 
@@ -22,9 +26,12 @@ COMPUTE = {"VCPU": 4, "MEMORY_MB": 4096, "DISK_GB": 100}
 P = {"project": "proj", "user": "alice"}
 
 
-@pytest.fixture
-def two(etcd, cluster_name):
-    """(reader, writer) placements of one cluster on two stores."""
+@pytest.fixture(params=["scan", "buckets"])
+def two(request, etcd, cluster_name, monkeypatch):
+    """(reader, writer) placements of one cluster on two stores; the view of
+    a small cluster, or of a large one (from one provider on)."""
+    if request.param == "buckets":
+        monkeypatch.setattr(view_module, "BUCKETS_FROM", 1)
     stores = [Store(etcd.url, cluster_name) for _ in range(2)]
     yield tuple(open_placement("etcd", s) for s in stores)
     for s in stores:
@@ -144,11 +151,14 @@ def test_a_garbled_provider_is_left_out_until_repaired(two, etcd, cluster_name):
     b = make_provider(writer, "b", COMPUTE)
     assert hosts(reader) == ["a", "b"]
     key = f"/peerctl/{cluster_name}/placement/rp/{b['uuid']}"
+    stamp = f"/peerctl/{cluster_name}/{BUCKET}{b['uuid'][:2]}"
     put_raw(etcd.url, key, b"\xc1")
+    put_raw(etcd.url, stamp, msgpack.packb(0))                      # as every writer does
     assert hosts(reader) == ["a"]
     put_raw(etcd.url, key, msgpack.packb({"uuid": b["uuid"]}))     # still the wrong shape
+    put_raw(etcd.url, stamp, msgpack.packb(0))
     assert hosts(reader) == ["a"]
-    writer.store.put(f"placement/rp/{b['uuid']}", b)                # repaired
+    writer.store.txn([], stamped([Put(f"placement/rp/{b['uuid']}", b)]))    # repaired
     assert hosts(reader) == ["a", "b"]
 
 
@@ -164,6 +174,73 @@ def test_a_claim_from_a_stale_view_is_judged_on_a_fresh_read(two):
     assert reader.races_lost == 1
     reader.claim(new_uuid(), {a["uuid"]: {"VCPU": 1}}, consumer_generation=None, **P)  # fits
     assert writer.provider(a["uuid"])["usages"]["VCPU"] == 4
+
+
+def test_documents_handed_out_never_change_under_the_caller(two):
+    """Callers read the documents without the view's lock: a later query
+    changes a copy, not what an earlier one returned."""
+    reader, writer = two
+    a = make_provider(writer, "a", COMPUTE)
+    b = make_provider(writer, "b", COMPUTE)
+    view = view_of(reader.store)
+    before = view.providers()
+    writer.claim(new_uuid(), {a["uuid"]: {"VCPU": 1}}, **P)
+    writer.delete_provider(b["uuid"])
+    after = view.providers()
+    assert set(before) == {a["uuid"], b["uuid"]} and before[a["uuid"]]["usages"] == {}
+    assert set(after) == {a["uuid"]} and after[a["uuid"]]["usages"] == {"VCPU": 1}
+
+
+@pytest.fixture
+def large(etcd, cluster_name, monkeypatch):
+    """(reader, writer, the reader's changed_since prefixes): a large view."""
+    monkeypatch.setattr(view_module, "BUCKETS_FROM", 1)
+    stores = [Store(etcd.url, cluster_name) for _ in range(2)]
+    prefixes = []
+    real = stores[0].changed_since
+
+    def changed_since(prefix, revision):
+        prefixes.append(prefix)
+        return real(prefix, revision)
+    stores[0].changed_since = changed_since
+    yield (*(open_placement("etcd", s) for s in stores), prefixes)
+    for s in stores:
+        s.close()
+
+
+def test_a_large_view_reads_the_stamps_then_only_the_buckets_they_name(large):
+    reader, writer, prefixes = large
+    a, b = (make_provider(writer, name, COMPUTE) for name in ("a", "b"))
+    assert hosts(reader) == ["a", "b"]
+    prefixes.clear()
+    assert hosts(reader) == ["a", "b"]
+    assert prefixes == [BUCKET]                     # nothing changed: one small read
+    writer.claim(new_uuid(), {a["uuid"]: {"VCPU": 4}}, **P)
+    prefixes.clear()
+    assert hosts(reader) == ["b"]
+    assert prefixes == [BUCKET, RP + a["uuid"][:2]]
+    writer.delete_provider(b["uuid"])
+    assert hosts(reader) == []                      # deleted: that bucket's count
+
+
+def test_a_writer_that_does_not_stamp_is_seen_by_the_next_scan_of_everything(
+        large, monkeypatch):
+    """An older peerctl during an upgrade, or etcdctl: a large view misses
+    its write until it scans everything, every SCAN_EVERY seconds."""
+    reader, writer, _ = large
+    a = make_provider(writer, "a", COMPUTE)
+    assert hosts(reader) == ["a"]
+    full = writer.provider(a["uuid"])
+    writer.store.put(RP + a["uuid"], {**full, "usages": {"VCPU": 4}})    # no stamp
+    assert hosts(reader) == ["a"]
+    monkeypatch.setattr(view_module, "SCAN_EVERY", 0.0)
+    assert hosts(reader) == []
+
+
+def test_every_provider_written_stamps_its_bucket():
+    ops = [Put(RP + "ab12", {}), Delete(RP + "ab34"), Put(RP + "cd56", {}),
+           Put("placement/consumer/ef78", {}), Delete("placement/name/x")]
+    assert stamped(ops) == [*ops, Put(BUCKET + "ab", 0), Put(BUCKET + "cd", 0)]
 
 
 def test_placements_on_one_store_share_its_view(etcd, cluster_name):

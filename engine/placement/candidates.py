@@ -18,7 +18,8 @@ Who is in which tree changes rarely, usages at every claim: :func:`layout_of`
 computes the first once (a :class:`Layout`), and a caller that keeps it
 (the provider view does, until a provider comes, goes or moves) hands it to
 every query on the same providers, with a memo of the weights of trees of
-one provider: a query weighs again only the providers that changed.
+one provider: a query weighs again only the providers that changed, and
+ranks them again only when a document changed.
 """
 from __future__ import annotations
 
@@ -137,39 +138,31 @@ def find_candidates(providers: dict, query: Query, limit: int | None = None,
     of the same providers that differ in usages only), computed if not given.
     ``memo``: kept by the caller for this query (its limit aside) and this
     layout; a tree of one provider whose document is the very object of the
-    last call is not weighed again."""
+    last call is not weighed again, and ``providers`` that are the very
+    object of the last call are not ranked again (only the ties drawn)."""
     layout = layout_of(providers) if layout is None else layout
     tree_of = layout.tree_of
     single = query.groups[0] if len(query.groups) == 1 and not query.groups[0].suffix else None
-    results, seen, best = [], set(), []
-    for root in layout.lone:
-        root_doc = providers[root]
-        if single is None:
+    results, seen = [], set()
+    if single is not None:
+        if memo is None:
+            ranked = _rank_lone(providers, query, single, layout, {})
+        else:
+            kept = memo.get(_RANKED)
+            if kept is None or kept[0] is not providers:
+                kept = memo[_RANKED] = (providers, _rank_lone(providers, query, single, layout,
+                                                              memo))
+            ranked = kept[1]
+        for weight, uuid in _best(ranked, limit):
+            doc = providers[uuid]
+            results.append({"allocations": {uuid: dict(single.resources)}, "host": doc["name"],
+                            "root": uuid, "mappings": {"": [uuid]}, "weight": weight})
+    else:
+        for root in layout.lone:
+            root_doc = providers[root]
             if not _root_refused(query, root_doc):
                 _tree_candidates(providers, query, root_doc, [root_doc], [root_doc], tree_of,
                                  results, seen)
-            continue
-        known = memo.get(root) if memo is not None else None
-        if known is not None and known[0] is root_doc:
-            weight = known[1]
-        else:           # the common case, made fast
-            weight = None if _root_refused(query, root_doc) else \
-                _lone_weight(root_doc, single, tree_of)
-            if memo is not None:
-                memo[root] = (root_doc, weight)
-        if weight is None:
-            continue
-        # The best `limit` kept in a heap whose top is the worst of them
-        # (lowest weight, then highest draw): a tie's draw is made only
-        # when it must be compared.
-        if not limit or len(best) < limit:
-            heapq.heappush(best, (weight, -random.random(), root))
-        elif weight > best[0][0]:
-            heapq.heapreplace(best, (weight, -random.random(), root))
-        elif weight == best[0][0]:
-            draw = -random.random()
-            if draw > best[0][1]:
-                heapq.heapreplace(best, (weight, draw, root))
     for root, members in layout.trees.items():
         root_doc = providers[root]
         if _root_refused(query, root_doc):
@@ -178,11 +171,44 @@ def find_candidates(providers: dict, query: Query, limit: int | None = None,
         _tree_candidates(providers, query, root_doc, local,
                          local + [providers[u] for u in layout.anchored.get(root, ())],
                          tree_of, results, seen)
-    for weight, _, uuid in best:
-        doc = providers[uuid]
-        results.append({"allocations": {uuid: dict(single.resources)}, "host": doc["name"],
-                        "root": uuid, "mappings": {"": [uuid]}, "weight": weight})
     return results
+
+
+_RANKED = object()      # the memo's key of the ranking made of one version of the documents
+
+
+def _rank_lone(providers, query, single, layout, memo) -> list:
+    """The trees of one provider that fit ``single`` (the query's one
+    group), grouped by weight, heaviest first: ``[(weight, [uuid])]``.  A
+    provider whose document is the very object ``memo`` weighed last time
+    is not weighed again."""
+    tree_of, by_weight = layout.tree_of, {}
+    for root in layout.lone:
+        root_doc = providers[root]
+        known = memo.get(root)
+        if known is not None and known[0] is root_doc:
+            weight = known[1]
+        else:
+            weight = None if _root_refused(query, root_doc) else \
+                _lone_weight(root_doc, single, tree_of)
+            memo[root] = (root_doc, weight)
+        if weight is not None:
+            by_weight.setdefault(weight, []).append(root)
+    return sorted(by_weight.items(), reverse=True)
+
+
+def _best(ranked: list, limit: int | None):
+    """``(weight, uuid)`` of the ``limit`` heaviest of ``ranked``; those
+    tied at the lightest weight kept are drawn at random."""
+    taken = 0
+    for weight, roots in ranked:
+        if limit and taken + len(roots) > limit:
+            roots = random.sample(roots, limit - taken)
+        for root in roots:
+            yield weight, root
+        taken += len(roots)
+        if limit and taken >= limit:
+            return
 
 
 def _root_refused(query: Query, root_doc: dict) -> bool:

@@ -9,6 +9,10 @@ Keys, relative to the cluster prefix (values are msgpack maps):
 - ``placement/name/<name>`` -> uuid: names are unique, created in the same
   transaction as the provider;
 - ``placement/rc/<CUSTOM_X>``: custom resource classes that exist;
+- ``placement/bucket/<first two characters of a uuid>``: put by every
+  transaction that writes a provider of that bucket, so that a large
+  provider view reads only the buckets that changed
+  (``engine/placement/view.py``);
 - ``placement/drained/<uuid>`` -> ``{RC: reserved}``: what a drained
   provider's reserved amounts were, written in the drain's transaction and
   put back (and deleted) by undraining;
@@ -27,6 +31,7 @@ at any moment leaves a whole allocation or none.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import uuid as uuidlib
 from copy import deepcopy
 
@@ -40,10 +45,10 @@ from engine.placement.model import (DISABLED_TRAIT, Conflict, NotFound, Placemen
                                     consumer_doc, normalize_allocations, normalize_inventories,
                                     empty_consumer, same_holding)
 from engine.placement.query import parse_query
-from engine.placement.view import view_of
+from engine.placement.view import stamped, view_of
 from engine.core import keys
 from engine.core.store import KV, Delete, Get, Put, absent, modified_at
-from engine.core.values import declare, readable, shape
+from engine.core.values import Shape, declare, readable, shape
 
 __all__ = ["EtcdPlacement"]
 
@@ -81,14 +86,33 @@ def _consumer_problem(doc) -> str | None:
     return None
 
 
-PROVIDER = shape("resource provider", _provider_problem, uuid=str, name=str, root=str,
-                 generation=int, inventories=dict, usages=dict, traits=list, aggregates=list)
+class _ProviderShape(Shape):
+    """A provider document's shape, checked in one pass when it holds (every
+    provider a claim or a query reads that changed is checked)."""
+
+    def problem(self, value) -> str | None:
+        if _PROVIDER_FIELDS.problem(value) is None and _provider_problem(value) is None:
+            return None
+        return super().problem(value)       # the full path says what is wrong
+
+
+_PROVIDER_FIELDS = shape("resource provider", None, uuid=str, name=str, root=str,
+                         generation=int, inventories=dict, usages=dict, traits=list,
+                         aggregates=list)
+PROVIDER = _ProviderShape(_PROVIDER_FIELDS.name, _PROVIDER_FIELDS.fields, _provider_problem)
 CONSUMER_DOC = shape("consumer", _consumer_problem, consumer=str, allocations=dict)
 declare(RP + "*", PROVIDER)
 declare(NAME + "*", shape("provider name", None, str))
 declare(CONSUMER + "*", CONSUMER_DOC)
 declare(DRAINED + "*", shape("drained provider's saved reserved"))
 declare(RC + "*", None)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(spec: str, required: str | None, limit: int | None):
+    """A query string parsed once (the Query stays inside :meth:`candidates`,
+    which never changes it)."""
+    return parse_query(spec, required, limit)
 
 
 def _readable(kvs) -> list:
@@ -162,7 +186,7 @@ class EtcdPlacement(Placement):
             if parent_kv:   # re-put the parent so that a concurrent delete of it fails
                 compares.append(modified_at(parent_kv.key, parent_kv.mod_revision))
                 puts.append(Put(parent_kv.key, parent_kv.value))
-            done = self.store.txn(compares, puts)
+            done = self.store.txn(compares, stamped(puts))
             if done.succeeded:
                 self._view.saw(KV(RP + new_uuid, deepcopy(doc), done.revision, done.revision, 1, 0),
                                checked=True)
@@ -180,8 +204,8 @@ class EtcdPlacement(Placement):
         if any(other.value["parent"] == uuid for other in kvs):
             raise PlacementError(f"provider {kv.value['name']} has child providers")
         done = self.store.txn([modified_at(kv.key, kv.mod_revision)],
-                              [Delete(kv.key), Delete(NAME + kv.value["name"]),
-                               Delete(DRAINED + uuid)])
+                              stamped([Delete(kv.key), Delete(NAME + kv.value["name"]),
+                                       Delete(DRAINED + uuid)]))
         if not done.succeeded:
             raise Conflict("concurrent_update", f"provider {kv.value['name']} changed meanwhile")
         self._view.gone(kv.key, done.revision)
@@ -203,7 +227,7 @@ class EtcdPlacement(Placement):
             extra = change(doc) or []
             doc["generation"] += 1
             done = self.store.txn([modified_at(kv.key, kv.mod_revision)],
-                                  [Put(kv.key, doc), *extra])
+                                  stamped([Put(kv.key, doc), *extra]))
             if done.succeeded:
                 self._view.saw(KV(kv.key, deepcopy(doc), kv.create_revision, done.revision, 0, 0),
                                checked=True)
@@ -267,7 +291,7 @@ class EtcdPlacement(Placement):
                 docs[u] = doc
                 compares.append(modified_at(kv.key, kv.mod_revision))
                 ops.append(Put(kv.key, doc))
-            done = self.store.txn(compares, ops)
+            done = self.store.txn(compares, stamped(ops))
             if done.succeeded:
                 for u, doc in docs.items():
                     self._view.saw(KV(RP + u, deepcopy(doc), 0, done.revision, 0, 0), checked=True)
@@ -280,7 +304,8 @@ class EtcdPlacement(Placement):
                    limit: int | None = None) -> list[dict]:
         """Computed from the provider view (``engine/placement/view.py``):
         one read of what changed since the last query."""
-        query = parse_query(query, required, limit)
+        text = isinstance(query, str) and isinstance(required, (str, type(None)))
+        query = _parsed(query, required, limit) if text else parse_query(query, required, limit)
         self._check_classes_exist(query.resource_classes)
         providers, layout = self._view.derived(layout_of, of_structure=True)
         for group in query.groups:
@@ -368,7 +393,8 @@ class EtcdPlacement(Placement):
         found = {}
         for key, kvs in zip(keys, ranges):
             found[key] = kvs[0] if kvs else None
-            if found[key] is not None and readable(found[key]) is None:
+            if found[key] is not None and readable(
+                    found[key], PROVIDER if key.startswith(RP) else CONSUMER_DOC) is None:
                 raise PlacementError(f"{key} is unreadable: nothing can be claimed over it "
                                      "until it is repaired or removed (peerctl scrub)")
             if found[key] is not None and key.startswith(RP):
@@ -463,7 +489,7 @@ class EtcdPlacement(Placement):
             doc["generation"] += 1
             ops.append(Put(RP + rp, doc))
         keys = list(read)
-        result = self.store.txn(compares, ops, [Get(k) for k in keys])
+        result = self.store.txn(compares, stamped(ops), [Get(k) for k in keys])
         if result.succeeded:
             for rp, doc in rps.items():
                 self._view.saw(KV(RP + rp, doc, 0, result.revision, 0, 0), checked=True)

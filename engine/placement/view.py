@@ -9,6 +9,17 @@ for how many providers there are: the answer is as current as a full read
 changed.  A count that does not match what the view holds means a provider
 was deleted: the view reads everything again.
 
+etcd answers that read by reading every provider and keeping the changed
+ones: its cost grows with the providers, not with what changed (20 ms of
+etcd's CPU at 10,000 providers).  So every write of a provider also puts
+its *bucket* key, ``placement/bucket/<first two characters of its uuid>``
+(:func:`stamped`), and a view of ``BUCKETS_FROM`` providers or more first
+asks which buckets changed (256 small keys), then reads what changed in
+those buckets only, each with its count (a count that does not match: that
+bucket is read whole).  A writer that does not stamp (an older peerctl
+during an upgrade, ``etcdctl``) is seen by the next read of everything,
+which a large view still makes every ``SCAN_EVERY`` seconds.
+
 Promises:
 - one view per :class:`~engine.core.store.Store` (:func:`view_of`), shared
   by every placement opened on it (a peer's request handlers open one per
@@ -19,6 +30,8 @@ Promises:
   them, once per version of the documents (or, for a value of where the
   providers stand, once per version of that); :meth:`ProviderView.memo`
   keeps per-document values between queries;
+- every writer of provider documents puts their bucket keys in the same
+  transaction (:func:`stamped`);
 - a key never goes back in time: what this process wrote
   (:meth:`ProviderView.saw`, :meth:`ProviderView.gone`) and what a read
   brought apply only over an older revision of that key, whatever order
@@ -27,16 +40,36 @@ Promises:
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 
 from engine.core import keys
-from engine.core.store import KV, Store
-from engine.core.values import readable
+from engine.core.store import KV, Delete, Put, Store
+from engine.core.values import declare, readable, shape_of
 
-__all__ = ["ProviderView", "view_of"]
+__all__ = ["ProviderView", "view_of", "stamped", "BUCKET"]
 
 RP = keys.placement("rp/")
+BUCKET = keys.placement("bucket/")
+WIDTH = 2               # a bucket: the providers whose uuid starts with the same 2 characters
+BUCKETS_FROM = 500      # providers: a smaller view reads what changed in one scan of them all
+MAX_BUCKETS = 8         # more buckets changed than this: one scan of them all instead
+SCAN_EVERY = 10.0       # seconds between two scans of them all, however large the view
 MEMOS = 32
+
+declare(BUCKET + "*", None)     # the value says nothing: the key's mod revision does
+
+
+def stamped(ops: list) -> list:
+    """``ops`` and a put of the bucket key of every provider they put or
+    delete: what every transaction that writes providers must carry."""
+    buckets = {op.key[len(RP):len(RP) + WIDTH] for op in ops
+               if isinstance(op, (Put, Delete)) and op.key.startswith(RP)}
+    return [*ops, *(Put(BUCKET + b, 0) for b in sorted(buckets))]
+
+
+def _bucket(key: str) -> str:
+    return key[len(RP):len(RP) + WIDTH]
 
 _views: "weakref.WeakKeyDictionary[Store, ProviderView]" = weakref.WeakKeyDictionary()
 _views_lock = threading.Lock()
@@ -58,11 +91,15 @@ class ProviderView:
         self._kvs: dict[str, KV] = {}           # key -> KV, readable values only
         self._unreadable: set[str] = set()      # keys present whose values are not
         self._revisions: dict[str, int] = {}    # key -> revision of its last put or delete
-        self._docs: dict[str, dict] | None = None   # uuid -> document, rebuilt on change
+        self._docs: dict[str, dict] | None = None   # uuid -> document, None: to be rebuilt
+        self._handed = False    # _docs was handed out: copy it before changing it
         self._derived: dict = {}                # make -> (structure, value, docs it was made of)
         self._synced = 0        # the revision the view was last brought up to
         self._structure = 0     # bumped when a provider comes, goes or changes its place
         self._memos: dict = {}  # key -> (tag, dict), least recently used first
+        self._in_bucket: dict[str, int] = {}    # bucket -> keys the view holds in it
+        self._scanned = 0.0     # time.monotonic() of the last scan of every provider
+        self._scanned_to = 0    # the revision it read at: the next one reads from there
 
     # -- reading ---------------------------------------------------------------------
 
@@ -75,6 +112,7 @@ class ProviderView:
         with self._lock:
             if self._docs is None:
                 self._docs = {kv.value["uuid"]: kv.value for kv in self._kvs.values()}
+            self._handed = True
             return self._docs, self._structure
 
     def derived(self, make, *, of_structure: bool = False) -> tuple[dict, object]:
@@ -120,22 +158,58 @@ class ProviderView:
         if store is None:
             raise RuntimeError("the store of this provider view is gone")
         since = self._synced
-        if since:
-            changed, count, revision = store.changed_since(RP, since + 1)
+        if (since and len(self._kvs) + len(self._unreadable) >= BUCKETS_FROM
+                and time.monotonic() - self._scanned < SCAN_EVERY
+                and self._sync_buckets(store, since)):
+            return
+        scanned = time.monotonic()
+        if since:       # from the last scan: what an unstamped write changed since, too
+            changed, count, revision = store.changed_since(RP, self._scanned_to + 1)
             with self._lock:
                 for kv in changed:
                     self._apply(kv.key, kv, kv.mod_revision)
                 if len(self._kvs) + len(self._unreadable) == count:
-                    self._synced = max(self._synced, revision)
+                    self._scanned_done(revision, scanned)
                     return
         kvs, revision = store.range(RP)     # first read, or a provider was deleted
         with self._lock:
-            present = {kv.key for kv in kvs}
-            for kv in kvs:
-                self._apply(kv.key, kv, kv.mod_revision)
-            for key in [k for k in (*self._kvs, *self._unreadable) if k not in present]:
-                self._apply(key, None, revision)        # deleted before the read
+            self._replace(RP, kvs, revision)
+            self._scanned_done(revision, scanned)
+
+    def _scanned_done(self, revision: int, at: float) -> None:
+        self._synced = max(self._synced, revision)
+        self._scanned_to = max(self._scanned_to, revision)
+        self._scanned = at
+
+    def _sync_buckets(self, store: Store, since: int) -> bool:
+        """Read what changed in the buckets stamped since ``since``; False
+        (nothing read) when too many were, or one is no bucket of a uuid."""
+        stamps, _, revision = store.changed_since(BUCKET, since + 1)
+        buckets = sorted({kv.key[len(BUCKET):] for kv in stamps})
+        if len(buckets) > MAX_BUCKETS or any(len(b) != WIDTH for b in buckets):
+            return False
+        for bucket in buckets:      # each read after the stamps: as fresh as they are
+            changed, count, _ = store.changed_since(RP + bucket, since + 1)
+            with self._lock:
+                for kv in changed:
+                    self._apply(kv.key, kv, kv.mod_revision)
+                if self._in_bucket.get(bucket, 0) == count:
+                    continue
+            kvs, at = store.range(RP + bucket)     # a provider of it was deleted
+            with self._lock:
+                self._replace(RP + bucket, kvs, at)
+        with self._lock:
             self._synced = max(self._synced, revision)
+        return True
+
+    def _replace(self, prefix: str, kvs: list, revision: int) -> None:
+        """What the view holds under ``prefix``: ``kvs``, read at ``revision``."""
+        present = {kv.key for kv in kvs}
+        for kv in kvs:
+            self._apply(kv.key, kv, kv.mod_revision)
+        for key in [k for k in (*self._kvs, *self._unreadable)
+                    if k.startswith(prefix) and k not in present]:
+            self._apply(key, None, revision)        # deleted before the read
 
     # -- what this process wrote -------------------------------------------------------
 
@@ -155,19 +229,57 @@ class ProviderView:
         if revision <= self._revisions.get(key, 0):
             return          # not newer than what the view holds
         self._revisions[key] = revision
+        held = key in self._unreadable
         old = self._kvs.pop(key, None)
         self._unreadable.discard(key)
         if kv is not None:
-            if checked or readable(kv) is not None:
+            if checked or readable(kv, _provider_shape()) is not None:
                 self._kvs[key] = kv
             else:
                 self._unreadable.add(key)
+        if (old is not None or held) != (kv is not None):
+            bucket = _bucket(key)
+            self._in_bucket[bucket] = self._in_bucket.get(bucket, 0) + (1 if kv else -1)
         new = self._kvs.get(key)
-        if old is None or new is None or _place(old.value) != _place(new.value):
+        if old is None or new is None or _moved(old.value, new.value):
             self._structure += 1
-        self._docs = None
+        self._change_docs(key, old, new)
+
+    def _change_docs(self, key: str, old: KV | None, new: KV | None) -> None:
+        """The documents by uuid, changed in place of being made again: a
+        copy only if they were handed out (callers read them unlocked)."""
+        docs = self._docs
+        if docs is None:
+            return
+        uuid = key[len(RP):]
+        if (old is not None and old.value["uuid"] != uuid) or (
+                new is not None and new.value["uuid"] != uuid):
+            self._docs = None       # a document under another's key: made again
+            return
+        if self._handed:
+            docs = self._docs = dict(docs)
+            self._handed = False
+        if new is not None:
+            docs.pop(uuid, None)    # last in order, as a document made again would be
+            docs[uuid] = new.value
+        elif old is not None:
+            docs.pop(uuid, None)
 
 
-def _place(doc: dict) -> tuple:
-    """Where a provider stands: what a structure-derived value may read."""
-    return (doc.get("root"), doc.get("parent"), doc.get("aggregates"), doc.get("traits"))
+def _provider_shape():
+    """The shape declared for provider documents (found once, not per key)."""
+    global _PROVIDER
+    if _PROVIDER is None:
+        _PROVIDER = shape_of(RP)
+    return _PROVIDER
+
+
+_PROVIDER = None
+
+
+def _moved(old: dict, new: dict) -> bool:
+    """Whether a provider changed where it stands (its root, parent,
+    aggregates, traits): what a structure-derived value may read."""
+    get, now = old.get, new.get
+    return (get("root") != now("root") or get("parent") != now("parent")
+            or get("aggregates") != now("aggregates") or get("traits") != now("traits"))
