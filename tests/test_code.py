@@ -73,7 +73,7 @@ def test_a_release_is_added_listed_and_deleted(cluster, store, tmp_path):
     assert {k: row[k] for k in ("version", "sha256", "state", "running_on")} == {
         "version": "0.2.0", "sha256": added["sha256"], "state": "ready", "running_on": []}
     table = cluster.cli("code", "list")
-    assert table.returncode == 0 and re.search(r"0\.2\.0\s+test-0\.2\s+1\s+\S+\s+ready",
+    assert table.returncode == 0 and re.search(rf"0\.2\.0\s+test-0\.2\s+{SUPPORTED}\s+\S+\s+ready",
                                                table.stdout), table.stdout
 
     assert cluster.cli_json("code", "delete", "0.2.0") == {"version": "0.2.0", "deleted": True}
