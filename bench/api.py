@@ -35,7 +35,6 @@ when the two listings differ or an event never arrived.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import http.client
 import json
@@ -62,9 +61,10 @@ from engine.core.store import Store  # noqa: E402
 from engine.web.app import Api  # noqa: E402
 from engine.web.server import ApiServer  # noqa: E402
 
-from bench.backup import positive  # noqa: E402
+from bench.options import BadInput, positive  # noqa: E402
 from bench.bulk import wait  # noqa: E402  (one polling loop for the benchmarks)
-from bench.migrate import start_peer, stop_processes  # noqa: E402
+from bench.migrate import start_peer  # noqa: E402
+from bench.processes import stop_processes  # noqa: E402
 from bench.vmlist import best_of, populate  # noqa: E402
 
 PEERCTL = os.path.join(ROOT, "peerctl.py")
@@ -78,13 +78,6 @@ PACE_S = 0.005              # between two event puts
 RESOURCES = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
 SMOKE = {"hosts": 2, "vms_per_host": 100, "runs": 2, "events": 20, "scrapes": 5,
          "peers": 2, "boots": 1, "per_boot": 1}
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/api.py: {message}\n")
 
 
 def percentile(values: list[float], q: float) -> float:

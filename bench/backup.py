@@ -34,7 +34,6 @@ ends are its own, by PID.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -50,6 +49,7 @@ sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 from engine.core import api, keys  # noqa: E402
 
+from bench.options import BadInput, positive  # noqa: E402
 from bench.bulk import wait  # noqa: E402  (one polling loop for the benchmarks)
 from bench.migrate import cannot_run, run  # noqa: E402
 from bench.qemu_hosts import two_qemu_hosts  # noqa: E402
@@ -64,26 +64,9 @@ MB, MiB = 1e6, 1 << 20
 BOOT_TIMEOUT = 180.0
 
 
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/backup.py: {message}\n")
-
-
 def changed_mib(disk_gb: int) -> int:
     """1 % of the disk, at least, in whole MiB."""
     return math.ceil(disk_gb * 1024 / 100)
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
-    return value
 
 
 # -- the guest and its disk ----------------------------------------------------

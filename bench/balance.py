@@ -36,7 +36,6 @@ test: the times depend on the machine and its load.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sys
@@ -46,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
     os.path.abspath(__file__))]
 
+from bench.options import BadInput  # noqa: E402
 from engine.planning.balance import plan_balance  # noqa: E402
 from engine.planning.model import Cluster, Host, Vm  # noqa: E402
 from engine.planning.score import Spread, score  # noqa: E402
@@ -63,13 +63,6 @@ HOST_SIZES = [{rc: n // 2 for rc, n in HOST.items()}, HOST, {rc: n * 2 for rc, n
 
 SMOKE = {"sizes": [20, 100], "runs": 1, "small": 1, "mixed": 100, "small_size": (5, 8)}
 SMALL_SIZE = (6, 10)        # hosts, VMs of the clusters searched exhaustively
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing run."""
-
-    def error(self, message):
-        self.exit(2, f"bench/balance.py: {message}\n")
 
 
 def resources(flavor) -> dict:

@@ -34,6 +34,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
+from bench.options import BadInput, whole  # noqa: E402
+from bench.processes import stop_processes  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -58,33 +60,13 @@ def wait(predicate, timeout=120.0, interval=0.02):
     raise TimeoutError
 
 
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/bulk.py: {message}\n")
+peers_count = whole(1, 50, "peers")
 
 
-def _count(text: str, low: int, high: int, what: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not low <= value <= high:
-        raise argparse.ArgumentTypeError(f"{what} from {low} to {high}: {text!r}")
-    return value
+busy_count = whole(0, 16, "busy processes")
 
 
-def peers_count(text: str) -> int:
-    return _count(text, 1, 50, "peers")
-
-
-def busy_count(text: str) -> int:
-    return _count(text, 0, 16, "busy processes")
-
-
-def ttl(text: str) -> int:
-    return _count(text, 2, 30, "a TTL in seconds")
+ttl_seconds = whole(2, 30, "a TTL in seconds")
 
 
 def sizes(text: str) -> list[int]:
@@ -147,18 +129,6 @@ def start_peers(etcd_url: str, work: str, count: int, ttl: int) -> list[subproce
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         log.close()
     return peers
-
-
-def stop(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    for process in processes:
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -245,7 +215,7 @@ def bench(peers_count: int, sizes: list[int], ttl: int, busy: int) -> None:
         print(f"\nload average (1, 5, 15 min): before {_load(load_before)}, "
               f"after {_load(os.getloadavg())} ({os.cpu_count()} CPUs)")
     finally:
-        stop(processes)
+        stop_processes(processes)
         if etcd is not None:
             etcd.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -256,7 +226,7 @@ def main() -> int:
     parser.add_argument("--peers", type=peers_count, default=20, metavar="P")
     parser.add_argument("--sizes", type=sizes, default=[10, 100, 1000], metavar="N,N",
                         help="VM counts, one boot and one destroy each (default 10,100,1000)")
-    parser.add_argument("--ttl", type=ttl, default=5, metavar="SECONDS",
+    parser.add_argument("--ttl", type=ttl_seconds, default=5, metavar="SECONDS",
                         help="the peers' lease TTL, 2 to 30 (default 5)")
     parser.add_argument("--busy", type=busy_count, default=0, metavar="K",
                         help="CPU-bound processes running beside (default 0)")

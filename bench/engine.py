@@ -23,7 +23,6 @@ are gone when it ends, however it ends.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import statistics
@@ -39,6 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:] = [ROOT] + [p for p in sys.path
                         if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
+from bench.options import BadInput, positive  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Put, Store, absent  # noqa: E402
@@ -52,23 +52,6 @@ PARALLEL_TARGET = 0.40      # issue 15: 16 workers' steps/s >= 40% of raw txn/s 
 FLOOR_TARGET = 1.25         # issue 34: a step on another peer <= 1.25x three raw transactions
 LANES = 16
 SMOKE = {"steps": 60, "parallel_steps": 160, "runs": 3, "failovers": 1}
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/engine.py: {message}\n")
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
-    return value
 
 
 def verdict_of(met: bool) -> str:

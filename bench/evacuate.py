@@ -49,6 +49,7 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
+from bench.options import BadInput  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.watch import PrefixWatch, Reset  # noqa: E402
@@ -62,13 +63,6 @@ SOURCE, TAKERS = "t1", ("t2", "t3", "t4")
 TARGET_N, TARGET_RATE, WAS_RATE = 100, 100.0, 47.0
 SMOKE_SIZES = [12]
 WORK = "peerctl-bevac-"
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/evacuate.py: {message}\n")
 
 
 def sizes(text: str) -> list[int]:

@@ -37,6 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
     os.path.abspath(__file__))]
 
+from bench.options import BadInput, whole  # noqa: E402
 from engine.core import keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -51,13 +52,6 @@ PROXMOX_S = 120.0           # its documented failover time
 SMALL = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
 
 
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/ha.py: {message}\n")
-
-
 def numbers(low: int, high: int, what: str):
     """An option's type: comma-separated whole numbers from ``low`` to ``high``."""
     def parse(text: str) -> list[int]:
@@ -68,19 +62,6 @@ def numbers(low: int, high: int, what: str):
         if any(not low <= v <= high for v in values):
             raise argparse.ArgumentTypeError(f"{what} from {low} to {high}: {text!r}")
         return values
-    return parse
-
-
-def whole(low: int, high: int, what: str):
-    """An option's type: one whole number from ``low`` to ``high``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{what} from {low} to {high}: {text!r}")
-        return value
     return parse
 
 

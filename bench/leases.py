@@ -44,6 +44,7 @@ sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.p
 
 import structlog  # noqa: E402
 
+from bench.options import BadInput, positive  # noqa: E402
 from engine.core import keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -55,23 +56,6 @@ WORK = "peerctl-bleases-"   # the work directory's prefix, under /var/tmp
 SLOT = {"VCPU": 2, "MEMORY_MB": 4096, "DISK_GB": 20}
 YEAR = 365 * 86400
 SMOKE = {"hosts": 5, "base": 50, "creates": 20, "checkpoints": [30, 120], "samples": 5}
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/leases.py: {message}\n")
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
-    return value
 
 
 def checkpoints(text: str) -> list[int]:

@@ -58,6 +58,7 @@ sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 from engine.core import api, keys  # noqa: E402
 from engine.operations.moves import DEFAULT_MAX_DOWNTIME_MS, max_downtime  # noqa: E402
 
+from bench.options import BadInput, positive  # noqa: E402
 from bench.bulk import wait  # noqa: E402  (one polling loop for the benchmarks)
 
 QEMU_VM = "VCPU:1,MEMORY_MB:256,DISK_GB:1"
@@ -67,23 +68,6 @@ TARGET_DOWNTIME_MS = 50
 TARGET_OVER_DIRECT_MS = 10
 QEMU_DEFAULT_MS, PROXMOX_MS = 300, 100
 MB = 1e6
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/migrate.py: {message}\n")
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
-    return value
 
 
 def run(store, kind, args, timeout=1800):
@@ -112,18 +96,6 @@ def start_peer(etcd_url, cluster, workdir, host, uri, env=None, ttl=2):
          "--workers", "8", "--state-dir", os.path.join(workdir, f"state-{host}")],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
         env={**os.environ, **(env or {})})
-
-
-def stop_processes(processes):
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    for process in processes:
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
 
 
 def cli_json(etcd_url, cluster, *args, timeout=300):

@@ -61,6 +61,7 @@ sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.p
 
 import requests  # noqa: E402
 
+from bench.options import BadInput, positive  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.placement import open_placement  # noqa: E402
 from engine.placement.model import normalize_inventories  # noqa: E402
@@ -78,23 +79,6 @@ SMOKE = {"providers": 5, "vcpus": 2, "claimers": 3, "rounds": 2, "big": [1000],
 CLAIMER = os.path.join(ROOT, "tests", "support", "placement_claimer.py")
 QUERY = "VCPU:1,MEMORY_MB:256,DISK_GB:1"
 HEADS = {"etcd": "etcd", "sqlite": "Placement/sqlite", "postgres": "Placement/pg"}
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/placement.py: {message}\n")
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
-    return value
 
 
 def sizes(text: str) -> list[int]:

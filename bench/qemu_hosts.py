@@ -30,7 +30,8 @@ from engine.core.etcd_server import EtcdServer
 from engine.core.store import Store
 
 from bench.bulk import wait
-from bench.migrate import cli_json, start_peer, stop_processes
+from bench.migrate import cli_json, start_peer
+from bench.processes import stop_processes
 
 __all__ = ["HOSTS", "QemuHosts", "two_qemu_hosts"]
 

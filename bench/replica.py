@@ -76,7 +76,8 @@ sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 from engine.core import api  # noqa: E402
 
-from bench.backup import GuestShell, positive  # noqa: E402
+from bench.options import BadInput, positive  # noqa: E402
+from bench.backup import GuestShell  # noqa: E402
 from bench.bulk import wait  # noqa: E402  (one polling loop for the benchmarks)
 from bench.migrate import cannot_run  # noqa: E402
 from bench.qemu_hosts import HOSTS, two_qemu_hosts  # noqa: E402
@@ -92,13 +93,6 @@ MB = 1e6
 BOOT_TIMEOUT = 180.0
 STEP_TIMEOUT = 240.0
 SMOKE = {"kills": 2, "image_rounds": 1}
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/replica.py: {message}\n")
 
 
 def interval(text: str) -> float:

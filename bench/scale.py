@@ -61,6 +61,7 @@ sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 import msgpack  # noqa: E402
 
+from bench.options import BadInput  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.election import Candidacy  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
@@ -464,13 +465,6 @@ def real_write_rates(args, etcd, workdir) -> None:
             peer.send_signal(signal.SIGKILL)
             peer.wait()
         store.close()
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/scale.py: {message}\n")
 
 
 def host_counts(text: str) -> list[int]:

@@ -47,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
     os.path.abspath(__file__))]
 
+from bench.options import BadInput  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -59,13 +60,6 @@ SMALL = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
 ROUNDS = 100                # a ping's rounds; pings follow one another for the whole upgrade
 SMOKE_ROUNDS = 20
 STAMP = re.compile(r"^(\S+Z) \[\w+\s*\] (\w+)\s")
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/upgrade.py: {message}\n")
 
 
 def sizes(text: str) -> list[int]:

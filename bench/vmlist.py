@@ -31,7 +31,6 @@ options: one line, exit 2, nothing started.  Work under
 """
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import shutil
@@ -45,6 +44,7 @@ import uuid
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
+from bench.options import BadInput, positive  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Put, Store  # noqa: E402
 
@@ -64,23 +64,6 @@ assert len(kvs) == {count}
 sys.stdout.flush()
 os._exit(0)     # as peerctl.py ends: neither pays for tearing down gRPC and the heap
 """
-
-
-class BadInput(argparse.ArgumentParser):
-    """Bad options: one line and exit 2, nothing started."""
-
-    def error(self, message):
-        self.exit(2, f"bench/vmlist.py: {message}\n")
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
-    return value
 
 
 def populate(store: Store, hosts: int, per_host: int) -> int:

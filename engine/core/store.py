@@ -566,11 +566,7 @@ class Store:
                 callback(events, response.header.revision)
 
         with self._watch_lock:
-            if len(self._client.endpoints) > 1 and self._watch_broke is not None \
-                    and self._watch_broke == self._client._current_endpoint_label:
-                self._failover()        # watch from another member
-            self._watch_broke = None
-            member = self._client._current_endpoint_label
+            member = self._watch_member()
             try:
                 if exact:
                     watch_id = self._client.add_watch_callback(
@@ -598,6 +594,15 @@ class Store:
                 pass
         return cancel
 
+    def _watch_member(self):
+        """The member a new watch goes to (under ``_watch_lock``): another
+        one when the last watch broke on the current one."""
+        if len(self._client.endpoints) > 1 and self._watch_broke is not None \
+                and self._watch_broke == self._client._current_endpoint_label:
+            self._failover()        # watch from another member
+        self._watch_broke = None
+        return self._client._current_endpoint_label
+
     def watch_stream(self, prefix: str, start_revision: int, exact: bool = False,
                      puts_only: bool = False) -> "WatchStream":
         """Watch ``prefix`` from ``start_revision`` on a gRPC call of its
@@ -611,11 +616,7 @@ class Store:
             key=full, range_end=b"" if exact else etcd_utils.prefix_range_end(full),
             start_revision=start_revision, filters=filters))
         with self._watch_lock:
-            if len(self._client.endpoints) > 1 and self._watch_broke is not None \
-                    and self._watch_broke == self._client._current_endpoint_label:
-                self._failover()        # watch from another member
-            self._watch_broke = None
-            member = self._client._current_endpoint_label
+            member = self._watch_member()
             try:
                 channel = self._client.channel
             except (etcd_exceptions.Etcd3Exception, ValueError) as exc:

@@ -1,0 +1,39 @@
+"""What every benchmark's command line shares: a bad option is one line on
+stderr naming the benchmark (``bench/<name>.py: ...``), exit 2, and nothing
+started."""
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["BadInput", "positive", "whole"]
+
+
+class BadInput(argparse.ArgumentParser):
+    """Bad options: one line and exit 2, nothing started."""
+
+    def error(self, message):
+        self.exit(2, f"bench/{self.prog}: {message}\n")
+
+
+def positive(text: str) -> int:
+    """A whole number of at least 1, for an option's ``type``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than 1")
+    return value
+
+
+def whole(low: int, high: int, what: str):
+    """An option's type: one whole number from ``low`` to ``high``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{what} from {low} to {high}: {text!r}")
+        return value
+    return parse
