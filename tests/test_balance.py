@@ -84,6 +84,7 @@ def no_migration_left(store) -> bool:
                 if a["allocations"] and a.get("consumer_type") == "MIGRATION"]
 
 
+@pytest.mark.slow       # a long scenario: 20 hosts, 200 VMs, balanced then kept so
 def test_twenty_hosts_two_hundred_vms_get_even_and_stay_so(cluster, store, tmp_path):
     """200 VMs of mixed sizes on 10 hosts, then 10 empty hosts: the dry run
     lists a plan and moves nothing; the real run makes that plan, never

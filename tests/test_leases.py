@@ -359,6 +359,7 @@ def test_deleting_an_active_lease_ends_it_and_frees_everything(cluster, store):
     refused(cluster, ["lease", "show", "gone"], 1, "no lease 'gone'")
 
 
+@pytest.mark.slow       # a long scenario: a lease's end that fails, then its delete
 def test_an_end_that_fails_says_why_and_delete_still_frees_the_hosts(cluster, store, tmp_path):
     hooks = str(tmp_path / "hooks")
     failing_hook(hooks, "destroy", "disk busy")

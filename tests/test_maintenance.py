@@ -106,6 +106,7 @@ def fill_until_refused(store: Store, deadline: float = 60) -> None:
     raise AssertionError(f"etcd took {i} writes of 200 kB in {deadline}s without refusing one")
 
 
+@pytest.mark.slow       # a long scenario: an etcd filled to its quota, every command tried
 def test_out_of_space_shows_in_hostlist_and_on_every_command(tiny_etcd, tmp_path, cluster_name):
     cluster = Cluster(tiny_etcd.url, cluster_name, tmp_path)
     store = Store(tiny_etcd.url, cluster_name)
