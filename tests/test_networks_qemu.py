@@ -117,7 +117,7 @@ def test_a_peer_killed_after_making_the_seed_leaves_no_volume_behind(kvm, tmp_pa
                            timeout=300)
     assert done.returncode == 1, (done.stdout, done.stderr)
     (vm,) = json.loads(done.stdout)["vms"]
-    assert vm["state"] == "error" and failpoints.read_text() == ""
+    assert vm["state"] == "error" and failpoints.read_text() == "", (vm, done.stderr)
     uuid = vm["uuid"]
     kvm.start_peer("host1")                 # back, without the crash point
     wait_for(lambda: kvm.volumes(uuid) == {}, timeout=60, interval=0.5,
