@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 from bench.options import BadInput, whole  # noqa: E402
-from bench.processes import stop_processes  # noqa: E402
+from bench.processes import cpu_seconds, stop_processes  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -129,19 +129,6 @@ def start_peers(etcd_url: str, work: str, count: int, ttl: int) -> list[subproce
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         log.close()
     return peers
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User and system CPU the processes ``pids`` have used so far."""
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 def measure(store, sizes: list[int], pids: list[int]) -> list[tuple]:

@@ -50,6 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 from bench.options import BadInput  # noqa: E402
+from bench.processes import cpu_seconds  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.watch import PrefixWatch, Reset  # noqa: E402
@@ -110,19 +111,6 @@ def run(store, kind: str, args: dict) -> tuple[float, dict, str]:
         raise SystemExit(f"bench/evacuate.py: {kind} ended {status['state']}: "
                          f"{status.get('error')}")
     return seconds, status["result"], automation_id
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User and system CPU time of these processes so far."""
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 def etcd_requests(url: str) -> float:
