@@ -31,10 +31,12 @@ from .values import declare, shape
 __all__ = ["SUPPORTED", "BASE", "level_key", "cluster_level", "raise_level",
            "check_supported", "found_cluster"]
 
-SUPPORTED = 2       # the highest cluster feature level this code knows
+SUPPORTED = 3       # the highest cluster feature level this code knows
 BASE = 1            # the level of a cluster nobody raised
 # Level 2 (issue 34): migrate's max_downtime_ms, and the automation versions
 # registered with feature_level=2 (docs/upgrade.md lists them).
+# Level 3 (issue 34, part 2): the automation versions registered with
+# feature_level=3 (docs/upgrade.md lists them).
 
 
 def level_key() -> str:
