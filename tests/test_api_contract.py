@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.core import api as engine_api
+from engine.core import keys
 from engine.hypervisor.hostinfo import GAUGES
+from engine.operations.moves import DEFAULT_MAX_DOWNTIME_MS
 from tests.support import wait_for
 from tests.support.api_client import ApiClient, api_peer_args, free_port
 from tests.support.cluster import SMALL_VM, boot_vms, finished
@@ -134,6 +136,16 @@ def test_an_adopt_is_refused_as_the_command_line_refuses_it(cluster, served):
     assert "in no libvirt storage pool" in said
     status, doc, _ = client.post("/v1/adopt", {"patterns": ["test"]})
     assert status == 400 and "HOSTGLOB/VMGLOB" in doc["error"], doc
+
+
+def test_a_migrate_passes_its_maximum_downtime_as_the_command_line_does(cluster, store, served):
+    client, _ = served
+    boot_vms(cluster, "web1", on="host1")
+    for body, expected in (({"max_downtime_ms": 40}, 40), ({}, DEFAULT_MAX_DOWNTIME_MS)):
+        status, doc, headers = client.post("/v1/migrate", {"patterns": ["web1"], **body})
+        assert status == 202, doc
+        assert client.get(headers["Location"] + "/wait?timeout=60")[1]["state"] == "done"
+        assert store.get(keys.spec(doc["automation"])).value["args"]["max_downtime_ms"] == expected
 
 
 def test_drain_and_undrain_answer_as_the_command_line(cluster, served):

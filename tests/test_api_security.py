@@ -128,6 +128,8 @@ BAD = [
     ("POST", "/v1/vms/stop", b'{"patterns": ["a/b/c"]}', 400, "bad VM pattern"),
     ("POST", "/v1/vms/explode", b'{"patterns": ["*"]}', 404, "no such VM action"),
     ("POST", "/v1/migrate", b'{"patterns": ["*"], "parallel": 0}', 400, "minimum"),
+    ("POST", "/v1/migrate", b'{"patterns": ["*"], "max_downtime_ms": 0}', 400, "minimum"),
+    ("POST", "/v1/migrate", b'{"patterns": ["*"], "max_downtime_ms": 10001}', 400, "maximum"),
     ("GET", "/v1/hosts?pattern=a/b", b"", 400, "bad host pattern"),
     ("GET", "/v1/vms?colour=red", b"", 400, "unknown query parameter"),
     ("GET", "/v1/tasks?all=maybe", b"", 400, "bad value"),

@@ -23,6 +23,7 @@ from typing import Callable
 from engine.errors import Failed, UsageError
 from engine.natural import sort_rows
 from engine.operations import adoption, balance, groups, hosts, tasks, vms
+from engine.operations.moves import MAX_DOWNTIME_RANGE_MS
 from engine.operations.plans import Plan
 
 __all__ = ["Route", "Call", "Answer", "ROUTES", "Refusal"]
@@ -253,7 +254,10 @@ def start_balance(ctx, call: Call) -> Answer:
 
 
 MIGRATE = _obj({"patterns": PATTERNS, "to": STRING, "offline": BOOL, "parallel": POSITIVE,
-                "bandwidth_mib": POSITIVE, "postcopy": BOOL, **CONFIRM}, ["patterns"])
+                "bandwidth_mib": POSITIVE, "postcopy": BOOL,
+                "max_downtime_ms": {"type": "integer", "minimum": MAX_DOWNTIME_RANGE_MS[0],
+                                    "maximum": MAX_DOWNTIME_RANGE_MS[1]},
+                **CONFIRM}, ["patterns"])
 
 
 @route("POST", "/v1/migrate", "move VMs to other hosts", "migrate PATTERN... --detach",
@@ -265,7 +269,8 @@ def migrate(ctx, call: Call) -> Answer:
                               offline=body.get("offline", False),
                               parallel=body.get("parallel", 4),
                               bandwidth_mib=body.get("bandwidth_mib"),
-                              postcopy=body.get("postcopy", False))
+                              postcopy=body.get("postcopy", False),
+                              max_downtime_ms=body.get("max_downtime_ms"))
     return _started(ctx, plan, body)
 
 
