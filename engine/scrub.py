@@ -14,6 +14,7 @@ from engine.core.store import Delete, Store, modified_at
 from engine.errors import Unreadable
 import engine.hypervisor.shapes  # noqa: F401  (declares vms/, disowned/)
 import engine.placement.etcd  # noqa: F401  (declares placement/)
+from engine.placement.view import stamped
 import engine.backups.records  # noqa: F401  (declares backups/)
 import engine.backups.schedules  # noqa: F401  (declares schedules/backup/)
 import engine.core.tokens  # noqa: F401  (declares tokens/)
@@ -58,6 +59,6 @@ def delete_unreadable(store: Store, found: list[Unreadable]) -> list[str]:
     """Delete each of ``found`` that is still as it was found; the keys deleted."""
     deleted = []
     for bad in found:
-        if store.txn([modified_at(bad.key, bad.mod_revision)], [Delete(bad.key)]).succeeded:
+        if store.txn([modified_at(bad.key, bad.mod_revision)], stamped([Delete(bad.key)])).succeeded:
             deleted.append(bad.key)
     return deleted

@@ -18,7 +18,7 @@ from engine.operations.select import check_glob, host_pattern, match_vms, vm_pat
 from engine.operations.specs import parse_resources, parse_traits
 from engine import cluster
 from engine.core import keys, values, validate
-from engine.core.store import KV, Delete, Get, TxnResult
+from engine.core.store import KV, Delete, Get, Put, TxnResult
 from engine.errors import Failed, UsageError
 
 
@@ -235,6 +235,8 @@ class MemoryStore:
                               [kv for kv in [self.kvs.get(op.key)] if kv])
             elif isinstance(op, Delete):
                 self.kvs.pop(op.key, None)
+            elif isinstance(op, Put):
+                self.put(op.key, op.value)
         return TxnResult(ok, self.revision, ranges)
 
 
@@ -421,6 +423,16 @@ def test_scrub_lists_the_unreadable_keys_and_deletes_only_with_delete(capsys):
     code, out = scrub(store, capsys, "--delete", "--yes")
     assert code == 0 and jsonlib.loads(out)["deleted"] == [keys.host(bad)]
     assert list(store.kvs) == [keys.host("ok")]
+
+
+def test_scrub_stamps_the_bucket_of_a_provider_it_deletes(capsys):
+    """Provider views read only the buckets stamped since their last read: a
+    provider that scrub deletes stamps its bucket like any provider write."""
+    rp = keys.placement(f"rp/{uuid.uuid4()}")
+    store = MemoryStore({rp: "not a provider"})
+    code, out = scrub(store, capsys, "--delete", "--yes")
+    assert code == 0 and rp not in store.kvs
+    assert keys.placement("bucket/" + rp[len(keys.placement("rp/")):][:2]) in store.kvs
 
 
 def test_scrub_shows_a_table_of_key_and_problem(capsys):
