@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 import pytest
 
-from engine.core import api
+from engine.core import api, keys
 from engine.hypervisor import seed
 from engine.hypervisor.localnet import DEFAULT_SUBNET
 from engine.hypervisor.networks import mac_for
@@ -105,12 +105,16 @@ def test_a_peer_killed_after_making_the_seed_leaves_no_volume_behind(kvm, tmp_pa
     claim released; host1's peer, back, sweeps the VM's volumes, seed too."""
     failpoints = tmp_path / "failpoints"
     failpoints.write_text("build seeded\n")
+    killed = kvm.store.get(keys.host("host1")).lease
     kvm.cluster.kill("host1")
     kvm.cluster.start_peer("host1", libvirt=kvm.uri["host1"],
                            env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL,
                                 "PEERCTL_FAILPOINTS": str(failpoints)},
                            extra_args=["--state-dir", kvm.state["host1"]])
-    wait_for(lambda: "host1" in api.live_hosts(kvm.store), timeout=60, what="host1 back")
+    # back: alive in a session of its own, not the killed one's until it expires
+    wait_for(lambda: "host1" in api.live_hosts(kvm.store)
+             and kvm.store.get(keys.host("host1")).lease != killed, timeout=60,
+             what="host1 back in a new session")
     done = kvm.cluster.cli("--format", "json", "boot", "crashy", "--on", "host1",
                            "--resources", "VCPU:1,MEMORY_MB:128,DISK_GB:1",
                            "--image", f"file://{kvm.image}", "--hostname", "crashy",
