@@ -45,12 +45,24 @@ One worker per VM (:func:`move_one`), run in ``parallel`` lanes.  For each VM:
 ``abort`` reaches the copy in progress (the source keeps running) and stops
 the lanes from starting more VMs; each VM under way is reverted or
 confirmed as above.
+
+Since ``evacuate`` version 4 (:func:`move_some`) the lanes move batches of
+up to :data:`BATCH` VMs of one source host, and each step above is one
+step for the whole batch where a move is a redefinition: ``lock_vms``,
+``move_describe_vms``, ``claim_moves`` (one placement pass, one write),
+``move_redefine_vms`` on each destination (prepare and adopt), then for
+the VMs defined there ``destroy_vms`` on the source, ``confirm_moves`` and
+``unlock_vms`` (``requests/moves.py``).  Every promise above holds VM by
+VM: a VM refused at a step leaves the batch there with its own error, and
+one whose redefinition failed or went unanswered is decided from both
+hypervisors alone (step 6).  A VM on another driver moves alone once
+locked: its copy is its time.
 """
 from dataclasses import dataclass
 from typing import Any
 
 from engine.core.registry import automation
-from engine.core.replay import Request
+from engine.core.replay import Request, Response
 
 from automations._handoff import prepared_from_replica
 from automations._steps import finish, resend
@@ -171,7 +183,14 @@ def move_one(ctx, vm, to=None, offline=False, bandwidth_mib=None, postcopy=False
         "why": "being moved"}))
     if not locked.ok:
         return move.result(move.source, vm.get("state"), locked.error)
+    return (yield from _move_locked(move, to, offline, bandwidth_mib, postcopy, replicas,
+                                    max_downtime_ms, stop_to_redefine))
 
+
+def _move_locked(move: _Move, to, offline, bandwidth_mib, postcopy, replicas,
+                 max_downtime_ms, stop_to_redefine):
+    """:func:`move_one` once the VM's lock is held: steps 2 to 7."""
+    ctx, vm = move.ctx, move.vm
     described = yield from resend(move.step("move_describe", {}, move.source))
     if not described.ok:
         yield from move.unlock()
@@ -344,6 +363,212 @@ def _in_lanes(ctx, vms, to, offline, parallel, bandwidth_mib=None, postcopy=Fals
     return [by_uuid[vm["uuid"]] for vm in vms]
 
 
+# -- evacuate version 4: up to BATCH VMs of one source host to a step -------------
+
+BATCH = 16          # VMs in one batched step (requests/moves.py: MAX_VMS)
+
+
+def _batches(vms: list[dict], parallel) -> list[list[dict]]:
+    """``vms`` cut into batches of one source host each, small enough that
+    ``parallel`` lanes all get some: at most :data:`BATCH`."""
+    by_source: dict[str, list[dict]] = {}
+    for vm in vms:
+        by_source.setdefault(vm["host"], []).append(vm)
+    size = max(1, min(BATCH, -(-len(vms) // max(1, int(parallel or 1)))))
+    return [group[start:start + size] for group in by_source.values()
+            for start in range(0, len(group), size)]
+
+
+def _batch_step(request: str, moves: list[_Move], items: list[dict], target=None,
+                field: str = "vms", **common) -> Request:
+    return Request(request, {**common, field: items}, target=target, deadline=ACTION_DEADLINE,
+                   label=moves[0].name)
+
+
+def _replies(reply, moves: list[_Move], field: str = "vms") -> list[tuple]:
+    """``(move, value, error)`` for each of ``moves`` from a batched step's
+    reply: a step that failed as a whole fails each VM alike."""
+    if not reply.ok:
+        return [(move, None, reply.error or reply.status) for move in moves]
+    return [(move, one.get("value"), one.get("error"))
+            for move, one in zip(moves, reply.value[field])]
+
+
+def _unlock_all(moves: list[_Move], drop_record: str | None = None):
+    """``unlock_vm`` of each of ``moves`` in one step (``drop_record``: the
+    source's ``vms/`` records dropped in the same write)."""
+    if moves:
+        yield from resend(_batch_step("unlock_vms", moves, [
+            {"uuid": m.uuid, "name": m.name, **({"drop_record": drop_record}
+                                                if drop_record else {})} for m in moves],
+            owner=moves[0].ctx.automation_id))
+
+
+def move_some(ctx, vms, to=None, bandwidth_mib=None):
+    """The moves of ``vms`` (one source host), each step of the module's
+    docstring made for all of them at once where the move is a
+    redefinition (the test driver): locked, described, claimed (one
+    placement pass), redefined on each destination, the source's copies
+    destroyed, confirmed and unlocked, one step each.  A VM refused at a
+    step leaves the batch there, as it would leave its own move (unlocked,
+    or decided from both hypervisors and reverted or kept, as
+    :func:`move_one`); a VM on another driver, once locked, moves alone
+    (:func:`move_one`'s steps, its copy being most of its time)."""
+    moves = [_Move(ctx, vm) for vm in vms]
+    source, results = moves[0].source, {}
+    locked = yield from resend(_batch_step("lock_vms", moves, [
+        {"uuid": m.uuid, "name": m.name, "host": m.source} for m in moves],
+        owner=ctx.automation_id, kind="migrate", why="being moved"))
+    held = []
+    for move, _value, error in _replies(locked, moves):
+        if error:
+            results[move.uuid] = move.result(source, move.vm.get("state"), error)
+        else:
+            held.append(move)
+    if not held:
+        return [results[m.uuid] for m in moves]
+
+    described = yield from resend(_batch_step("move_describe_vms", held, [
+        {"uuid": m.uuid, "name": m.name} for m in held], target=source))
+    redefine, alone, let_go = [], [], []
+    for move, value, error in _replies(described, held):
+        if error:
+            results[move.uuid] = move.result(source, move.vm.get("state"), error)
+            let_go.append(move)
+            continue
+        move.was, move.migration = value["state"], ctx.uuid("migration/" + move.uuid)
+        if value["driver"].upper() == "TEST":
+            move.mode = "redefine"
+            redefine.append((move, value))
+        else:
+            alone.append(move)
+
+    claimed = []
+    if redefine:
+        reply = yield from resend(_batch_step("claim_moves", [m for m, _ in redefine], [
+            {"uuid": m.uuid, "name": m.name, "consumer": m.migration, "source": source,
+             "hosts": to, "required": d.get("required"),
+             **({"prefer": m.vm["prefer"]} if m.vm.get("prefer") else {})}
+            for m, d in redefine], field="moves"))
+        for (move, value, error), (_, desc) in zip(
+                _replies(reply, [m for m, _ in redefine], "moves"), redefine):
+            if error:
+                results[move.uuid] = move.result(source, move.was, f"no destination: {error}")
+                let_go.append(move)
+            else:
+                move.dest = value["host"]
+                claimed.append((move, desc))
+    yield from _unlock_all(let_go)
+
+    workers = [ctx.worker(_redefine, claimed)] if claimed else []
+    if alone:
+        workers.append(ctx.worker(_move_alone, alone, to, bandwidth_mib, label=alone[0].name))
+    if workers:
+        for row in _flat((yield ctx.all(workers))):
+            results[row["uuid"]] = row
+    return [results[m.uuid] for m in moves]
+
+
+def _move_alone(ctx, moves: list[_Move], to, bandwidth_mib):
+    """The locked VMs of a batch that are no redefinition, one after the
+    other as a lane of version 3 moves them (so that no more copies run at
+    once than there are lanes), each with a fresh ``move_describe`` (the
+    batch's may be minutes old by the time its copy starts).  After an
+    abort, the ones not started are let go."""
+    results = []
+    for n, move in enumerate(moves):
+        if ctx.aborted:
+            for left in moves[n:]:
+                left.ctx = ctx
+            yield from _unlock_all(moves[n:])
+            return results + [m.result(m.source, m.was, "not moved: aborted")
+                              for m in moves[n:]]
+        move.ctx = ctx
+        results.append((yield from _move_locked(move, to, False, bandwidth_mib, False, True,
+                                                None, False)))
+    return results
+
+
+def _redefine(ctx, claimed: list[tuple]):
+    """The claimed VMs defined anew on their destinations, one step per
+    destination, all at once; those defined are confirmed together
+    (:func:`_confirm_all`), any other decided from both hypervisors, alone,
+    as :func:`move_one` decides it."""
+    dests = sorted({move.dest for move, _ in claimed})
+    each = [[(m, d) for m, d in claimed if m.dest == dest] for dest in dests]
+    defined = yield ctx.all([_batch_step("move_redefine_vms", [m for m, _ in there], [
+        {"uuid": m.uuid, "name": m.name, "describe": d, "state": m.final} for m, d in there],
+        target=dest) for dest, there in zip(dests, each)])
+    confirmed, undecided = [], []
+    for reply, there in zip(defined, each):
+        for (move, _value, error), (_, desc) in zip(_replies(reply, [m for m, _ in there]),
+                                                     there):
+            if error:
+                undecided.append((move, desc, error))
+            else:
+                confirmed.append(move)
+    done = yield ctx.all(([ctx.worker(_confirm_all, confirmed)] if confirmed else [])
+                         + [ctx.worker(_decide_one, move, desc, error, label=move.name)
+                            for move, desc, error in undecided])
+    return _flat(done)
+
+
+def _flat(done: list) -> list[dict]:
+    """Result rows from workers that answer one row or a list of them."""
+    return [row for part in done for row in (part if isinstance(part, list) else [part])]
+
+
+def _decide_one(ctx, move: _Move, described: dict, error: str):
+    """A redefinition that failed, or whose outcome is unknown: decided
+    from what both hypervisors say, then confirmed, reverted or kept."""
+    move.ctx = ctx
+    outcome, why = yield from _outcome(move, Response("error", error=error), described, None)
+    if outcome == "confirm":
+        return (yield from _confirm(move, {}))
+    if outcome in ("revert", "both"):
+        return (yield from _revert(move, why or "the move did not complete"))
+    return (yield from _keep_both(move, why))
+
+
+def _confirm_all(ctx, moves: list[_Move]):
+    """:func:`_confirm` for VMs defined on their destination, one step per
+    action for all: the source's copies destroyed (``disown``\\ed, VM by VM,
+    when its peer is dead), placement's holds on the source dropped, the
+    locks and the source's records released."""
+    source, errors = moves[0].source, {m.uuid: [] for m in moves}
+    for move in moves:
+        move.ctx = ctx
+    cleaned = yield from resend(_batch_step("destroy_vms", moves, [
+        {"uuid": m.uuid, "name": m.name} for m in moves], target=source))
+    for move, _value, error in _replies(cleaned, moves):
+        if error and cleaned.ok:
+            errors[move.uuid].append(f"cleaning {source}: {error}")
+        elif error:         # the step as a whole: each VM alone, disowned if lost
+            gone = yield from _gone(move, source, "moved away")
+            if not gone.ok:
+                errors[move.uuid].append(f"cleaning {source}: {gone.error or gone.status}")
+    confirmed = yield from resend(_batch_step("confirm_moves", moves, [
+        {"uuid": m.uuid, "consumer": m.migration} for m in moves], field="moves"))
+    for move, _value, error in _replies(confirmed, moves, "moves"):
+        if error:
+            errors[move.uuid].append(f"placement: {error}")
+    yield from _unlock_all(moves, drop_record=source)
+    return [m.result(m.dest, m.final, "; ".join(errors[m.uuid]) or None) for m in moves]
+
+
+def _batch_lane(ctx, batches, to, bandwidth_mib):
+    """Move ``batches`` one after another; after an abort, start no more."""
+    results = []
+    for batch in batches:
+        if ctx.aborted:
+            results += [_result(vm, vm["host"], vm.get("state"), error="not moved: aborted")
+                        for vm in batch]
+            continue
+        results += (yield ctx.worker(move_some, batch, to, bandwidth_mib,
+                                     label=batch[0]["name"]))
+    return results
+
+
 @automation("migrate", version=2, cleans_up=True)
 def migrate(ctx, vms, to=None, offline=False, parallel=4, bandwidth_mib=None,
             postcopy=False, max_downtime_ms=None):
@@ -368,8 +593,21 @@ def migrate_v1(ctx, vms, to=None, offline=False, parallel=4, bandwidth_mib=None,
     return finish(results, "moved")
 
 
-@automation("evacuate", version=3, cleans_up=True, feature_level=2)
+@automation("evacuate", version=4, cleans_up=True, feature_level=3)
 def evacuate(ctx, hosts, vms, to=None, parallel=4, bandwidth_mib=None):
+    """Version 3's moves, made :data:`BATCH` VMs of a host to a step where
+    a move is a redefinition (:func:`move_some`): ``parallel`` lanes of
+    batches, each batch no larger than spreads the VMs over every lane."""
+    batches = _batches(vms, parallel)
+    lanes = max(1, min(int(parallel or 1), len(batches)))
+    done = yield ctx.all([ctx.worker(_batch_lane, batches[i::lanes], to, bandwidth_mib)
+                          for i in range(lanes)])
+    by_uuid = {r["uuid"]: r for lane in done for r in lane}
+    return finish([by_uuid[vm["uuid"]] for vm in vms], "moved")
+
+
+@automation("evacuate", version=3, cleans_up=True, feature_level=2)
+def evacuate_v3(ctx, hosts, vms, to=None, parallel=4, bandwidth_mib=None):
     """The hosts are drained before this starts (by the command line): the
     VMs on them move away, live where running, cold where shut off (a live
     move to a VM's replica's host copies what changed since the replica).

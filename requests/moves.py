@@ -1,17 +1,227 @@
 """The requests of a VM move (see ``automations/moves.py``): ``move_describe``,
 ``move_prepare``, ``move_adopt`` and ``move_locate`` from
 :mod:`engine.hypervisor.moves`, and ``move_migrate``, the copy itself, from
-:mod:`engine.hypervisor.migration` (QEMU/KVM)."""
-from engine.core.handlers import handler
+:mod:`engine.hypervisor.migration` (QEMU/KVM).
+
+And the same steps for up to :data:`MAX_VMS` VMs at once, which
+``evacuate`` version 4 sends where a step was per VM (a step costs its
+initiator, its executor and etcd far more than a VM's share of the work):
+
+- ``lock_vms`` ``{owner, kind?, why?, vms: [{uuid, name?, host}]}`` and
+  ``unlock_vms`` ``{owner, vms: [{uuid, name?, drop_record?}]}`` (initiator):
+  each VM's ``lock_vm`` / ``unlock_vm``; when every lock is free (or every
+  one the caller's), all in one transaction with the same guards;
+- ``move_describe_vms`` (source) and ``destroy_vms`` (source, after the
+  moves were confirmed): ``{vms: [args]}``, each VM's ``move_describe`` or
+  ``destroy``;
+- ``move_redefine_vms`` (destination, the test driver) ``{vms: [{uuid, name?,
+  describe, state}]}``: each VM's ``move_prepare`` then ``move_adopt`` with
+  the XML prepared; a VM already running here as asked (a re-sent step)
+  is only adopted;
+- ``claim_moves`` (initiator) ``{moves: [claim_move args]}``: the moves of
+  VMs in no group placed in one pass and written in one transaction
+  (:func:`engine.placement.moves.move_together`), any other (or any the
+  pass could not make) by its own ``claim_move``;
+- ``confirm_moves`` (initiator) ``{moves: [{uuid, consumer}]}``: the
+  migration consumers released in one transaction, then each VM's group
+  settled, as ``confirm_move`` does.
+
+Each answers ``{vms: [...]}`` (``{moves: [...]}`` for the placement ones),
+one entry per VM in order: ``{uuid, value}``, the single request's reply,
+or ``{uuid, error}`` where that VM's request was refused.  Each is
+idempotent as the single requests are, VM by VM: sent again, each finds
+what the first run did.  A failure that is no refusal (etcd away, libvirt
+gone) fails the whole step, as it would fail a single one.
+"""
+import fnmatch
+import time
+
+import structlog
+
+from engine import groups
+from engine.core import keys
+from engine.core.handlers import HANDLERS, handler
+from engine.core.store import Delete, Get, Put, absent, exists, modified_at
+from engine.core.values import readable
+from engine.errors import RequestError
 from engine.hypervisor import moves
+from engine.hypervisor.records import vm_state
+from engine.hypervisor.vm import _find
+from engine.leases.events import unreserved
+from engine.placement import for_request
+from engine.placement.moves import MoveClaim, move_together
 
 handler("move_describe")(moves.describe)
 handler("move_prepare")(moves.prepare)
 handler("move_adopt")(moves.adopt)
 handler("move_locate")(moves.locate)
 
+MAX_VMS = 16        # VMs in one batched step
+
+log = structlog.get_logger("peerctl.moves")
+
 
 @handler("move_migrate")
 def move_migrate(host, args: dict) -> dict:
     from engine.hypervisor import migration     # libvirt's migration API: QEMU hosts only
     return migration.migrate(host, args)
+
+
+def _items(args: dict, field: str = "vms") -> list[dict]:
+    items = args.get(field)
+    if not isinstance(items, list) or not 0 < len(items) <= MAX_VMS \
+            or not all(isinstance(i, dict) and isinstance(i.get("uuid"), str) for i in items):
+        raise RequestError(f"{field} must be a list of 1 to {MAX_VMS} VMs with a uuid, "
+                           f"got {str(items)[:80]}")
+    return items
+
+
+def _each(host, one, items: list[dict], common: dict | None = None) -> list[dict]:
+    """``one(host, args)`` for each item, its refusal kept as that VM's."""
+    replies = []
+    for item in items:
+        try:
+            replies.append({"uuid": item["uuid"], "value": one(host, {**(common or {}),
+                                                                      **item})})
+        except RequestError as exc:
+            replies.append({"uuid": item["uuid"], "error": str(exc)})
+    return replies
+
+
+def _many(request: str):
+    """A batched step made of ``request`` run for each VM."""
+    def each(host, args: dict) -> dict:
+        return {"vms": _each(host, HANDLERS[request], _items(args))}
+    return each
+
+
+handler("move_describe_vms")(_many("move_describe"))
+handler("destroy_vms")(_many("destroy"))
+
+
+@handler("move_redefine_vms")
+def move_redefine_vms(host, args: dict) -> dict:
+    return {"vms": _each(host, _redefine, _items(args))}
+
+
+def _redefine(host, args: dict) -> dict:
+    """One VM's ``move_prepare`` and ``move_adopt`` (the test driver's move)."""
+    want = args.get("state")
+    here = _find(host, args["uuid"])
+    if here is None or vm_state(here) not in moves.ACTIVE or want not in moves.ACTIVE:
+        prepared = moves.prepare(host, {"uuid": args["uuid"], "name": args.get("name"),
+                                        "describe": args.get("describe")})
+        args = {**args, "xml": prepared["xml"]}
+    return moves.adopt(host, {k: args.get(k) for k in ("uuid", "name", "state", "xml")})
+
+
+# -- locks: every one in one transaction when none is in the way --------------------
+
+@handler("lock_vms")
+def lock_vms(host, args: dict) -> dict:
+    items, owner = _items(args), args.get("owner")
+    if not isinstance(owner, str) or not owner \
+            or not all(isinstance(i.get("host"), str) and i["host"] for i in items):
+        raise RequestError("lock_vms needs an owner and each VM's host")
+    common = {"owner": owner, "kind": args.get("kind"), "why": args.get("why")}
+    lock = {"kind": args.get("kind"), "owner": owner, "why": args.get("why") or "busy",
+            "time": time.time()}
+    taken = host.store.txn(
+        [c for i in items for c in (absent(keys.lock(f"vm/{i['uuid']}")),
+                                    exists(keys.vm(i["host"], i["uuid"])))],
+        [Put(keys.lock(f"vm/{i['uuid']}"), {**lock, "host": i["host"]}) for i in items])
+    if taken.succeeded:
+        return {"vms": [{"uuid": i["uuid"], "value": {"uuid": i["uuid"], "owner": owner}}
+                        for i in items]}
+    return {"vms": _each(host, HANDLERS["lock_vm"], items, common)}
+
+
+@handler("unlock_vms")
+def unlock_vms(host, args: dict) -> dict:
+    items, owner = _items(args), args.get("owner")
+    names = [keys.lock(f"vm/{i['uuid']}") for i in items]
+    held = host.store.txn([], [Get(name) for name in names]).ranges
+    now = [kvs[0] if kvs else None for kvs in held]
+    if all(kv is not None and (readable(kv) or {}).get("owner") == owner
+           and not readable(kv).get("held") for kv in now) \
+            and not any(i.get("hold") for i in items):
+        drops = [Delete(keys.vm(i["drop_record"], i["uuid"])) for i in items
+                 if i.get("drop_record")]
+        if host.store.txn([modified_at(kv.key, kv.mod_revision) for kv in now],
+                          [*(Delete(name) for name in names), *drops]).succeeded:
+            return {"vms": [{"uuid": i["uuid"], "value": {"uuid": i["uuid"], "released": True}}
+                            for i in items]}
+    return {"vms": _each(host, HANDLERS["unlock_vm"], items, {"owner": owner})}
+
+
+# -- placement: the moves' migration allocations -------------------------------------
+
+def _in_groups(store, uuids: list[str]) -> set[str]:
+    """Which of ``uuids`` are in a group, in one read."""
+    ranges = store.txn([], [Get(keys.group_of(u)) for u in uuids]).ranges
+    return {u for u, kvs in zip(uuids, ranges) if kvs and readable(kvs[0])}
+
+
+@handler("claim_moves")
+def claim_moves(host, args: dict) -> dict:
+    items = _items(args, "moves")
+    done: dict[int, dict] = {}
+    with for_request(host.store) as placement:
+        if placement.backend == "etcd":
+            grouped = _in_groups(host.store, [i["uuid"] for i in items])
+            alone = [n for n, i in enumerate(items) if i["uuid"] not in grouped
+                     and isinstance(i.get("consumer"), str) and not i.get("live_only")
+                     and not i.get("exclude")]
+            if alone:
+                reserved = {}
+                claims = [MoveClaim(items[n]["uuid"], items[n]["consumer"],
+                                    _unreserved(host.store, items[n].get("required"), reserved),
+                                    _allowed(items[n]), items[n].get("prefer"))
+                          for n in alone]
+                try:
+                    made = move_together(placement, claims)
+                except Exception as exc:    # each goes alone, and meets the error itself
+                    log.info("claim_moves_alone", moves=len(alone), error=str(exc))
+                    made = [None] * len(alone)
+                done = {n: m for n, m in zip(alone, made) if m is not None}
+    claim = HANDLERS["claim_move"]
+    replies = []
+    for n, item in enumerate(items):
+        if n in done:
+            replies.append({"uuid": item["uuid"], "value": done[n]})
+            continue
+        try:
+            replies.append({"uuid": item["uuid"], "value": claim(host, item)})
+        except RequestError as exc:
+            replies.append({"uuid": item["uuid"], "error": str(exc)})
+    return {"moves": replies}
+
+
+def _unreserved(store, required, seen: dict):
+    if required not in seen:
+        seen[required] = unreserved(store, required)
+    return seen[required]
+
+
+def _allowed(item: dict):
+    source, pattern = item.get("source"), item.get("hosts") or "*"
+    return lambda name: name != source and fnmatch.fnmatchcase(name, pattern)
+
+
+@handler("confirm_moves")
+def confirm_moves(host, args: dict) -> dict:
+    items = _items(args, "moves")
+    consumers = [i.get("consumer") for i in items]
+    with for_request(host.store) as placement:
+        together = placement.backend == "etcd" and all(isinstance(c, str) for c in consumers)
+        if together:
+            try:
+                placement.release_together(consumers)
+            except Exception:       # each goes alone, and meets the error itself
+                together = False
+    if not together:
+        return {"moves": _each(host, HANDLERS["confirm_move"], items)}
+    for uuid in _in_groups(host.store, [i["uuid"] for i in items]):
+        groups.settle(host.store, uuid)
+    return {"moves": [{"uuid": i["uuid"], "value": {"consumer": i["consumer"],
+                                                    "confirmed": True}} for i in items]}

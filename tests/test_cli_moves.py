@@ -8,13 +8,14 @@ from __future__ import annotations
 import io
 import re
 import sys
+import time
 
 import pytest
 
 from engine.commandline.progress import ProgressView
-from engine.core import keys
+from engine.core import features, keys
 from tests.support import PEERCTL, wait_for
-from tests.support.cluster import boot_vms, listed_vms, refused, task_ids
+from tests.support.cluster import boot_vms, listed_vms, ready_hosts, refused, task_ids
 from tests.support.terminal import Terminal
 
 SPEC = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
@@ -244,6 +245,28 @@ def test_evacuate_moves_every_vm_off_the_host_and_leaves_it_drained(cluster, two
     assert cluster.cli_json("evacuate", "host1") == {"automation": None, "state": "done",
                                                      "vms": []}
     assert task_ids(cluster) == before
+
+
+@pytest.mark.parametrize("level, version, lock", [(2, 3, "lock_vm"), (3, 4, "lock_vms")])
+def test_evacuate_batches_its_moves_only_at_feature_level_3(cluster, store, level, version,
+                                                             lock):
+    """A cluster whose level is still 2 (a peer of the release before may
+    be among its members) evacuates with version 3, a step per VM; at level
+    3, version 4 locks, claims and confirms each batch in one step.  The
+    command line shows the same result either way."""
+    store.put(features.level_key(), {"level": level, "time": time.time()})
+    ready_hosts(cluster, store, ["host1", "host2"])
+    boot_vms(cluster, "f1", "f2", "f3")
+    doc = cluster.cli_json("evacuate", "host1", "--yes", "--parallel", "1")
+    assert doc["state"] == "done", doc
+    assert sorted((vm["name"], vm["host"], vm["error"]) for vm in doc["vms"]) == \
+        [(name, "host2", None) for name in ("f1", "f2", "f3")]
+    task = store.get(keys.spec(doc["automation"])).value
+    assert (task["kind"], task["version"]) == ("evacuate", version)
+    steps = [e["request"] for e in cluster.cli_json("task", doc["automation"])["log"]]
+    assert steps.count(lock) == (3 if version == 3 else 1), steps
+    wait_for(lambda: {vm["host"] for vm in cluster.cli_json("vmlist", "f*")} == {"host2"},
+             what="vmlist to show every VM on host2")
 
 
 # -- the progress of a long step (no etcd) --------------------------------------------
