@@ -382,7 +382,7 @@ def _batches(vms: list[dict], parallel) -> list[list[dict]]:
 def _batch_step(request: str, moves: list[_Move], items: list[dict], target=None,
                 field: str = "vms", **common) -> Request:
     return Request(request, {**common, field: items}, target=target, deadline=ACTION_DEADLINE,
-                   label=moves[0].name)
+                   label=",".join(m.name for m in moves))     # progress views: each VM's
 
 
 def _replies(reply, moves: list[_Move], field: str = "vms") -> list[tuple]:

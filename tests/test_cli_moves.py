@@ -6,6 +6,7 @@ long step (pure, no etcd)."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import sys
 import time
@@ -257,10 +258,17 @@ def test_evacuate_batches_its_moves_only_at_feature_level_3(cluster, store, leve
     store.put(features.level_key(), {"level": level, "time": time.time()})
     ready_hosts(cluster, store, ["host1", "host2"])
     boot_vms(cluster, "f1", "f2", "f3")
-    doc = cluster.cli_json("evacuate", "host1", "--yes", "--parallel", "1")
+    done = cluster.cli("--format", "json", "evacuate", "host1", "--yes", "--parallel", "1",
+                       input="")
+    doc = json.loads(done.stdout)
     assert doc["state"] == "done", doc
     assert sorted((vm["name"], vm["host"], vm["error"]) for vm in doc["vms"]) == \
         [(name, "host2", None) for name in ("f1", "f2", "f3")]
+    # the plain progress on stderr: a line for each VM, batched or not
+    moved = sorted(line.split(" ", 1)[1] for line in done.stderr.splitlines()
+                   if line.endswith("moved (redefine)"))
+    assert moved == [f"{name} host1 -> host2: moved (redefine)" for name in ("f1", "f2", "f3")], \
+        done.stderr
     task = store.get(keys.spec(doc["automation"])).value
     assert (task["kind"], task["version"]) == ("evacuate", version)
     steps = [e["request"] for e in cluster.cli_json("task", doc["automation"])["log"]]

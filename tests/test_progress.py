@@ -169,6 +169,28 @@ def test_a_move_on_the_test_driver_stops_redefines_and_the_tty_names_its_new_hos
     assert line.split() == ["db1", "unlock_vm", "ok", "on", "host2", "->", "running"]
 
 
+def test_a_batched_evacuation_says_where_each_of_its_vms_went():
+    """evacuate v4 moves several VMs to a step, labelled with their names:
+    each VM still gets its own line, with its own destination."""
+    both, db1, db2 = "db1,db2", vm("db1", "host3"), vm("db2", "host3")
+    move = automation("evacuate", [
+        step(0, "lock_vms", label=both), step(1, "move_describe_vms", "host3", label=both),
+        step(2, "claim_moves", label=both),
+        step(3, "move_redefine_vms", "host1", label="db1"),
+        step(4, "move_redefine_vms", "host2", label="db2"),
+        step(5, "destroy_vms", "host3", label=both), step(6, "confirm_moves", label=both),
+        step(7, "unlock_vms", label=both)],
+        "done", {"hosts": ["host3"], "vms": [db1, db2]},
+        {"vms": [row("db1", "host1", "running", mode="redefine"),
+                 row("db2", "host2", "running", mode="redefine")]})
+    assert plain(*followed(move)) == ["db1 host3 -> host1: moved (redefine)",
+                                      "db2 host3 -> host2: moved (redefine)"]
+    lines = ProgressView(io.StringIO(), "a1", tty=True).lines(move, 120, 40)
+    assert [line.split()[:6] for line in lines[:2]] == [
+        ["db1", "unlock_vm", "ok", "on", "host1", "->"],
+        ["db2", "unlock_vm", "ok", "on", "host2", "->"]]
+
+
 def test_a_move_that_is_reverted_says_so_at_once_and_why_at_the_end():
     why = "not moved: prepare on host2: disk full"
     move = automation("evacuate", [

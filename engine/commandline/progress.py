@@ -28,6 +28,11 @@ repeat it only when the phase changes or the percent has moved by
 ``PLAIN_STEP`` or more, so that a CI log gets a handful of lines per copy,
 not one per poll.
 
+A batched step (``evacuate`` moves up to 16 VMs to a step: ``lock_vms``,
+``claim_moves``, ``move_redefine_vms``...) is labelled with its VMs' names,
+comma-separated: it is read as the single step it stands for, once for each
+of them (:data:`BATCHED`), so each VM gets its own lines.
+
 Pure presentation: it is given each new state of the automation (what
 ``engine.core.api.task_view`` makes: ``log`` entries of ``index, request,
 target, status, executor, label, time, error?, progress?``) and writes to a
@@ -84,6 +89,11 @@ IN_A_MOVE = {
 ON_ITS_HOST = ("build", "start", "stop", "reboot", "suspend", "resume", "destroy",
                "ha_start", "set_ha", "move_describe", "move_migrate", "aside_delete", "ping",
                "backup_take", "restore_disks")
+# A batched step, labelled ``NAME,NAME,...``: the single step it is for each VM.
+BATCHED = {"lock_vms": "lock_vm", "unlock_vms": "unlock_vm",
+           "move_describe_vms": "move_describe", "claim_moves": "claim_move",
+           "move_redefine_vms": "move_prepare", "destroy_vms": "destroy",
+           "confirm_moves": "confirm_move"}
 # How a failed step is named in its line.
 FAILED_NAMES = {"ha_start": "restart", "aside_delete": "delete", "backup_take": "backup",
                 "backup_verify": "verify", "restore_disks": "restore",
@@ -208,17 +218,28 @@ def _stories(task: dict) -> dict[str, _Story]:
     return stories
 
 
+def _each_vm(entry: dict) -> list[dict]:
+    """``entry``, or for a batched step the single step it is for each VM
+    its label names."""
+    single = BATCHED.get(entry.get("request"))
+    if single is None:
+        return [entry]
+    return [{**entry, "request": single, "label": name}
+            for name in _label(entry).split(",") if name]
+
+
 def _walk(task: dict):
     """Each log entry in order with its VM's story as it stands at that step:
     ``(entry, story)``; the story has taken the step in when the next one
     comes."""
     stories = _stories(task)
-    for entry in sorted(task.get("log") or [], key=lambda e: e.get("index") or 0):
-        label = _label(entry)
-        story = stories.setdefault(label, _Story(label))
-        story.before(entry)
-        yield entry, story
-        story.after(entry)
+    for batched in sorted(task.get("log") or [], key=lambda e: e.get("index") or 0):
+        for entry in _each_vm(batched):
+            label = _label(entry)
+            story = stories.setdefault(label, _Story(label))
+            story.before(entry)
+            yield entry, story
+            story.after(entry)
 
 
 def _latest_by_label(task: dict) -> list[tuple[str, dict, _Story]]:
@@ -265,8 +286,8 @@ class ProgressView:
         self.stamp = stamp or (lambda: time.strftime("%H:%M:%S"))
         self.started = time.monotonic()
         self.drawn = 0
-        self.said: dict[int, str] = {}       # index -> "running" or "finished", printed
-        self.shown: dict[int, tuple] = {}    # index -> (phase, percent) last printed
+        self.said: dict[tuple, str] = {}     # (index, VM) -> "running" or "finished", printed
+        self.shown: dict[tuple, tuple] = {}  # (index, VM) -> (phase, percent) last printed
         self.ended = False
 
     def update(self, task: dict) -> None:
@@ -292,7 +313,7 @@ class ProgressView:
 
     def _news(self, entry: dict, story: _Story) -> list[str]:
         """The lines this step has not printed yet."""
-        index, status = entry.get("index"), entry.get("status") or "queued"
+        index, status = (entry.get("index"), story.name), entry.get("status") or "queued"
         running, done, failed_name = story.phrases(entry)
         head = f"{story.name}{story.where()}"
         lines = []
@@ -313,7 +334,7 @@ class ProgressView:
                 lines.append(f"{head}: {failed_name} {FAILED[status]}{why}")
         return lines
 
-    def _moved(self, index: int, phase, percent) -> bool:
+    def _moved(self, index: tuple, phase, percent) -> bool:
         """Whether a step's progress changed enough for another plain line."""
         if phase is None and percent is None:
             return False
