@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import uuid as uuidlib
@@ -182,11 +183,15 @@ def test_a_running_guest_moves_live_with_its_disk_and_never_reboots(hosts, guest
     assert holds_pattern(target, 0x5a, 1 * MiB, 8 * MiB)
     assert not holds_pattern(target, 0x5a, 9 * MiB, 1 * MiB)
 
-    # Run again (a retried request): the move is found done, nothing restarted.
+    # Run again (a retried request, after a run whose peer was killed during
+    # the copy left its socket directory): the move is found done, nothing
+    # restarted, the earlier run's sockets are swept.
     qemu_id = there.ID()
+    left = tempfile.mkdtemp(prefix=f"peerctl-mig-{uuid}-", dir=migration.SOCKET_ROOT)
     again = migration.migrate(source, args)
     assert again["already"] is True and again["mode"] == "live"
     assert lookup(dest, uuid).ID() == qemu_id and vm_state(there) == "running"
+    assert not os.path.exists(left)
 
     # The same system runs on: it answers the power button on the
     # destination's console, which never shows a boot.
@@ -314,15 +319,17 @@ def test_aborts_leave_the_guest_running_on_the_source(hosts, guest, store):
     lookup(dest, uuid).destroy()
 
 
-def test_the_maximum_downtime_holds_from_the_start_of_the_job(hosts, guest):
-    """``max_downtime_ms`` is QEMU's limit as soon as the job runs (set
-    before it starts), and the result's downtime is libvirt's own figure,
-    as the destination's completed job statistics keep it."""
+def test_the_downtime_plan_starts_low_from_the_start_of_the_job_and_stays_under_the_ceiling(
+        hosts, guest):
+    """QEMU's limit is the plan's first value as soon as the job runs (set
+    before it starts), it only rises while the job runs and never above
+    ``max_downtime_ms``; the result's downtime is libvirt's own figure, as
+    the destination's completed job statistics keep it."""
     source, dest = hosts
     uuid, dom = boot_on_source(hosts, guest)
     target = blank_volume(dest, uuid).path()
     args = move_args(dom, dest, uuid, target, max_downtime_ms=123, bandwidth_mib=32)
-    outcome = {}
+    outcome, limits = {}, []
 
     def move():
         outcome["result"] = migration.migrate(source, args)
@@ -333,16 +340,38 @@ def test_the_maximum_downtime_holds_from_the_start_of_the_job(hosts, guest):
         wait_for(lambda: "result" in outcome or migration._job_running(dom), timeout=30,
                  what="the migration job")
         assert "result" not in outcome, "the move ended before its job could be seen"
-        assert dom.migrateGetMaxDowntime(0) == 123
+        while runner.is_alive():
+            try:
+                limit = dom.migrateGetMaxDowntime(0)
+            except libvirt.libvirtError:
+                limit = None
+            if limit is None:
+                break           # the domain left with the job's end
+            limits.append(limit)
+            runner.join(0.05)   # sample every 50 ms until the move returns
     finally:
         runner.join(120)
     assert not runner.is_alive()
+    assert limits[0] == migration.FIRST_DOWNTIME_MS, limits
+    assert limits == sorted(limits) and limits[-1] <= 123, limits
     result = outcome["result"]
     there = lookup(dest, uuid)
     completed = there.jobStats(libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED
                                | libvirt.VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED)
     assert result["downtime_ms"] == completed["downtime"] > 0, (result, completed)
     there.destroy()
+
+
+def test_the_downtime_plan_doubles_per_pass_that_did_not_converge_up_to_the_ceiling():
+    first = migration.FIRST_DOWNTIME_MS
+    idle = range(migration.PASSES_AT_FIRST + 1)
+    assert [migration.downtime_limit(100, passes) for passes in idle] == [first] * len(idle)
+    after = migration.PASSES_AT_FIRST
+    assert [migration.downtime_limit(10_000, after + n) for n in (1, 2, 3)] == \
+        [2 * first, 4 * first, 8 * first]
+    assert migration.downtime_limit(100, after + 10) == 100
+    assert migration.downtime_limit(10, 0) == 10        # a ceiling below the plan wins
+    assert migration.downtime_limit(300, 10_000) == 300
 
 
 def test_bad_requests_are_one_line_errors(hosts):

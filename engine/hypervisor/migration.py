@@ -21,10 +21,16 @@ Promises:
   whose caller died) is waited for, not doubled.  A copy already running on
   the destination while this host still has the VM is refused: a second
   copy is never started;
-- ``max_downtime_ms``, when given for a live move, is QEMU's limit on the
-  pause it plans for the switch-over (its ``downtime-limit``; QEMU's own
-  default is 300 ms): set on the source before the job starts, so that it
-  holds from the first iteration on;
+- ``max_downtime_ms`` (for a live move; QEMU's own 300 ms when not given)
+  is the ceiling of the pause QEMU may plan for the switch-over (its
+  ``downtime-limit``), never a floor: the plan starts at
+  :data:`FIRST_DOWNTIME_MS` (or the ceiling, if lower), set on the source
+  before the job starts, and doubles with each memory pass after
+  :data:`PASSES_AT_FIRST` that did not let QEMU switch over, up to the
+  ceiling (as Proxmox raises its own).  QEMU switches over once what is left
+  fits the limit at the rate it measured; with the ceiling from the start,
+  an idle guest's pause carried the tail of the first pass (4 to 11 MB of a
+  256 MiB guest), and that copy stretches on a loaded machine;
 - the result's ``downtime_ms`` is libvirt's own figure, read from the
   completed job statistics the destination keeps: from the moment the
   source's CPUs stopped to the moment the destination's resumed;
@@ -52,11 +58,14 @@ Same-machine daemons (tests, a one-box cluster) cannot reach each other's
 QEMU over TCP by host name: when the destination URI names no remote host
 (``qemu:///...`` or ``qemu+unix://``), memory and disks travel over UNIX
 sockets in a fresh directory under :data:`SOCKET_ROOT` that both QEMUs can
-reach (owned by QEMU's user, read from each daemon's DAC base label).
+reach (owned by QEMU's user, read from each daemon's DAC base label),
+named after the VM's uuid: removed when the copy ends, and those an earlier
+run left (its peer killed during the copy) once the move is decided.
 Otherwise libvirt picks its usual TCP ports on the destination.
 """
 from __future__ import annotations
 
+import glob
 import math
 import os
 import shutil
@@ -77,7 +86,8 @@ from engine.hypervisor.domain_xml import read_metadata
 from engine.hypervisor.records import vm_state
 from engine.hypervisor.vm import _find, _label, _uuid, _vm_lock
 
-__all__ = ["migrate", "DEFAULT_TIMEOUT_PER_GIB", "PEER_GONE_AFTER", "SOCKET_ROOT"]
+__all__ = ["migrate", "downtime_limit", "DEFAULT_TIMEOUT_PER_GIB", "PEER_GONE_AFTER",
+           "SOCKET_ROOT", "FIRST_DOWNTIME_MS", "PASSES_AT_FIRST", "QEMU_DOWNTIME_MS"]
 
 log = structlog.get_logger("peerctl.migration")
 
@@ -87,6 +97,20 @@ POLL = 0.5
 SOCKET_ROOT = os.environ.get("PEERCTL_MIGRATION_SOCKET_DIR", tempfile.gettempdir())
 GiB = 1 << 30
 MiB = 1 << 20
+# The switch-over's pause is planned low first and raised only for a guest
+# whose passes do not converge (see downtime_limit).
+FIRST_DOWNTIME_MS = 20
+PASSES_AT_FIRST = 3         # QEMU's dirty-bitmap syncs: setup, after the first pass, one more
+QEMU_DOWNTIME_MS = 300      # QEMU's default downtime-limit: the ceiling when none is given
+
+
+def downtime_limit(ceiling_ms: int, passes: int) -> int:
+    """The maximum downtime to plan once QEMU has made ``passes`` syncs of
+    its dirty bitmap (libvirt's ``memory_iteration``): :data:`FIRST_DOWNTIME_MS`
+    while an idle guest would have switched over, then doubled with each
+    further pass, never above ``ceiling_ms``."""
+    extra = max(0, passes - PASSES_AT_FIRST)
+    return min(ceiling_ms, FIRST_DOWNTIME_MS << min(extra, 16))
 
 
 # -- arguments ---------------------------------------------------------------
@@ -143,6 +167,7 @@ class _Move:
         self.timeout_per_gib = _optional_positive(args, "timeout_per_gib", float) \
             or DEFAULT_TIMEOUT_PER_GIB
         self.max_downtime_ms = _optional_positive(args, "max_downtime_ms")
+        self.downtime_ceiling_ms = self.max_downtime_ms or QEMU_DOWNTIME_MS
         self.bandwidth_mib = _optional_positive(args, "bandwidth_mib")
         self.mode = "live" if self.live else "cold"
 
@@ -215,6 +240,7 @@ def _move(host, dest, move: _Move) -> dict:
             # earlier run started just ended): look again.
             continue
         if result is not None:
+            _sweep_sockets(move)
             return result
     raise RequestError(f"{move.label}: a migration job keeps running on {host.host}")
 
@@ -289,11 +315,11 @@ def _copy(host, dest, dom, move: _Move) -> dict:
             dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
     try:
         timeout, disk_to_copy = _timeout(dom, move)
-        if move.live and move.max_downtime_ms:
+        if move.live:
             # Before the job, not once it runs: QEMU decides when to switch
             # over from its first iteration on, and a small guest's first
             # may be its last.
-            dom.migrateSetMaxDowntime(move.max_downtime_ms, 0)
+            dom.migrateSetMaxDowntime(downtime_limit(move.downtime_ceiling_ms, 0), 0)
         sockets = _socket_dir(host, dest, move) if _same_machine(move.destination_uri) \
             else None
     except BaseException:
@@ -359,6 +385,8 @@ def _watch(host, dom, move: _Move, thread, timeout: float) -> tuple[str | None, 
     checked on time all the same."""
     why, postcopy_started = None, False
     gone_since, began = None, time.monotonic()
+    planned = downtime_limit(move.downtime_ceiling_ms, 0) if thread is not None and move.live \
+        else None       # an earlier run's job keeps the plan that run made
     deadline = began + timeout
     poller = _Stats(dom, move)
     try:
@@ -375,6 +403,8 @@ def _watch(host, dom, move: _Move, thread, timeout: float) -> tuple[str | None, 
             if stats is not None:
                 steps.progress(_progress(stats, bool(move.disks),
                                          move.live and _paused_for_migration(dom)))
+                if planned is not None and not postcopy_started:
+                    planned = _replan(dom, move, stats, planned)
             if why is not None or postcopy_started:
                 continue
             if steps.abort_requested():
@@ -399,6 +429,17 @@ def _watch(host, dom, move: _Move, thread, timeout: float) -> tuple[str | None, 
                 _try(dom.abortJob)
     finally:
         poller.stop.set()
+
+
+def _replan(dom, move: _Move, stats: dict, planned: int) -> int:
+    """Raise the planned downtime when QEMU's passes have not converged
+    (:func:`downtime_limit`); the limit in force."""
+    limit = downtime_limit(move.downtime_ceiling_ms, stats.get("memory_iteration", 0))
+    if limit <= planned or not _try(dom.migrateSetMaxDowntime, limit, 0):
+        return planned
+    log.info("migration_downtime_raised", uuid=move.uuid, ms=limit,
+             passes=stats.get("memory_iteration"))
+    return limit
 
 
 class _Stats:
@@ -628,13 +669,25 @@ def _qemu_user(conn) -> tuple[int, int] | None:
     return None
 
 
+def _socket_prefix(move: _Move) -> str:
+    return f"peerctl-mig-{move.uuid}-"
+
+
+def _sweep_sockets(move: _Move) -> None:
+    """Remove the socket directories an earlier run of this move left (its
+    peer was killed during the copy): once the move is decided, no job of
+    this VM uses them (the VM's lock keeps a second run out meanwhile)."""
+    for path in glob.glob(os.path.join(SOCKET_ROOT, glob.escape(_socket_prefix(move)) + "*")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _socket_dir(host, dest, move: _Move) -> str:
     """A fresh directory for the migration's two sockets: the destination's
     QEMU creates them, the source's connects.  Owned by QEMU's user when
     both daemons run QEMU as the same one (and this process may chown);
     else world-writable with the sticky bit, so no one else can replace a
     socket once made."""
-    path = tempfile.mkdtemp(prefix=f"peerctl-mig-{move.uuid[:8]}-", dir=SOCKET_ROOT)
+    path = tempfile.mkdtemp(prefix=_socket_prefix(move), dir=SOCKET_ROOT)
     users = {_qemu_user(host.conn), _qemu_user(dest)}
     owner = users.pop() if len(users) == 1 else None
     try:
