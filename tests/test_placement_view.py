@@ -284,3 +284,36 @@ def test_shape_lookup_is_the_first_declared_glob_that_matches():
     assert values.shape_of("zz-test/1") is None
     values._SHAPES.pop()
     values._matcher = None
+
+
+def test_a_ranking_kept_over_changed_documents_finds_what_a_fresh_one_finds():
+    """The memo of a query keeps its ranking of the hosts: round after round
+    a few hosts change (usage up or down, a trait the query forbids, full),
+    and the ranking, patched where they changed, gives the weights and the
+    best hosts a query without memo computes."""
+    import random
+    import uuid as uuidlib
+
+    from engine.placement.candidates import find_candidates, layout_of, order
+    from engine.placement.model import normalize_inventories
+    from engine.placement.query import parse_query
+    rng = random.Random(7)
+    inventories = normalize_inventories({"VCPU": 16})
+    docs = {}
+    for i in range(30):
+        uuid = str(uuidlib.uuid4())
+        docs[uuid] = {"uuid": uuid, "name": f"h{i:02d}", "root": uuid, "parent": None,
+                      "traits": [], "aggregates": [], "inventories": inventories,
+                      "usages": {"VCPU": rng.randint(0, 15)}}
+    layout, memo = layout_of(docs), {}
+    query = parse_query("VCPU:2", "!CUSTOM_SLOW")
+    for _ in range(60):
+        docs = dict(docs)
+        for uuid in rng.sample(sorted(docs), 3):
+            docs[uuid] = dict(docs[uuid], usages={"VCPU": rng.randint(0, 16)},
+                              traits=["CUSTOM_SLOW"] if rng.random() < 0.2 else [])
+        kept = {c["host"]: c["weight"] for c in find_candidates(docs, query, None, layout, memo)}
+        fresh = {c["host"]: c["weight"] for c in find_candidates(docs, query)}
+        assert kept == fresh
+        best = order(find_candidates(docs, query, 5, layout, memo), limit=5)
+        assert [c["weight"] for c in best] == sorted(fresh.values(), reverse=True)[:5]

@@ -179,22 +179,57 @@ _RANKED = object()      # the memo's key of the ranking made of one version of t
 
 def _rank_lone(providers, query, single, layout, memo) -> list:
     """The trees of one provider that fit ``single`` (the query's one
-    group), grouped by weight, heaviest first: ``[(weight, [uuid])]``.  A
-    provider whose document is the very object ``memo`` weighed last time
-    is not weighed again."""
-    tree_of, by_weight = layout.tree_of, {}
-    for root in layout.lone:
-        root_doc = providers[root]
-        known = memo.get(root)
-        if known is not None and known[0] is root_doc:
-            weight = known[1]
-        else:
-            weight = None if _root_refused(query, root_doc) else \
-                _lone_weight(root_doc, single, tree_of)
-            memo[root] = (root_doc, weight)
-        if weight is not None:
-            by_weight.setdefault(weight, []).append(root)
-    return sorted(by_weight.items(), reverse=True)
+    group), grouped by weight, heaviest first: ``[(weight, roots)]``, each
+    ``roots`` a dict used as an ordered set.  With what ``memo`` kept of the
+    last call, only the providers whose document is not the very object
+    weighed then are weighed again, and only the groups they leave or join
+    are copied: a claim changes one document, and the next query of a
+    hundred hosts weighs one, not a hundred.  What is kept is never changed
+    in place (threads share the memo): each call keeps new dicts."""
+    tree_of, lone = layout.tree_of, layout.lone
+    kept = memo.get(_LONE)
+    if kept is None:
+        weight_of, groups = {}, {}
+        for root in lone:
+            weight = _lone_root_weight(providers[root], query, single, tree_of)
+            weight_of[root] = weight
+            if weight is not None:
+                groups.setdefault(weight, {})[root] = None
+    else:
+        last, weight_of, groups = kept
+        changed = [root for root in lone if providers[root] is not last[root]]
+        if changed:
+            weight_of, leaving, joining = dict(weight_of), {}, {}
+            for root in changed:
+                old = weight_of[root]
+                new = weight_of[root] = _lone_root_weight(providers[root], query, single,
+                                                          tree_of)
+                if old != new:
+                    if old is not None:
+                        leaving.setdefault(old, []).append(root)
+                    if new is not None:
+                        joining.setdefault(new, []).append(root)
+            groups = dict(groups)
+            for weight in leaving.keys() | joining.keys():
+                group = dict(groups.get(weight, ()))
+                for root in leaving.get(weight, ()):
+                    del group[root]
+                group.update(dict.fromkeys(joining.get(weight, ())))
+                if group:
+                    groups[weight] = group
+                else:
+                    groups.pop(weight, None)
+    memo[_LONE] = (providers, weight_of, groups)
+    return sorted(groups.items(), reverse=True)
+
+
+_LONE = object()        # the memo's key of the last call's weights and groups
+
+
+def _lone_root_weight(root_doc, query, single, tree_of) -> float | None:
+    if _root_refused(query, root_doc):
+        return None
+    return _lone_weight(root_doc, single, tree_of)
 
 
 def _best(ranked: list, limit: int | None):
@@ -203,7 +238,7 @@ def _best(ranked: list, limit: int | None):
     taken = 0
     for weight, roots in ranked:
         if limit and taken + len(roots) > limit:
-            roots = random.sample(roots, limit - taken)
+            roots = random.sample(list(roots), limit - taken)
         for root in roots:
             yield weight, root
         taken += len(roots)

@@ -328,13 +328,18 @@ class EtcdPlacement(Placement):
         no candidate here (it is then claimed alone, on a fresh read).
         Raises what :meth:`_write` raises: nothing is then claimed."""
         providers, layout = self._view.derived(layout_of, of_structure=True)
-        working: dict[str, dict] = {}       # uuid -> copy with this batch's usages
         placed, want, results = {}, {}, []
+        view, memos, checked = providers, {}, set()
         for claim in claims:
-            query = parse_query(claim.query, claim.required)
-            self._check_classes_exist(query.resource_classes)
-            view = {**providers, **working} if working else providers
-            ordered = order(find_candidates(view, query, None, layout))
+            query = _parsed(claim.query, claim.required, None)
+            if (claim.query, claim.required) not in checked:
+                self._check_classes_exist(query.resource_classes)
+                checked.add((claim.query, claim.required))
+            # Per query, the weights of the hosts no claim of this batch
+            # changed are kept: each claim weighs again only where the one
+            # before it went.
+            memo = memos.setdefault((claim.query, claim.required), {})
+            ordered = order(find_candidates(view, query, None, layout, memo))
             if claim.prefer:
                 ordered.sort(key=lambda c: c["host"] != claim.prefer)
             best = next((c for c in ordered if claim.allowed(c["host"])), None)
@@ -342,12 +347,12 @@ class EtcdPlacement(Placement):
                 results.append(None)
                 continue
             allocations = normalize_allocations(best["allocations"])
+            view = dict(view)       # a new object: the memo's ranking is made again
             for rp, resources in allocations.items():
-                doc = working.get(rp)
-                if doc is None:
-                    doc = working[rp] = dict(view[rp], usages=dict(view[rp]["usages"]))
+                usages = dict(view[rp]["usages"])
                 for rc, n in resources.items():
-                    doc["usages"][rc] = doc["usages"].get(rc, 0) + n
+                    usages[rc] = usages.get(rc, 0) + n
+                view[rp] = dict(view[rp], usages=usages)
             want[claim.consumer] = consumer_doc(claim.consumer, allocations, **claim.owner)
             placed[claim.consumer] = best["host"]
             results.append(claim.consumer)

@@ -12,7 +12,8 @@ provider documents (each placement sees the usages of the ones before it),
 and writes them in one transaction
 (:meth:`~engine.placement.etcd.EtcdPlacement.claim_new_together`); the
 threads that arrived meanwhile wait for their result, and the next batch is
-taken by one of them.
+taken by one of them.  A ``claim_vms`` step hands all its claims over at
+once from its one thread (:func:`claim_many`): no thread per claim.
 
 Promises:
 - the same guarantees as a single claim: the transaction compares the mod
@@ -32,7 +33,7 @@ from typing import Callable
 
 import structlog
 
-__all__ = ["NewClaim", "claim_new", "release", "LIMIT"]
+__all__ = ["NewClaim", "claim_new", "claim_many", "release", "LIMIT"]
 
 log = structlog.get_logger("placement")
 
@@ -66,16 +67,18 @@ class _Together:
         self._waiting: list[_Slot] = []
         self._leading = False
 
-    def submit(self, item):
-        """``item``'s result, once a batch holding it was written."""
-        item = _Slot(item)
+    def submit(self, items: list) -> list:
+        """Each of ``items``' results, once batches holding them were written:
+        the calling thread leads as long as any of its items waits (a
+        ``claim_vms`` step hands its whole list over from one thread)."""
+        slots = [_Slot(item) for item in items]
         with self._lock:
-            self._waiting.append(item)
+            self._waiting.extend(slots)
             while True:
-                while self._leading and not item.done:
+                while self._leading and not all(slot.done for slot in slots):
                     self._lock.wait()
-                if item.done:
-                    return item.result
+                if all(slot.done for slot in slots):
+                    return [slot.result for slot in slots]
                 # Lead: take what waits, first come first placed.
                 self._leading = True
                 batch, self._waiting = self._waiting[:LIMIT], self._waiting[LIMIT:]
@@ -126,10 +129,18 @@ def _queue(store, write) -> _Together:
 def claim_new(store, item: NewClaim) -> dict | None:
     """Claim ``item`` together with what other threads claim now; None when
     it must be claimed alone."""
-    return _queue(store, _claims).submit(item)
+    return _queue(store, _claims).submit([item])[0]
+
+
+def claim_many(store, items: list[NewClaim]) -> list[dict | None]:
+    """:func:`claim_new` for each of ``items``, handed over at once from
+    the calling thread (no thread per claim): they go, with what other
+    threads claim now, in batches of :data:`LIMIT`, first come first
+    placed.  Each result as :func:`claim_new`'s."""
+    return _queue(store, _claims).submit(items) if items else []
 
 
 def release(store, consumer: str) -> bool:
     """Release ``consumer``'s allocations together with what other threads
     release now (one transaction); False when it must be released alone."""
-    return bool(_queue(store, _releases).submit(consumer))
+    return bool(_queue(store, _releases).submit([consumer])[0])
