@@ -16,6 +16,9 @@ sequential step on another peer within 1.25x its floor, three sequential raw
 transactions through the same client, measured before each of its runs
 (interleaved, so that load hits both alike; the medians count, issue 34);
 failover within TTL + 0.5 s.  The load average is printed with them.
+Beside the step's time, the CPU it costs (etcd, the initiator, the target)
+against its floor's (etcd and this client): on a busy machine, time follows
+CPU, and CPU is the steadier figure to compare two versions by.
 
 ``--smoke``: 60 sequential steps, 160 parallel, 3 runs, 1 failover: every
 path, in seconds.  The work directory (under /var/tmp), etcd and the peers
@@ -39,6 +42,7 @@ sys.path[:] = [ROOT] + [p for p in sys.path
                         if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 from bench.options import BadInput, positive  # noqa: E402
+from bench.processes import cpu_seconds  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Put, Store, absent  # noqa: E402
@@ -158,6 +162,7 @@ def measure(options, workdir) -> list[str]:
         wait(lambda: len(api.live_hosts(store)) == 3)
         n, lane_steps = options.steps, max(1, options.parallel_steps // LANES)
         rows, floors, remote = [], [], []
+        cpu = {"step": [], "floor": []}     # ms per step: [etcd, initiator, target] / [etcd, client]
         for label, kind, args in [
                 ("sequential, step on the initiator", "noop_sequence", {"steps": n}),
                 ("sequential, step on another peer", "noop_sequence", {"steps": n, "target": "p2"}),
@@ -170,8 +175,16 @@ def measure(options, workdir) -> list[str]:
             for _ in range(options.runs):
                 if label == "sequential, step on another peer":
                     # The floor right before each run: load hits both alike.
+                    pids = [etcd.process.pid, peers["p1"].pid, peers["p2"].pid]
+                    before = [cpu_seconds([pid]) for pid in pids[:1]] + [time.process_time()]
                     floors.append(3 * 1000 / raw_txn_rate(store, n))
+                    after = [cpu_seconds([pid]) for pid in pids[:1]] + [time.process_time()]
+                    cpu["floor"].append([3000 * (b - a) / n for a, b in zip(before, after)])
+                    before = [cpu_seconds([pid]) for pid in pids]
                 runs.append(run_automation(store, kind, args, 1, ["p1"]))
+                if label == "sequential, step on another peer":
+                    cpu["step"].append([1000 * (cpu_seconds([pid]) - was) / n
+                                        for pid, was in zip(pids, before)])
             rows.append((label, statistics.median(steps / seconds for seconds, _ in runs)))
             if label == "sequential, step on another peer":
                 remote = [1000 * seconds / steps for seconds, _ in runs]
@@ -186,6 +199,8 @@ def measure(options, workdir) -> list[str]:
         etcd.stop()
 
     step, floor = statistics.median(remote), statistics.median(floors)
+    step_cpu, floor_cpu = ([statistics.median(run[i] for run in cpu[which])
+                            for i in range(len(cpu[which][0]))] for which in ("step", "floor"))
     target = options.ttl + 0.5
     lines = [f"peerctl engine benchmark ({n} sequential steps, {LANES * lane_steps} parallel, "
              f"median of {options.runs} runs; lease TTL {options.ttl}s)", "",
@@ -204,6 +219,10 @@ def measure(options, workdir) -> list[str]:
               f"(target <= x{FLOOR_TARGET}): " + verdict_of(step <= FLOOR_TARGET * floor),
               "a step on another peer, median ms per hop (the median run): "
               + ", ".join(f"{hop} {ms:.2f}" for hop, ms in timeline.items()),
+              f"CPU of a step on another peer: {sum(step_cpu):.2f} ms (etcd {step_cpu[0]:.2f}, "
+              f"initiator {step_cpu[1]:.2f}, target {step_cpu[2]:.2f}) vs its floor's "
+              f"{sum(floor_cpu):.2f} ms (etcd {floor_cpu[0]:.2f}, client {floor_cpu[1]:.2f}) "
+              f"= x{sum(step_cpu) / sum(floor_cpu):.2f} (medians)",
               "",
               f"failover, SIGKILL of the initiator -> next append by another peer "
               f"(TTL {options.ttl}s): median {statistics.median(failovers):.2f}s, "

@@ -4,10 +4,10 @@
 transactions from one thread and from eight, three real peers on the test
 driver running no-op automations sequential and parallel, on the initiator
 and on another peer, the floor of a step measured before each of its runs,
-the step's timeline, a SIGKILLed initiator and its successor) and must end
-well, printing each figure with its verdict, and leave nothing behind: no
-work directory, no peer, no etcd.  Whether a target is met is the
-benchmark's answer, never this test's.
+the step's timeline and its CPU against its floor's, a SIGKILLed initiator
+and its successor) and must end well, printing each figure with its
+verdict, and leave nothing behind: no work directory, no peer, no etcd.
+Whether a target is met is the benchmark's answer, never this test's.
 """
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ FIGURES = {
              + VERDICT,
     "timeline": r"^a step on another peer, median ms per hop \(the median run\): "
                 r"to handler [0-9.]+, handler [0-9.]+, to next entry [0-9.]+$",
+    "cpu": r"^CPU of a step on another peer: [0-9.]+ ms \(etcd [0-9.]+, initiator [0-9.]+, "
+           r"target [0-9.]+\) vs its floor's [0-9.]+ ms \(etcd [0-9.]+, client [0-9.]+\) "
+           r"= x[0-9.]+ \(medians\)$",
     "failover": r"^failover, SIGKILL of the initiator -> next append by another peer "
                 r"\(TTL 2s\): median [0-9.]+s, max [0-9.]+s, runs [0-9.]+ "
                 r"\(target: every run within TTL \+ 0\.5 = 2\.5s\): " + VERDICT,
