@@ -147,16 +147,28 @@ def read_vms(store) -> list[dict]:
             into[keys.suffix(kv.key, keys.lock("vm/"))] = lock.get("host")
     left = _rebuilt_elsewhere(records, recovering) if recovering else set()
     vms = []
+    append = vms.append
     now = time.time()
     for kv in records:
-        vm = readable(kv, VM)       # vms/ holds VM records only: no lookup of the shape
-        if vm is None:
+        # A VM record's shape (:data:`VM`: host, name, uuid and state, text)
+        # checked where those fields are read anyway; anything else takes
+        # readable(), which says what is wrong.
+        vm = kv.value
+        if type(vm) is dict:
+            get = vm.get
+            host, name, uuid, state = get("host"), get("name"), get("uuid"), get("state")
+        if not (type(vm) is dict and type(host) is str and type(name) is str
+                and type(uuid) is str and type(state) is str):
+            vm = readable(kv, VM)
+            if vm is None:
+                continue
+            get = vm.get
+            host, name, uuid, state = vm["host"], vm["name"], vm["uuid"], vm["state"]
+        if left and (host, uuid) in left:
             continue
-        host, uuid, get = vm["host"], vm["uuid"], vm.get
-        if (host, uuid) in left:
-            continue
-        state = vm["state"] if host in alive else "unknown"
-        if uuid in moving:
+        if host not in alive:
+            state = "unknown"
+        if moving and uuid in moving:
             if moving[uuid] not in (None, host):
                 continue
             state = "migrating"
@@ -167,14 +179,14 @@ def read_vms(store) -> list[dict]:
         addresses, ha, recovered = get("addresses"), get("ha"), get("recovered")
         if addresses:
             addresses = _addresses(addresses)
-        vms.append({"host": host, "name": vm["name"], "uuid": uuid, "state": state,
-                    "vcpus": vcpus, "memory_mb": memory_mb, "disk_gb": disk_gb,
-                    "ip": first_ip(addresses) if addresses else None,
-                    "addresses": addresses or [],
-                    "ha": ha if ha in HA_POLICIES else "none",
-                    "recovered": _recovered(recovered) if recovered else None,
-                    "crashed": get("crashed") is True and state in DOWN,
-                    "restarts": restarts_within(vm, now) if get("restarts") else 0})
+        append({"host": host, "name": name, "uuid": uuid, "state": state,
+                "vcpus": vcpus, "memory_mb": memory_mb, "disk_gb": disk_gb,
+                "ip": first_ip(addresses) if addresses else None,
+                "addresses": addresses or [],
+                "ha": ha if ha in HA_POLICIES else "none",
+                "recovered": _recovered(recovered) if recovered else None,
+                "crashed": state in DOWN and get("crashed") is True,
+                "restarts": restarts_within(vm, now) if get("restarts") else 0})
     return vms
 
 

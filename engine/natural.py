@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from itertools import repeat
 from typing import Any, Iterable
 
 from engine.errors import FieldError
@@ -11,6 +12,7 @@ from engine.errors import FieldError
 __all__ = ["natural_key", "sort_rows", "fields_of"]
 
 _DIGITS = re.compile(r"(\d+)")
+_SEPARATOR = "\n"     # between a column's texts, padded all at once (no digit)
 
 
 def natural_key(value: Any) -> tuple:
@@ -72,7 +74,7 @@ def sort_rows(rows: list[dict], spec: str | None, known: Iterable[str]) -> list[
             # zero-padded, compares in C; ten times cheaper than tuples.
             padded = list(map("\0".join, zip(*map(_padded, values))))
             order = sorted(range(len(rows)), key=padded.__getitem__, reverse=descending)
-            rows = [rows[i] for i in order]
+            rows = list(map(rows.__getitem__, order))
         elif len(fields) == 1:
             field = fields[0]
             rows.sort(key=lambda r: natural_key(r.get(field)), reverse=descending)
@@ -82,15 +84,29 @@ def sort_rows(rows: list[dict], spec: str | None, known: Iterable[str]) -> list[
     return rows
 
 
-def _zero_fill(match) -> str:
-    return "\x01" + match.group().zfill(20)
-
-
 def _padded(column: list[str]) -> list[str]:
-    """Each text with every run of digits zero-padded to 20 places after a
-    \\x01: the same order as :func:`natural_key` among strings (for numbers
-    below 10**20), where a number sorts before any text at its place
-    (``web1`` before ``web-1``).  Each distinct text once (a column of
-    hosts repeats)."""
-    done = {text: _DIGITS.sub(_zero_fill, text) for text in set(column)}
+    """Each text with every run of digits zero-padded to the column's
+    longest run, after a \\x01: the same order as :func:`natural_key` among
+    strings, where a number sorts before any text at its place (``web1``
+    before ``web-1``).  Each distinct text once (a column of hosts repeats),
+    all of them in one split and one join: C loops, no Python call per
+    text or per number."""
+    distinct = list(set(column))
+    joined = _SEPARATOR.join(distinct)
+    if joined.count(_SEPARATOR) != len(distinct) - 1:     # a text holds the separator
+        parts = list(map(_DIGITS.split, distinct))
+        width = max((len(part) for split in parts for part in split[1::2]), default=0)
+        done = {text: "".join(_pad(split, width)) for text, split in zip(distinct, parts)}
+    else:
+        parts = _DIGITS.split(joined)
+        width = max(map(len, parts[1::2]), default=0)
+        done = dict(zip(distinct, "".join(_pad(parts, width)).split(_SEPARATOR)))
     return list(map(done.__getitem__, column))
+
+
+
+def _pad(parts: list[str], width: int) -> list[str]:
+    """A text split on its digit runs (numbers at odd places), each number
+    zero-filled to ``width`` behind a \\x01."""
+    parts[1::2] = map("\x01".__add__, map(str.zfill, parts[1::2], repeat(width)))
+    return parts

@@ -4,11 +4,12 @@ totals line or as JSON, and a pattern that matched nothing exiting 1 after
 the rows the others matched are printed."""
 from __future__ import annotations
 
+from engine.natural import fields_of
 from engine.operations.select import NoMatch
 
 from . import table
 
-__all__ = ["check_fields", "show_listing", "listing"]
+__all__ = ["check_fields", "shown_fields", "show_listing", "listing"]
 
 
 def check_fields(args, columns, default) -> list:
@@ -17,6 +18,17 @@ def check_fields(args, columns, default) -> list:
     chosen = table.select(columns, args.output, default)
     table.sort_rows([], args.sort, [c.field for c in columns])
     return chosen
+
+
+def shown_fields(ctx, columns, default, json_fields) -> set[str]:
+    """The fields a listing will show (its columns, or its JSON fields)
+    and sort by: what its rows must carry.  A field read beside the rows
+    (a join) need not be read when it is not among them."""
+    args = ctx.args
+    shown = [c.field for c in check_fields(args, columns, default)]
+    if ctx.json and not args.output:
+        shown = json_fields
+    return {*shown, *(field.lstrip("-") for field in fields_of(args.sort or ""))}
 
 
 def show_listing(ctx, rows: list[dict], columns, default, json_fields,

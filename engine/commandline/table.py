@@ -43,7 +43,7 @@ class Column:
         the column's width if ``align``.  A long listing repeats a few values
         in most columns (a host, a state, a size): each distinct one is shown
         and padded once, and the cells are looked up, not formatted again."""
-        values = [row.get(self.field) for row in rows]
+        values = list(map(dict.get, rows, repeat(self.field)))      # a C loop
         texts = [self.header] if header else []
         kinds = set(map(type, values))
         plain = kinds == {str} and self.show is None      # the values are the texts

@@ -11,7 +11,7 @@ from engine.operations import vms as ops
 from . import table
 from .context import say
 from .follow import VM_RESULT_COLUMNS, act, vm_outcome
-from .listing import listing
+from .listing import listing, shown_fields
 from .options import detach_option, dry_run_option, listing_options, positive, yes_option
 
 C = table.Column
@@ -84,7 +84,8 @@ def cmd_vmlist(ctx) -> int:
         from engine.operations import adoption
         return listing(ctx, lambda: adoption.list_all(ctx, ctx.args.patterns), ALL_COLUMNS,
                        [*VMLIST_DEFAULT, "managed"], adoption.ALL_LISTED, ops.ORDER, vm_totals)
-    return listing(ctx, lambda: ops.list_vms(ctx, ctx.args.patterns), VM_COLUMNS,
+    joined = shown_fields(ctx, VM_COLUMNS, VMLIST_DEFAULT, VMLIST_JSON) & set(ops.JOINED)
+    return listing(ctx, lambda: ops.list_vms(ctx, ctx.args.patterns, joined), VM_COLUMNS,
                    VMLIST_DEFAULT, VMLIST_JSON, ops.ORDER, vm_totals)
 
 

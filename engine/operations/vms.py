@@ -10,14 +10,16 @@ from .plans import Plan, failed_doc
 from .select import NoMatch, host_pattern, select_vms
 from .specs import check_names, hostname_of, parse_resources
 
-__all__ = ["LISTED", "ORDER", "list_vms", "plan_boot", "plan_action", "plan_ha", "console_target",
-           "wait_for_addresses", "check_somewhere", "note_backups_kept", "VM_ACTIONS",
-           "DESTRUCTIVE", "ENDED"]
+__all__ = ["LISTED", "ORDER", "JOINED", "list_vms", "plan_boot", "plan_action", "plan_ha",
+           "console_target", "wait_for_addresses", "check_somewhere", "note_backups_kept",
+           "VM_ACTIONS", "DESTRUCTIVE", "ENDED"]
 
 # vmlist's JSON: each row's fields, and the order of the rows
 LISTED = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
           "addresses", "ha", "recovered", "crashed", "restarts", "backup", "replica"]
 ORDER = "host,name"
+# vmlist's fields read beside the VM records, each in a range read of its own
+JOINED = ("backup", "replica")
 VM_ACTIONS = ("destroy", "start", "stop", "reboot", "suspend", "resume")
 # Actions that take a service down: on more than one VM a person confirms them.
 DESTRUCTIVE = ("destroy", "stop", "reboot", "suspend")
@@ -28,30 +30,36 @@ def _read_vms(ctx) -> list[dict]:
     return read_vms(ctx.store())
 
 
-def _listed(ctx) -> list[dict]:
-    """vmlist's rows: the VM records, each with ``backup``, its newest
-    backup's ``{id, time}`` or None (one range read of ``backups/``), and
-    ``replica`` (:func:`~engine.operations.replicas.replicas_by_uuid`) or
-    None when it is not replicated."""
-    from .backups import newest_by_uuid
-    from .replicas import replicas_by_uuid
+def _listed(ctx, joined=JOINED) -> list[dict]:
+    """vmlist's rows: the VM records, with those of :data:`JOINED` asked
+    for: ``backup``, its newest backup's ``{id, time}`` or None (one range
+    read of ``backups/``), and ``replica``
+    (:func:`~engine.operations.replicas.replicas_by_uuid`) or None when it
+    is not replicated."""
     vms = _read_vms(ctx)
-    newest = newest_by_uuid(ctx.store()).get
-    replica = replicas_by_uuid(ctx.store()).get
-    for vm in vms:
-        vm["backup"] = newest(vm["uuid"])
-        vm["replica"] = replica(vm["uuid"])
+    if "backup" in joined:
+        from .backups import newest_by_uuid
+        newest = newest_by_uuid(ctx.store()).get
+        for vm in vms:
+            vm["backup"] = newest(vm["uuid"])
+    if "replica" in joined:
+        from .replicas import replicas_by_uuid
+        replica = replicas_by_uuid(ctx.store()).get
+        for vm in vms:
+            vm["replica"] = replica(vm["uuid"])
     return vms
 
 
-def list_vms(ctx, patterns: list[str] = ()) -> list[dict]:
+def list_vms(ctx, patterns: list[str] = (), joined=JOINED) -> list[dict]:
     """Every VM the cluster knows (vmlist's rows), or those matching any of
     ``patterns``: :class:`NoMatch` naming the patterns matching nothing,
-    carrying the VMs the others matched."""
+    carrying the VMs the others matched.  ``joined``: those of
+    :data:`JOINED` the rows need (a listing that shows neither reads
+    neither)."""
     if not patterns:
-        return _listed(ctx)
+        return _listed(ctx, joined)
     try:
-        return select_vms(lambda: _listed(ctx), list(patterns))
+        return select_vms(lambda: _listed(ctx, joined), list(patterns))
     except NoMatch as exc:
         raise NoMatch(str(exc), matched=exc.matched, result=exc.matched) from None
 
