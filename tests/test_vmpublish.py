@@ -51,7 +51,7 @@ def test_a_publisher_whose_lease_is_gone_writes_nothing(store, host):
     call(host, "suspend", uuid=vm["uuid"])
     with pytest.raises(StoreUnavailable, match="no longer holds this peer's lease"):
         publisher.reconcile()
-    publisher._events.add(vm["uuid"])   # as a lifecycle event names it
+    publisher.named(vm["uuid"])         # as a lifecycle event names it
     with pytest.raises(StoreUnavailable, match="no longer holds this peer's lease"):
         publisher.publish_events()
     assert published(store, host)[vm["uuid"]]["state"] == "running"
@@ -265,7 +265,7 @@ def test_foreign_domains_are_published_apart_and_follow_libvirt(store, host):
         f"<domain type='test'><name>hand-{by_hand[:8]}</name><uuid>{by_hand}</uuid>"
         "<memory unit='MiB'>64</memory><vcpu>1</vcpu><os><type>hvm</type></os></domain>")
     try:
-        publisher._events.add(by_hand)          # as its define event names it
+        publisher.named(by_hand)                # as its define event names it
         publisher.publish_events()
         assert foreign_published(store, host)[by_hand]["state"] == "shutoff"
         from engine.hypervisor.domain_xml import write_metadata
@@ -278,3 +278,35 @@ def test_foreign_domains_are_published_apart_and_follow_libvirt(store, host):
     publisher.reconcile()
     assert set(foreign_published(store, host)) == {BUILT_IN}
     call(host, "destroy", uuid=mine["uuid"])
+
+
+def test_an_event_on_a_vm_this_process_just_recorded_reads_only_libvirt(
+        store, tmp_path, monkeypatch):
+    """The events of a build's define and start come once the build has
+    recorded its VM: the publisher compares libvirt with the record it
+    knows and reads no etcd.  A real change still reaches etcd; a record
+    another writer changed behind its back waits for the next reconcile."""
+    host = new_host(tmp_path / "state", store)
+    publisher = VmPublisher(store, host.host, host.conn)
+    args = build(host)
+    key = keys.vm(host.host, args["uuid"])
+    reads = []
+    get = store.get
+    monkeypatch.setattr(store, "get", lambda k, *a, **kw: reads.append(k) or get(k, *a, **kw))
+
+    publisher.named(args["uuid"])               # its start event, come late
+    assert publisher.publish_events() == 0
+    assert reads == []
+
+    host.conn.lookupByUUIDString(args["uuid"]).suspend()     # not through peerctl
+    publisher.named(args["uuid"])
+    assert publisher.publish_events() == 1
+    assert store.get(key).value["state"] == "paused"
+
+    store.put(key, {**store.get(key).value, "state": "running"})    # wrong behind its back
+    publisher.named(args["uuid"])
+    publisher.publish_events()
+    assert store.get(key).value["state"] == "running"          # the event trusts its record
+    assert publisher.reconcile() == 1
+    assert store.get(key).value["state"] == "paused"           # the reconcile reads etcd
+    call(host, "destroy", uuid=args["uuid"])

@@ -28,10 +28,44 @@ def configure_logging(level: str) -> None:
     structlog.configure(
         processors=[structlog.processors.add_log_level,
                     structlog.processors.TimeStamper(fmt="iso"),
-                    structlog.dev.ConsoleRenderer(colors=False)],
+                    OneLine()],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level)),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True)
+
+
+class OneLine:
+    """structlog's ConsoleRenderer(colors=False) line, written directly: a
+    peer logs a few lines per VM it builds, and ConsoleRenderer's columns
+    cost more than the rest of its logging.  Same text (bench/upgrade.py
+    and the tests read it); an event with a traceback or a logger name is
+    left to ConsoleRenderer itself."""
+
+    _FIDDLY = frozenset(("stack", "exception", "exc_info", "logger", "logger_name"))
+
+    def __init__(self):
+        import structlog
+        self.console = structlog.dev.ConsoleRenderer(colors=False)
+
+    def __call__(self, logger, name: str, event: dict) -> str:
+        if not self._FIDDLY.isdisjoint(event):
+            return self.console(logger, name, event)
+        head = [event.pop("timestamp", ""), event.pop("level", None),
+                str(event.pop("event")).ljust(30) if "event" in event else ""]
+        if head[1] is not None:
+            head[1] = f"[{head[1].ljust(9)}]"
+        head.extend(f"{key}={_value(event[key])}" for key in sorted(event))
+        return " ".join(part for part in head if part).rstrip(" ")
+
+
+_QUOTED = frozenset(" \t=\r\n\"'")
+
+
+def _value(value) -> str:
+    """A value as ConsoleRenderer shows it: a plain word bare, the rest repr()."""
+    if isinstance(value, str) and _QUOTED.isdisjoint(value):
+        return value
+    return repr(value)
 
 
 def say(message: str) -> None:

@@ -46,7 +46,6 @@ import libvirt
 import structlog
 
 from engine.core import failpoints, keys
-from engine.core.store import Put, absent
 from engine.core.values import readable
 from engine.errors import RequestError
 from engine.hypervisor import images, seed
@@ -54,8 +53,8 @@ from engine.hypervisor.definition import (definition_record, record_definition,
                                           seed_from_metadata, seed_metadata)
 from engine.hypervisor.networks import mac_for
 from engine.hypervisor.shapes import HA_POLICIES
-from engine.hypervisor.records import merged, vm_record, vm_state
-from engine.hypervisor.vmpublish import forget, publish_domain
+from engine.hypervisor.records import vm_record, vm_state
+from engine.hypervisor.vmpublish import forget, publish_domain, publish_new
 from engine.hypervisor.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
                                         read_metadata, read_reboot_token,
                                         record_reboot_token, write_metadata)
@@ -215,12 +214,8 @@ def _record_new(host, dom) -> bool:
     case: nobody has written them).  False, writing nothing, otherwise (a
     rebuild, an HA restart, the publisher got there first): then each is
     written the usual way, read and compared first."""
-    uuid = dom.UUIDString()
-    definition, record = keys.vm_definition(uuid), keys.vm(host.host, uuid)
-    return host.store.txn([absent(definition), absent(record)],
-                          [Put(definition, definition_record(dom)),
-                           Put(record, merged(vm_record(host.host, dom), None,
-                                              want="running"))]).succeeded
+    return publish_new(host.store, host.host, dom, "running",
+                       {keys.vm_definition(dom.UUIDString()): definition_record(dom)})
 
 
 def _ha(args: dict) -> str | None:

@@ -27,17 +27,26 @@ Promises:
   publishes nothing before it notices that its lease is gone (its VMs may
   have been recovered elsewhere meanwhile);
 - once started, a libvirt lifecycle event (start, stop, suspend, undefine...)
-  reaches etcd within a reconcile's time, and a periodic reconcile repairs
-  whatever an event could not (etcd away, libvirtd restarted, events lost).
+  reaches etcd within a reconcile's time (it waits :data:`EVENT_SETTLE` for
+  the events that follow it, to publish them together), and a periodic
+  reconcile repairs whatever an event could not (etcd away, libvirtd
+  restarted, events lost).
   An event re-publishes only the domains it names (one read and at most
   one write each), not the whole host: a host booting its 250th VM does
-  not read and compare the other 249 on each of its events;
+  not read and compare the other 249 on each of its events.  Nor does it
+  read etcd for a domain that libvirt shows just as the record this
+  process last wrote or read for it (a ``build`` that recorded its VM
+  before the events of its define and start came): that look costs
+  libvirt's answer only, or nothing when the record came from a look at
+  libvirt after the event.  A record another process changed meanwhile is
+  thus corrected by the next reconcile, not by the event;
 - the host's foreign domains (no peerctl metadata, see
   :mod:`engine.hypervisor.foreign`) are published too, apart, as
   ``foreign/<host>/<uuid>`` under the peer's lease (they vanish with it):
-  seen, never acted on.  Each key is written only when it changed, guarded
-  like a VM record, so a look older than an adoption never brings back the
-  foreign record the adoption removed;
+  seen, never acted on (an event on a peerctl domain leaves them be).
+  Each key is written only when it changed, guarded like a VM record, so a
+  look older than an adoption never brings back the foreign record the
+  adoption removed;
 - a running VM with interfaces but no address yet is looked at every
   :data:`ADDRESS_INTERVAL` seconds until its guest has one (DHCP takes a
   few seconds after the start event), so ``boot --wait-ip`` is not held up
@@ -52,6 +61,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 import libvirt
 import structlog
@@ -64,7 +74,8 @@ from engine.hypervisor import shapes  # noqa: F401  (declares the vms/ record's 
 from engine.hypervisor.foreign import foreign_domains, foreign_record, is_foreign
 from engine.hypervisor.records import merged, missing, owned_by, vm_record, wants_restart
 
-__all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "forget", "DEFAULT_INTERVAL"]
+__all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "publish_new", "forget",
+           "DEFAULT_INTERVAL"]
 
 log = structlog.get_logger("peerctl.vmpublish")
 
@@ -73,11 +84,37 @@ DEFAULT_INTERVAL = float(os.environ.get("PEERCTL_PUBLISH_INTERVAL", "10"))
 # finished boot does not depend on the publisher; see publish_domain).
 EVENTS = os.environ.get("PEERCTL_PUBLISH_EVENTS", "1") != "0"
 ADDRESS_INTERVAL = 1.0
+EVENT_SETTLE = 0.05         # seconds an event waits for those that follow it
 _BATCH = 64                 # etcd allows 128 operations per transaction
 _TRIES = 20                 # fenced writes refused in a row before giving up
 
 _loop_guard = threading.Lock()
 _loop_thread: threading.Thread | None = None
+
+# Per store: {key: (mod revision, record, monotonic time of the libvirt view
+# it came from)}, the last record of each key this process wrote or read, so
+# that an event need not read etcd again to learn that nothing changed (see
+# _unchanged).
+_known: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_known_guard = threading.Lock()
+
+
+def _known_of(store) -> dict:
+    with _known_guard:
+        return _known.setdefault(store, {})
+
+
+def _remember(store, key: str, revision: int, record: dict | None,
+              seen_at: float = 0.0) -> None:
+    """``key`` held ``record`` at ``revision``, made from a look at libvirt
+    at ``seen_at`` (None: forget it); a revision older than the one
+    remembered is not kept."""
+    known = _known_of(store)
+    with _known_guard:
+        if record is None:
+            known.pop(key, None)
+        elif revision >= known.get(key, (0,))[0]:
+            known[key] = (revision, record, seen_at)
 
 
 def ensure_event_loop() -> None:
@@ -113,13 +150,19 @@ def _guard(key: str, kv) -> "object":
     return modified_at(key, kv.mod_revision) if kv is not None else absent(key)
 
 
-def _publish_uuid(store, host: str, conn, uuid: str,
-                  fence: tuple = ()) -> tuple[bool, dict | None]:
+def _publish_uuid(store, host: str, conn, uuid: str, fence: tuple = (),
+                  since: float | None = None) -> tuple[bool, dict | None]:
     """Bring the existing record of the domain ``uuid`` of ``conn`` up to
     date; a domain gone (or not this host's) makes it ``missing``, unless
     an automation holds the VM (a move away, a destroy: it settles the
     record itself).  No record: nothing is written.  (whether the key
-    changed, the record or None)."""
+    changed, the record or None).  ``since``: when the event that asks came
+    (a record this process made from a later look at libvirt stands)."""
+    key = keys.vm(host, uuid)
+    unchanged = _unchanged(store, key, conn, host, uuid, since)
+    if unchanged is not None:
+        return False, unchanged
+
     def seen(previous: dict) -> dict | None:
         try:
             dom = conn.lookupByUUIDString(uuid)
@@ -129,7 +172,30 @@ def _publish_uuid(store, host: str, conn, uuid: str,
             if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                 raise
         return None if _acted_on(store, uuid) else missing(previous, time.time())
-    return _write_seen(store, keys.vm(host, uuid), seen, fence)
+    return _write_seen(store, key, seen, fence)
+
+
+def _unchanged(store, key: str, conn, host: str, uuid: str,
+               since: float | None = None) -> dict | None:
+    """The record this process last wrote or read for ``key``, if it was
+    made from a look at libvirt after ``since`` or libvirt shows the domain
+    just so now (and it asks no restart); else None: look at etcd.  Reads
+    libvirt at most."""
+    remembered = _known_of(store).get(key)
+    if remembered is None:
+        return None
+    if since is not None and remembered[2] >= since and not wants_restart(remembered[1]):
+        return remembered[1]
+    try:
+        dom = conn.lookupByUUIDString(uuid)
+        if not owned_by(dom, host):
+            return None
+        record = merged(vm_record(host, dom), remembered[1])
+    except libvirt.libvirtError:
+        return None             # gone, most likely: the usual path says what it is
+    if record != remembered[1] or wants_restart(record):
+        return None
+    return record
 
 
 def _acted_on(store, uuid: str) -> bool:
@@ -150,16 +216,22 @@ def _write_seen(store, key: str, seen, fence: tuple = (),
     for _ in range(_TRIES):
         kv = store.get(key)
         if kv is None and not create:
+            _remember(store, key, 0, None)
             return False, None
         previous = readable(kv) if kv is not None else None
         if kv is not None and previous is None:
+            _remember(store, key, 0, None)
             return False, None          # unreadable: left for ``peerctl scrub``
+        seen_at = time.monotonic()
         record = seen(previous)
         if record is None or previous == record:
+            _remember(store, key, kv.mod_revision if kv is not None else 0, record, seen_at)
             if record is not None:
                 _ask_restart(store, record, fence)
             return False, record
-        if store.txn([_guard(key, kv), *fence], [Put(key, record)]).succeeded:
+        written = store.txn([_guard(key, kv), *fence], [Put(key, record)])
+        if written.succeeded:
+            _remember(store, key, written.revision, record, seen_at)
             _ask_restart(store, record, fence)
             return True, record
         _check_fence(store, fence)
@@ -204,6 +276,30 @@ def publish_domain(store, host: str, dom, want: str | None = None,
     return changed
 
 
+def publish_new(store, host: str, dom, want: str, together: dict) -> bool:
+    """Write ``vms/<host>/<uuid>`` for ``dom``, a domain just made, with
+    ``want``, and the keys of ``together`` ({key: value}) in the same
+    transaction, which holds only while none of them exists; False,
+    writing nothing, otherwise (then :func:`publish_domain` is the way)."""
+    key = keys.vm(host, dom.UUIDString())
+    seen_at = time.monotonic()
+    record = merged(vm_record(host, dom), None, want=want)
+    written = store.txn([absent(key), *(absent(other) for other in together)],
+                        [Put(key, record), *(Put(k, v) for k, v in together.items())])
+    if written.succeeded:
+        _remember(store, key, written.revision, record, seen_at)
+    return written.succeeded
+
+
+def _foreign_domain_or_none(conn, uuid: str) -> bool:
+    """The domain ``uuid`` is foreign or gone: its ``foreign/`` record may
+    need a change (a peerctl domain's never does)."""
+    try:
+        return is_foreign(conn.lookupByUUIDString(uuid))
+    except libvirt.libvirtError:
+        return True
+
+
 def _foreign_domain(conn, uuid: str):
     """The foreign domain ``uuid`` of ``conn``, or None (none, or peerctl's)."""
     try:
@@ -237,6 +333,7 @@ def forget(store, host: str, uuid: str) -> None:
     """Delete ``vms/<host>/<uuid>``: for ``destroy``, once the VM is gone
     from ``host``."""
     store.delete(keys.vm(host, uuid))
+    _remember(store, keys.vm(host, uuid), 0, None)
 
 
 class VmPublisher:
@@ -262,7 +359,8 @@ class VmPublisher:
         self._callback_id = None
         self._wake = threading.Event()
         self._lock_events = threading.Lock()
-        self._events: set[str] = set()      # uuids named by events, not yet published
+        # uuids named by events, not yet published: when the last one came (monotonic)
+        self._events: dict[str, float] = {}
         self._due = True                    # a whole reconcile is wanted (start, period)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -323,12 +421,18 @@ class VmPublisher:
         batch was refused because someone else wrote in between."""
         kvs, _revision = self.store.range(self.prefix)
         present = {kv.key[len(self.prefix):]: kv for kv in kvs}
+        seen_at = time.monotonic()
         seen = self.records()
         now = time.time()
         changes, after = [], []
+        known = _known_of(self.store)
+        for key in [k for k in list(known) if k.startswith(self.prefix)
+                    and k[len(self.prefix):] not in present]:
+            _remember(self.store, key, 0, None)      # deleted since
         for uuid, kv in sorted(present.items()):
             previous = readable(kv)
             if previous is None:
+                _remember(self.store, kv.key, 0, None)
                 continue                # unreadable: left for ``peerctl scrub``
             if uuid in seen:
                 record = merged(seen[uuid], previous)
@@ -339,6 +443,8 @@ class VmPublisher:
             after.append(record)
             if record != previous:
                 changes.append((uuid, Put(self.prefix + uuid, record)))
+            else:
+                _remember(self.store, kv.key, kv.mod_revision, record, seen_at)
         unrecorded = set(seen) - set(present) - self._unrecorded
         for uuid in sorted(unrecorded):
             log.info("vm_without_record", host=self.host, uuid=uuid,
@@ -348,10 +454,12 @@ class VmPublisher:
         for start in range(0, len(changes), _BATCH):
             batch = changes[start:start + _BATCH]
             compares = [_guard(self.prefix + uuid, present.get(uuid)) for uuid, _op in batch]
-            if not self.store.txn([*compares, *self.fence],
-                                  [op for _uuid, op in batch]).succeeded:
+            result = self.store.txn([*compares, *self.fence], [op for _uuid, op in batch])
+            if not result.succeeded:
                 _check_fence(self.store, self.fence)
                 return written, None
+            for _uuid, op in batch:
+                _remember(self.store, op.key, result.revision, op.value, seen_at)
             written += len(batch)
         for record in after:
             _ask_restart(self.store, record, self.fence)
@@ -397,11 +505,17 @@ class VmPublisher:
             uuid = dom.UUIDString()
         except libvirt.libvirtError:
             uuid = None
-        with self._lock_events:
-            if uuid is None:
+        if uuid is None:
+            with self._lock_events:
                 self._due = True
-            else:
-                self._events.add(uuid)
+            self._wake.set()
+        else:
+            self.named(uuid)
+
+    def named(self, uuid: str) -> None:
+        """A lifecycle event named domain ``uuid``, now: publish it soon."""
+        with self._lock_events:
+            self._events[uuid] = time.monotonic()
         self._wake.set()
 
     EVENT_BATCH = 32    # more domains named at once than this: one reconcile instead
@@ -410,7 +524,7 @@ class VmPublisher:
         """Publish the domains events named since the last call (a whole
         reconcile when there are many); how many keys changed."""
         with self._lock_events:
-            uuids, self._events = self._events, set()
+            uuids, self._events = self._events, {}
         if len(uuids) > self.EVENT_BATCH:
             return self.reconcile()
         changed = 0
@@ -418,10 +532,12 @@ class VmPublisher:
         with self._lock:
             conn = self._conn()
             for uuid in sorted(uuids):
-                done, record = _publish_uuid(self.store, self.host, conn, uuid, self.fence)
+                done, record = _publish_uuid(self.store, self.host, conn, uuid, self.fence,
+                                             since=uuids[uuid])
                 changed += done
                 if record is None:
-                    unrecorded.add(uuid)        # foreign, perhaps
+                    if _foreign_domain_or_none(conn, uuid):
+                        unrecorded.add(uuid)    # foreign, perhaps
                 elif _awaits_address(record):
                     self.awaiting_address = True
             if unrecorded:
@@ -484,6 +600,9 @@ class VmPublisher:
                         min(ADDRESS_INTERVAL, self.interval) if self.awaiting_address
                         else self.interval)
                 else:
+                    # Let the events of one request settle: a build's define
+                    # and start come as it records the VM, from a later look.
+                    self._stopped.wait(EVENT_SETTLE)
                     self.publish_events()
                     if self.awaiting_address:
                         whole_at = min(whole_at, time.monotonic()
