@@ -1,11 +1,8 @@
 """Domain XML for peerctl's VMs, built with ElementTree and read back.
 
 User input (names, kernel command lines, paths) only ever becomes element
-text or attribute values of an ElementTree tree; nothing here formats user
-input into an XML string.  Trees are written by :func:`serialised`, which
-escapes every text and attribute value as ElementTree does and parses back
-to the same tree, at a fraction of ``ET.tostring``'s cost (a build writes
-two: its disk's and its domain's).
+text or attribute values through ElementTree, which escapes it; nothing here
+formats user input into an XML string.
 
 A domain carries what peerctl knows about it beyond libvirt's own fields in
 ``<metadata>``, under :data:`NAMESPACE`: the peerctl host it belongs to,
@@ -23,7 +20,7 @@ from dataclasses import dataclass, field
 
 from engine.hypervisor.networks import interface_elements
 
-__all__ = ["NAMESPACE", "DomainSpec", "domain_xml", "pool_xml", "volume_xml", "serialised",
+__all__ = ["NAMESPACE", "DomainSpec", "domain_xml", "pool_xml", "volume_xml",
            "read_metadata", "write_metadata", "read_reboot_token", "record_reboot_token", "disk_paths",
            "domain_type", "ACCELERATORS", "seed_source", "SEED_DEV"]
 
@@ -81,54 +78,6 @@ def _sub(parent: ET.Element, tag: str, text=None, **attrs) -> ET.Element:
     if text is not None:
         element.text = str(text)
     return element
-
-
-_TEXT = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"))
-_ATTRIBUTE = _TEXT + (('"', "&quot;"), ("\r", "&#13;"), ("\n", "&#10;"), ("\t", "&#09;"))
-_PREFIXES = {NAMESPACE: _PREFIX}
-
-
-def _escaped(text: str, table) -> str:
-    for char, entity in table:
-        if char in text:
-            text = text.replace(char, entity)
-    return text
-
-
-def _name(tag: str) -> str:
-    """``{namespace}local`` as ``prefix:local`` (peerctl's namespace only)."""
-    if tag[0] != "{":
-        return tag
-    namespace, local = tag[1:].split("}", 1)
-    return f"{_PREFIXES[namespace]}:{local}"
-
-
-def serialised(root: ET.Element) -> str:
-    """``root`` as XML text, as ``ET.tostring(root, encoding="unicode")``
-    writes it (the namespaces it uses declared on ``root``); for the flat
-    trees of this module only: no comments, no tails, no namespaced
-    attributes."""
-    namespaces = {tag[1:].split("}", 1)[0] for tag in (e.tag for e in root.iter())
-                  if tag[0] == "{"}
-    parts: list[str] = []
-    _write(root, parts, "".join(f' xmlns:{_PREFIXES[ns]}="{ns}"' for ns in sorted(namespaces)))
-    return "".join(parts)
-
-
-def _write(element: ET.Element, parts: list, declarations: str = "") -> None:
-    name = _name(element.tag)
-    parts.append(f"<{name}{declarations}")
-    for key, value in element.attrib.items():
-        parts.append(f' {key}="{_escaped(value, _ATTRIBUTE)}"')
-    if not element.text and not len(element):
-        parts.append(" />")
-        return
-    parts.append(">")
-    if element.text:
-        parts.append(_escaped(element.text, _TEXT))
-    for child in element:
-        _write(child, parts)
-    parts.append(f"</{name}>")
 
 
 def _metadata(spec: DomainSpec) -> ET.Element:
@@ -193,7 +142,7 @@ def domain_xml(spec: DomainSpec) -> str:
         _sub(channel, "target", type="virtio", name="org.qemu.guest_agent.0")
         _sub(devices, "memballoon", model="none")
     # No <graphics>: these are headless servers (and type='none' is invalid).
-    return serialised(domain)
+    return ET.tostring(domain, encoding="unicode")
 
 
 def _seed_cdrom(devices: ET.Element, path: str, dtype: str) -> None:
@@ -284,7 +233,7 @@ def volume_xml(name: str, capacity: int, fmt: str, *, backing_path: str | None =
         backing = _sub(volume, "backingStore")
         _sub(backing, "path", backing_path)
         _sub(backing, "format", type=backing_format or "raw")
-    return serialised(volume)
+    return ET.tostring(volume, encoding="unicode")
 
 
 def record_reboot_token(dom, token: str) -> None:
