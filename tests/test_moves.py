@@ -320,14 +320,8 @@ def test_a_batched_evacuation_survives_its_initiator_killed_inside_its_batches(
     evacuation = run(store, "evacuate", {"hosts": ["t1"], "vms": listed(vms), "to": "t*",
                                          "parallel": 2}, prefer=members)
 
-    def restart_the_dead():
-        for host in members:
-            if cluster.peers[host].poll() is not None:
-                cluster.start_peer(host, env={**ENV, **env})
-        task = api.get_task(store, evacuation)
-        return task if task["state"] in keys.TERMINAL_STATES else None
-    task = wait_for(restart_the_dead, timeout=240, interval=0.05,
-                    what="the evacuation to finish through the crashes")
+    task = finished_through_crashes(cluster, store, evacuation, members, {**ENV, **env},
+                                    "the evacuation")
     assert sorted(point for point, _, _ in failpoints.fired(armed)) == sorted(points)
     assert task["state"] == "done", task["error"]
     results = task["result"]["vms"]
@@ -337,6 +331,19 @@ def test_a_batched_evacuation_survives_its_initiator_killed_inside_its_batches(
     assert_counted_once(store, 40, ["t1", "t2", "t3"])
     assert inventory(store, ["t1"])["t1"]["domains"] == [] or \
         {d["name"] for d in inventory(store, ["t1"])["t1"]["domains"]} == {"test"}
+
+
+def finished_through_crashes(cluster, store, automation, members, env, what):
+    """``automation``'s task once it has ended, each member a failpoint
+    killed restarted under its name meanwhile."""
+    def restart_the_dead():
+        for host in members:
+            if cluster.peers[host].poll() is not None:
+                cluster.start_peer(host, env=env)
+        task = api.get_task(store, automation)
+        return task if task["state"] in keys.TERMINAL_STATES else None
+    return wait_for(restart_the_dead, timeout=240, interval=0.05,
+                    what=f"{what} to finish through the crashes")
 
 
 def test_abort_stops_starting_moves_and_finishes_the_one_under_way(cluster, store, tmp_path):
@@ -380,14 +387,8 @@ def test_initiator_killed_at_every_step_boundary_still_moves_the_vm(cluster, sto
     failpoints.arm(armed, [f"append {request}" for request in steps] + ["finish"])
     moving = run(store, "migrate", {"vms": listed(vms[1:]), "to": "t*"}, prefer=members)
 
-    def restart_the_dead():
-        for host in members:
-            if cluster.peers[host].poll() is not None:
-                cluster.start_peer(host, env={**ENV, **env})
-        task = api.get_task(store, moving)
-        return task if task["state"] in keys.TERMINAL_STATES else None
-    task = wait_for(restart_the_dead, timeout=240, interval=0.05,
-                    what="the migration to finish through the crashes")
+    task = finished_through_crashes(cluster, store, moving, members, {**ENV, **env},
+                                    "the migration")
     fired = [point for point, _, _ in failpoints.fired(armed)]
     assert fired == [f"append {request}" for request in steps] + ["finish"]
     assert task["state"] == "done", task["error"]
