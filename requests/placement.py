@@ -72,8 +72,7 @@ def _placement(host):
 @handler("claim")
 def claim(host, args: dict) -> dict:
     consumer = args.get("consumer")
-    owner = {"project": args.get("project") or "peerctl", "user": args.get("user") or "peerctl",
-             "consumer_type": args.get("consumer_type") or "INSTANCE"}
+    owner = together.owner_of(args)
     with _placement(host) as placement:
         if args.get("allocations"):
             doc = placement.claim(consumer, args["allocations"], **owner)
@@ -91,11 +90,8 @@ def claim(host, args: dict) -> dict:
             # one transaction (engine/placement/together.py).  None: the
             # batch could not (the consumer holds something, nothing fits):
             # then alone, as follows.
-            pattern = args.get("hosts") or "*"
-            done = together.claim_new(host.store, together.NewClaim(
-                consumer, query, required,
-                lambda name: name not in excluded and fnmatch.fnmatchcase(name, pattern), owner,
-                args.get("prefer")))
+            done = together.claim_new(host.store, together.NewClaim.of_request(args, query,
+                                                                              required))
             if done is not None:
                 return done
         held = placement.allocations(consumer)

@@ -2,7 +2,6 @@
 ``resume``, ``destroy``, ``disown``, ``set_ha``, ``ha_start`` and ``vm_info``, each the function of the
 same name in :mod:`engine.hypervisor.vm` (arguments and promises there);
 and ``claim_vms``, boot's first claims of several VMs in one step (below)."""
-import fnmatch
 from concurrent.futures import ThreadPoolExecutor
 
 from engine.core.handlers import HANDLERS, handler
@@ -81,12 +80,5 @@ def _new_claims(host, claims: list) -> dict:
         required = args.get("required")
         if required not in required_now:
             required_now[required] = unreserved(host.store, required)
-        excluded, pattern = set(args.get("exclude") or ()), args.get("hosts") or "*"
-        new[index] = together.NewClaim(
-            args["consumer"], resources, required_now[required],
-            lambda name, excluded=excluded, pattern=pattern:
-                name not in excluded and fnmatch.fnmatchcase(name, pattern),
-            {"project": args.get("project") or "peerctl", "user": args.get("user") or "peerctl",
-             "consumer_type": args.get("consumer_type") or "INSTANCE"},
-            args.get("prefer"))
+        new[index] = together.NewClaim.of_request(args, resources, required_now[required])
     return new

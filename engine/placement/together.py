@@ -26,6 +26,7 @@ Promises:
 """
 from __future__ import annotations
 
+import fnmatch
 import threading
 import weakref
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from typing import Callable
 
 import structlog
 
-__all__ = ["NewClaim", "claim_new", "claim_many", "release", "LIMIT"]
+__all__ = ["NewClaim", "owner_of", "claim_new", "claim_many", "release", "LIMIT"]
 
 log = structlog.get_logger("placement")
 
@@ -50,6 +51,23 @@ class NewClaim:
     allowed: Callable[[str], bool]
     owner: dict
     prefer: str | None = None
+
+    @classmethod
+    def of_request(cls, args: dict, query: str, required: str | None) -> "NewClaim":
+        """The ``claim`` request's ``args`` (``consumer``, ``exclude``,
+        ``hosts``, ``prefer``, ``project``, ``user``, ``consumer_type``) as
+        a claim: ``query`` its resources, ``required`` its traits with the
+        reserved hosts' leases ruled out."""
+        excluded, pattern = set(args.get("exclude") or ()), args.get("hosts") or "*"
+        return cls(args.get("consumer"), query, required,
+                   lambda name: name not in excluded and fnmatch.fnmatchcase(name, pattern),
+                   owner_of(args), args.get("prefer"))
+
+
+def owner_of(args: dict) -> dict:
+    """A claim request's owner: ``project``, ``user``, ``consumer_type``."""
+    return {"project": args.get("project") or "peerctl", "user": args.get("user") or "peerctl",
+            "consumer_type": args.get("consumer_type") or "INSTANCE"}
 
 
 @dataclass
