@@ -22,7 +22,6 @@ the processes it ends are its own, by PID.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -34,7 +33,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
-from bench.options import BadInput, whole  # noqa: E402
+from bench.options import BadInput, numbers, whole  # noqa: E402
 from bench.processes import cpu_seconds, stop_processes  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
@@ -69,14 +68,7 @@ busy_count = whole(0, 16, "busy processes")
 ttl_seconds = whole(2, 30, "a TTL in seconds")
 
 
-def sizes(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of VM counts: {text!r}") from None
-    if any(v < 1 or v > 20000 for v in values):
-        raise argparse.ArgumentTypeError(f"VM counts from 1 to 20000: {text!r}")
-    return values
+sizes = numbers(1, 20000, "VM counts")
 
 
 def run(store, kind, args):

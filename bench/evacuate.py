@@ -53,7 +53,7 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
-from bench.options import BadInput  # noqa: E402
+from bench.options import BadInput, numbers  # noqa: E402
 from bench.processes import cpu_seconds  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
@@ -70,14 +70,7 @@ SMOKE_SIZES = [12]
 WORK = "peerctl-bevac-"
 
 
-def sizes(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of VM counts: {text!r}") from None
-    if any(v < 1 or v > 2000 for v in values):
-        raise argparse.ArgumentTypeError(f"VM counts from 1 to 2000: {text!r}")
-    return values
+sizes = numbers(1, 2000, "VM counts")
 
 
 def lanes(text: str) -> int:

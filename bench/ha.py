@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
     os.path.abspath(__file__))]
 
-from bench.options import BadInput, whole  # noqa: E402
+from bench.options import BadInput, numbers, whole  # noqa: E402
 from engine.core import keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -50,19 +50,6 @@ TARGET_CASE = (5, 10)       # (TTL, VMs)
 SMOKE = {"ttls": [2], "vms": [2], "margin": 1.0, "survivors": 1}
 PROXMOX_S = 120.0           # its documented failover time
 SMALL = "VCPU:1,MEMORY_MB:64,DISK_GB:1"
-
-
-def numbers(low: int, high: int, what: str):
-    """An option's type: comma-separated whole numbers from ``low`` to ``high``."""
-    def parse(text: str) -> list[int]:
-        try:
-            values = [int(v) for v in text.split(",")]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a list of {what}: {text!r}") from None
-        if any(not low <= v <= high for v in values):
-            raise argparse.ArgumentTypeError(f"{what} from {low} to {high}: {text!r}")
-        return values
-    return parse
 
 
 def margin(text: str) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["BadInput", "positive", "whole"]
+__all__ = ["BadInput", "positive", "whole", "numbers"]
 
 
 class BadInput(argparse.ArgumentParser):
@@ -36,4 +36,17 @@ def whole(low: int, high: int, what: str):
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"{what} from {low} to {high}: {text!r}")
         return value
+    return parse
+
+
+def numbers(low: int, high: int, what: str):
+    """An option's type: comma-separated whole numbers from ``low`` to ``high``."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a list of {what}: {text!r}") from None
+        if any(not low <= v <= high for v in values):
+            raise argparse.ArgumentTypeError(f"{what} from {low} to {high}: {text!r}")
+        return values
     return parse

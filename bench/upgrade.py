@@ -47,7 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
     os.path.abspath(__file__))]
 
-from bench.options import BadInput  # noqa: E402
+from bench.options import BadInput, numbers  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -62,14 +62,7 @@ SMOKE_ROUNDS = 20
 STAMP = re.compile(r"^(\S+Z) \[\w+\s*\] (\w+)\s")
 
 
-def sizes(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of peer counts: {text!r}") from None
-    if not values or any(v < 2 or v > 50 for v in values):
-        raise argparse.ArgumentTypeError(f"peer counts from 2 to 50: {text!r}")
-    return values
+sizes = numbers(2, 50, "peer counts")
 
 
 def ttl(text: str) -> int:
