@@ -34,19 +34,18 @@ what the first run did.  A failure that is no refusal (etcd away, libvirt
 gone) fails the whole step, as it would fail a single one.
 """
 import fnmatch
-import time
 
 import structlog
 
 from engine import groups
-from engine.core import keys
+from engine.core import keys, locks
 from engine.core.handlers import HANDLERS, handler
-from engine.core.store import Delete, Get, Put, absent, exists, modified_at
+from engine.core.store import Delete, Get, exists
 from engine.core.values import readable
 from engine.errors import RequestError
 from engine.hypervisor import moves
 from engine.hypervisor.records import vm_state
-from engine.hypervisor.vm import _find
+from engine.hypervisor.vm import find_domain
 from engine.leases.events import unreserved
 from engine.placement import for_request
 from engine.placement.moves import MoveClaim, move_together
@@ -107,7 +106,7 @@ def move_redefine_vms(host, args: dict) -> dict:
 def _redefine(host, args: dict) -> dict:
     """One VM's ``move_prepare`` and ``move_adopt`` (the test driver's move)."""
     want = args.get("state")
-    here = _find(host, args["uuid"])
+    here = find_domain(host, args["uuid"])
     if here is None or vm_state(here) not in moves.ACTIVE or want not in moves.ACTIVE:
         prepared = moves.prepare(host, {"uuid": args["uuid"], "name": args.get("name"),
                                         "describe": args.get("describe")})
@@ -123,34 +122,25 @@ def lock_vms(host, args: dict) -> dict:
     if not isinstance(owner, str) or not owner \
             or not all(isinstance(i.get("host"), str) and i["host"] for i in items):
         raise RequestError("lock_vms needs an owner and each VM's host")
-    common = {"owner": owner, "kind": args.get("kind"), "why": args.get("why")}
-    lock = {"kind": args.get("kind"), "owner": owner, "why": args.get("why") or "busy",
-            "time": time.time()}
-    taken = host.store.txn(
-        [c for i in items for c in (absent(keys.lock(f"vm/{i['uuid']}")),
-                                    exists(keys.vm(i["host"], i["uuid"])))],
-        [Put(keys.lock(f"vm/{i['uuid']}"), {**lock, "host": i["host"]}) for i in items])
-    if taken.succeeded:
+    kind, why = args.get("kind"), args.get("why")
+    # lock_vm's fields, in its order: a VM's lock reads the same whichever step took it
+    wanted = {f"vm/{i['uuid']}": {"kind": kind, "host": i["host"]} for i in items}
+    if locks.take_all(host.store, owner, why or "busy", wanted,
+                      [exists(keys.vm(i["host"], i["uuid"])) for i in items]):
         return {"vms": [{"uuid": i["uuid"], "value": {"uuid": i["uuid"], "owner": owner}}
                         for i in items]}
-    return {"vms": _each(host, HANDLERS["lock_vm"], items, common)}
+    return {"vms": _each(host, HANDLERS["lock_vm"], items,
+                         {"owner": owner, "kind": kind, "why": why})}
 
 
 @handler("unlock_vms")
 def unlock_vms(host, args: dict) -> dict:
     items, owner = _items(args), args.get("owner")
-    names = [keys.lock(f"vm/{i['uuid']}") for i in items]
-    held = host.store.txn([], [Get(name) for name in names]).ranges
-    now = [kvs[0] if kvs else None for kvs in held]
-    if all(kv is not None and (readable(kv) or {}).get("owner") == owner
-           and not readable(kv).get("held") for kv in now) \
-            and not any(i.get("hold") for i in items):
-        drops = [Delete(keys.vm(i["drop_record"], i["uuid"])) for i in items
-                 if i.get("drop_record")]
-        if host.store.txn([modified_at(kv.key, kv.mod_revision) for kv in now],
-                          [*(Delete(name) for name in names), *drops]).succeeded:
-            return {"vms": [{"uuid": i["uuid"], "value": {"uuid": i["uuid"], "released": True}}
-                            for i in items]}
+    drops = [Delete(keys.vm(i["drop_record"], i["uuid"])) for i in items if i.get("drop_record")]
+    if not any(i.get("hold") for i in items) \
+            and locks.release_all(host.store, [f"vm/{i['uuid']}" for i in items], owner, drops):
+        return {"vms": [{"uuid": i["uuid"], "value": {"uuid": i["uuid"], "released": True}}
+                        for i in items]}
     return {"vms": _each(host, HANDLERS["unlock_vm"], items, {"owner": owner})}
 
 

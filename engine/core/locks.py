@@ -14,7 +14,11 @@ Promises:
   taken over, so a crashed or aborted automation never blocks a thing for
   ever; unless its owner left it :func:`hold` for an operator, on purpose;
 - :func:`release` drops only the caller's own lock, with the caller's
-  extra operations in the same transaction.
+  extra operations in the same transaction;
+- :func:`take_all` and :func:`release_all` do the same for many locks in one
+  transaction, when nothing needs judging (none held yet; every one the
+  caller's): else they write nothing and the caller goes lock by lock.  A
+  lock taken in a batch holds the very value :func:`take` writes.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from . import keys
 from .store import Delete, Get, Put, absent, modified_at
 from .values import readable
 
-__all__ = ["take", "hold", "release", "holder", "in_force"]
+__all__ = ["take", "take_all", "hold", "release", "release_all", "holder", "in_force"]
 
 
 def holder(store, name: str) -> dict | None:
@@ -77,7 +81,7 @@ def take(store, name: str, owner: str, why: str, compares=(), *, force: bool = F
             raise Conflict("locked", f"{lock.get('why') or 'busy'} (automation "
                                      f"{lock['owner']})")
         guard = absent(keys.lock(name)) if kv is None else modified_at(kv.key, kv.mod_revision)
-        value = {**extra, "owner": owner, "why": why, "time": time.time()}
+        value = _value(owner, why, time.time(), extra)
         result = store.txn([guard, *compares], [Put(keys.lock(name), value)],
                            [Get(keys.lock(name))])
         if result.succeeded:
@@ -86,6 +90,24 @@ def take(store, name: str, owner: str, why: str, compares=(), *, force: bool = F
         if (now[0].mod_revision if now else 0) == (kv.mod_revision if kv else 0):
             raise Conflict("condition", "its condition does not hold")
     raise Conflict("concurrent_update", f"lock {name} kept changing")
+
+
+def _value(owner: str, why: str, now: float, extra: dict) -> dict:
+    """What a held lock holds: ``extra`` (more fields for its readers), then
+    ``{owner, why, time}``."""
+    return {**extra, "owner": owner, "why": why, "time": now}
+
+
+def take_all(store, owner: str, why: str, wanted: dict[str, dict], compares=()) -> bool:
+    """Hold every lock in ``wanted`` (name -> its ``extra`` fields, as
+    :func:`take`'s) for ``owner``, in one transaction, when none of them
+    exists and ``compares`` hold.  False, and nothing written, otherwise:
+    the caller then takes each with :func:`take`, which tells a re-sent
+    step, a stale lock and a live holder apart."""
+    now = time.time()
+    return store.txn([*(absent(keys.lock(name)) for name in wanted), *compares],
+                     [Put(keys.lock(name), _value(owner, why, now, extra))
+                      for name, extra in wanted.items()]).succeeded
 
 
 def hold(store, name: str, owner: str, why: str, ops=()) -> bool:
@@ -114,3 +136,18 @@ def release(store, name: str, owner: str, ops=()) -> bool:
     if ops:
         store.txn([], list(ops))
     return False
+
+
+def release_all(store, names: list[str], owner: str, ops=()) -> bool:
+    """Drop every lock of ``names`` and apply ``ops``, in one transaction,
+    when each is ``owner``'s and none is held for an operator.  False, and
+    nothing written, otherwise (or when one changed meanwhile): the caller
+    then releases each with :func:`release`."""
+    ranges = store.txn([], [Get(keys.lock(name)) for name in names]).ranges
+    now = [kvs[0] if kvs else None for kvs in ranges]
+    for kv in now:
+        lock = readable(kv) if kv is not None else None
+        if lock is None or lock.get("owner") != owner or lock.get("held"):
+            return False
+    return store.txn([modified_at(kv.key, kv.mod_revision) for kv in now],
+                     [*(Delete(keys.lock(name)) for name in names), *ops]).succeeded

@@ -57,11 +57,11 @@ def keep_aside(host, uuid: str, mark: dict) -> dict | None:
     """Stop and undefine ``host``'s copy of ``uuid``, keep its volumes aside
     and drop this host's ``vms/`` record of it; the ``aside/`` record
     written, or None when there was no volume."""
-    from engine.hypervisor.vm import _find, _vm_lock, power_off_and_undefine
+    from engine.hypervisor.vm import _vm_lock, find_domain, power_off_and_undefine
     stamp = int(mark.get("time") or time.time())
     prefix = aside_prefix(uuid, stamp)
     with _vm_lock(host, uuid):
-        dom = _find(host, uuid)
+        dom = find_domain(host, uuid)
         name = dom.name() if dom is not None else None
         if dom is not None:
             power_off_and_undefine(dom, f"the stale copy of VM {name!r}")

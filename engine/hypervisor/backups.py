@@ -63,7 +63,7 @@ from engine.hypervisor.domain_xml import volume_xml
 from engine.hypervisor.guest_agent import freeze, thaw
 from engine.hypervisor.moves import ACTIVE, disks_of
 from engine.hypervisor.records import vm_state
-from engine.hypervisor.vm import _find, _label, _uuid
+from engine.hypervisor.vm import _label, _uuid, find_domain
 from engine.hypervisor.volcopy import checksum_volume, copy_volume, physical_size
 
 __all__ = ["take", "prune", "discard", "prepare_store", "verify", "delete", "store_pool",
@@ -283,7 +283,7 @@ def _undo_here(host, dom, backup_id: str) -> list[str]:
 def discard_source(host, uuid: str, backup_id: str) -> list[str]:
     """What an attempt ``backup_id`` left on the VM's host: its job, its
     scratch volumes, its checkpoint."""
-    return _undo_here(host, _find(host, uuid), backup_id)
+    return _undo_here(host, find_domain(host, uuid), backup_id)
 
 
 def discard(host, args: dict) -> dict:
@@ -291,7 +291,7 @@ def discard(host, args: dict) -> dict:
     target alike (a backup whose record exists keeps its volumes)."""
     backup_id = _backup_id(args)
     uuid = args.get("uuid")
-    dom = _find(host, uuid) if isinstance(uuid, str) else None
+    dom = find_domain(host, uuid) if isinstance(uuid, str) else None
     removed = _undo_here(host, dom, backup_id)
     if readable(host.store.get(keys.backup(backup_id))) is None:
         pool = store_pool(host)
@@ -308,7 +308,7 @@ def prune(host, args: dict) -> dict:
     with ``only`` (a name prefix), every checkpoint so named but ``keep``.
     Backups leave replicas' checkpoints alone, and replicas backups'."""
     uuid = _uuid(args)
-    dom = _find(host, uuid)
+    dom = find_domain(host, uuid)
     if dom is None or is_test(host.conn):
         return {"uuid": uuid, "deleted": []}
     only = args.get("only")
@@ -337,7 +337,7 @@ def take(host, args: dict) -> dict:
     if not isinstance(store, dict) or not all(isinstance(store.get(k), str)
                                               for k in ("host", "libvirt_uri", "pool")):
         raise RequestError("take needs the target's store (backup_store)")
-    dom = _find(host, uuid)
+    dom = find_domain(host, uuid)
     if dom is None:
         raise RequestError(f"{_label(args, uuid)} is not on host {host.host}")
     _undo_here(host, dom, backup_id)

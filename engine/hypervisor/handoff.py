@@ -41,7 +41,7 @@ from engine.hypervisor.domain_xml import volume_xml
 from engine.hypervisor.moves import disks_of, retargeted
 from engine.hypervisor.records import vm_state
 from engine.hypervisor.replicas import promote
-from engine.hypervisor.vm import _find, _label, _uuid, _vm_lock
+from engine.hypervisor.vm import _label, _uuid, _vm_lock, find_domain
 
 __all__ = ["take", "prepare", "top_name"]
 
@@ -81,7 +81,7 @@ def take(host, args: dict) -> dict:
     parent = args.get("parent") or {}
     store = args.get("store")
     with _vm_lock(host, uuid):
-        dom = _find(host, uuid)
+        dom = find_domain(host, uuid)
         if dom is None or vm_state(dom) not in ("running", "paused"):
             raise RequestError(f"{_label(args, uuid)} does not run on {host.host}")
         root = ET.fromstring(dom.XMLDesc(0))

@@ -84,7 +84,7 @@ from engine.core.store import StoreUnavailable
 from engine.errors import RequestError
 from engine.hypervisor.domain_xml import read_metadata
 from engine.hypervisor.records import vm_state
-from engine.hypervisor.vm import _find, _label, _uuid, _vm_lock
+from engine.hypervisor.vm import _label, _uuid, _vm_lock, find_domain
 
 __all__ = ["migrate", "downtime_limit", "DEFAULT_TIMEOUT_PER_GIB", "PEER_GONE_AFTER",
            "SOCKET_ROOT", "FIRST_DOWNTIME_MS", "PASSES_AT_FIRST", "QEMU_DOWNTIME_MS"]
@@ -248,7 +248,7 @@ def _move(host, dest, move: _Move) -> dict:
 def _look_and_move(host, dest, move: _Move) -> dict | None:
     """One look at both hypervisors, then the move or its outcome; None:
     an earlier run's job was watched to its end, look again."""
-    dom = _find(host, move.uuid)
+    dom = find_domain(host, move.uuid)
     if dom is None:
         return _moved_already(dest, move)
     if _job_running(dom):
@@ -275,7 +275,7 @@ def _settle(host, uuid: str, wait: float = 10.0) -> None:
     moment before libvirt removes it; wait until it is gone or active."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        dom = _find(host, uuid)
+        dom = find_domain(host, uuid)
         try:
             if dom is None or dom.isActive():
                 return
@@ -349,7 +349,7 @@ def _copy(host, dest, dom, move: _Move) -> dict:
             shutil.rmtree(sockets, ignore_errors=True)
     seconds = time.monotonic() - started
 
-    if "ok" not in outcome and not (_find(host, move.uuid) is None
+    if "ok" not in outcome and not (find_domain(host, move.uuid) is None
                                     and _holds(dest, move)):
         _restore(host, move, state)
         error = outcome.get("error", "unknown")
@@ -633,7 +633,7 @@ def _stop_there(there, move: _Move) -> None:
 def _restore(host, move: _Move, was: str) -> None:
     """After a failed copy the VM is here as it was before: a live VM runs
     (or stays paused), a cold one is shut off again."""
-    dom = _find(host, move.uuid)
+    dom = find_domain(host, move.uuid)
     if dom is None:
         return
     if not move.live:

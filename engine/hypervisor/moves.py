@@ -39,8 +39,8 @@ from engine.hypervisor.definition import seed_from_metadata
 from engine.hypervisor.domain_xml import NAMESPACE, read_metadata, seed_source, volume_xml
 from engine.hypervisor.networks import retarget as retarget_interfaces
 from engine.hypervisor.records import vm_state
-from engine.hypervisor.vm import _find, _label, _libvirt_call, _uuid, _vm_lock, \
-    console_log_path, make_seed, offered_here
+from engine.hypervisor.vm import _label, _libvirt_call, _uuid, _vm_lock, \
+    console_log_path, find_domain, make_seed, offered_here
 from engine.hypervisor.vmpublish import publish_domain
 
 __all__ = ["describe", "prepare", "adopt", "locate", "disks_of", "retargeted", "ACTIVE"]
@@ -73,7 +73,7 @@ def disks_of(conn, root: ET.Element) -> list[dict]:
 
 def describe(host, args: dict) -> dict:
     uuid = _uuid(args)
-    dom = _find(host, uuid)
+    dom = find_domain(host, uuid)
     if dom is None:
         raise RequestError(f"{_label(args, uuid)} is not on host {host.host}")
     xml = _libvirt_call(f"cannot read {_label(args, uuid)}", dom.XMLDesc,
@@ -104,7 +104,7 @@ def prepare(host, args: dict) -> dict:
     if not isinstance(source, dict) or not isinstance(source.get("xml"), str):
         raise RequestError("prepare needs the source's description (move_describe)")
     with _vm_lock(host, uuid):
-        stale = _find(host, uuid)
+        stale = find_domain(host, uuid)
         if stale is not None:
             if vm_state(stale) in ACTIVE:
                 raise RequestError(f"{_label(args, uuid)} already runs on {host.host}")
@@ -209,7 +209,7 @@ def adopt(host, args: dict) -> dict:
     if want not in ("running", "paused", "shutoff"):
         raise RequestError(f"adopt: state must be running, paused or shutoff, got {want!r}")
     with _vm_lock(host, uuid):
-        dom = _find(host, uuid)
+        dom = find_domain(host, uuid)
         if dom is None:
             xml = args.get("xml")
             if not isinstance(xml, str):

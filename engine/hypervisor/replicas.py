@@ -50,7 +50,7 @@ from engine.hypervisor.domain_xml import volume_xml
 from engine.hypervisor.moves import ACTIVE, disks_of
 from engine.hypervisor.records import vm_state
 from engine.hypervisor.restores import disk_volume_name
-from engine.hypervisor.vm import _find, _label, _uuid, _vm_lock
+from engine.hypervisor.vm import _label, _uuid, _vm_lock, find_domain
 from engine.hypervisor.volcopy import checksum_volume, physical_size
 
 __all__ = ["prepare", "take", "apply", "prune", "discard", "drop", "promote"]
@@ -97,7 +97,7 @@ def take(host, args: dict) -> dict:
     uuid = _uuid(args)
     update = _update_id(args, uuid)
     parent = args.get("parent")
-    dom = _find(host, uuid)
+    dom = find_domain(host, uuid)
     if dom is None:
         raise RequestError(f"{_label(args, uuid)} is not on host {host.host}")
     if isinstance(parent, dict) and vm_state(dom) not in ACTIVE \
@@ -297,7 +297,7 @@ def promote(host, args: dict) -> dict:
                     and consumed.get("owner") == owner:
                 return consumed
             raise RequestError(f"{_label(args, uuid)} has no replica on {host.host}")
-        if _find(host, uuid) is not None:
+        if find_domain(host, uuid) is not None:
             raise RequestError(f"{_label(args, uuid)} is defined on {host.host} already")
         pool = images.ensure_pool(host)
         pool.refresh(0)

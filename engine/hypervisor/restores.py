@@ -22,7 +22,7 @@ from engine.core import steps
 from engine.errors import RequestError
 from engine.hypervisor import images, qcow2
 from engine.hypervisor.backups import Ticker, is_test
-from engine.hypervisor.vm import _find, _label, _uuid, _vm_lock
+from engine.hypervisor.vm import _label, _uuid, _vm_lock, find_domain
 from engine.hypervisor.volcopy import copy_volume, physical_size
 
 __all__ = ["restore_disks", "disk_volume_name"]
@@ -51,7 +51,7 @@ def restore_disks(host, args: dict) -> dict:
     uuid = _uuid(args)
     chain = _check_chain(args.get("chain"))
     with _vm_lock(host, uuid):
-        if _find(host, uuid) is not None:
+        if find_domain(host, uuid) is not None:
             raise RequestError(f"{_label(args, uuid)} is already defined on {host.host}")
         pool = images.ensure_pool(host)
         images.delete_volumes(pool, uuid)       # an earlier, unfinished try

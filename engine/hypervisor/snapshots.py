@@ -50,7 +50,7 @@ from engine.hypervisor import qcow2
 from engine.hypervisor.guest_agent import freeze, thaw
 from engine.hypervisor.moves import ACTIVE, disks_of
 from engine.hypervisor.records import vm_state
-from engine.hypervisor.vm import _find, _label, _uuid, _vm_lock
+from engine.hypervisor.vm import _label, _uuid, _vm_lock, find_domain
 
 __all__ = ["create", "revert", "delete", "drop_checkpoints"]
 
@@ -69,7 +69,7 @@ def _snapshot_name(args: dict) -> str:
 
 def _domain(host, args: dict):
     uuid = _uuid(args)
-    dom = _find(host, uuid)
+    dom = find_domain(host, uuid)
     if dom is None:
         raise RequestError(f"{_label(args, uuid)} is not on host {host.host}")
     return uuid, dom
@@ -352,7 +352,7 @@ def delete(host, args: dict) -> dict:
 def _delete(host, args: dict) -> dict:
     uuid = _uuid(args)
     name = _snapshot_name(args)
-    dom = _find(host, uuid)
+    dom = find_domain(host, uuid)
     snapshot = _lookup(dom, name) if dom is not None else None
     if snapshot is not None:
         _failing(f"snapshot {name!r} not deleted", snapshot.delete, 0)

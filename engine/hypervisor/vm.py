@@ -61,7 +61,7 @@ from engine.hypervisor.domain_xml import (ACCELERATORS, DomainSpec, domain_type,
 
 __all__ = ["build", "start", "stop", "reboot", "suspend", "resume", "destroy", "disown",
            "vm_info", "set_ha", "ha_start", "console_log_path", "seed_from_metadata",
-           "DEFAULT_STOP_TIMEOUT"]
+           "find_domain", "DEFAULT_STOP_TIMEOUT"]
 
 log = structlog.get_logger("peerctl.vm")
 
@@ -124,11 +124,13 @@ def _label(args: dict, uuid: str) -> str:
     return f"VM {args['name']!r} ({uuid})" if args.get("name") else f"VM {uuid}"
 
 
-def _find(host, uuid: str):
-    """This host's domain ``uuid``, or None.  Another peer's domain on a
-    shared libvirtd counts as absent, and so does a foreign domain (no
-    peerctl metadata: made by someone else, or let go by ``unmanage``):
-    no request ever acts on one, except ``adopt``'s."""
+def find_domain(host, uuid: str):
+    """This host's libvirt domain ``uuid``, or None: how every request
+    finds the VM it acts on.  Another peer's domain on a shared libvirtd
+    counts as absent, and so does a foreign domain (no peerctl metadata:
+    made by someone else, or let go by ``unmanage``): no request ever acts
+    on one, except ``adopt``'s.  A libvirt error other than "no such
+    domain" is raised as it is."""
     try:
         dom = host.conn.lookupByUUIDString(uuid)
     except libvirt.libvirtError as exc:
@@ -140,7 +142,7 @@ def _find(host, uuid: str):
 
 def _require(host, args: dict):
     uuid = _uuid(args)
-    dom = _find(host, uuid)
+    dom = find_domain(host, uuid)
     if dom is None:
         raise RequestError(f"{_label(args, uuid)} is not on host {host.host}")
     return uuid, dom
@@ -189,7 +191,7 @@ def build(host, args: dict) -> dict:
     disk_ready = bool(args.get("disk_ready"))
 
     with _vm_lock(host, uuid):
-        dom = _find(host, uuid)
+        dom = find_domain(host, uuid)
         defined = dom is None
         if defined:
             dom = _define(host, uuid, name, vcpus, memory_mb, disk_gb, image,
@@ -502,7 +504,7 @@ def destroy(host, args: dict) -> dict:
     swept all the same."""
     uuid = _uuid(args)
     with _vm_lock(host, uuid):
-        dom = _find(host, uuid)
+        dom = find_domain(host, uuid)
         if dom is not None:
             power_off_and_undefine(dom, _label(args, uuid))
         deleted = images.delete_volumes(images.ensure_pool(host), uuid)
@@ -593,7 +595,7 @@ def ha_start(host, args: dict) -> dict:
     left as it is."""
     uuid = _uuid(args)
     with _vm_lock(host, uuid):
-        dom = _find(host, uuid)
+        dom = find_domain(host, uuid)
         if dom is None:
             return {"uuid": uuid, "state": "absent", "restarted": False}
         state = vm_state(dom)
@@ -614,7 +616,7 @@ def vm_info(host, args: dict) -> dict:
     """The VM's record as ``vmlist`` shows it; ``state: absent`` when the
     host has no such VM."""
     uuid = _uuid(args)
-    dom = _find(host, uuid)
+    dom = find_domain(host, uuid)
     if dom is None:
         return {"uuid": uuid, "host": host.host, "state": "absent"}
     return vm_record(host.host, dom)

@@ -307,7 +307,7 @@ class EtcdPlacement(Placement):
         text = isinstance(query, str) and isinstance(required, (str, type(None)))
         query = _parsed(query, required, limit) if text else parse_query(query, required, limit)
         self._check_classes_exist(query.resource_classes)
-        providers, layout = self._view.derived(layout_of, of_structure=True)
+        providers, layout = self.provider_view()
         for group in query.groups:
             if group.in_tree and group.in_tree not in providers:
                 raise NotFound(f"in_tree{group.suffix}: no provider with uuid {group.in_tree}")
@@ -321,13 +321,13 @@ class EtcdPlacement(Placement):
         ``query``, ``required``, ``allowed(host)``, ``owner``) takes the best
         candidate its ``allowed`` accepts, computed on the providers as the
         view holds them now plus the usages of the claims placed before it.
-        The write is :meth:`_write` with every consumer expected absent: the
+        The write is :meth:`write` with every consumer expected absent: the
         compares hold only if no provider changed and no consumer exists;
         a lost race is read again and re-checked there.  Returns, per claim,
         ``{consumer, allocations, host}``, or None for a claim that found
         no candidate here (it is then claimed alone, on a fresh read).
-        Raises what :meth:`_write` raises: nothing is then claimed."""
-        providers, layout = self._view.derived(layout_of, of_structure=True)
+        Raises what :meth:`write` raises: nothing is then claimed."""
+        providers, layout = self.provider_view()
         placed, want, results = {}, {}, []
         view, memos, checked = providers, {}, set()
         for claim in claims:
@@ -366,6 +366,35 @@ class EtcdPlacement(Placement):
         at once: the same read, compares and retries)."""
         consumers = [check_uuid(c, "consumer") for c in consumers]
         self._write({c: None for c in consumers}, {c: ANY for c in consumers})
+
+    # -- for batched writers (engine/placement/moves.py, claim_new_together) -------
+
+    def provider_view(self) -> tuple[dict, object]:
+        """``(providers, layout)``: every provider document (uuid -> doc) as
+        the view holds it now, after one read of what changed, and its
+        :func:`~engine.placement.candidates.layout_of`: what :meth:`candidates`
+        places on.  Both are shared with every other reader: never change
+        them (copy a document to add a batch's usages)."""
+        return self._view.derived(layout_of, of_structure=True)
+
+    def read_consumers(self, consumers: list[str]) -> dict[str, dict | None]:
+        """Consumer uuid -> its document, or None where it has none, all
+        read at one revision in one round trip.  Raises
+        :class:`PlacementError` when a document is unreadable."""
+        read = self._snapshot(consumers, [])
+        return {c: readable(read[CONSUMER + c]) for c in consumers}
+
+    def write(self, want: dict, expect: dict) -> dict:
+        """Give each consumer in ``want`` its document (None: no allocations),
+        all in one transaction that compares every consumer and provider it
+        depends on, and return the documents written.  ``expect``: consumer
+        -> the generation it must be at, None for 'must not exist', or
+        :data:`~engine.placement.api.ANY`.  A lost race is read again and
+        re-checked (up to ``retries`` times); what no longer fits raises
+        :class:`Conflict` (``capacity_exceeded``), a consumer not at its
+        expected generation ``Conflict`` (``concurrent_update``): nothing is
+        then written.  A write that changes nothing is answered at once."""
+        return self._write(want, expect)
 
     # -- allocations ---------------------------------------------------------------
 

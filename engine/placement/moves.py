@@ -31,9 +31,7 @@ from typing import Callable
 
 import structlog
 
-from engine.core.values import readable
-from engine.placement.candidates import find_candidates, layout_of, order
-from engine.placement.etcd import CONSUMER
+from engine.placement.candidates import find_candidates, order
 from engine.placement.model import check_uuid, consumer_doc, normalize_allocations
 from engine.placement.query import parse_query
 
@@ -79,13 +77,12 @@ def move_together(placement, moves: list[MoveClaim]) -> list[dict | None]:
     if not 0 < len(moves) <= LIMIT:
         raise ValueError(f"1 to {LIMIT} moves at once, not {len(moves)}")
     consumers = [check_uuid(c, "consumer") for m in moves for c in (m.instance, m.migration)]
-    read = placement._snapshot(consumers, [])
-    providers, layout = placement._view.derived(layout_of, of_structure=True)
+    docs = placement.read_consumers(consumers)
+    providers, layout = placement.provider_view()
     working: dict[str, dict] = {}       # provider uuid -> copy with this batch's usages
     want, expect, results = {}, {}, []
     for move in moves:
-        inst = readable(read[CONSUMER + move.instance])
-        held = readable(read[CONSUMER + move.migration])
+        inst, held = docs[move.instance], docs[move.migration]
         if held and held["allocations"]:        # moved already: a re-sent step
             where = inst and _host_of(providers, inst["allocations"])
             results.append(where and {"host": where, "allocations": inst["allocations"]})
@@ -116,6 +113,6 @@ def move_together(placement, moves: list[MoveClaim]) -> list[dict | None]:
         expect.update({move.migration: None, move.instance: inst["generation"]})
         results.append({"host": best["host"], "allocations": destination})
     if want:
-        placement._write(want, expect)
+        placement.write(want, expect)
     log.info("placement_moves_together", moves=len(moves), written=len(want) // 2)
     return results
