@@ -33,7 +33,6 @@ idempotent as the single requests are, VM by VM: sent again, each finds
 what the first run did.  A failure that is no refusal (etcd away, libvirt
 gone) fails the whole step, as it would fail a single one.
 """
-import fnmatch
 
 import structlog
 
@@ -46,9 +45,10 @@ from engine.errors import RequestError
 from engine.hypervisor import moves
 from engine.hypervisor.records import vm_state
 from engine.hypervisor.vm import find_domain
-from engine.leases.events import unreserved
+from engine.leases.events import unreserved_each
 from engine.placement import for_request
 from engine.placement.moves import MoveClaim, move_together
+from engine.placement.together import hosts_allowed
 
 handler("move_describe")(moves.describe)
 handler("move_prepare")(moves.prepare)
@@ -163,10 +163,11 @@ def claim_moves(host, args: dict) -> dict:
                      and isinstance(i.get("consumer"), str) and not i.get("live_only")
                      and not i.get("exclude")]
             if alone:
-                reserved = {}
+                unreserved = unreserved_each(host.store)
                 claims = [MoveClaim(items[n]["uuid"], items[n]["consumer"],
-                                    _unreserved(host.store, items[n].get("required"), reserved),
-                                    _allowed(items[n]), items[n].get("prefer"))
+                                    unreserved(items[n].get("required")),
+                                    hosts_allowed([items[n].get("source")], items[n].get("hosts")),
+                                    items[n].get("prefer"))
                           for n in alone]
                 try:
                     made = move_together(placement, claims)
@@ -174,28 +175,11 @@ def claim_moves(host, args: dict) -> dict:
                     log.info("claim_moves_alone", moves=len(alone), error=str(exc))
                     made = [None] * len(alone)
                 done = {n: m for n, m in zip(alone, made) if m is not None}
-    claim = HANDLERS["claim_move"]
-    replies = []
-    for n, item in enumerate(items):
-        if n in done:
-            replies.append({"uuid": item["uuid"], "value": done[n]})
-            continue
-        try:
-            replies.append({"uuid": item["uuid"], "value": claim(host, item)})
-        except RequestError as exc:
-            replies.append({"uuid": item["uuid"], "error": str(exc)})
-    return {"moves": replies}
-
-
-def _unreserved(store, required, seen: dict):
-    if required not in seen:
-        seen[required] = unreserved(store, required)
-    return seen[required]
-
-
-def _allowed(item: dict):
-    source, pattern = item.get("source"), item.get("hosts") or "*"
-    return lambda name: name != source and fnmatch.fnmatchcase(name, pattern)
+    # the rest each by its own claim_move
+    alone_replies = iter(_each(host, HANDLERS["claim_move"],
+                               [item for n, item in enumerate(items) if n not in done]))
+    return {"moves": [{"uuid": item["uuid"], "value": done[n]} if n in done
+                      else next(alone_replies) for n, item in enumerate(items)]}
 
 
 @handler("confirm_moves")

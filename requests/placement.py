@@ -39,12 +39,10 @@ from engine.placement.shortfall import explain
 
 
 def _spec(args: dict) -> str:
-    resources = args.get("resources")
-    if isinstance(resources, dict):
-        return ",".join(f"{rc}:{n}" for rc, n in resources.items())
-    if not isinstance(resources, str) or not resources:
+    query = together.query_of(args)
+    if query is None:
         raise RequestError("claim needs resources (e.g. VCPU:1,MEMORY_MB:256) or allocations")
-    return resources
+    return query
 
 
 def _totals(allocations: dict) -> dict:

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from engine.core.handlers import HANDLERS, handler
 from engine.errors import RequestError
 from engine.hypervisor import vm
-from engine.leases.events import unreserved
+from engine.leases.events import unreserved_each
 from engine.placement import for_request, together
 
 for _name in ("build", "start", "stop", "reboot", "suspend", "resume", "destroy", "disown",
@@ -67,18 +67,13 @@ def _new_claims(host, claims: list) -> dict:
     with for_request(host.store) as placement:
         if placement.backend != "etcd":
             return {}
-    required_now: dict = {}
+    unreserved = unreserved_each(host.store)
     new = {}
     for index, args in enumerate(claims):
-        resources = args.get("resources")
-        if isinstance(resources, dict) and resources:
-            resources = ",".join(f"{rc}:{n}" for rc, n in resources.items())
-        if (args.get("allocations") or args.get("group") or not isinstance(resources, str)
-                or not resources or not isinstance(args.get("consumer"), str)
+        query = together.query_of(args)
+        if (args.get("allocations") or args.get("group") or query is None
+                or not isinstance(args.get("consumer"), str)
                 or not isinstance(args.get("required"), (str, type(None)))):
             continue
-        required = args.get("required")
-        if required not in required_now:
-            required_now[required] = unreserved(host.store, required)
-        new[index] = together.NewClaim.of_request(args, resources, required_now[required])
+        new[index] = together.NewClaim.of_request(args, query, unreserved(args.get("required")))
     return new

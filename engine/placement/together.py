@@ -34,7 +34,8 @@ from typing import Callable
 
 import structlog
 
-__all__ = ["NewClaim", "owner_of", "claim_new", "claim_many", "release", "LIMIT"]
+__all__ = ["NewClaim", "owner_of", "query_of", "hosts_allowed", "claim_new", "claim_many",
+           "release", "LIMIT"]
 
 log = structlog.get_logger("placement")
 
@@ -58,10 +59,25 @@ class NewClaim:
         ``hosts``, ``prefer``, ``project``, ``user``, ``consumer_type``) as
         a claim: ``query`` its resources, ``required`` its traits with the
         reserved hosts' leases ruled out."""
-        excluded, pattern = set(args.get("exclude") or ()), args.get("hosts") or "*"
         return cls(args.get("consumer"), query, required,
-                   lambda name: name not in excluded and fnmatch.fnmatchcase(name, pattern),
+                   hosts_allowed(args.get("exclude") or (), args.get("hosts")),
                    owner_of(args), args.get("prefer"))
+
+
+def hosts_allowed(excluded, pattern: str | None) -> Callable[[str], bool]:
+    """Whether a claim may go to a host: one not in ``excluded`` whose
+    name matches the glob ``pattern`` (None: any)."""
+    excluded, pattern = set(excluded), pattern or "*"
+    return lambda name: name not in excluded and fnmatch.fnmatchcase(name, pattern)
+
+
+def query_of(args: dict) -> str | None:
+    """A claim request's ``resources`` as a query (``{RC: n}`` joined as
+    ``RC:n,...``), or None when it gives none."""
+    resources = args.get("resources")
+    if isinstance(resources, dict):
+        resources = ",".join(f"{rc}:{n}" for rc, n in resources.items())
+    return resources if isinstance(resources, str) and resources else None
 
 
 def owner_of(args: dict) -> dict:
