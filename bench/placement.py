@@ -62,6 +62,7 @@ sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.p
 import requests  # noqa: E402
 
 from bench.options import BadInput, positive  # noqa: E402
+from bench.processes import cpu_seconds  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.placement import open_placement  # noqa: E402
 from engine.placement.model import normalize_inventories  # noqa: E402
@@ -123,13 +124,6 @@ def fill_openstack(url: str, count: int, vcpus: int) -> None:
     s.close()
 
 
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU of a process so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def race(backend: str, claimers: int, workdir: str, server_pid: int) -> dict:
     go = os.path.join(workdir, f"go-{uuid.uuid4().hex[:6]}")
     procs = [subprocess.Popen([sys.executable, CLAIMER, backend, "VCPU:1", "until-refused", go],
@@ -142,7 +136,7 @@ def race(backend: str, claimers: int, workdir: str, server_pid: int) -> dict:
             if time.monotonic() > deadline:
                 raise TimeoutError("claimers did not start")
             time.sleep(0.01)
-        server_cpu = cpu_seconds(server_pid)
+        server_cpu = cpu_seconds([server_pid])
         open(go, "w").close()
         results = []
         for p in procs:
@@ -150,7 +144,7 @@ def race(backend: str, claimers: int, workdir: str, server_pid: int) -> dict:
             if p.returncode:
                 raise RuntimeError(err[-2000:])
             results.append(json.loads(out.strip().splitlines()[-1]))
-        server_cpu = cpu_seconds(server_pid) - server_cpu
+        server_cpu = cpu_seconds([server_pid]) - server_cpu
     finally:
         for p in procs:
             if p.poll() is None:

@@ -104,7 +104,6 @@ def _padded(column: list[str]) -> list[str]:
     return list(map(done.__getitem__, column))
 
 
-
 def _pad(parts: list[str], width: int) -> list[str]:
     """A text split on its digit runs (numbers at odd places), each number
     zero-filled to ``width`` behind a \\x01."""
