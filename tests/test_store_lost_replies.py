@@ -2,7 +2,7 @@
 
 When an etcd member dies with a transaction in flight, the client cannot
 tell whether it was applied.  ``Store.txn_once`` tries a guarded write
-again and, when the retry's guard fails, asks its proof key whether an
+again and, whenever its guard fails, asks its proof key whether an
 earlier attempt wrote it.  Here the loss is injected at the one RPC door
 (``Store._call``) of a real etcd, before or after the write reaches it; the
 real thing, a leader member SIGKILLed under a stream of commands, is in
@@ -56,6 +56,22 @@ def test_a_write_lost_before_it_reached_etcd_is_written_by_the_retry(store, monk
     lost = lose_replies(store, monkeypatch, 3, landed=False)
     automation = api.start_automation(store, "ping", {"hosts": ["h1"], "rounds": 1})
     assert lost == ["Txn"] * 3
+    assert specs(store) == [keys.spec(automation)]
+
+
+def test_a_write_the_failover_sent_twice_is_known_for_its_own(store, monkeypatch, live_host):
+    """The first member applied the write and died; the failover judged it
+    unsent and sent it to the next member, whose guard failed: what
+    ``Store._call`` answers is a plain refusal, with no lost reply to see."""
+    real, sent = store._call, []
+
+    def sent_twice(stub, method, request, read=None):
+        if method == "Txn" and not read and not sent:
+            sent.append(real(stub, method, request, read))     # applied, reply lost
+        return real(stub, method, request, read)
+    monkeypatch.setattr(store, "_call", sent_twice)
+    automation = api.start_automation(store, "ping", {"hosts": ["h1"], "rounds": 1})
+    assert sent[0].succeeded
     assert specs(store) == [keys.spec(automation)]
 
 

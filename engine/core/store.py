@@ -430,21 +430,20 @@ class Store:
         A member that dies with the transaction in flight (or an election
         that outlasts the deadline) leaves its outcome unknown.  The write is
         then tried again, for ``within`` seconds (twice the timeout by
-        default); when a later attempt's guard fails, the key ``proof``, put
-        by ``success`` with a value unique to this call, tells whether an
-        earlier attempt wrote it.  Raises StoreUnavailable when etcd stays
+        default).  Whenever the guard fails, the key ``proof``, put by
+        ``success`` with a value unique to this call, tells whether an
+        attempt of this call wrote it: a lost reply may also hide behind a
+        failover that judged the write unsent and sent it to another member
+        (:meth:`_call`).  Raises StoreUnavailable when etcd stays
         unreachable."""
         success, compares = list(success), list(compares)
         (mine,) = [_decode(_encode(op.value)) for op in success
                    if isinstance(op, Put) and op.key == proof]
         deadline = time.monotonic() + (2 * self._timeout if within is None else within)
-        unknown = False
         while True:
             try:
                 if self.txn(compares, success).succeeded:
                     return True
-                if not unknown:
-                    return False
                 kv = self.get(proof)
                 return kv is not None and kv.value == mine
             except LeaseGone:
@@ -452,7 +451,6 @@ class Store:
             except StoreUnavailable:
                 if time.monotonic() >= deadline:
                     raise
-                unknown = True
                 time.sleep(0.1)
 
     def create(self, key: str, value: Any, lease: int = 0) -> bool:
