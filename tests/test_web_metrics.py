@@ -181,8 +181,9 @@ def test_what_changed_while_cut_off_past_a_compaction_arrives_with_a_fresh_read(
 
             found = wait_until(lambda: scrape(metrics),
                                lambda f: ended(f, "boot") == 1 and ended(f, "boot", "failed") == 1
-                               and value(f, "peerctl_vms", state="unknown") == 0,
-                               timeout=30, what="the changes made while cut off")
+                               and value(f, "peerctl_vms", state="unknown") == 0
+                               and value(f, "peerctl_etcd_up") == 1,    # its own poll, apart
+                               timeout=30, what="the changes made while cut off, etcd up")
             assert value(found, "peerctl_automation_duration_seconds",
                          "peerctl_automation_duration_seconds_sum", kind="boot",
                          outcome="done") == 30.0
