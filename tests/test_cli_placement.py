@@ -9,6 +9,7 @@ import pytest
 
 from engine.placement import open_placement
 from engine.core.store import Store
+from tests.support import last_write
 from tests.support.placement import make_provider, new_uuid
 
 MAX = 2147483647
@@ -113,22 +114,22 @@ def test_candidates_full_query_language(cluster, world):
     (["VCPU:1", "--limit", "0"], "limit"),
 ])
 def test_candidates_bad_input(cluster, world, args, words):
-    revision = world["store"].revision()
+    before = last_write(world["store"])
     done = cluster.cli("--format", "json", "placement", "candidates", *args)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], done.stderr
     assert "Traceback" not in done.stderr
-    assert world["store"].revision() == revision       # nothing written
+    assert last_write(world["store"]) == before       # nothing written
 
 
 def test_allocations_of_a_consumer_that_is_not_a_uuid_exits_2(cluster, world):
-    revision = world["store"].revision()
+    before = last_write(world["store"])
     done = cluster.cli("--format", "json", "placement", "allocations", "not-a-uuid")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == ["peerctl: bad consumer 'not-a-uuid': not a UUID"]
-    assert world["store"].revision() == revision
+    assert last_write(world["store"]) == before
     unknown = "00000000-0000-4000-8000-000000000000"       # a uuid holding nothing
     assert cluster.cli_json("placement", "allocations", unknown) == []
 

@@ -10,7 +10,7 @@ import pytest
 from engine.core import keys
 from engine.errors import StoreUnavailable
 from engine.hypervisor.vmpublish import VmPublisher, publish_domain
-from tests.support import wait_for
+from tests.support import last_write, wait_for
 from tests.support.handlers import call, host, new_host  # noqa: F401  (host: a fixture)
 
 
@@ -87,9 +87,9 @@ def test_reconcile_brings_records_up_to_date_and_never_makes_or_forgets_a_vm(sto
     assert records[gone["uuid"]]["missing_since"] > 0
     assert store.get("vms/other-host/x") is not None
 
-    revision = store.revision()
+    before = last_write(store)
     assert publisher.reconcile() == 0
-    assert store.revision() == revision          # nothing rewritten
+    assert last_write(store) == before           # nothing rewritten
 
     call(host, "suspend", uuid=a["uuid"])
     dom = host.conn.lookupByUUIDString(a["uuid"])
@@ -134,9 +134,9 @@ def test_an_ha_vm_down_or_missing_asks_a_restart_once(store, host):
     publisher.reconcile()
     asked = {kv.value["uuid"]: kv.value["why"] for kv in store.range(keys.restart())[0]}
     assert asked == {crashed["uuid"]: "crashed", vanished["uuid"]: "missing"}
-    revision = store.revision()
+    before = last_write(store)
     publisher.reconcile()
-    assert store.revision() == revision          # asked once
+    assert last_write(store) == before           # asked once
     for vm in (crashed, stopped):
         call(host, "destroy", uuid=vm["uuid"])
 
@@ -179,9 +179,9 @@ def test_build_publishes_before_replying_and_an_older_view_never_overwrites_it(
     key = f"vms/{host.host}/{args['uuid']}"
     assert store.get(key).value["state"] == "running"
     assert store.get(key).value["want"] == "running"
-    revision = store.revision()
+    before = last_write(store)
     call(host, "build", **args)
-    assert store.revision() == revision                 # idempotent: nothing rewritten
+    assert last_write(store) == before                  # idempotent: nothing rewritten
 
     publisher = VmPublisher(store, host.host, host.conn)
     listed = publisher.records

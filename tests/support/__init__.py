@@ -3,7 +3,7 @@
 - this package: :data:`ROOT`, :data:`PEERCTL`, :data:`TEST_AUTOMATIONS`,
   :func:`wait_for`, the one poll-until-true every test uses, and
   :func:`wait_until`, the same poll that returns what it read once it is
-  acceptable;
+  acceptable; :func:`last_write`, what proves that nothing was written;
 - :mod:`.cluster`: real peer processes and the real command line
   (``Cluster``, ``start_peers``, ``alive``, ``finished``);
 - :mod:`.hooks`: request hooks that count, record or fail executions;
@@ -63,3 +63,12 @@ def wait_until(read, accept, timeout=20.0, interval=0.05, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def last_write(store) -> tuple[int, int]:
+    """What changes with any write to the store's cluster: the newest mod
+    revision of its keys and how many there are (a delete).  etcd's own
+    revision is the whole server's, which other tests' leases move as they
+    expire: equal before and after, this says nothing was written here."""
+    kvs, _ = store.range("", keys_only=True)
+    return max((kv.mod_revision for kv in kvs), default=0), len(kvs)
