@@ -10,9 +10,10 @@ step run on the initiator itself and on another peer; failover time from
 SIGKILL of the initiator to the next request appended by another peer; and
 where a step on another peer spends its time (``step_timeline``).
 Each figure is printed next to its target, with PASS or MISS: sequential
-steps/s at least 40% of raw sequential transactions/s (issue 2), 16 parallel
-workers at least 40% of raw transactions/s from 8 threads (issue 15); a
-sequential step on another peer within 1.25x its floor, three sequential raw
+steps/s on the initiator at least 40% of raw sequential transactions/s
+(issue 2), 16 parallel workers at least 40% of raw transactions/s from 8
+threads (issue 15); a sequential step on another peer (no longer held to 40%
+of raw: issue 34 measured its ceiling) within 1.25x its floor, three sequential raw
 transactions through the same client, measured before each of its runs
 (interleaved, so that load hits both alike; the medians count, issue 34);
 failover within TTL + 0.5 s.  The load average is printed with them.
@@ -209,9 +210,12 @@ def measure(options, workdir) -> list[str]:
              f"{'raw etcd transactions/s from 8 threads':45} {raw8:10.0f} {raw8 / raw:12.0%}"]
     for label, rate in rows:
         sequential = label.startswith("sequential")
+        line = f"{'steps/s, ' + label:45} {rate:10.0f} {rate / raw:12.0%} "
+        if label == "sequential, step on another peer":     # its target: the floor, below
+            lines.append(line + "target: see its floor, below")
+            continue
         reference, share = (raw, SEQUENTIAL_TARGET) if sequential else (raw8, PARALLEL_TARGET)
-        lines.append(f"{'steps/s, ' + label:45} {rate:10.0f} {rate / raw:12.0%} "
-                     + ("" if sequential else f"({rate / raw8:.0%} of 8 threads) ")
+        lines.append(line + ("" if sequential else f"({rate / raw8:.0%} of 8 threads) ")
                      + f">= {share:.0%}: " + verdict_of(rate / reference >= share))
     lines += ["",
               f"step on another peer: {step:.2f} ms vs its floor, 3 sequential raw transactions "
