@@ -13,7 +13,12 @@ missing; no target).  Figures:
 - claims/s: ``--claimers`` processes, each taking the best candidate for
   VCPU:1 and claiming it for a new consumer (alternates on
   capacity_exceeded) until nothing fits, on ``--providers`` fresh providers
-  of ``--vcpus`` VCPU; claims/s = claims granted / wall time from the
+  of ``--vcpus`` VCPU.  Placement's claimers ask for candidates, then claim
+  one (its API's two calls); etcd's place and claim as a peer's ``claim``
+  request does (``claim_new_together``: the best candidate of a provider
+  view brought up to date by the claimer's last write, which carries that
+  read, then one guarded transaction), falling back to candidates-then-claim
+  when that finds nothing.  Claims/s = claims granted / wall time from the
   common start to the last claimer's end.  The etcd and sqlite races take
   turns, ``--rounds`` times, in alternating order (etcd first in the odd
   rounds, Placement first in the even), so that the machine's load hits
@@ -124,9 +129,10 @@ def fill_openstack(url: str, count: int, vcpus: int) -> None:
     s.close()
 
 
-def race(backend: str, claimers: int, workdir: str, server_pid: int) -> dict:
+def race(backend: str, claimers: int, workdir: str, server_pid: int,
+         mode: str = "until-refused") -> dict:
     go = os.path.join(workdir, f"go-{uuid.uuid4().hex[:6]}")
-    procs = [subprocess.Popen([sys.executable, CLAIMER, backend, "VCPU:1", "until-refused", go],
+    procs = [subprocess.Popen([sys.executable, CLAIMER, backend, "VCPU:1", mode, go],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
              for _ in range(claimers)]
     try:
@@ -196,7 +202,7 @@ class EtcdSide:
         store = Store(self.etcd.url, cluster)
         fill_etcd(store, self.args.providers, self.args.vcpus)
         r = race(f"etcd:{self.etcd.url}:{cluster}", self.args.claimers, self.workdir,
-                 self.etcd.process.pid)
+                 self.etcd.process.pid, mode="placed-until-refused")
         r["overuse"] = worst_overuse(open_placement("etcd", store))
         store.close()
         return r

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from engine.placement import open_placement
 from engine.core.store import Store
 from tests.support import ROOT, wait_for
@@ -18,10 +20,10 @@ CLAIMER = os.path.join(ROOT, "tests", "support", "placement_claimer.py")
 PROCESSES = 8
 
 
-def race(backend: str, spec: str, tmp_path) -> list[dict]:
+def race(backend: str, spec: str, tmp_path, mode: str = "until-refused") -> list[dict]:
     """PROCESSES claimers, released together once every one is connected."""
     go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, CLAIMER, backend, spec, "until-refused", str(go)],
+    procs = [subprocess.Popen([sys.executable, CLAIMER, backend, spec, mode, str(go)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
              for _ in range(PROCESSES)]
     try:
@@ -78,12 +80,16 @@ def check_exact(placement, results, rps):
     return len(claimed)
 
 
-def test_eight_processes_claim_exactly_capacity_on_etcd(etcd, cluster_name, tmp_path):
+@pytest.mark.parametrize("mode", ["until-refused", "placed-until-refused"])
+def test_eight_processes_claim_exactly_capacity_on_etcd(etcd, cluster_name, tmp_path, mode):
+    """Each claimer asks for candidates and claims one, as Placement's
+    clients do; or places and claims in one transaction, on the view its
+    last write brought up to date, as a peer's claim request does."""
     store = Store(etcd.url, cluster_name)
     placement = open_placement("etcd", store)
     rps = fill(placement, 10, 8)
     capacity = 80
-    results = race(f"etcd:{etcd.url}:{cluster_name}", "VCPU:1", tmp_path)
+    results = race(f"etcd:{etcd.url}:{cluster_name}", "VCPU:1", tmp_path, mode)
     seen = contention(results)
     print("etcd race:", seen)
     assert check_exact(placement, results, rps) == capacity

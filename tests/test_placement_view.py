@@ -16,8 +16,10 @@ import pytest
 
 from engine.core import values
 from engine.core.store import Delete, Put, Store
-from engine.placement import Conflict, open_placement
+from engine.placement import Conflict, open_placement, together
+from engine.placement import etcd as placement_etcd
 from engine.placement import view as view_module
+from engine.placement.together import NewClaim, owner_of
 from engine.placement.view import BUCKET, RP, stamped, view_of
 from tests.support.placement import make_provider, new_uuid
 from tests.support.raw import put_raw
@@ -317,3 +319,88 @@ def test_a_ranking_kept_over_changed_documents_finds_what_a_fresh_one_finds():
         assert kept == fresh
         best = order(find_candidates(docs, query, 5, layout, memo), limit=5)
         assert [c["weight"] for c in best] == sorted(fresh.values(), reverse=True)[:5]
+
+
+# -- a writer's transaction carries the read: no read of its own before the next claim
+
+@pytest.fixture
+def small(etcd, cluster_name):
+    """(reader, writer, the reads of providers the reader's store makes)."""
+    stores = [Store(etcd.url, cluster_name) for _ in range(2)]
+    reads = []
+    changed_since, range_ = stores[0].changed_since, stores[0].range
+
+    def counted_changed_since(prefix, revision):
+        reads.append("what changed")
+        return changed_since(prefix, revision)
+
+    def counted_range(prefix, *args, **kwargs):
+        if prefix == RP:
+            reads.append("everything")
+        return range_(prefix, *args, **kwargs)
+    stores[0].changed_since, stores[0].range = counted_changed_since, counted_range
+    yield (*(open_placement("etcd", s) for s in stores), reads)
+    for s in stores:
+        s.close()
+
+
+def test_a_write_brings_the_writers_view_up_to_date_with_what_others_wrote(small):
+    reader, writer, reads = small
+    a, b = (make_provider(writer, name, COMPUTE) for name in ("a", "b"))
+    view = view_of(reader.store)
+    assert hosts(reader) == ["a", "b"]
+    writer.claim(new_uuid(), {b["uuid"]: {"VCPU": 4}}, **P)    # unknown to the reader
+    reader.claim(new_uuid(), {a["uuid"]: {"VCPU": 1}}, consumer_generation=None, **P)
+    reads.clear()
+    docs = view.providers(max_age=60)
+    assert reads == []                              # the claim's transaction read it
+    assert docs[a["uuid"]]["usages"] == {"VCPU": 1} and docs[b["uuid"]]["usages"] == {"VCPU": 4}
+    view.providers(max_age=1e-9)                    # older than that: read again
+    view.providers()                                # no age given: read at the call
+    assert reads == ["what changed", "what changed"]
+
+
+def test_a_provider_another_writer_deleted_makes_the_next_read_a_whole_one(small):
+    reader, writer, reads = small
+    a, b = (make_provider(writer, name, COMPUTE) for name in ("a", "b"))
+    view = view_of(reader.store)
+    assert hosts(reader) == ["a", "b"]
+    writer.delete_provider(b["uuid"])
+    reader.claim(new_uuid(), {a["uuid"]: {"VCPU": 1}}, consumer_generation=None, **P)
+    reads.clear()
+    assert set(view.providers(max_age=60)) == {a["uuid"]}     # the count told: behind
+    assert reads == ["what changed", "everything"]
+
+
+@pytest.fixture
+def patient(monkeypatch):
+    """Claims placed on a view up to a minute old (however slow the machine)."""
+    monkeypatch.setattr(placement_etcd, "CLAIM_VIEW_AGE", 60.0)
+
+
+def test_a_claim_placed_on_a_recent_view_never_takes_what_another_writer_took(small, patient):
+    reader, writer, _ = small
+    a, b = (make_provider(writer, name, COMPUTE) for name in ("a", "b"))
+    assert hosts(reader) == ["a", "b"]
+    writer.claim(new_uuid(), {a["uuid"]: {"VCPU": 4}}, **P)    # a is full: the reader's view
+    only_a = NewClaim(new_uuid(), "VCPU:1", None, lambda host: host == "a", owner_of(P))
+    with pytest.raises(Conflict) as refused:        # placed on a, lost the race, judged again
+        reader.claim_new_together([only_a])
+    assert refused.value.reason == "capacity_exceeded" and reader.races_lost == 1
+    assert writer.allocations(only_a.consumer)["allocations"] == {}
+    assert writer.provider(a["uuid"])["usages"] == {"VCPU": 4}
+    # a peer's claim request: the batch gives up, the claim is then made alone
+    assert together.claim_new(reader.store, only_a) is None
+
+
+def test_a_claim_placed_on_a_recent_view_is_made_where_there_is_still_room(small, patient):
+    reader, writer, reads = small
+    a = make_provider(writer, "a", COMPUTE)
+    assert hosts(reader) == ["a"]
+    reader.claim(new_uuid(), {a["uuid"]: {"VCPU": 1}}, consumer_generation=None, **P)
+    writer.claim(new_uuid(), {a["uuid"]: {"VCPU": 2}}, **P)    # unknown to the reader
+    reads.clear()
+    [done] = reader.claim_new_together([NewClaim(new_uuid(), "VCPU:1", None,
+                                                 lambda host: True, owner_of(P))])
+    assert done["host"] == "a" and reader.races_lost == 1 and reads == []
+    assert writer.provider(a["uuid"])["usages"] == {"VCPU": 4}

@@ -58,6 +58,8 @@ RP, NAME, RC, CONSUMER, DRAINED = (keys.placement(part) for part in
                                    ("rp/", "name/", "rc/", "consumer/", "drained/"))
 
 
+# claim_new_together places on a view brought up to date at most this long ago
+CLAIM_VIEW_AGE = 0.1
 _NUMBER_TYPES = frozenset((int, float))     # exact types: a bool is no number here
 
 
@@ -311,7 +313,7 @@ class EtcdPlacement(Placement):
         for group in query.groups:
             if group.in_tree and group.in_tree not in providers:
                 raise NotFound(f"in_tree{group.suffix}: no provider with uuid {group.in_tree}")
-        memo = self._view.memo(tuple(p for p in query.to_params() if p[0] != "limit"), layout)
+        memo = self._view.memo(_memo_key(query), layout)
         return order(find_candidates(providers, query, query.limit, layout, memo),
                      limit=query.limit)
 
@@ -326,19 +328,27 @@ class EtcdPlacement(Placement):
         a lost race is read again and re-checked there.  Returns, per claim,
         ``{consumer, allocations, host}``, or None for a claim that found
         no candidate here (it is then claimed alone, on a fresh read).
-        Raises what :meth:`write` raises: nothing is then claimed."""
-        providers, layout = self.provider_view()
+        Raises what :meth:`write` raises: nothing is then claimed.
+
+        The view may be up to :data:`CLAIM_VIEW_AGE` seconds old: no read
+        when this process's last placement read or write brought it up to
+        date since (each write carries that read: ``ProviderView.rider``).
+        What changed since on a provider a claim takes makes the write lose
+        and be judged again on what etcd holds, as any lost race is; a host
+        that gained room meanwhile is seen by the next batch."""
+        providers, layout = self._view.derived(layout_of, of_structure=True,
+                                               max_age=CLAIM_VIEW_AGE)
         placed, want, results = {}, {}, []
-        view, memos, checked = providers, {}, set()
+        view, checked = providers, set()
         for claim in claims:
             query = _parsed(claim.query, claim.required, None)
             if (claim.query, claim.required) not in checked:
                 self._check_classes_exist(query.resource_classes)
                 checked.add((claim.query, claim.required))
-            # Per query, the weights of the hosts no claim of this batch
-            # changed are kept: each claim weighs again only where the one
-            # before it went.
-            memo = memos.setdefault((claim.query, claim.required), {})
+            # Per query, the weights kept with the view (candidates' own):
+            # each claim weighs again only the hosts whose documents changed
+            # since, the batch's claims before it or other writers.
+            memo = self._view.memo(_memo_key(query), layout)
             ordered = order(find_candidates(view, query, None, layout, memo))
             if claim.prefer:
                 ordered.sort(key=lambda c: c["host"] != claim.prefer)
@@ -523,13 +533,17 @@ class EtcdPlacement(Placement):
             doc["generation"] += 1
             ops.append(Put(RP + rp, doc))
         keys = list(read)
-        result = self.store.txn(compares, stamped(ops), [Get(k) for k in keys])
+        rider = self._view.rider()      # what changed among the providers, read with it
+        riding = [rider[0]] if rider else []
+        result = self.store.txn(compares, stamped(ops) + riding, [Get(k) for k in keys] + riding)
+        if rider:
+            self._view.carried(rider, result.ranges[-1], result.counts[-1], result.revision)
         if result.succeeded:
             for rp, doc in rps.items():
                 self._view.saw(KV(RP + rp, doc, 0, result.revision, 0, 0), checked=True)
             return True, docs
         self.races_lost += 1
-        return False, self._found(keys, result.ranges)
+        return False, self._found(keys, result.ranges[:len(keys)])
 
     @staticmethod
     def _check_fits(rp: dict, rc: str, amount: int, before: int) -> None:
@@ -576,6 +590,11 @@ def _drain_doc(doc: dict, saved_kv, drained: bool) -> list:
                               for rc, inv in inventories.items()}
     doc["traits"] = sorted(traits - {DISABLED_TRAIT})
     return [Delete(key)] if saved_kv else []
+
+
+def _memo_key(query) -> tuple:
+    """What the weights a query computes depend on: the query, its limit aside."""
+    return tuple(p for p in query.to_params() if p[0] != "limit")
 
 
 def _bad_uuid(consumer) -> bool:

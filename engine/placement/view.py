@@ -25,13 +25,21 @@ Promises:
   by every placement opened on it (a peer's request handlers open one per
   request), safe to use from several threads;
 - :meth:`ProviderView.providers` returns what etcd holds at the moment of
-  the call, unreadable documents left out (and reported once);
+  the call, unreadable documents left out (and reported once); with
+  ``max_age``, what it held at most that many seconds before the call (no
+  read when the view was brought up to date since);
   :meth:`ProviderView.derived` returns the same with a value computed from
   them, once per version of the documents (or, for a value of where the
   providers stand, once per version of that); :meth:`ProviderView.memo`
   keeps per-document values between queries;
 - every writer of provider documents puts their bucket keys in the same
   transaction (:func:`stamped`);
+- a transaction that carries :meth:`ProviderView.rider` (a read of what
+  changed since the view's last read, answered at the transaction's
+  revision) and hands its answer to :meth:`ProviderView.carried` brings a
+  view of fewer than ``BUCKETS_FROM`` providers up to date as a read would:
+  a writer's next :meth:`~ProviderView.providers` with ``max_age`` needs no
+  read of its own;
 - a key never goes back in time: what this process wrote
   (:meth:`ProviderView.saw`, :meth:`ProviderView.gone`) and what a read
   brought apply only over an older revision of that key, whatever order
@@ -44,7 +52,7 @@ import time
 import weakref
 
 from engine.core import keys
-from engine.core.store import KV, Delete, Put, Store
+from engine.core.store import KV, Delete, Get, Put, Store
 from engine.core.values import declare, readable, shape_of
 
 __all__ = ["ProviderView", "view_of", "stamped", "BUCKET"]
@@ -100,29 +108,35 @@ class ProviderView:
         self._in_bucket: dict[str, int] = {}    # bucket -> keys the view holds in it
         self._scanned = 0.0     # time.monotonic() of the last scan of every provider
         self._scanned_to = 0    # the revision it read at: the next one reads from there
+        self._fresh_at = None   # time.monotonic() a read that brought it up to date began
 
     # -- reading ---------------------------------------------------------------------
 
-    def providers(self) -> dict[str, dict]:
-        """uuid -> provider document, as etcd holds them now (do not modify)."""
-        return self._current()[0]
+    def providers(self, max_age: float = 0.0) -> dict[str, dict]:
+        """uuid -> provider document, as etcd holds them now, or held them
+        at most ``max_age`` seconds ago (do not modify)."""
+        return self._current(max_age)[0]
 
-    def _current(self) -> tuple[dict, int]:
-        self.sync()
+    def _current(self, max_age: float = 0.0) -> tuple[dict, int]:
+        fresh_at = self._fresh_at
+        if not max_age or fresh_at is None or time.monotonic() - fresh_at > max_age:
+            self.sync()
         with self._lock:
             if self._docs is None:
                 self._docs = {kv.value["uuid"]: kv.value for kv in self._kvs.values()}
             self._handed = True
             return self._docs, self._structure
 
-    def derived(self, make, *, of_structure: bool = False) -> tuple[dict, object]:
+    def derived(self, make, *, of_structure: bool = False,
+                max_age: float = 0.0) -> tuple[dict, object]:
         """``(documents, make(documents))``: the documents as :meth:`providers`
         returns them, and what ``make`` computes of them, computed again
         only when they have changed.  With ``of_structure``, ``make`` reads
         only where each provider stands (its root, parent, aggregates and
         traits): its value is kept until a provider comes, goes or moves,
-        however often usages and inventories change."""
-        docs, structure = self._current()
+        however often usages and inventories change.  ``max_age``: as
+        :meth:`providers`'."""
+        docs, structure = self._current(max_age)
         with self._lock:
             made = self._derived.get(make)
             if made is not None and (made[0] == structure if of_structure else made[2] is docs):
@@ -157,29 +171,61 @@ class ProviderView:
         store = self._store()
         if store is None:
             raise RuntimeError("the store of this provider view is gone")
-        since = self._synced
+        since, began = self._synced, time.monotonic()
         if (since and len(self._kvs) + len(self._unreadable) >= BUCKETS_FROM
-                and time.monotonic() - self._scanned < SCAN_EVERY
+                and began - self._scanned < SCAN_EVERY
                 and self._sync_buckets(store, since)):
+            with self._lock:
+                self._fresh(began)
             return
-        scanned = time.monotonic()
         if since:       # from the last scan: what an unstamped write changed since, too
             changed, count, revision = store.changed_since(RP, self._scanned_to + 1)
-            with self._lock:
-                for kv in changed:
-                    self._apply(kv.key, kv, kv.mod_revision)
-                if len(self._kvs) + len(self._unreadable) == count:
-                    self._scanned_done(revision, scanned)
-                    return
+            if self._caught_up(changed, count, revision, began):
+                return
         kvs, revision = store.range(RP)     # first read, or a provider was deleted
         with self._lock:
             self._replace(RP, kvs, revision)
-            self._scanned_done(revision, scanned)
+            self._scanned_done(revision, began)
+
+    def _caught_up(self, changed: list, count: int, revision: int, began: float) -> bool:
+        """Apply what changed since the last scan, as read at ``revision``;
+        False when the count says a provider was deleted: the view is then
+        behind until it reads them all."""
+        with self._lock:
+            for kv in changed:
+                self._apply(kv.key, kv, kv.mod_revision)
+            if len(self._kvs) + len(self._unreadable) != count:
+                self._fresh_at = None
+                return False
+            self._scanned_done(revision, began)
+            return True
 
     def _scanned_done(self, revision: int, at: float) -> None:
         self._synced = max(self._synced, revision)
         self._scanned_to = max(self._scanned_to, revision)
         self._scanned = at
+        self._fresh(at)
+
+    def _fresh(self, at: float) -> None:
+        self._fresh_at = at if self._fresh_at is None else max(self._fresh_at, at)
+
+    # -- a read carried by a writer's transaction ---------------------------------------
+
+    def rider(self) -> tuple[Get, float] | None:
+        """``(read, now)``: the read of what changed since the last scan,
+        for a writer to carry in its transaction (on success and on failure,
+        last), and when it was made; None when the view is too large for
+        one (it reads by buckets) or has not been read yet."""
+        with self._lock:
+            if not self._synced or len(self._kvs) + len(self._unreadable) >= BUCKETS_FROM:
+                return None
+            return Get(RP, True, since=self._scanned_to + 1), time.monotonic()
+
+    def carried(self, rider: tuple[Get, float], kvs: list, count: int, revision: int) -> None:
+        """The answer to :meth:`rider`'s read, from a transaction answered
+        at ``revision``: the view is as current as that read (or, if a
+        provider was deleted, read again by the next sync)."""
+        self._caught_up(kvs, count, revision, rider[1])
 
     def _sync_buckets(self, store: Store, since: int) -> bool:
         """Read what changed in the buckets stamped since ``since``; False

@@ -13,6 +13,10 @@ every process starts together), then:
   (``cpu``: this process's CPU seconds while claiming);
   ``races_lost`` counts the backend's transactions lost to another claimer
   (retried inside ``claim``): the evidence that the processes really raced;
+- MODE ``placed-until-refused`` (etcd only): the same, each consumer placed
+  and claimed by ``claim_new_together``, the path a peer's ``claim``
+  request takes (engine/placement/together.py; a batch of one here), and by
+  the candidates-then-claim loop above when that returns None;
 - MODE ``forever``: claims SPEC's best candidate and releases every second
   consumer, without end;
 - MODE ``churn``: takes SPEC's best candidate once, then claims it for new
@@ -60,6 +64,22 @@ def claim_one(placement, spec: str, stats: dict) -> str | None:
                 stats[exc.reason] += 1      # capacity: next alternate; race: next too
 
 
+def place_one(placement, spec: str, stats: dict) -> str | None:
+    """``claim_one`` through the path a peer's claim request takes."""
+    from engine.placement.together import NewClaim, owner_of
+    consumer = str(uuid.uuid4())
+    try:
+        [done] = placement.claim_new_together([NewClaim(
+            consumer, spec, None, lambda host: True, owner_of({"project": "bench",
+                                                              "user": "bench"}))])
+    except Conflict as exc:
+        stats[exc.reason] += 1
+        done = None
+    if done is not None:
+        return consumer
+    return claim_one(placement, spec, stats)
+
+
 def churn(placement, spec: str) -> int:
     """Claim and release on one candidate forever, announcing each write."""
     from engine.core.store import Delete, Put
@@ -103,8 +123,9 @@ def main(argv) -> int:
     if mode == "churn":
         return churn(placement, spec)
     start, stats["started"], cpu = time.monotonic(), time.time(), time.process_time()
-    if mode == "until-refused":
-        while (consumer := claim_one(placement, spec, stats)) is not None:
+    if mode in ("until-refused", "placed-until-refused"):
+        one = place_one if mode == "placed-until-refused" else claim_one
+        while (consumer := one(placement, spec, stats)) is not None:
             stats["claimed"].append(consumer)
         stats["seconds"], stats["ended"] = time.monotonic() - start, time.time()
         stats["cpu"] = time.process_time() - cpu
