@@ -16,6 +16,8 @@ Promises:
   does, it is nudged and reads the record again;
 - :func:`stop` marks the record ``stop``: the automation deletes the
   replica and then the record;
+- :func:`vm_destroyed` wakes the automation of a VM just destroyed: it
+  deletes the replica and the record now, not at its next update;
 - :func:`change` is the one guarded read-modify-write every writer uses.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from engine.core.values import declare, readable, shape
 from engine.errors import Conflict
 
 __all__ = ["REPLICATION", "MIN_EVERY", "KIND", "FALLBACKS", "read", "read_all", "put", "stop",
-           "change", "check_every", "replica_id", "checkpoint_prefix", "is_running"]
+           "vm_destroyed", "change", "check_every", "replica_id", "checkpoint_prefix", "is_running"]
 
 REPLICATION = shape("replication record", uuid=str, vm=str, every=(int, float))
 declare(keys.replica() + "*", REPLICATION)
@@ -135,3 +137,13 @@ def stop(store, uuid: str) -> dict | None:
     if record is not None and record.get("automation"):
         api.nudge(store, record["automation"], "replication stopped")
     return record
+
+
+def vm_destroyed(store, uuid: str) -> None:
+    """Wake the automation replicating ``uuid``, if any: its VM is gone
+    (its record deleted), so it deletes the replica and ends.  A wake-up
+    lost to a crash here only delays that to the automation's next look."""
+    from engine.core import api
+    record = read(store, uuid)
+    if record is not None and record.get("automation"):
+        api.nudge(store, record["automation"], "the VM was destroyed")

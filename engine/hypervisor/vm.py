@@ -45,6 +45,7 @@ from collections import defaultdict
 import libvirt
 import structlog
 
+from engine import replicas
 from engine.core import failpoints, keys
 from engine.core.values import readable
 from engine.errors import RequestError
@@ -516,6 +517,7 @@ def destroy(host, args: dict) -> dict:
         if host.store is not None:
             forget(host.store, host.host, uuid)
             host.store.delete(keys.snapshot(uuid, ""), prefix=True)    # gone with its disks
+            replicas.vm_destroyed(host.store, uuid)     # its replica goes now, not next update
         return {"uuid": uuid, "state": "destroyed", "volumes_deleted": deleted}
 
 
