@@ -140,10 +140,15 @@ def stop(store, uuid: str) -> dict | None:
 
 
 def vm_destroyed(store, uuid: str) -> None:
-    """Wake the automation replicating ``uuid``, if any: its VM is gone
-    (its record deleted), so it deletes the replica and ends.  A wake-up
-    lost to a crash here only delays that to the automation's next look."""
+    """A copy of VM ``uuid`` was destroyed on a host and its record
+    deleted: when no host has a record of it left (not a move's source, a
+    swept copy), wake the automation replicating it, if any, which deletes
+    the replica and ends.  A wake-up lost to a crash here only delays that
+    to the automation's next look."""
     from engine.core import api
     record = read(store, uuid)
-    if record is not None and record.get("automation"):
+    if record is None or not record.get("automation"):
+        return
+    held, _ = store.range(keys.vm(), keys_only=True)
+    if not any(kv.key.endswith("/" + uuid) for kv in held):
         api.nudge(store, record["automation"], "the VM was destroyed")

@@ -35,13 +35,15 @@ import time
 
 from engine import replicas as records
 from engine.cluster import read_vms
-from engine.core import api
+from engine.core import api, locks
 from engine.core.handlers import handler
 from engine.core.hosts import live_host_names
 from engine.drains import drained_hosts
 from engine.errors import RequestError
 from engine.hypervisor import handoff, replicas
 from engine.natural import natural_key
+
+MOVING_RECHECK = 2.0     # seconds: a VM a move holds, listed nowhere, is looked at again
 
 handler("replica_store")(replicas.prepare)
 handler("replica_take")(replicas.take)
@@ -65,6 +67,12 @@ def _vm(store, uuid: str) -> dict | None:
     return next((vm for vm in read_vms(store) if vm["uuid"] == uuid), None)
 
 
+def _moving(store, uuid: str) -> bool:
+    """A move or an HA restart of the VM is in flight (its lock)."""
+    lock = locks.holder(store, f"vm/{uuid}")
+    return lock is not None and lock.get("kind") in ("migrate", "recover")
+
+
 @handler("replica_plan")
 def replica_plan(host, args: dict) -> dict:
     uuid, owner = _uuid(args), args.get("owner")
@@ -75,6 +83,10 @@ def replica_plan(host, args: dict) -> dict:
         return {"state": "ended", "automation": record.get("automation")}
     replica = record.get("replica")
     vm = _vm(host.store, uuid)
+    if vm is None and not record.get("stop") and _moving(host.store, uuid):
+        # Between a move's cleanup of the source and its unlock, the VM is
+        # listed nowhere: it is not gone, look again shortly.
+        return {"state": "wait", "next": time.time() + MOVING_RECHECK}
     if record.get("stop") or vm is None:
         return {"state": "stop", "replica": replica,
                 "why": "asked to stop" if record.get("stop") else "the VM is gone"}

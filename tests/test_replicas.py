@@ -8,10 +8,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+import uuid as uuidlib
+from types import SimpleNamespace
+
 import pytest
 
 from engine import replicas
 from engine.core import api, failpoints, keys, locks
+from engine.core.handlers import load_request_handlers
 from engine.core.values import readable
 from tests.support import PEERCTL, ROOT, wait_for, wait_until
 from tests.support.cluster import finished, refused
@@ -232,3 +237,22 @@ def test_a_destroy_waits_for_a_replica_update_instead_of_failing(cluster, store,
             destroying.kill()
     assert destroying.returncode == 0, err
     assert json.loads(out)["vms"][0]["state"] == "destroyed", out
+
+
+def test_a_vm_a_move_holds_while_listed_nowhere_is_not_taken_for_gone(store):
+    """Between a move's cleanup of its source and its unlock, no listing
+    shows the VM: its replication waits and looks again, instead of taking
+    the VM for destroyed and deleting its replica.  Once nobody holds it,
+    a VM with no record is gone."""
+    plan = load_request_handlers()["replica_plan"]
+    uuid, replicator, mover = str(uuidlib.uuid4()), "20260101-000000-aaaaaa", \
+        "20260101-000000-bbbbbb"
+    store.put(keys.replica(uuid), {"uuid": uuid, "vm": "db1", "every": 3600.0,
+                                   "automation": replicator})
+    store.put(keys.status(mover), {"state": "running"})
+    locks.take(store, f"vm/{uuid}", mover, "moving it", kind="migrate", host="h1")
+    on_h2 = SimpleNamespace(store=store, host="h2")
+    waiting = plan(on_h2, {"uuid": uuid, "owner": replicator})
+    assert waiting["state"] == "wait" and waiting["next"] - time.time() < 60, waiting
+    store.put(keys.status(mover), {"state": "done"})
+    assert plan(on_h2, {"uuid": uuid, "owner": replicator})["state"] == "stop"

@@ -52,8 +52,8 @@ class WatchedKeys:
             return list(self._kvs[prefix].values())
 
     def txn(self, compares, ops) -> TxnResult:
-        if compares or not all(isinstance(op, Get) for op in ops):
-            raise TypeError("the metrics cache answers reads only")
+        if compares or not all(isinstance(op, Get) and not op.since for op in ops):
+            raise TypeError("the metrics cache answers whole reads only")
         with self._lock:
             return TxnResult(True, self.revision, [self._matching(op) for op in ops])
 
