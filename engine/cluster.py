@@ -20,6 +20,7 @@ import time
 
 from engine.hypervisor.harules import DOWN, restarts_within
 from engine.hypervisor.shapes import HA_POLICIES, VM, first_ip   # also declares vms/ shapes
+from engine.hypervisor.vm_home import CARRIED
 from engine.natural import natural_key
 from engine.core import keys
 from engine.core.hosts import is_live_record
@@ -84,27 +85,57 @@ def read_hosts(store) -> list[dict]:
 def _vm_counts(records, held) -> dict[str, int]:
     """``{host: VMs}`` as :func:`read_vms` lists them: readable records, a VM
     being moved counted once, on the host it leaves."""
-    moving = _moving(held)
+    doubles = _doubles(records, _carried(held)[0])
     counts: dict[str, int] = {}
     for kv in records:
         vm = readable(kv, VM)
         if vm is None:
             continue
         host = vm["host"]
-        if moving.get(vm["uuid"], host) not in (None, host):
+        if doubles and (host, vm["uuid"]) in doubles:
             continue
         counts[host] = counts.get(host, 0) + 1
     return counts
 
 
-def _moving(held) -> dict[str, str | None]:
-    """``{uuid: the host it leaves}`` of the VMs a migration holds (``locks/vm/``)."""
-    moving = {}
+def _carried(held) -> tuple[dict[str, tuple[str, bool]], set[str]]:
+    """``({uuid: (host, True: its record is there | False: anywhere but
+    there)}, {uuids being moved})`` of the VMs a move or an HA restart holds
+    (``locks/vm/``, :mod:`engine.hypervisor.vm_home`)."""
+    homes, moving = {}, set()
     for kv in held:
         lock = readable(kv)
-        if lock is not None and lock.get("kind") == "migrate" and not lock.get("held"):
-            moving[keys.suffix(kv.key, keys.lock("vm/"))] = lock.get("host")
-    return moving
+        if lock is not None and lock.get("kind") in CARRIED and not lock.get("held"):
+            uuid = keys.suffix(kv.key, keys.lock("vm/"))
+            # a lock with no record_at, beside two records (a peer older
+            # than the one-record rule): a restart's rebuilt copy, a move's
+            # source, as such peers listed them
+            if lock.get("record_at"):
+                homes[uuid] = (lock["record_at"], True)
+            else:
+                homes[uuid] = (lock.get("host"), lock["kind"] != "recover")
+            if lock["kind"] == "migrate":
+                moving.add(uuid)
+    return homes, moving
+
+
+def _doubles(records, homes: dict[str, tuple[str, bool]]) -> set[tuple[str, str]]:
+    """``(host, uuid)`` of the records not to list: a VM that a move or a
+    restart holds has one record, where its lock says; a second one (left by
+    a peer older than that rule) is not a second VM."""
+    if not homes:
+        return set()
+    seen: dict[str, set] = {}
+    for kv in records:
+        vm = readable(kv, VM)
+        if vm is not None and vm["uuid"] in homes:
+            seen.setdefault(vm["uuid"], set()).add(vm["host"])
+    doubles = set()
+    for uuid, hosts in seen.items():
+        host, there = homes[uuid]
+        if len(hosts) > 1 and host in hosts:
+            doubles |= {(h, uuid) for h in hosts if (h != host) == there}
+    return doubles
 
 
 _VM_NUMBERS = ("vcpus", "memory_mb", "disk_gb")
@@ -123,10 +154,10 @@ def read_vms(store) -> list[dict]:
     """Every VM record: ``{host, name, uuid, state, vcpus, memory_mb, disk_gb,
     ip, addresses, ha, recovered}``.
 
-    A VM being moved (its lock is a migration's) is listed once, on the host
-    it leaves, in state ``migrating``: the copy arriving on the destination is
-    not a second VM; a VM an HA restart rebuilt on another host is listed
-    there only, before the restart drops its old record.  A VM whose host
+    A VM has one record (:mod:`engine.hypervisor.vm_home`), so it is listed
+    once, where that record is: while a move holds it, in state
+    ``migrating``, on the host it leaves until its record arrives on the
+    destination, there from then on.  A VM whose host
     is dead is ``unknown``: its record is
     the last its host wrote, and nobody can tell what runs there now.  A VM
     whose live host has no domain for it is ``missing``; ``crashed``: it is
@@ -138,14 +169,8 @@ def read_vms(store) -> list[dict]:
     records, held, live = store.txn([], [Get(keys.vm(), True), Get(keys.lock("vm/"), True),
                                          Get(keys.host(), True)]).ranges
     alive = {keys.suffix(kv.key, keys.host()) for kv in live if is_live_record(kv)}
-    moving, recovering = {}, {}
-    for kv in held:
-        lock = readable(kv)
-        if lock is not None and not lock.get("held") and lock.get("kind") in ("migrate",
-                                                                              "recover"):
-            into = moving if lock["kind"] == "migrate" else recovering
-            into[keys.suffix(kv.key, keys.lock("vm/"))] = lock.get("host")
-    left = _rebuilt_elsewhere(records, recovering) if recovering else set()
+    homes, moving = _carried(held) if held else ({}, set())
+    left = _doubles(records, homes)
     vms = []
     append = vms.append
     now = time.time()
@@ -169,8 +194,6 @@ def read_vms(store) -> list[dict]:
         if host not in alive:
             state = "unknown"
         if moving and uuid in moving:
-            if moving[uuid] not in (None, host):
-                continue
             state = "migrating"
         vcpus, memory_mb, disk_gb = get("vcpus"), get("memory_mb"), get("disk_gb")
         if not (type(vcpus) is int and type(memory_mb) is int and type(disk_gb) is int):
@@ -188,20 +211,6 @@ def read_vms(store) -> list[dict]:
                 "crashed": state in DOWN and get("crashed") is True,
                 "restarts": restarts_within(vm, now) if get("restarts") else 0})
     return vms
-
-
-def _rebuilt_elsewhere(records, recovering: dict) -> set[tuple[str, str]]:
-    """``(host, uuid)`` of the records an HA restart is leaving: the VM's
-    lock is a recovery's from ``host`` and the VM has a record on another
-    host already (rebuilt there; the recovery drops the old one when it
-    unlocks).  Such a VM is listed once, where it runs now."""
-    seen = {}
-    for kv in records:
-        vm = readable(kv, VM)
-        if vm is not None and vm["uuid"] in recovering:
-            seen.setdefault(vm["uuid"], set()).add(vm["host"])
-    return {(recovering[uuid], uuid) for uuid, hosts in seen.items()
-            if recovering[uuid] in hosts and len(hosts) > 1}
 
 
 def _numbers(key: str, record: dict, fields) -> dict:

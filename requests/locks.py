@@ -21,17 +21,22 @@ the initiator (no target).  The lock is ``locks/vm/<uuid>``
   host is back (it keeps its VMs), the VM left it or was restarted
   elsewhere; a VM another automation holds is an error.
 - ``unlock_vm`` ``{uuid, owner, drop_record?, hold?}``: releases it, in the
-  same transaction deleting ``vms/<drop_record>/<uuid>`` (the source's
-  record after a move); with ``hold`` (a reason) the lock stays, held for an
-  operator (a move whose outcome nobody can tell).
+  same transaction leaving the VM's one record where the automation's
+  outcome says (:func:`engine.hypervisor.vm_home.release`: after a move or
+  an HA restart confirmed away from ``drop_record``, where it arrived; after
+  one reverted, back where it was); with ``hold`` (a reason) the lock stays,
+  held for an operator (a move whose outcome nobody can tell), and the
+  record where it is.  A lock no longer the caller's (a re-sent unlock)
+  writes nothing.
 """
 import time
 
 from engine.core import keys, locks
 from engine.core.hosts import is_live_record
 from engine.core.handlers import handler
-from engine.core.store import Delete, absent, exists, lease_is
+from engine.core.store import absent, exists, lease_is
 from engine.errors import Conflict, RequestError
+from engine.hypervisor import vm_home
 
 
 def _name(args: dict) -> str:
@@ -85,11 +90,11 @@ def lock_vm(host, args: dict) -> dict:
 @handler("unlock_vm")
 def unlock_vm(host, args: dict) -> dict:
     uuid, owner = args.get("uuid"), args.get("owner")
-    ops = [Delete(keys.vm(args["drop_record"], uuid))] if args.get("drop_record") else []
     if args.get("hold"):
-        held = locks.hold(host.store, f"vm/{uuid}", owner, str(args["hold"]), ops)
+        held = locks.hold(host.store, f"vm/{uuid}", owner, str(args["hold"]))
         return {"uuid": uuid, "held": held}
-    return {"uuid": uuid, "released": locks.release(host.store, f"vm/{uuid}", owner, ops)}
+    return {"uuid": uuid,
+            "released": vm_home.release(host.store, uuid, owner, args.get("drop_record"))}
 
 
 @handler("ha_lock")

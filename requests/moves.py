@@ -39,10 +39,10 @@ import structlog
 from engine import groups
 from engine.core import keys, locks
 from engine.core.handlers import HANDLERS, handler
-from engine.core.store import Delete, Get, exists
+from engine.core.store import Get, exists
 from engine.core.values import readable
 from engine.errors import RequestError
-from engine.hypervisor import moves
+from engine.hypervisor import moves, vm_home
 from engine.hypervisor.records import vm_state
 from engine.hypervisor.vm import find_domain
 from engine.leases.events import unreserved_each
@@ -136,9 +136,8 @@ def lock_vms(host, args: dict) -> dict:
 @handler("unlock_vms")
 def unlock_vms(host, args: dict) -> dict:
     items, owner = _items(args), args.get("owner")
-    drops = [Delete(keys.vm(i["drop_record"], i["uuid"])) for i in items if i.get("drop_record")]
-    if not any(i.get("hold") for i in items) \
-            and locks.release_all(host.store, [f"vm/{i['uuid']}" for i in items], owner, drops):
+    if not any(i.get("hold") for i in items) and vm_home.release_all(
+            host.store, owner, {i["uuid"]: i.get("drop_record") for i in items}):
         return {"vms": [{"uuid": i["uuid"], "value": {"uuid": i["uuid"], "released": True}}
                         for i in items]}
     return {"vms": _each(host, HANDLERS["unlock_vm"], items, {"owner": owner})}

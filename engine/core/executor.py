@@ -62,6 +62,7 @@ class Executor:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="request")
         self.session: Session | None = None
         self._running = 0
+        self._in_flight: set[tuple[str, int]] = set()    # (automation, index) running here
         self._idle = threading.Condition()
         self._watch: PrefixWatch | None = None
         self._thread: threading.Thread | None = None
@@ -285,8 +286,12 @@ class Executor:
         """Run an entry this peer has claimed (also used by the initiator for
         requests with no target, which it claims in the append itself).
         If ``take(index, response)`` returns True, the caller writes the
-        response itself (the initiator folds it into its next transaction)."""
+        response itself (the initiator folds it into its next transaction).
+        An entry this executor runs already is not started twice."""
         with self._idle:
+            if (automation_id, index) in self._in_flight:
+                return
+            self._in_flight.add((automation_id, index))
             self._running += 1
         self.pool.submit(self._execute, automation_id, index, entry, take)
 
@@ -331,6 +336,8 @@ class Executor:
         except Exception:
             self.log.exception("response_failed", automation=automation_id, index=index)
         finally:
+            with self._idle:
+                self._in_flight.discard((automation_id, index))
             if not answered:
                 self._done(1)
 

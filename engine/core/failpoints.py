@@ -16,6 +16,11 @@ the test it goes on exactly from that point (a paused or partitioned peer
 that wakes up believing it still leads).  When both forms are armed for one
 point, the line written first fires first.
 
+A line ``lose POINT`` (e.g. ``lose appended claim``) raises
+:class:`~engine.errors.StoreUnavailable` there instead: at an ``appended
+REQUEST`` point (the append of a step of that request is in etcd) it is a
+reply lost on its way back, as an etcd member's restart loses one.
+
 Without the variable :func:`crash` is one comparison: production pays nothing.
 """
 from __future__ import annotations
@@ -33,13 +38,16 @@ _PATH = os.environ.get(ENV) or None     # read once: the cost when disabled is a
 
 
 def crash(point: str) -> None:
-    """SIGKILL (or, for ``pause POINT``, SIGSTOP) this process if ``point``
-    is armed, consuming it."""
+    """SIGKILL (or, for ``pause POINT``, SIGSTOP; for ``lose POINT``, raise
+    StoreUnavailable) this process if ``point`` is armed, consuming it."""
     if _PATH is None:
         return
     fired = _consume(_PATH, point)
     if fired is None:
         return
+    if fired.startswith("lose "):
+        from engine.errors import StoreUnavailable
+        raise StoreUnavailable(f"failpoint {point}: the reply was lost")
     if fired.startswith("pause "):
         # To this very thread: it stops on its way out of the call, before
         # running one more line (a process-wide kill may be taken by another
@@ -55,7 +63,7 @@ def _consume(path: str, point: str) -> str | None:
         with open(path, "r+") as armed:
             fcntl.flock(armed, fcntl.LOCK_EX)
             points = armed.read().splitlines()
-            matching = [p for p in points if p in (point, f"pause {point}")]
+            matching = [p for p in points if p in (point, f"pause {point}", f"lose {point}")]
             if not matching:
                 return None
             point = matching[0]

@@ -162,9 +162,27 @@ class Initiator:
             for index in record.pending():
                 if index not in self.claimed and index not in self.timers:
                     self._mark_lost_if_abandoned(index)
+            self._run_own_claims(record)
             return self._lead(replayer, watch, record)
         finally:
             watch.stop()
+
+    def _run_own_claims(self, record) -> None:
+        """Run again the steps with no target that this very session claimed
+        in an append and may never have started: the append landed but its
+        reply was lost (an etcd member restarted), so the leader before this
+        one, in this process, stopped before it ran them.  Nobody else
+        would: the claim lives as long as this session, so the step is
+        neither ``lost`` nor anyone's work.  Steps are idempotent, and the
+        executor does not start one it already runs."""
+        for index in record.pending():
+            claim = record.claims.get(index)
+            entry = self.entries.get(index) or {}
+            if claim is not None and entry.get("local") and entry.get("request") != TIMER \
+                    and claim.lease == self.session.lease \
+                    and (readable(claim) or {}).get("executor") == self.host:
+                self.log.info("own_claim_run_again", index=index, request=entry["request"])
+                self.run_local(self.id, index, entry, take=self._take)
 
     def _lead(self, replayer: Replayer, watch: PrefixWatch, record) -> str:
         last_host_check = 0.0
@@ -372,6 +390,8 @@ class Initiator:
                 failpoints.crash(f"append {entry['request']}")
             if not self._txn(compares, ops):
                 raise _Restart()    # someone else wrote our indices: never continue blind
+            for entry in appended:
+                failpoints.crash(f"appended {entry['request']}")
             if summarised:
                 self._summary_at = time.monotonic()
             for entry in appended:

@@ -13,9 +13,11 @@ The cluster half, :func:`reconcile_once`, runs on one peer at a time (the
   everything else is released once it has been seen orphaned on two passes
   in a row (a VM that was just built may not be published yet);
 - a ``vms/<host>/<uuid>`` record of a dead host (no ``hosts/<host>``) whose
-  VM was disowned there or is allocated on another host is a ghost: that host
-  cannot publish any more, and the VM lives elsewhere.  The record is
-  deleted, and never counts as a VM;
+  VM was disowned there or is allocated on another host, and which has a
+  record on another host too, is a ghost (a duplicate a peer older than
+  the one-record rule left; docs/keyspace.md): it is deleted.  A VM's only
+  record is never deleted here, nor one of a VM an automation holds: it is
+  the VM's existence (allocations move before records do);
 - a VM definition (``vmdef/<uuid>``) whose VM has no allocation and is
   held by nobody (the same list), on two passes in a row, is deleted; so
   is a group's member (``groups/<name>/<uuid>``, ``groupof/<uuid>``):
@@ -41,8 +43,10 @@ libvirtd and the domain lived on) drops the copy when it comes back:
   names it (a migration in flight names it) and it is not locked (a move
   whose outcome nobody could tell leaves its lock held, both copies kept).
 
-A peerctl domain without any allocation is left alone (reported by the
-cluster half).  A ``disowned/`` mark is dropped once this host holds no such
+A mark beside this host's own ``vms/`` record of the VM (no move or
+restart carrying it) is stale, left by an automation older than the VM's
+return here: it is dropped and the VM left alone.  A peerctl domain
+without any allocation is left alone (reported by the cluster half).  A ``disowned/`` mark is dropped once this host holds no such
 domain and the automation that wrote it has finished.
 """
 from __future__ import annotations
@@ -64,6 +68,7 @@ from engine.hypervisor import shapes  # noqa: F401  (declares vms/, disowned/)
 from engine.hypervisor import vm as lifecycle
 from engine.hypervisor.aside import keep_aside
 from engine.hypervisor.records import owned_by
+from engine.hypervisor.vm_home import carried
 
 __all__ = ["reconciler", "reconcile_once", "held_consumers", "sweep_ghosts",
            "DEFAULT_INTERVAL", "GHOST_INTERVAL"]
@@ -200,11 +205,20 @@ def held_consumers(store: Store, allocations: dict | None = None) -> set[str]:
 
 
 def _ghost_records(store: Store, placement, vms, allocations) -> list:
-    """``vms/`` records of dead hosts whose VM belongs elsewhere."""
+    """``vms/`` records of dead hosts whose VM belongs elsewhere and has a
+    record there (a duplicate), unless an automation holds the VM."""
     live = live_host_names(store)
     dead = [kv for kv in vms if kv.value["host"] not in live]
     if not dead:
         return []
+    hosts_of: dict[str, set] = {}
+    for kv in vms:
+        hosts_of.setdefault(kv.value["uuid"], set()).add(kv.value["host"])
+    dead = [kv for kv in dead if len(hosts_of[kv.value["uuid"]]) > 1]
+    if not dead:
+        return []
+    locked = _locked_vms(store)
+    dead = [kv for kv in dead if kv.value["uuid"] not in locked]
     disowned = {tuple(keys.suffix(kv.key, keys.disowned()).split("/", 1))
                 for kv in store.range(keys.disowned())[0] if readable(kv) is not None}
     names = {rp["uuid"]: rp["name"] for rp in placement.providers()}
@@ -323,6 +337,14 @@ def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
         except libvirt.libvirtError as exc:
             if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                 raise
+    # A mark beside this host's own record of the VM, which no move or
+    # restart carries, is stale: the VM came back here since (its record
+    # is its existence, docs/keyspace.md).  The mark goes, the VM stays.
+    for uuid in [u for u in marks if store.get(keys.vm(host.host, u)) is not None
+                 and not carried(store, u)]:
+        log.warning("stale_disowned_mark", host=host.host, uuid=uuid,
+                    automation=marks.pop(uuid).get("automation"))
+        store.delete(prefix + uuid)
     # Every mark, with a domain here or not: a move that died here may have
     # left only volumes (libvirt drops an incoming domain whose copy failed).
     ghosts = {uuid: f"disowned by automation {marks[uuid].get('automation')}"

@@ -69,10 +69,11 @@ import structlog
 from engine.core import keys, locks
 from engine.core.store import Delete, Put, absent, lease_is, modified_at
 from engine.core.values import readable
-from engine.errors import StoreUnavailable
+from engine.errors import RequestError, StoreUnavailable
 from engine.hypervisor import shapes  # noqa: F401  (declares the vms/ record's shape)
 from engine.hypervisor.foreign import foreign_domains, foreign_record, is_foreign
 from engine.hypervisor.records import merged, missing, owned_by, vm_record, wants_restart
+from engine.hypervisor.vm_home import arrive, carries
 
 __all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "publish_new", "forget",
            "DEFAULT_INTERVAL"]
@@ -204,7 +205,7 @@ def _acted_on(store, uuid: str) -> bool:
 
 
 def _write_seen(store, key: str, seen, fence: tuple = (),
-                create: bool = False) -> tuple[bool, dict | None]:
+                create: bool = False, unless: str | None = None) -> tuple[bool, dict | None]:
     """Write ``key`` as ``seen(previous)`` has it unless it holds that
     already or ``seen`` says None (leave it); (whether it changed, the
     record).  Without ``create`` a key that does not exist stays so: a
@@ -212,6 +213,10 @@ def _write_seen(store, key: str, seen, fence: tuple = (),
     at libvirt and the write holds only if the key is still as read, so it
     never replaces a record written from a later view; and only while the
     ``fence`` compares hold (:class:`StoreUnavailable` once they do not).
+    ``unless``: a key whose existence forbids making the record (the VM's
+    ``disowned/`` mark on this host: a request that ran late, after its
+    automation gave this host up, must not give the VM a second record):
+    :class:`RequestError` then, nothing written.
     An HA VM found down or missing is asked a restart (:func:`_ask_restart`)."""
     for _ in range(_TRIES):
         kv = store.get(key)
@@ -229,11 +234,15 @@ def _write_seen(store, key: str, seen, fence: tuple = (),
             if record is not None:
                 _ask_restart(store, record, fence)
             return False, record
-        written = store.txn([_guard(key, kv), *fence], [Put(key, record)])
+        made = [absent(unless)] if kv is None and unless else []
+        written = store.txn([_guard(key, kv), *made, *fence], [Put(key, record)])
         if written.succeeded:
             _remember(store, key, written.revision, record, seen_at)
             _ask_restart(store, record, fence)
             return True, record
+        if made and store.get(unless) is not None:
+            raise RequestError(f"VM {record.get('name')!r} is disowned on {record['host']}: "
+                               "its automation gave this host up, no record is made here")
         _check_fence(store, fence)
     raise StoreUnavailable(f"{key}: refused {_TRIES} times in a row (concurrent writers)")
 
@@ -269,10 +278,19 @@ def publish_domain(store, host: str, dom, want: str | None = None,
     True if it changed.  For the requests of automations: ``build`` and a
     move's ``adopt`` make the record (``create``), the others bring it up to
     date.  Idempotent: a key already right is not rewritten.  Fenced like
-    :meth:`VmPublisher.reconcile` (:func:`_write_seen`)."""
-    changed, _ = _write_seen(store, keys.vm(host, dom.UUIDString()),
+    :meth:`VmPublisher.reconcile` (:func:`_write_seen`).  A record made
+    while a move or an HA restart carries the VM arrives here from the host
+    that had it, in one transaction (:func:`engine.hypervisor.vm_home.arrive`):
+    the VM never has two records."""
+    uuid = dom.UUIDString()
+    if create and arrive(store, host, uuid,
+                         lambda previous: merged(vm_record(host, dom), previous, want)):
+        _remember(store, keys.vm(host, uuid), 0, None)
+        return True
+    unwanted = keys.disowned(host, uuid)
+    changed, _ = _write_seen(store, keys.vm(host, uuid),
                              lambda previous: merged(vm_record(host, dom), previous, want),
-                             create=create)
+                             create=create, unless=unwanted if create else None)
     return changed
 
 
@@ -280,11 +298,14 @@ def publish_new(store, host: str, dom, want: str, together: dict) -> bool:
     """Write ``vms/<host>/<uuid>`` for ``dom``, a domain just made, with
     ``want``, and the keys of ``together`` ({key: value}) in the same
     transaction, which holds only while none of them exists; False,
-    writing nothing, otherwise (then :func:`publish_domain` is the way)."""
+    writing nothing, otherwise (then :func:`publish_domain` is the way), or
+    while any automation's lock names the VM (a VM being restarted is no
+    new one: its record arrives from where it was)."""
     key = keys.vm(host, dom.UUIDString())
     seen_at = time.monotonic()
     record = merged(vm_record(host, dom), None, want=want)
-    written = store.txn([absent(key), *(absent(other) for other in together)],
+    written = store.txn([absent(key), absent(keys.lock(f"vm/{dom.UUIDString()}")),
+                         *(absent(other) for other in together)],
                         [Put(key, record), *(Put(k, v) for k, v in together.items())])
     if written.succeeded:
         _remember(store, key, written.revision, record, seen_at)
@@ -331,9 +352,15 @@ def _foreign_change(host: str, uuid: str, kv, dom, lease: int, offer: dict) -> l
 
 def forget(store, host: str, uuid: str) -> None:
     """Delete ``vms/<host>/<uuid>``: for ``destroy``, once the VM is gone
-    from ``host``."""
-    store.delete(keys.vm(host, uuid))
+    from ``host``; unless a move or an HA restart carries the VM (its copy
+    here is one it cleans up: its unlock settles the record)."""
     _remember(store, keys.vm(host, uuid), 0, None)
+    lock = keys.lock(f"vm/{uuid}")
+    for _ in range(_TRIES):
+        kv = store.get(lock)
+        if carries(kv) or store.txn([_guard(lock, kv)], [Delete(keys.vm(host, uuid))]).succeeded:
+            return
+    raise StoreUnavailable(f"{lock}: changed {_TRIES} times in a row (concurrent writers)")
 
 
 class VmPublisher:

@@ -10,6 +10,7 @@
 - :mod:`.handlers`: request handlers called in this process, on a host of the
   test's own (``host`` fixture, ``call``);
 - :mod:`.history`: an in-memory executor for replay tests, no etcd;
+  :mod:`.etcd_history`: etcd's own history of a prefix, event by event;
 - :mod:`.raw`: bytes put into etcd as they are, past peerctl's encoding;
 - :mod:`.terminal`: a command on a pty of its own;
 - :mod:`.placement`: the placement fixtures, one contract over two backends;
