@@ -28,7 +28,7 @@ from engine.core import keys
 from engine.core.values import readable
 from engine.errors import RequestError
 from engine.hypervisor import images, shapes  # noqa: F401  (declares aside/)
-from engine.hypervisor.vm_home import carried
+from engine.hypervisor.vm_home import leave
 
 __all__ = ["keep_aside", "delete_aside", "aside_prefix"]
 
@@ -73,8 +73,7 @@ def keep_aside(host, uuid: str, mark: dict) -> dict | None:
         kept = [vol for vol in pool.listAllVolumes(0) if vol.name().startswith(prefix)]
         # The VM lives elsewhere: this host's record of it (if any) goes,
         # unless a move or an HA restart carries the VM (its unlock settles it).
-        if not carried(host.store, uuid):
-            host.store.delete(keys.vm(host.host, uuid))
+        leave(host.store, host.host, uuid)
         if not kept:
             return None
         if name is None:

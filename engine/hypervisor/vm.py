@@ -47,7 +47,7 @@ import structlog
 
 from engine import replicas
 from engine.core import failpoints, keys
-from engine.core.store import Delete, Put, absent, modified_at
+from engine.core.store import Put
 from engine.core.values import readable
 from engine.errors import RequestError
 from engine.hypervisor import images, seed
@@ -57,7 +57,7 @@ from engine.hypervisor.networks import mac_for
 from engine.hypervisor.shapes import HA_POLICIES
 from engine.hypervisor.records import vm_record, vm_state
 from engine.hypervisor.vmpublish import forget, publish_domain, publish_new
-from engine.hypervisor.vm_home import carries
+from engine.hypervisor.vm_home import leave
 from engine.hypervisor.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
                                         read_metadata, read_reboot_token,
                                         record_reboot_token, write_metadata)
@@ -570,17 +570,7 @@ def disown(host, args: dict) -> dict:
                {"uuid": uuid, "host": target, "automation": args.get("automation"),
                 "reason": args.get("reason"), "time": time.time(),
                 **({"keep": True} if args.get("keep") else {})})
-    lock = keys.lock(f"vm/{uuid}")
-    for _ in range(10):
-        kv = host.store.get(lock)
-        if carries(kv):
-            host.store.txn([], [mark])
-            break
-        if host.store.txn([modified_at(lock, kv.mod_revision) if kv is not None
-                           else absent(lock)], [mark, Delete(keys.vm(target, uuid))]).succeeded:
-            break
-    else:
-        raise RequestError(f"disown {_label(args, uuid)}: its lock kept changing; try again")
+    leave(host.store, target, uuid, [mark])
     return {"uuid": uuid, "host": target}
 
 

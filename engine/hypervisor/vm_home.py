@@ -19,8 +19,9 @@ host; each carries the record in single transactions, with its lock:
   where it arrived; a reverted one (no ``drop_record``) carries it back to
   the lock's ``host``; a record that never left is never deleted.  A lock
   that is no longer the caller's (a re-sent unlock) writes nothing at all;
-- :func:`carried`: while such a lock holds the VM, ``destroy`` and
-  ``disown`` on any host leave its record alone: the unlock settles it.
+- :func:`leave`: ``destroy``, ``disown`` and the ghost sweep's
+  ``keep_aside`` delete a host's record through it, which leaves the record
+  alone while such a lock holds the VM: the unlock settles it.
 
 So a reader (a listing, a recovery, ``lock_vm``) sees the VM in exactly
 one place at every revision: where it ran before the move, then where it
@@ -35,7 +36,8 @@ from engine.core.store import Delete, Get, Put, absent, modified_at
 from engine.core.values import readable
 from engine.errors import StoreUnavailable
 
-__all__ = ["CARRIED", "carries", "carried", "home_of", "arrive", "release", "release_all"]
+__all__ = ["CARRIED", "carries", "carried", "home_of", "arrive", "leave", "release",
+           "release_all"]
 
 log = structlog.get_logger("peerctl.vm_home")
 
@@ -71,6 +73,24 @@ def carried(store, uuid: str) -> bool:
 
 def _guard(key: str, kv):
     return modified_at(key, kv.mod_revision) if kv is not None else absent(key)
+
+
+def leave(store, host: str, uuid: str, ops=()) -> bool:
+    """Delete ``vms/<host>/<uuid>`` (the VM is no longer there for the
+    cluster) with ``ops``, in one transaction that holds only while the
+    VM's lock is as read; unless a move or an HA restart carries the VM:
+    then ``ops`` alone, the record being its unlock's to settle.  True when
+    the record's delete was part of the write."""
+    lock_key = _lock_key(uuid)
+    for _ in range(_TRIES):
+        kv = store.get(lock_key)
+        if carries(kv):
+            if ops:
+                store.txn([], list(ops))
+            return False
+        if store.txn([_guard(lock_key, kv)], [*ops, Delete(keys.vm(host, uuid))]).succeeded:
+            return True
+    raise StoreUnavailable(f"{lock_key}: changed {_TRIES} times in a row (concurrent writers)")
 
 
 def arrive(store, host: str, uuid: str, make_record) -> bool:
@@ -109,8 +129,12 @@ def arrive(store, host: str, uuid: str, make_record) -> bool:
 
 
 def _settle(store, uuid: str, lock: dict, drop_record: str | None) -> tuple[list, list]:
-    """(compares, ops) that leave the record where the carrying ``lock``'s
-    outcome says (see the module's docstring)."""
+    """(compares, ops) that leave the record where the ``lock``'s outcome
+    says (see the module's docstring); a lock of another kind drops
+    ``vms/<drop_record>/<uuid>``, as it always did.  Reads the store only to
+    carry a record back (:func:`_carries_back`)."""
+    if lock.get("kind") not in CARRIED:
+        return [], [Delete(keys.vm(drop_record, uuid))] if drop_record else []
     arrived, origin = lock.get("record_at"), lock.get("host")
     if drop_record:
         if arrived and arrived != drop_record:
@@ -119,7 +143,7 @@ def _settle(store, uuid: str, lock: dict, drop_record: str | None) -> tuple[list
             log.warning("vm_record_kept", uuid=uuid, host=arrived or origin,
                         why="the automation confirmed a move the record never made")
         return [], []
-    if not arrived or not origin or arrived == origin:
+    if not _carries_back(lock, drop_record):
         return [], []
     there, back = keys.vm(arrived, uuid), keys.vm(origin, uuid)
     kv = store.get(there)
@@ -130,21 +154,24 @@ def _settle(store, uuid: str, lock: dict, drop_record: str | None) -> tuple[list
         [Delete(there), Put(back, {**record, "host": origin})]
 
 
+def _carries_back(lock: dict, drop_record: str | None) -> bool:
+    """A reverted move or restart whose record had arrived elsewhere."""
+    arrived, origin = lock.get("record_at"), lock.get("host")
+    return lock.get("kind") in CARRIED and not drop_record and bool(arrived) \
+        and bool(origin) and arrived != origin
+
+
 def release(store, uuid: str, owner: str, drop_record: str | None = None) -> bool:
-    """Drop ``owner``'s lock of the VM, with what a carrying lock's outcome
-    asks of the record (:func:`_settle`), in one transaction; a lock of
-    another kind drops ``vms/<drop_record>/<uuid>`` with it, as it always
-    did.  False, writing nothing, when ``owner`` does not hold the lock."""
+    """Drop ``owner``'s lock of the VM, with what its outcome asks of the
+    record (:func:`_settle`), in one transaction.  False, writing nothing,
+    when ``owner`` does not hold the lock."""
     lock_key = _lock_key(uuid)
     for _ in range(_TRIES):
         kv = store.get(lock_key)
         lock = readable(kv) if kv is not None else None
         if lock is None or lock.get("owner") != owner:
             return False
-        if lock.get("kind") in CARRIED:
-            compares, ops = _settle(store, uuid, lock, drop_record)
-        else:
-            compares, ops = [], [Delete(keys.vm(drop_record, uuid))] if drop_record else []
+        compares, ops = _settle(store, uuid, lock, drop_record)
         if store.txn([modified_at(lock_key, kv.mod_revision), *compares],
                      [Delete(lock_key), *ops]).succeeded:
             return True
@@ -165,15 +192,9 @@ def release_all(store, owner: str, drops: dict[str, str | None]) -> bool:
         lock = readable(kv) if kv is not None else None
         if lock is None or lock.get("owner") != owner or lock.get("held"):
             return False
-        drop = drops[uuid]
-        if lock.get("kind") in CARRIED:
-            arrived = lock.get("record_at")
-            if not drop and arrived and arrived != lock.get("host"):
-                return False
-            if drop and arrived and arrived != drop:
-                ops.append(Delete(keys.vm(drop, uuid)))
-        elif drop:
-            ops.append(Delete(keys.vm(drop, uuid)))
+        if _carries_back(lock, drops[uuid]):
+            return False
+        _, settled = _settle(store, uuid, lock, drops[uuid])     # no read: nothing carried back
         compares.append(modified_at(kv.key, kv.mod_revision))
-        ops.append(Delete(kv.key))
+        ops += [*settled, Delete(kv.key)]
     return store.txn(compares, ops).succeeded

@@ -73,7 +73,7 @@ from engine.errors import RequestError, StoreUnavailable
 from engine.hypervisor import shapes  # noqa: F401  (declares the vms/ record's shape)
 from engine.hypervisor.foreign import foreign_domains, foreign_record, is_foreign
 from engine.hypervisor.records import merged, missing, owned_by, vm_record, wants_restart
-from engine.hypervisor.vm_home import arrive, carries
+from engine.hypervisor.vm_home import arrive, leave
 
 __all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "publish_new", "forget",
            "DEFAULT_INTERVAL"]
@@ -355,12 +355,7 @@ def forget(store, host: str, uuid: str) -> None:
     from ``host``; unless a move or an HA restart carries the VM (its copy
     here is one it cleans up: its unlock settles the record)."""
     _remember(store, keys.vm(host, uuid), 0, None)
-    lock = keys.lock(f"vm/{uuid}")
-    for _ in range(_TRIES):
-        kv = store.get(lock)
-        if carries(kv) or store.txn([_guard(lock, kv)], [Delete(keys.vm(host, uuid))]).succeeded:
-            return
-    raise StoreUnavailable(f"{lock}: changed {_TRIES} times in a row (concurrent writers)")
+    leave(store, host, uuid)
 
 
 class VmPublisher:
