@@ -10,8 +10,10 @@ Each run (``schedule_due`` at the schedule's ``next`` time):
    so that chains end and retention can free them;
 2. retention (``schedule_prune``, :mod:`engine.backups.retention`, with
    the ``keep`` the run started with: a schedule deleted meanwhile still
-   finishes its run whole) names the backups to delete, children first;
-   each is deleted on its target;
+   finishes its run whole) names the backups to delete, children first:
+   only backups this schedule made, never a protected one or one a running
+   restore reads; each is deleted on its target (which refuses a backup
+   protected or held meanwhile: that VM's older ones wait for a later run);
 3. ``schedule_ran`` records when it ran and sets the next run one interval
    after this one started.
 
@@ -42,30 +44,50 @@ def _step(request, schedule, **args):
                               f"backup schedule {schedule}"))
 
 
-def _run(ctx, schedule, record, run):
-    """One run: back up, prune; a summary for the record."""
+def _run(ctx, schedule, record, run, tagged=True):
+    """One run: back up, prune; a summary for the record.  ``tagged``: the
+    backups record the schedule that made them (version 2)."""
     due = yield from _step("schedule_due", schedule)
     vms = due["vms"]
+    mark = {"schedule": schedule} if tagged else {}
     results = (yield ctx.all([ctx.worker(backup_one, vm, record.get("to"), vm["full"], run,
-                                         label=vm["name"]) for vm in vms])) if vms else []
+                                         label=vm["name"], **mark) for vm in vms])) if vms else []
     plan = yield from _step("schedule_prune", schedule, uuids=[vm["uuid"] for vm in vms],
                             keep=record.get("keep") or {})
     deleted, errors = [], [f"{r['name']}: {r['error']}" for r in results if r.get("error")]
     errors += [f"{s['name']}: its host {s['host']} is down" for s in due["skipped"]]
+    failed_vms = set()
     for entry in plan["drop"]:
+        if tagged and entry["uuid"] in failed_vms:
+            continue        # its parents wait: a chain is never cut in the middle
         done = yield from resend(Request("backup_delete", {"id": entry["id"]},
                                          target=entry["target"], deadline=STEP_DEADLINE,
                                          label=entry["vm"]))
         if done.ok:
             deleted.append(entry["id"])
         else:
+            failed_vms.add(entry["uuid"])
             errors.append(f"deleting backup {entry['id']}: {done.error or done.status}")
     return {"backups": [r["backup"] for r in results if r.get("backup")],
             "deleted": deleted, "errors": errors[:20]}
 
 
-@automation("backup_schedule", version=1)
+@automation("backup_schedule", version=2, feature_level=4)
 def backup_schedule(ctx, schedule):
+    """Since version 2 each backup records ``schedule``: a run prunes only
+    what this schedule made."""
+    return (yield from _carry(ctx, schedule, True))
+
+
+@automation("backup_schedule", version=1)
+def backup_schedule_v1(ctx, schedule):
+    """Untagged backups (never pruned since version 2): kept so that
+    schedules started before version 2 replay; their next automation is a
+    version 2 one."""
+    return (yield from _carry(ctx, schedule, False))
+
+
+def _carry(ctx, schedule, tagged):
     runs = 0
     while True:
         record = (yield from _step("schedule_read", schedule))["record"]
@@ -76,7 +98,7 @@ def backup_schedule(ctx, schedule):
             yield ctx.sleep_until(record["next"], label=schedule)
             continue
         started = ctx.now()
-        summary = yield from _run(ctx, schedule, record, runs)
+        summary = yield from _run(ctx, schedule, record, runs, tagged)
         runs += 1
         yield from _step("schedule_ran", schedule, at=started, now=ctx.now(), summary=summary)
         if runs >= RUNS_PER_AUTOMATION:

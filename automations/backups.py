@@ -49,8 +49,10 @@ def _row(vm, error=None, taken=None, target=None, backup_id=None):
             "reason": taken.get("reason"), "error": error}
 
 
-def backup_one(ctx, vm, to=None, full=False, run=None):
-    """``run``: the run of a schedule (a schedule backs a VM up once per run)."""
+def backup_one(ctx, vm, to=None, full=False, run=None, schedule=None, protect=False):
+    """``run``: the run of a schedule (a schedule backs a VM up once per
+    run); ``schedule``: its id, recorded so that it prunes only what it
+    made; ``protect``: the record is written protected."""
     name = "backup/" + vm["uuid"] + ("" if run is None else f"/{run}")
     backup_id = ctx.uuid(name).replace("-", "")[:16]
 
@@ -81,8 +83,10 @@ def backup_one(ctx, vm, to=None, full=False, run=None):
         if store is None:
             error = "no host could keep it: " + refused
         else:
+            marks = {**({"schedule": schedule} if schedule else {}),
+                     **({"protected": True} if protect else {})}
             error, taken = yield from _take(step, vm, backup_id, planned.value, store, disks,
-                                            full)
+                                            full, marks)
     if error and store is not None:
         for where in (vm["host"], store["host"]):
             yield from resend(step("backup_discard", {"id": backup_id}, where))
@@ -90,7 +94,7 @@ def backup_one(ctx, vm, to=None, full=False, run=None):
     return _row(vm, error, taken, store and store["host"], backup_id)
 
 
-def _take(step, vm, backup_id, plan, store, disks, full):
+def _take(step, vm, backup_id, plan, store, disks, full, marks):
     """``(error, taken)``: the backup taken, verified, recorded, and the
     VM's older checkpoints pruned."""
     parent = plan["parent"] if plan["parent"] and \
@@ -110,7 +114,7 @@ def _take(step, vm, backup_id, plan, store, disks, full):
               "parent": taken["parent"], "bytes": taken["bytes"],
               "consistency": taken["consistency"], "reason": taken["reason"],
               "checkpoint": taken["checkpoint"], "disks": taken["disks"],
-              "build": taken["build"]}
+              "build": taken["build"], **marks}
     verified = yield from resend(step("backup_verify", {"id": backup_id, "record": record},
                                       store["host"], disk_copy_deadline(disks)))
     if not verified.ok:
@@ -121,12 +125,13 @@ def _take(step, vm, backup_id, plan, store, disks, full):
 
 
 @automation("backup", version=1, cleans_up=True)
-def backup(ctx, vms, to=None, full=False):
+def backup(ctx, vms, to=None, full=False, protect=False):
     """Back up each of ``vms`` (``[{name, uuid, host, state}]``) to a host
     matching ``to`` (any other live host when None); ``full``: no
-    incremental."""
-    results = yield ctx.all([ctx.worker(backup_one, vm, to, full, label=vm["name"])
-                             for vm in vms])
+    incremental; ``protect``: each backup recorded protected (given only
+    when True, so that older automations replay alike)."""
+    results = yield ctx.all([ctx.worker(backup_one, vm, to, full, protect=protect,
+                                        label=vm["name"]) for vm in vms])
     return finish(results, "backed up")
 
 
@@ -137,19 +142,49 @@ def _restored(name, uuid, backup_id, host=None, state="error", error=None):
                      "restored_from": backup_id, "error": error}]}
 
 
-@automation("restore", version=1, cleans_up=True)
+@automation("restore", version=2, cleans_up=True, feature_level=4)
 def restore(ctx, backup, name, uuid=None, on=None):
     """Rebuild VM ``name`` from ``backup`` (and its chain) on a host
-    placement picks (matching ``on``); ``uuid`` None: a new VM."""
+    placement picks (matching ``on``); ``uuid`` None: a new VM.  Since
+    version 2, ``restore_plan`` holds every backup of the chain for this
+    automation (no prune or delete takes one while it reads them), and
+    ``backup_release`` lets go at its end, done or failed; a restore that
+    dies first leaves holds that are stale once it is no longer running."""
+    held = []
+    try:
+        result = yield from _restore(ctx, backup, name, uuid, on, held)
+    except Failed as exc:
+        if held:
+            yield from resend(Request("backup_release", {"backups": held,
+                                                         "owner": ctx.automation_id},
+                                      deadline=STEP_DEADLINE, label=name))
+        raise exc
+    yield from resend(Request("backup_release", {"backups": held, "owner": ctx.automation_id},
+                              deadline=STEP_DEADLINE, label=name))
+    return result
+
+
+@automation("restore", version=1, cleans_up=True)
+def restore_v1(ctx, backup, name, uuid=None, on=None):
+    """Without holds: kept so that restores started before version 2 replay."""
+    return (yield from _restore(ctx, backup, name, uuid, on, None))
+
+
+def _restore(ctx, backup, name, uuid, on, held):
+    """The restore itself; ``held`` (a list, or None: no hold asked) gets
+    the ids of the chain the plan held."""
     uuid = uuid or ctx.uuid("vm/" + name)
 
     def step(request, args, target=None, deadline=STEP_DEADLINE):
         return Request(request, {"uuid": uuid, "name": name, **args}, target=target,
                        deadline=deadline, label=name)
 
-    planned = yield from resend(step("restore_plan", {"backup": backup}))
+    planned = yield from resend(step("restore_plan", {"backup": backup} if held is None
+                                     else {"backup": backup, "owner": ctx.automation_id}))
     if not planned.ok:
         return _failed(name, uuid, backup, planned.error or planned.status)
+    if held is not None:
+        held.extend(link["id"] for link in planned.value["chain"])
     record = planned.value["record"]
     build = record["build"]
     resources = {"VCPU": build.get("vcpus") or 1, "MEMORY_MB": build.get("memory_mb") or 256,

@@ -109,7 +109,7 @@ class Served:
 
     @property
     def url(self) -> str:
-        return self.server.url
+        return self.server.url + "/"
 
     def stop(self) -> None:
         self.session.close()

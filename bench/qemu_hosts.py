@@ -97,6 +97,8 @@ def two_qemu_hosts(prefix: str, cluster: str, peer_env: dict | None = None):
                                             qemu_guest.GUEST_DIR, work)
         etcd = EtcdServer(os.path.join(work, "etcd")).start()
         store = Store(etcd.url, cluster)
+        from tests.support.image_sources import allow_images
+        allow_images(store, image)          # an image source of its own, listed
 
         def start(host):
             peers.append(start_peer(etcd.url, cluster, work, host, uris[host],

@@ -150,6 +150,10 @@ def _host_record(kv) -> dict | None:
     return None if value is None else {**value, **_numbers(kv.key, value, _HOST_NUMBERS)}
 
 
+def _text(value) -> str | None:
+    return value if type(value) is str else None
+
+
 def read_vms(store) -> list[dict]:
     """Every VM record: ``{host, name, uuid, state, vcpus, memory_mb, disk_gb,
     ip, addresses, ha, recovered}``.
@@ -163,6 +167,10 @@ def read_vms(store) -> list[dict]:
     whose live host has no domain for it is ``missing``; ``crashed``: it is
     down though nobody stopped it through peerctl; ``restarts``: its HA
     restarts within the window (:mod:`engine.hypervisor.harules`).
+    ``state_reason``: libvirt's reason for a paused or crashed VM
+    (``user``, ``io-error``, ``crashed``...), and ``qemu_log``: where its
+    host keeps the guest's QEMU log, each None otherwise (and for a VM
+    listed ``unknown`` or ``migrating``, whose record is not the news).
     ``recovered`` (``{from, time, data_as_of}``, else None): an HA restart
     rebuilt the VM after its host ``from`` died, from its replica of
     ``data_as_of`` (None: from its image)."""
@@ -209,7 +217,9 @@ def read_vms(store) -> list[dict]:
                 "ha": ha if ha in HA_POLICIES else "none",
                 "recovered": _recovered(recovered) if recovered else None,
                 "crashed": state in DOWN and get("crashed") is True,
-                "restarts": restarts_within(vm, now) if get("restarts") else 0})
+                "restarts": restarts_within(vm, now) if get("restarts") else 0,
+                "state_reason": _text(get("state_reason")) if state == vm["state"] else None,
+                "qemu_log": _text(get("qemu_log")) if state == vm["state"] else None})
     return vms
 
 

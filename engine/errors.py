@@ -18,7 +18,7 @@ __all__ = [
     "StoreRefused", "PlacementUnavailable", "PermissionDenied", "Deposed", "Conflict", "PlacementError",
     "NotFound", "RequestError", "NonDeterminism", "UnknownAutomation", "UnknownTask",
     "NoPeers", "Unreadable", "WorkerFailed", "WatchBroken", "Compacted", "Detached",
-    "FieldError",
+    "FieldError", "NoSuch",
 ]
 
 
@@ -54,6 +54,12 @@ class Failed(PeerctlError):
     def __init__(self, message: str = "", result=None):
         super().__init__(message)
         self.result = result
+
+
+class NoSuch(Failed):
+    """A name or id the caller gave (a lease, a backup, a schedule, an
+    automation, a VM) names nothing that exists: exit 1, the API's 404.
+    Nothing was written."""
 
 
 class Refused(Failed):

@@ -86,7 +86,7 @@ def _host_record(host: HostContext) -> dict:
         facts = {"kernel": platform.release(), "error": str(exc)}
     networks, missing = _offered(host)
     return {"host": host.host, "libvirt_uri": host.libvirt_uri, "pid": os.getpid(),
-            "updated": time.time(), **facts, "networks": sorted(networks),
+            "state_dir": os.path.abspath(host.state_dir), "updated": time.time(), **facts, "networks": sorted(networks),
             **({"networks_missing": missing} if missing else {})}
 
 

@@ -395,7 +395,7 @@ def _api_port(peer: dict | None, index: int) -> int:
 
 def api_urls(up: dict) -> list[str]:
     """The URL of each running peer's HTTP API."""
-    return [p["api"] for p in up.get("peers") or []
+    return [p["api"].rstrip("/") for p in up.get("peers") or []
             if p.get("api") and live_peer(up.get("state_dir") or "", p)]
 
 
@@ -421,7 +421,7 @@ def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
     # ``cmd`` is what /proc shows for it: the interpreter path as exec'd
     record = {"host": host, "pid": process.pid, "cmd": cmd, "libvirt": asked,
               "log": log_path, "api_port": api_port,
-              "api": f"{'https' if tls_dir else 'http'}://127.0.0.1:{api_port}/"}
+              "api": f"{'https' if tls_dir else 'http'}://127.0.0.1:{api_port}"}
     if libvirt != asked:
         record["libvirt_uri"] = libvirt
     return record

@@ -8,8 +8,10 @@ reading and writing etcd only.
   (those on a down host are skipped and named); ``full`` once a VM's newest
   chain holds :data:`FULL_EVERY` backups;
 - ``schedule_prune {schedule, uuids, keep}`` -> ``{drop: [{id, vm, uuid,
-  target}]}``: what retention ``keep`` (the run's) drops of those VMs'
-  backups, children first;
+  target}]}``: what retention ``keep`` (the run's) drops of the backups
+  this schedule made of those VMs (never a manual, protected or held one,
+  nor one a backup left standing builds on:
+  :func:`engine.backups.retention.schedule_drops`), children first;
   backups on a down host wait for a later run;
 - ``schedule_ran {schedule, at, now, summary}`` -> ``{record}``: ``last``,
   ``last_run`` (the summary) and ``runs`` (how many so far) recorded, ``next`` one interval after
@@ -22,7 +24,7 @@ reading and writing etcd only.
 from __future__ import annotations
 
 from engine.backups import retention, schedules
-from engine.backups.records import recorded
+from engine.backups.records import live_holds, recorded
 from engine.cluster import read_vms
 from engine.core import api, keys
 from engine.core.handlers import handler
@@ -86,11 +88,14 @@ def schedule_prune(host, args: dict) -> dict:
         raise RequestError(str(exc)) from None
     if not isinstance(uuids, list):
         raise RequestError("schedule_prune needs the uuids of the run's VMs")
+    schedule = _schedule(args)
     alive = live_host_names(host.store)
     backups = recorded(host.store)
+    held = {b["id"] for b in backups if live_holds(host.store, b)}
     drop = []
     for uuid in uuids:
-        _kept, dropped = retention.plan([b for b in backups if b["uuid"] == uuid], keep)
+        dropped = retention.schedule_drops([b for b in backups if b["uuid"] == uuid],
+                                           schedule, keep, held)
         for backup in dropped:
             if backup["target"] not in alive:
                 break           # its parents wait with it: a chain is never cut

@@ -13,9 +13,13 @@ Run by the initiator (no target), reading etcd:
   keep the backup (alive, not drained, not the VM's own, matching ``to``),
   the newest backup's target first when it is one of them, so that the
   chain goes on there; ``parent`` is the VM's newest recorded backup.
-- ``restore_plan`` ``{backup}`` -> ``{chain: [{id, host, libvirt_uri, pool,
-  disks}], record}``: the backup's chain back to its full backup, each
-  link's target alive.
+- ``restore_plan`` ``{backup, owner?}`` -> ``{chain: [{id, host, libvirt_uri,
+  pool, disks}], record}``: the backup's chain back to its full backup, each
+  link's target alive; with ``owner`` (a restore's automation id) each link
+  is held for it (:func:`engine.backups.records.hold`), refused when one is
+  being deleted;
+- ``backup_release`` ``{backups, owner}`` -> ``{released}``: those holds
+  dropped, and stale ones met on the way.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ import fnmatch
 from engine.core.handlers import handler
 from engine.core.hosts import live_hosts
 from engine.drains import drained_hosts
-from engine.errors import RequestError
+from engine.errors import Conflict, Failed, RequestError
+from engine.backups import records
 from engine.backups.records import recorded
 from engine.hypervisor import backups, restores
 from engine.natural import natural_key
@@ -56,7 +61,8 @@ def backup_plan(host, args: dict) -> dict:
             f"no host to keep the backup: {'none of ' + ', '.join(others) if others else 'no host'}"
             f"{' matching --to ' + pattern if args.get('to') else ''} is up, undrained and "
             f"not the VM's own ({home})")
-    mine = sorted((r for r in recorded(host.store) if r["uuid"] == uuid),
+    mine = sorted((r for r in recorded(host.store)      # one being deleted is no parent
+                   if r["uuid"] == uuid and not r.get("deleting")),
                   key=lambda r: r["time"])
     newest = mine[-1] if mine else None
     parent, why_full = None, None
@@ -96,4 +102,19 @@ def restore_plan(host, args: dict) -> dict:
         if len(chain) > MAX_CHAIN:
             raise RequestError(f"backup {backup_id}: its chain loops or is too long")
     chain.reverse()
+    owner = args.get("owner")
+    if isinstance(owner, str) and owner:
+        try:
+            records.hold(host.store, [link["id"] for link in chain], owner)
+        except (Failed, Conflict) as exc:
+            raise RequestError(str(exc)) from None
     return {"chain": chain, "record": by_id[backup_id]}
+
+
+@handler("backup_release")
+def backup_release(host, args: dict) -> dict:
+    backups, owner = args.get("backups"), args.get("owner")
+    if not isinstance(backups, list) or not isinstance(owner, str):
+        raise RequestError("backup_release needs the backups and their owner")
+    records.release(host.store, [b for b in backups if isinstance(b, str)], owner)
+    return {"released": backups}

@@ -36,6 +36,7 @@ from engine.errors import Conflict, NotFound, RequestError, UsageError
 from engine.leases.events import unreserved
 from engine.placement import for_request, parse_query, together
 from engine.placement.shortfall import explain
+from engine.placement.traits import list_in_words
 
 
 def _spec(args: dict) -> str:
@@ -197,7 +198,7 @@ def _first_fit(placement, query: str, required, args: dict, allowed, write, none
             candidates.sort(key=lambda c: c["host"] != args["prefer"])
         if not candidates:
             asked = None if plain else args.get("required")
-            raise RequestError(none + (f" with {asked}" if asked else "")
+            raise RequestError(none + (f" with {list_in_words(asked)}" if asked else "")
                                + (f" among {args['hosts']!r}" if args.get("hosts") else "")
                                + f": {why()}")
         for candidate in candidates:

@@ -2,6 +2,8 @@
 called both ways, on real peers serving ``--api``, and the JSON compared."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from engine.core import api as engine_api
@@ -9,7 +11,7 @@ from engine.core import keys
 from engine.hypervisor.hostinfo import GAUGES
 from engine.operations.moves import DEFAULT_MAX_DOWNTIME_MS
 from tests.support import wait_for
-from tests.support.api_client import ApiClient, api_peer_args, free_port
+from tests.support.api_client import ApiClient, answers, api_peer_args, free_port
 from tests.support.cluster import SMALL_VM, boot_vms, finished
 
 # what moves between two reads a second apart on a live host
@@ -29,15 +31,8 @@ def served(cluster, store):
              what="providers")
     secret = cluster.cli_json("token", "create", "--role", "operator")["secret"]
     client = ApiClient(f"http://127.0.0.1:{ports['host1']}", secret)
-    wait_for(lambda: _answers(client), what="the API of host1")
+    wait_for(lambda: answers(client), what="the API of host1")
     return client, ports
-
-
-def _answers(client) -> bool:
-    try:
-        return client.get("/v1/hosts")[0] == 200
-    except OSError:
-        return False
 
 
 def steady(rows):
@@ -219,7 +214,14 @@ def test_the_openapi_document_lists_every_route(served):
     from engine.web.routes import ROUTES
     status, doc, _ = client.get("/v1/openapi.json")
     assert status == 200 and doc["openapi"].startswith("3.")
+    shape = lambda path: re.sub(r"{\w+}", "{}", path)     # noqa: E731
+    by_shape = {shape(path): operations for path, operations in doc["paths"].items()}
+    assert len(by_shape) == len(doc["paths"]), "OpenAPI counts these as one path"
     for route in ROUTES:
-        assert route.method.lower() in doc["paths"][route.path], route.path
+        assert route.method.lower() in by_shape[shape(route.path)], route.path
+    for path, operations in doc["paths"].items():
+        for operation in operations.values():
+            named = {p["name"] for p in operation.get("parameters", ()) if p["in"] == "path"}
+            assert named == set(re.findall(r"{(\w+)}", path)), (path, named)
     assert doc["paths"]["/v1/vms"]["post"]["requestBody"]["content"]["application/json"][
         "schema"]["required"] == ["names", "resources"]

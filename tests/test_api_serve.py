@@ -57,3 +57,30 @@ def test_addresses_that_cannot_be_served_are_refused(cluster):
         refused(cluster, ["serve", "--api", f"127.0.0.1:{port}"], 2, "cannot listen")
     refused(cluster, ["peer", "--host", "h1", "--libvirt", "test:///default", "--api", "x:y"],
             2, "want ADDR:PORT")
+
+
+def test_the_printed_url_is_a_base_to_append_paths_to(cluster, tmp_path):
+    """``${api}/v1/hosts`` with the URL ``serve`` prints (as ``up`` prints
+    its peers'): no trailing slash to make ``//v1/hosts``."""
+    import re
+    secret = cluster.cli_json("token", "create", "--role", "viewer")["secret"]
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    process = subprocess.Popen([sys.executable, PEERCTL, "serve", "--api", f"127.0.0.1:{port}"],
+                               env=cluster.env, cwd=ROOT, stdout=open(log_path, "wb"),
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        printed = wait_for(lambda: re.search(r" at (\S+?),", log_path.read_text()),
+                           what="serve's URL")
+        api = printed.group(1)
+        assert api == f"http://127.0.0.1:{port}"
+        hosts = requests.get(f"{api}/v1/hosts", headers={"Authorization": f"Bearer {secret}"},
+                             timeout=5)
+        assert hosts.status_code == 200 and hosts.json() == []
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)

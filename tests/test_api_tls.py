@@ -39,15 +39,15 @@ def as_(secured, user: str) -> requests.Session:
 def test_a_client_certificate_names_the_role(https_api):
     secured, api, server = https_api
     viewer = as_(secured, "viewer")
-    assert viewer.get(server.url + "v1/vms").json() == []
-    assert viewer.get(server.url + "v1/session").json() == {
+    assert viewer.get(server.url + "/v1/vms").json() == []
+    assert viewer.get(server.url + "/v1/session").json() == {
         "user": "viewer", "role": "viewer", "how": "certificate"}
-    refused = viewer.post(server.url + "v1/ping", json={})
+    refused = viewer.post(server.url + "/v1/ping", json={})
     assert refused.status_code == 403 and "role viewer" in refused.json()["error"]
     operator = as_(secured, "operator")
-    answer = operator.post(server.url + "v1/ping", json={})
+    answer = operator.post(server.url + "/v1/ping", json={})
     assert answer.status_code == 409 and "no live" in answer.json()["error"]   # no peers here
-    from_a_page = operator.post(server.url + "v1/ping", json={},
+    from_a_page = operator.post(server.url + "/v1/ping", json={},
                                 headers={"Origin": "https://elsewhere.example"})
     assert from_a_page.status_code == 403 and "CSRF" in from_a_page.json()["error"]
 
@@ -57,9 +57,9 @@ def test_without_a_certificate_or_token_nothing_answers(https_api):
     anonymous = requests.Session()
     anonymous.trust_env = False
     anonymous.verify = secured.files("root")["cacert"]
-    assert anonymous.get(server.url + "v1/vms").status_code == 401
+    assert anonymous.get(server.url + "/v1/vms").status_code == 401
     with pytest.raises(requests.ConnectionError):
-        requests.get(server.url.replace("https", "http") + "v1/vms", timeout=5)
+        requests.get(server.url.replace("https", "http") + "/v1/vms", timeout=5)
 
 
 def test_requests_reach_etcd_as_their_role(https_api):

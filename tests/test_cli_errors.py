@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from engine.core import keys
 from engine.core.etcd_server import free_port
 from engine.core.store import Store
 from tests.support import PEERCTL, ROOT, wait_for
@@ -152,7 +153,9 @@ def test_no_peer_up_still_gives_the_command_shape(cluster, store):
     _vm(store, "host1", "orphan1")      # listed, but nobody is up to act on it
     doc = cluster.cli_json("stop", "orphan1", expect_rc=1)
     assert doc == {"automation": None, "state": "failed", "vms": []}
-    done = cluster.cli("start", "orphan1")
+    done = cluster.cli("start", "orphan1")      # its host is down: refused before starting
+    assert done.returncode == 1 and "on host1, which is down" in one_line(done)
+    done = cluster.cli("destroy", "orphan1")
     assert done.returncode == 1 and "no live peers" in one_line(done)
 
 
@@ -179,6 +182,7 @@ def test_dry_run_only_lists(cluster, store):
     first = _vm(store, "host1", "webfront1")
     _vm(store, "host2", "webfront2")
     _vm(store, "host2", "db1")
+    store.put(keys.host("host2"), {"host": "host2"}, store.grant(600))    # host2 is up
     doc = cluster.cli_json("destroy", "*webfront*", "--dry-run")
     assert doc["automation"] is None and doc["state"] == "dry-run"
     assert [(vm["host"], vm["name"]) for vm in doc["vms"]] == [("host1", "webfront1"),

@@ -22,7 +22,8 @@ HOSTLIST_KEYS = {"host", "alive", "enabled", "drained", "reserved_by", "vcpus", 
 HOSTSTATS_KEYS = {"host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb",
                   "free_memory_mb", "vms", "disk_gb", "free_disk_gb"}
 VMLIST_KEYS = {"host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
-               "addresses", "ha", "recovered", "crashed", "restarts", "backup", "replica"}
+               "addresses", "ha", "recovered", "crashed", "restarts", "backup", "replica",
+               "state_reason", "qemu_log"}
 
 
 def host_record(name, vcpus=8, cpu=10.0, vms=0, enabled=True):

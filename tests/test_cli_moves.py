@@ -177,11 +177,11 @@ def test_migrate_dry_run_lists_what_would_move(cluster, two_hosts):
     before = task_ids(cluster)
     doc = cluster.cli_json("migrate", "db*", "--to", "host2", "--dry-run")
     assert doc == {"automation": None, "state": "dry-run", "vms": [
-        {"name": name, "uuid": booted[name]["uuid"], "from": "host1", "host": None,
+        {"name": name, "uuid": booted[name]["uuid"], "from": "host1", "host": "host2",
          "state": "running"} for name in ("db1", "db2")]}
     done = cluster.cli("migrate", "db*", "--dry-run")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0].split() == ["Name", "From", "State", "UUID"]
+    assert done.stdout.splitlines()[0].split() == ["Name", "From", "To", "State", "Why", "not"]
     assert done.stdout.splitlines()[-1] == "migrate would move 2 VMs to any other host"
     assert task_ids(cluster) == before
 

@@ -296,7 +296,8 @@ def test_a_vm_record_without_its_fields_is_skipped(warnings):
                                         "state": "running", "vcpus": 1, "memory_mb": 256,
                                         "disk_gb": 1, "ip": None, "addresses": [],
                                         "ha": "none", "recovered": None, "crashed": False,
-                                        "restarts": 0}]
+                                        "restarts": 0, "state_reason": None,
+                                        "qemu_log": None}]
     assert [key for key, _ in warnings] == [keys.vm(host, "u2")]
 
 

@@ -129,8 +129,8 @@ def test_up_again_and_down(local, tmp_path, cluster_name):
     secret = json.loads(local("--format", "json", "token", "create", "--role", "viewer").stdout)[
         "secret"]
     for url in up["api"]:
-        assert requests.get(url + "v1/vms", timeout=10).status_code == 401
-        answer = requests.get(url + "v1/vms", headers={"Authorization": f"Bearer {secret}"},
+        assert requests.get(url + "/v1/vms", timeout=10).status_code == 401
+        answer = requests.get(url + "/v1/vms", headers={"Authorization": f"Bearer {secret}"},
                               timeout=10)
         assert [vm["name"] for vm in answer.json()] == ["vm1"]
 
@@ -250,8 +250,8 @@ def test_up_with_tls_and_three_etcd_members(local, tmp_path, cluster_name):
     https.trust_env, https.verify = False, str(tls / "ca.pem")
     https.cert = (str(tls / "viewer.pem"), str(tls / "viewer-key.pem"))
     assert all(url.startswith("https://127.0.0.1:") for url in up["api"])
-    assert [vm["name"] for vm in https.get(up["api"][0] + "v1/vms", timeout=10).json()] == ["vm1"]
-    assert https.post(up["api"][1] + "v1/vms", json={"names": ["vm3"], "resources": "VCPU:1"},
+    assert [vm["name"] for vm in https.get(up["api"][0] + "/v1/vms", timeout=10).json()] == ["vm1"]
+    assert https.post(up["api"][1] + "/v1/vms", json={"names": ["vm3"], "resources": "VCPU:1"},
                       timeout=10).status_code == 403
     # the peers run as themselves: each with its own certificate
     recorded = json.loads((tmp_path / "state" / "up.json").read_text())

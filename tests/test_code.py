@@ -101,6 +101,27 @@ def test_the_same_release_again_changes_nothing_and_another_with_its_version_is_
     assert [row["version"] for row in cluster.cli_json("code", "list")] == ["0.2.0", "0.10.0"]
 
 
+def test_a_file_named_for_another_version_is_stored_as_its_own_with_a_warning(
+        cluster, store, tmp_path):
+    """Its setup.cfg says 0.1.0, its name 0.2.0: stored as 0.1.0, and said so."""
+    built = build_release(tmp_path, "0.1.0")
+    path = os.path.join(str(tmp_path), "peerctl-0.2.0.tar.gz")
+    os.rename(built, path)
+    done = cluster.cli("--format", "json", "code", "add", path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["version"] == "0.1.0"
+    assert done.stderr.splitlines() == [
+        "peerctl: warning: peerctl-0.2.0.tar.gz is named for version 0.2.0, but its "
+        "setup.cfg says 0.1.0: stored as 0.1.0"]
+    assert [row["version"] for row in cluster.cli_json("code", "list")] == ["0.1.0"]
+    # a name that agrees, or says no version, is stored without a word
+    quiet = cluster.cli("code", "add", build_release(tmp_path, "0.3.0"))
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    plain = os.path.join(str(tmp_path), "release.tar.gz")
+    os.rename(build_release(tmp_path, "0.4.0"), plain)
+    assert cluster.cli("code", "add", plain).stderr == ""
+
+
 def test_past_the_most_releases_kept_the_next_is_refused(cluster, store, tmp_path):
     cluster.cli_json("code", "add", build_release(tmp_path, "0.2.0"))
     meta = store.get(keys.release("0.2.0")).value

@@ -125,6 +125,7 @@ def test_down_leaves_nothing_running_and_up_again_keeps_the_hypervisor(local, cl
     first = local.json("up", "--hosts", "2", "--libvirt", "qemu", "--state-dir", state)
     assert [(p["host"], p["libvirt"]) for p in first["peers"]] == \
         [("host1", "qemu"), ("host2", "qemu")]
+    local.json("images", "sources", "--add", state)    # where its image is, listed
     booted = local.json("boot", "vm1", "--on", "host1", "--ha", "restart", "--resources",
                         "VCPU:1,MEMORY_MB:128,DISK_GB:1", "--image", f"file://{local.image}")
     (vm,) = booted["vms"]

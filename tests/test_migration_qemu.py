@@ -217,7 +217,12 @@ def test_a_shut_off_guest_moves_cold_on_an_image_both_hosts_have(hosts, guest,
     layers = {}
     for host in hosts:
         pool = images.ensure_pool(host)
-        base_vol, fmt = images.ensure_base(host, pool, f"file://{base}")
+        own = os.path.join(host.state_dir, "images", "base.raw")    # the default source
+        os.makedirs(os.path.dirname(own), exist_ok=True)
+        if os.path.exists(own):
+            os.unlink(own)
+        os.link(base, own)
+        base_vol, fmt = images.ensure_base(host, pool, f"file://{own}")
         layers[host.host] = images.ensure_overlay(host, pool, f"{uuid}.qcow2", base_vol,
                                                   fmt, 0).path()
     qemu_io(layers[source.host], f"write -P 0x5a {8 * MiB} {4 * MiB}", "-f", "qcow2")

@@ -106,7 +106,9 @@ def test_stop_destroys_a_guest_that_ignores_the_power_button(qemu_host):
 
 def test_linux_guest_boots_from_a_cached_image_is_listed_stops_by_acpi_and_is_destroyed(
         qemu_host, guest_dir, workdir, store):
-    image = qemu_guest.build_disk_image(os.path.join(workdir, "guest.img"), guest_dir,
+    images_dir = os.path.join(qemu_host.state_dir, "images")       # the default source
+    os.makedirs(images_dir, exist_ok=True)
+    image = qemu_guest.build_disk_image(os.path.join(images_dir, "guest.img"), guest_dir,
                                         workdir)
     args = {"uuid": str(uuidlib.uuid4()), "name": f"linux-{os.getpid()}", "vcpus": 1,
             "memory_mb": 128, "disk_gb": 1, "image": f"file://{image}",

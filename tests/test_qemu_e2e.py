@@ -18,6 +18,7 @@ import pytest
 from engine.core import api, failpoints, keys
 from engine.placement import open_placement
 from tests.support import qemu_guest, wait_for
+from tests.support.image_sources import allow_images
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
 
 pytestmark = pytest.mark.qemu      # the real-QEMU tier: `python -m pytest -q tests -m qemu`
@@ -58,6 +59,7 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
     name = f"guest{tag}"     # unique: the libvirtd is shared with other runs
     image = qemu_guest.build_disk_image(os.path.join(workdir, "guest.img"), guest_dir,
                                         workdir)
+    allow_images(store, image)          # an image source of its own, listed
     state_dirs = {h: os.path.join(workdir, f"state-{h}") for h in hosts}
     armed = os.path.join(workdir, "failpoints")
     open(armed, "w").close()
@@ -103,7 +105,8 @@ def test_boot_linux_guest_via_cli_and_destroy_leaves_nothing(cluster, store, con
                            "state": "running", "vcpus": 1, "memory_mb": MEMORY_MB,
                            "disk_gb": DISK_GB, "ip": None, "addresses": [],
                            "ha": "none", "recovered": None, "crashed": False,
-                           "restarts": 0, "backup": None, "replica": None}]
+                           "restarts": 0, "backup": None, "replica": None,
+                           "state_reason": None, "qemu_log": None}]
 
         console = os.path.join(state_dirs[host], "console", f"{vm['uuid']}.log")
         assert qemu_guest.wait_for_console(console, qemu_guest.READY_MARKER, BOOT_TIMEOUT), \

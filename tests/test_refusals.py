@@ -83,8 +83,8 @@ def refused_boot(cluster, name, resources=SPEC) -> str:
 
 def test_a_boot_no_host_fits_names_the_short_resource(cluster, two_hosts):
     said = refused_boot(cluster, "huge", "VCPU:4096,MEMORY_MB:64")
-    # (the command line asks for the default network's trait too)
-    assert re.fullmatch(r"no host can fit VCPU:4096,MEMORY_MB:64 with CUSTOM_NET_DEFAULT: "
+    # (the command line asks for the default network too, said in words)
+    assert re.fullmatch(r"no host can fit VCPU:4096,MEMORY_MB:64 with network default: "
                         r"short of VCPU \(most free on one host: \d+ of 4096\)", said), said
 
 
@@ -92,7 +92,7 @@ def test_a_boot_when_every_host_is_drained_or_leased_says_so(cluster, store, two
     assert cluster.cli_json("drain", "host*", "--yes")["hosts"] == [
         {"host": "host1", "drained": True}, {"host": "host2", "drained": True}]
     said = refused_boot(cluster, "nowhere")
-    assert said == f"no host can fit {SPEC} with CUSTOM_NET_DEFAULT: no host takes new VMs " \
+    assert said == f"no host can fit {SPEC} with network default: no host takes new VMs " \
                    "(host1 drained, host2 drained)", said
 
     cluster.cli_json("undrain", "host1")
@@ -101,7 +101,7 @@ def test_a_boot_when_every_host_is_drained_or_leased_says_so(cluster, store, two
     wait_until(lambda: cluster.cli_json("lease", "show", "maint"),
                lambda doc: doc["state"] == "active", timeout=40, what="lease maint active")
     said = refused_boot(cluster, "still-nowhere")
-    assert said == f"no host can fit {SPEC} with CUSTOM_NET_DEFAULT: no host takes new VMs " \
+    assert said == f"no host can fit {SPEC} with network default: no host takes new VMs " \
                    "(host1 reserved by lease maint, host2 drained)", said
 
 

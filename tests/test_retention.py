@@ -60,3 +60,35 @@ def test_a_dropped_backup_stays_while_a_kept_incremental_needs_it():
     kept, dropped = plan(chain + [{"id": "j", "time": at(5), "kind": "incremental",
                                    "parent": "g"}], {"last": 2})
     assert ids(kept) == ["j", "g"] and ids(dropped) == ["i2", "i1", "f"]
+
+
+# -- what a schedule prunes (issue 48): only its own backups ---------------------------
+
+def made(backup_id, t, schedule=None, kind="full", parent=None, protected=False):
+    return {"id": backup_id, "time": t, "kind": kind, "parent": parent,
+            **({"schedule": schedule} if schedule else {}),
+            **({"protected": True} if protected else {})}
+
+
+def test_a_schedule_prunes_only_what_it_made():
+    from engine.backups.retention import schedule_drops
+    backups = [made("hand1", at(1)), made("hand2", at(2)), made("other", at(3), "s2"),
+               made("s-a", at(4), "s1"), made("s-b", at(5), "s1"), made("s-c", at(6), "s1")]
+    assert ids(schedule_drops(backups, "s1", {"last": 1})) == ["s-b", "s-a"]
+    assert ids(schedule_drops(backups, "s2", {"last": 1})) == []
+
+
+def test_a_protected_or_held_backup_is_never_dropped_and_does_not_count():
+    from engine.backups.retention import schedule_drops
+    backups = [made("s-a", at(1), "s1", protected=True), made("s-b", at(2), "s1"),
+               made("s-c", at(3), "s1"), made("s-d", at(4), "s1")]
+    assert ids(schedule_drops(backups, "s1", {"last": 1})) == ["s-c", "s-b"]
+    assert ids(schedule_drops(backups, "s1", {"last": 1}, spared={"s-b"})) == ["s-c"]
+
+
+def test_a_schedules_backup_that_a_kept_one_builds_on_stays():
+    from engine.backups.retention import schedule_drops
+    # a manual incremental on top of the schedule's oldest: that chain stays whole
+    backups = [made("s-a", at(1), "s1"), made("hand", at(2), kind="incremental", parent="s-a"),
+               made("s-b", at(3), "s1"), made("s-c", at(4), "s1")]
+    assert ids(schedule_drops(backups, "s1", {"last": 1})) == ["s-b"]

@@ -217,3 +217,102 @@ def test_an_etcd_of_ones_own_is_secured_with_tls_certs_and_tls_roles(tmp_path, c
     finally:
         cluster.close()
         server.stop()
+
+
+def test_a_peer_refuses_to_run_as_a_host_its_certificate_does_not_name(secured, tmp_path):
+    """host1's certificate cannot start a peer for h9: one line, exit 4, and
+    etcd never hears of h9."""
+    done = secured.cli("peer-host1", "peer", "--host", "h9", "--libvirt", "test:///default",
+                       "--state-dir", str(tmp_path / "state-h9"), timeout=60)
+    assert done.returncode == 4, (done.returncode, done.stdout, done.stderr[-2000:])
+    line = one_line(done)
+    assert "peer-host1" in line and "peer-h9" in line, line
+    assert secured.root.get(keys.host("h9")) is None
+    assert secured.root.get(keys.host_config("h9")) is None
+    assert "h9" not in secured.cli("viewer", "hostlist").stdout
+
+
+def names_in(path) -> set[str]:
+    from cryptography import x509
+    cert = x509.load_pem_x509_certificate(open(path, "rb").read())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return {str(entry.value) for entry in sans}
+
+
+def test_tls_certs_again_with_a_new_name_issues_etcds_certificate_again_and_says_so(
+        tmp_path, cluster_name):
+    directory = tmp_path / "tls"
+    cluster = Cluster("https://127.0.0.1:1", cluster_name, tmp_path)
+    first = cluster.cli_json("tls", "certs", str(directory), "--name", "etcd1.example")
+    assert {c["user"]: c["status"] for c in first["certificates"]}["etcd"] == "made"
+    ca, etcd_key = (directory / "ca.pem").read_bytes(), (directory / "etcd-key.pem").read_bytes()
+    assert names_in(directory / "etcd.pem") == {"127.0.0.1", "localhost", "etcd1.example"}
+
+    again = cluster.cli("tls", "certs", str(directory), "--name", "etcd1.example",
+                        "--name", "10.0.0.14")
+    assert again.returncode == 0, again.stderr
+    said = [line for line in again.stdout.splitlines() if "re-issued" in line]
+    assert len(said) == 1 and "etcd.pem" in said[0] and "10.0.0.14" in said[0], again.stdout
+    assert names_in(directory / "etcd.pem") == {"127.0.0.1", "localhost", "etcd1.example",
+                                                "10.0.0.14"}
+    assert (directory / "ca.pem").read_bytes() == ca                 # the CA is kept
+    assert (directory / "etcd-key.pem").read_bytes() != etcd_key
+
+    same = cluster.cli_json("tls", "certs", str(directory), "--name", "10.0.0.14",
+                            "--name", "etcd1.example")
+    assert {c["user"]: c["status"] for c in same["certificates"]}["etcd"] == "kept"
+    kept = cluster.cli("tls", "certs", str(directory), "--peer", "kvm1")   # no --name: kept
+    assert "re-issued" not in kept.stdout and "made peer-kvm1.pem" in kept.stdout
+    assert "10.0.0.14" in names_in(directory / "etcd.pem")
+
+
+def test_tls_certs_gives_each_etcd_member_a_certificate_and_key_of_its_own(
+        tmp_path, cluster_name):
+    directory = tmp_path / "tls"
+    cluster = Cluster("https://127.0.0.1:1", cluster_name, tmp_path)
+    bad = cluster.cli("tls", "certs", str(directory), "--member", "m1=10.0.0.11",
+                      "--member", "m2")
+    assert bad.returncode == 2 and "--member 'm2'" in one_line(bad)
+    assert not directory.exists()                                    # nothing written
+
+    made = cluster.cli_json("tls", "certs", str(directory), "--member", "m1=10.0.0.11",
+                            "--member", "m2=10.0.0.12", "--member", "m3=etcd3.example")
+    files = {c["user"]: c for c in made["certificates"]}
+    assert {"etcd-m1", "etcd-m2", "etcd-m3"} <= set(files) and "etcd" not in files
+    addresses = {"m1": "10.0.0.11", "m2": "10.0.0.12", "m3": "etcd3.example"}
+    for member, address in addresses.items():
+        named = names_in(directory / f"etcd-{member}.pem")
+        assert named == {"127.0.0.1", "localhost", address}, (member, named)
+    keys_ = {(directory / f"etcd-{member}-key.pem").read_bytes() for member in addresses}
+    assert len(keys_) == 3                                           # one key per member
+
+    # a fourth member later: its own certificate, the others kept
+    later = cluster.cli_json("tls", "certs", str(directory), *[
+        arg for member, address in {**addresses, "m4": "10.0.0.14"}.items()
+        for arg in ("--member", f"{member}={address}")])
+    statuses = {c["user"]: c["status"] for c in later["certificates"]}
+    assert [statuses[f"etcd-m{i}"] for i in range(1, 5)] == ["kept", "kept", "kept", "made"]
+    assert "10.0.0.14" in names_in(directory / "etcd-m4.pem")
+
+
+def test_tls_certs_lists_every_certificate_with_its_expiry(tmp_path, cluster_name):
+    import datetime
+    directory = tmp_path / "tls"
+    cluster = Cluster("https://127.0.0.1:1", cluster_name, tmp_path)
+    cluster.cli_json("tls", "certs", str(directory), "--peer", "kvm1")
+    listed = cluster.cli("tls", "certs", str(directory), "--name", "etcd1.example")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["File", "Subject", "Role", "Names", "Expires"]
+    rows = {line.split()[0]: line for line in lines[1:] if line.split()[0].endswith(".pem")}
+    assert set(rows) == {"ca.pem", "etcd.pem", "root.pem", "operator.pem", "viewer.pem",
+                         "peer-kvm1.pem"}
+    expires = (datetime.datetime.now(datetime.timezone.utc)
+               + datetime.timedelta(days=3650)).date()
+    near = {str(expires + datetime.timedelta(days=d)) for d in (-1, 0, 1)}
+    for name, row in rows.items():
+        assert near & set(row.split()), row
+    assert "etcd1.example" in rows["etcd.pem"] and " peer " in rows["peer-kvm1.pem"]
+    doc = cluster.cli_json("tls", "certs", str(directory))
+    assert {entry["role"] for entry in doc["files"]} >= {"CA", "etcd server", "peer"}
+    assert all(isinstance(entry["expires"], int) for entry in doc["files"])

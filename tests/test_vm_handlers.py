@@ -20,7 +20,16 @@ import pytest
 from engine.errors import RequestError
 from engine.hypervisor import images
 from engine.hypervisor.domain_xml import DomainSpec, domain_xml, read_metadata
-from tests.support.handlers import call, host, new_host  # noqa: F401  (host: a fixture)
+from tests.support.handlers import call, new_host
+from tests.support.image_sources import allow_images
+
+
+@pytest.fixture
+def host(tmp_path, store):
+    """A host of this test's own on the test driver, in a cluster whose
+    image sources list the test's directory (its image files)."""
+    allow_images(store, tmp_path)
+    return new_host(tmp_path / "state", store)
 
 
 def vm_args(image=None, **overrides):
@@ -204,7 +213,7 @@ def test_a_name_taken_by_another_uuid_is_an_error(host):
     ({"memory_mb": True}, "memory_mb must be an integer"),
     ({"disk_gb": -1}, "disk_gb must be an integer >= 0"),
     ({"image": "ftp://example.org/x.img"}, "unsupported scheme"),
-    ({"image": "file:///nonexistent/x.img"}, "no such file"),
+    ({"image": "file:///nonexistent/x.img"}, "outside the image sources"),
     ({"image": 7}, "image must be a URL"),
     ({"kernel": "vmlinuz"}, "kernel 'vmlinuz': not an absolute path"),
     ({"initrd": "/etc/hostname"}, "initrd given without kernel"),
@@ -217,6 +226,13 @@ def test_bad_build_arguments_are_refused_and_leave_nothing(host, override, messa
     if isinstance(args["uuid"], str) and len(args["uuid"]) == 36:
         assert domain(host, args["uuid"]) is None
         assert vm_volumes(host, args["uuid"]) == []
+
+
+def test_a_missing_file_inside_the_image_sources_is_no_such_file(host, tmp_path):
+    args = vm_args(image=f"file://{tmp_path / 'nonexistent.img'}")
+    with pytest.raises(RequestError, match="no such file on this host"):
+        call(host, "build", **args)
+    assert domain(host, args["uuid"]) is None
 
 
 def test_a_define_failure_takes_the_new_volumes_back(host, monkeypatch):
@@ -352,7 +368,7 @@ class _CountingHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture
-def http_server(tmp_path):
+def http_server(tmp_path, store):
     root = tmp_path / "www"
     root.mkdir()
     server = http.server.ThreadingHTTPServer(
@@ -360,6 +376,7 @@ def http_server(tmp_path):
     server.hits = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    allow_images(store, f"http://127.0.0.1:{server.server_address[1]}/")
     yield server, root, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
@@ -389,7 +406,8 @@ def test_an_http_error_is_a_request_error(host, http_server):
     assert domain(host, args["uuid"]) is None
 
 
-def test_an_unreachable_http_server_is_a_request_error(host):
+def test_an_unreachable_http_server_is_a_request_error(host, store):
+    allow_images(store, "http://127.0.0.1:9/")
     with pytest.raises(RequestError, match="download failed"):
         call(host, "build", **vm_args(image="http://127.0.0.1:9/none.img"))
 
@@ -408,11 +426,12 @@ class _TruncatingHandler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def truncating_server():
+def truncating_server(store):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TruncatingHandler)
     server.body = b"\x00" * 300_000
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    allow_images(store, f"http://127.0.0.1:{server.server_address[1]}/")
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
@@ -528,7 +547,7 @@ def _self_signed_ca_and_server_cert(directory):
 
 
 @pytest.fixture
-def https_server(tmp_path):
+def https_server(tmp_path, store):
     """An HTTPS server on 127.0.0.1 with a certificate from a CA of its own;
     yields (server, root, base URL, CA bundle path)."""
     import ssl
@@ -547,6 +566,7 @@ def https_server(tmp_path):
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    allow_images(store, f"https://127.0.0.1:{server.server_address[1]}/")
     yield server, root, f"https://127.0.0.1:{server.server_address[1]}", str(paths["ca"])
     server.shutdown()
     server.server_close()

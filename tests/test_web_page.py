@@ -4,9 +4,12 @@ peers on libvirt's test driver.
 
 What it proves: the page lists the cluster, follows it through the event
 stream (a VM booted from the command line shows within a second of its
-running record), lets an operator stop a VM once the dialog is confirmed,
-shows a viewer no action at all, refuses a write without the CSRF token,
-and says why a console cannot open.  The console's websocket refuses,
+running record), shows the cluster's automations whoever started them,
+lets an operator stop a VM once the dialog is confirmed, clears an error
+banner once a later action is accepted, offers no Start, Migrate or Backup
+of a VM while its host is down, shows a viewer no action at all, refuses a
+write without the CSRF token, logs out for good (its session deleted, its
+cookie refused), and says why a console cannot open.  The console's websocket refuses,
 before any upgrade, whoever may not hold a console.
 
 Skipped, saying why, without chromium or Playwright.
@@ -18,11 +21,12 @@ import threading
 
 import aiohttp
 import pytest
+import requests
 
 from engine.core import keys
 from tests.support import wait_until
 from tests.support.api_server import (browser, browser_skip_reason, in_own_loop,
-                                      served_api, token)
+                                      served_api, session_cookie, token)
 from tests.support.cluster import SMALL_VM, boot_vms
 
 try:
@@ -171,6 +175,82 @@ def test_a_write_from_the_page_without_its_csrf_header_is_refused(chromium, api)
         assert status == 200, doc
 
 
+def test_log_out_ends_the_session_so_its_cookie_opens_nothing(chromium, api, store):
+    with logged_in(chromium, api, "operator") as page:
+        cookie = next(c["value"] for c in page.context.cookies()
+                      if c["name"] == "peerctl_session")
+        (held,) = store.range(keys.session())[0]             # the login, kept in etcd
+        page.get_by_role("button", name="Log out").click()
+        expect(page.locator("#login")).to_be_visible()
+        assert store.get(held.key) is None
+        status = page.evaluate("""async () => (await fetch("/v1/session")).status""")
+        assert status == 401
+    replayed = requests.get(api.url.rstrip("/") + "/v1/vms",      # the cookie, kept
+                            cookies={"peerctl_session": cookie}, timeout=10)
+    assert replayed.status_code == 401
+
+
+# -- the cluster's automations, errors, down hosts -------------------------------------------------
+
+def automation_card(page, automation):
+    return page.locator(f"#automations article[data-automation='{automation}']")
+
+
+def test_automations_started_from_the_command_line_show_on_the_page(chromium, api, cluster):
+    before = cluster.cli_json("ping")                  # ended before the page opened
+    with logged_in(chromium, api, "viewer") as page:
+        card = automation_card(page, before["automation"])
+        expect(card.locator("header strong")).to_have_text("ping")
+        expect(card.locator("header .state")).to_have_text("done")
+
+        booted = cluster.cli_json("boot", "web3", "--resources", SMALL_VM, "--on", "host2")
+        card = automation_card(page, booted["automation"])
+        expect(card.locator("header .state")).to_have_text("done", timeout=5 * SECOND)
+        expect(card.locator("li[data-label='web3']")).to_contain_text("built")
+        expect(page.locator("#automations-count")).to_have_text("0 running")
+
+
+def test_an_error_banner_goes_once_a_later_action_is_accepted(chromium, api, cluster):
+    with logged_in(chromium, api, "operator") as page:
+        banner = page.locator("#notice")
+        page.locator("#boot-names").fill("web4")
+        page.locator("#boot-resources").fill("VCPU:lots")
+        page.locator("#boot-form").get_by_role("button", name="Boot").click()
+        page.locator("#confirm").get_by_role("button", name="Boot").click()
+        expect(banner).to_be_visible()
+        expect(banner).to_contain_text("boot web4: ")           # the API's refusal of it
+        expect(banner).to_contain_text("lots")
+
+        page.locator("#hosts tr[data-host='host2']").get_by_role("button", name="Drain").click()
+        page.locator("#confirm").get_by_role("button", name="Drain").click()
+        expect(page.locator("#hosts tr[data-host='host2'] .state")).to_have_text("drained")
+        expect(banner).to_be_hidden()
+
+
+def test_a_vm_whose_host_is_down_offers_no_start_migrate_or_backup(chromium, api, cluster):
+    boot_vms(cluster, "web1", on="host1")
+    cluster.cli_json("stop", "web1", "--yes")
+    with logged_in(chromium, api, "operator") as page:
+        row = vm_row(page, "web1")
+        actions = [row.get_by_role("button", name=name) for name in ("Start", "Migrate", "Backup")]
+        for button in actions:
+            expect(button).to_be_enabled()
+
+        cluster.kill("host1")                          # SIGKILL, by its PID: its lease runs out
+        expect(page.locator("#hosts tr[data-host='host1'] .state")).to_have_text(
+            "down", timeout=10 * SECOND)
+        expect(row.locator(".state")).to_have_text("unknown")
+        for button in actions:
+            expect(button).to_be_disabled()
+            expect(button).to_have_attribute("title", "host host1 is down")
+
+        cluster.start_peer("host1")                    # back, on the same state directory
+        expect(page.locator("#hosts tr[data-host='host1'] .state")).to_have_text(
+            "up", timeout=20 * SECOND)
+        for button in actions:
+            expect(button).to_be_enabled()
+
+
 # -- the console --------------------------------------------------------------------------------
 
 DOMAIN = ("<domain type='test'><name>{}</name><uuid>{}</uuid><memory>65536</memory>"
@@ -210,11 +290,11 @@ def console_handshake(server, headers=None, cookies=None, query="") -> tuple[int
     async def connect():
         async with aiohttp.ClientSession(cookies=cookies) as session:
             try:
-                async with session.ws_connect(f"{server.url}v1/vms/run1/console{query}",
+                async with session.ws_connect(f"{server.url}/v1/vms/run1/console{query}",
                                               headers=headers):
                     return 101, ""
             except aiohttp.WSServerHandshakeError as exc:
-                async with session.get(f"{server.url}v1/vms/run1/console{query}",
+                async with session.get(f"{server.url}/v1/vms/run1/console{query}",
                                        headers=headers) as plain:
                     return exc.status, (await plain.json())["error"]
     return in_own_loop(connect())
@@ -233,7 +313,7 @@ def test_the_console_websocket_is_an_operators_only(test_driver_api):
 
 def test_a_session_cookie_opens_a_console_only_with_the_csrf_token(test_driver_api):
     server = test_driver_api
-    cookies = {"peerctl_session": token(server, "operator"), "peerctl_csrf": "c" * 32}
+    cookies = {"peerctl_session": session_cookie(server, "operator"), "peerctl_csrf": "c" * 32}
     status, error = console_handshake(server, cookies=cookies)
     assert status == 403 and "csrf query parameter" in error, error
     assert console_handshake(server, cookies=cookies, query="?csrf=" + "x" * 32)[0] == 403
@@ -245,7 +325,7 @@ def test_a_console_that_cannot_attach_says_why_then_closes(test_driver_api):
 
     async def session(name):
         async with aiohttp.ClientSession() as client:
-            async with client.ws_connect(f"{test_driver_api.url}v1/vms/{name}/console",
+            async with client.ws_connect(f"{test_driver_api.url}/v1/vms/{name}/console",
                                          headers=operator) as socket:
                 said = await socket.receive_json()
                 closing = await socket.receive()

@@ -14,12 +14,18 @@ With no option at all, every backup is kept.  A backup the options drop is
 still kept while a kept backup is built on it (an incremental's parent, or
 the parent's parent...): a chain is never cut.  Deletion goes children
 first, so that a crash between two deletions leaves whole chains.
+
+A schedule prunes only what it made (:func:`schedule_drops`): its own
+backups (``schedule`` in the record), never a protected one, one held by a
+running restore, or one that any backup left standing builds on -- a
+manual backup's parent made by the schedule included.  Protected backups
+do not count toward the ``keep`` options.
 """
 from __future__ import annotations
 
 import datetime
 
-__all__ = ["OPTIONS", "plan", "check_keep"]
+__all__ = ["OPTIONS", "plan", "check_keep", "schedule_drops"]
 
 OPTIONS = ("last", "daily", "weekly")
 
@@ -78,3 +84,29 @@ def plan(backups: list[dict], keep: dict) -> tuple[list[dict], list[dict]]:
     kept = [b for b in newest_first if marked.get(b["id"]) or b["id"] in needed]
     dropped = [b for b in newest_first if b not in kept]     # newest first: children first
     return kept, dropped
+
+
+def _ancestors(backup: dict, by_id: dict[str, dict]) -> set[str]:
+    found, at = set(), backup
+    while at.get("kind") == "incremental" and at.get("parent") in by_id \
+            and at["parent"] not in found:
+        found.add(at["parent"])
+        at = by_id[at["parent"]]
+    return found
+
+
+def schedule_drops(backups: list[dict], schedule: str, keep: dict,
+                   spared=frozenset()) -> list[dict]:
+    """What schedule ``schedule`` deletes of one VM's ``backups`` (all of
+    them, whoever made them), in deletion order: of its own unprotected
+    backups, those ``keep`` does not keep, less ``spared`` (ids held by a
+    running restore) and less every backup one left standing builds on."""
+    own = [b for b in backups if b.get("schedule") == schedule and not b.get("protected")]
+    _kept, dropped = plan(own, keep)
+    by_id = {b["id"]: b for b in backups}
+    gone = {b["id"] for b in dropped} - set(spared)
+    needed: set[str] = set()
+    for backup in backups:
+        if backup["id"] not in gone:
+            needed |= _ancestors(backup, by_id)
+    return [b for b in dropped if b["id"] in gone - needed]

@@ -3,6 +3,7 @@ and etcd roles for an etcd of one's own, docs/security.md)."""
 from __future__ import annotations
 
 import os
+import time
 
 from engine.errors import UsageError
 from engine.operations import admin as ops
@@ -46,24 +47,58 @@ def cmd_tls(ctx) -> int:
     users = ops.identities(args.peer, args.user)
     if args.tls_command == "certs":
         directory = os.path.abspath(args.dir)
+        members = ops.etcd_members(args.member)
         try:
             certs.authority(directory, ctx.settings["cluster"])
-            issued = {"etcd": certs.issue_server(directory, args.name or [])}
+            if members:
+                issued = {f"etcd-{member}": certs.issue_server(directory, args.name or [],
+                                                               member, address)
+                          for member, address in members.items()}
+            else:
+                issued = {"etcd": certs.issue_server(directory, args.name or [])}
             issued.update({user: certs.issue(directory, user, role)
                            for user, role in users.items()})
         except OSError as exc:
             raise UsageError(f"cannot write certificates in {directory}: "
                              f"{exc.strerror or exc}") from None
+        found = {entry["file"]: entry for entry in certs.certificates(directory)}
         doc = {"dir": directory, "ca": os.path.join(directory, "ca.pem"),
                "certificates": [{"user": user, "role": users.get(user, "etcd server"),
-                                 "cert": i.cert, "key": i.key} for user, i in issued.items()]}
-        ctx.emit(doc, "\n".join(f"{c['user']:<16} {c['role']:<12} {short_path(c['cert'])}"
-                                for c in doc["certificates"]))
+                                 "cert": i.cert, "key": i.key, "status": i.status,
+                                 **({"was": list(i.was)} if i.status == "reissued" else {}),
+                                 "names": found.get(i.cert, {}).get("names", []),
+                                 "expires": found.get(i.cert, {}).get("expires")}
+                                for user, i in issued.items()],
+               "files": list(found.values())}
+        ctx.emit(doc, _certs_text(doc))
         return 0
     done = ops.setup_roles(ctx, users)
     ctx.emit(done, f"roles {', '.join(done['roles'])} on /peerctl/{ctx.settings['cluster']}/; "
                    f"users {', '.join(sorted(done['users']))}; authentication on")
     return 0
+
+
+CERT_COLUMNS = [C("file", "File"), C("subject", "Subject"), C("role", "Role"),
+                C("names", "Names", lambda names: ",".join(names) or "-"),
+                C("expires", "Expires", lambda when: time.strftime(
+                    "%Y-%m-%d", time.gmtime(when)) if when else "-")]
+
+
+def _certs_text(doc: dict) -> str:
+    """Every certificate in the directory with its expiry, then what this
+    run re-issued (etcd must be given it again) and made."""
+    rows = [{**entry, "file": os.path.basename(entry["file"])} for entry in doc["files"]]
+    lines = [table.render(rows, CERT_COLUMNS)]
+    for made in doc["certificates"]:
+        name = os.path.basename(made["cert"])
+        if made["status"] == "reissued":
+            lines.append(f"re-issued {name} (same CA, new key): now names "
+                         f"{', '.join(made['names'])} (named {', '.join(made['was'])}); "
+                         f"restart etcd with it")
+    made = [os.path.basename(c["cert"]) for c in doc["certificates"] if c["status"] == "made"]
+    if made:
+        lines.append(f"made {', '.join(made)}")
+    return "\n".join(lines)
 
 
 def register(commands) -> None:
@@ -85,10 +120,14 @@ def register(commands) -> None:
         "python peerctl.py --etcd https://etcd1.example:2379 --cacert ca.pem "
         "--cert root.pem --key root-key.pem tls roles --peer kvm1 --peer kvm2",
         cmd_tls, "certs: make a CA (once) and certificates in DIR: etcd's (for "
-        "127.0.0.1, localhost and every --name), root, operator, viewer, one "
+        "127.0.0.1, localhost and every --name; one per --member NAME=ADDR, "
+        "naming ADDR too), root, operator, viewer, one "
         "per --peer host (user peer-HOST) and per --user NAME:ROLE; files "
-        "already there are kept. roles: as etcd's root, grant roles peer, "
-        "operator and viewer on this cluster's keys, add those users, and turn "
+        "already there are kept, but an etcd certificate whose names differ from "
+        "those asked is issued again (same CA, new key), and the output says so; "
+        "it lists every certificate in DIR with its expiry. roles: as etcd's root, "
+        "grant roles peer, operator and viewer on this cluster's keys, add those "
+        "users, and turn "
         "etcd's authentication on (docs/security.md).")
     what = commands.verbs(sub, dest="tls_command", metavar="ACTION")
     for action, summary, example in (
@@ -101,7 +140,12 @@ def register(commands) -> None:
         if action == "certs":
             part.add_argument("dir", metavar="DIR", help="where the files go")
             part.add_argument("--name", action="append", metavar="HOST",
-                              help="a name or address etcd is reached at (repeatable)")
+                              help="a name or address etcd is reached at (repeatable); "
+                                   "a certificate naming others is issued again")
+            part.add_argument("--member", action="append", metavar="NAME=ADDR",
+                              help="an etcd member and the address it is reached at: "
+                                   "a certificate and key of its own, etcd-NAME.pem "
+                                   "(repeatable)")
         part.add_argument("--peer", action="append", metavar="HOST",
                           help="a host whose peer gets an identity (repeatable)")
         part.add_argument("--user", action="append", metavar="NAME:ROLE",

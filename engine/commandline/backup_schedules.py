@@ -16,6 +16,7 @@ from engine.operations import backups as ops
 
 from . import table
 from .confirm import confirm
+from .context import say
 from .listing import listing
 from .options import listing_options, yes_option
 from .verb_or_patterns import add_patterns, told_choices, verbs_or_patterns
@@ -61,10 +62,10 @@ KEEPS = {"last": "the N newest backups", "daily": "the newest backup of each of 
          "weekly": "the newest backup of each of N ISO weeks"}
 
 
-def not_taking(args) -> None:
-    """``backup --dry-run schedule ...`` would write: the options of taking
-    a backup, given before a schedule verb, are refused instead of ignored."""
-    given = [flag for flag in ("full", "dry_run", "detach") if getattr(args, flag, False)]
+def not_taking(args, flags=("full", "protect", "dry_run", "detach")) -> None:
+    """The options of taking a backup, given before a schedule verb that
+    does not take them, are refused instead of ignored."""
+    given = [flag for flag in flags if getattr(args, flag, False)]
     if given:
         raise UsageError(f"--{given[0].replace('_', '-')} is an option of backup "
                          "PATTERN..., not of backup schedule")
@@ -72,16 +73,25 @@ def not_taking(args) -> None:
 
 def cmd_schedule(ctx) -> int:
     args = ctx.args
-    not_taking(args)
+    not_taking(args, ("full", "protect", "detach"))
     if getattr(args, "every", None) is None:
         raise UsageError("backup schedule PATTERN needs --every DURATION (see "
                          "backup schedule --help)")
     keep = {option: getattr(args, f"keep_{option}", None) for option in ops.KEEP_OPTIONS}
-    doc = ops.set_schedule(ctx, args.pattern, args.every, keep, getattr(args, "to", None))
+    dry = bool(getattr(args, "dry_run", False))
+    doc = ops.set_schedule(ctx, args.pattern, args.every, keep, getattr(args, "to", None),
+                           dry_run=dry)
     where = f" to hosts matching {doc['to']!r}" if doc["to"] else ""
+    state = f"would be {doc['would']}d (dry run, nothing written)" if dry else doc["state"]
+    names = [vm["name"] for vm in doc["matching"]]
+    now = (f"; it matches {len(names)} VM{'s' if len(names) != 1 else ''} now: "
+           + ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")) if names else ""
     ctx.emit(doc, table.render([doc], table.select(COLUMNS, None, DEFAULT))
-             + f"\nbackup schedule {doc['schedule']} {doc['state']}: {doc['pattern']} every "
-             f"{span(doc['every'])}{where}, keeping {kept(doc['keep'])}")
+             + f"\nbackup schedule {doc['schedule']} {state}: {doc['pattern']} every "
+             f"{span(doc['every'])}{where}, keeping {kept(doc['keep'])}{now}")
+    if not names:
+        say(f"peerctl: warning: {doc['pattern']!r} matches no VM now: the schedule backs up "
+            "the VMs that match it at each run (backup schedule delete removes it)")
     return 0
 
 
@@ -117,6 +127,8 @@ def setting_options(sub) -> None:
         sub.add_argument(f"--keep-{option}", metavar="N", default=absent, help=f"keep {what}")
     sub.add_argument("--to", metavar="HOSTGLOB", default=absent,
                      help="only back up to hosts matching this")
+    sub.add_argument("--dry-run", action="store_true", default=absent,
+                     help="only show the schedule and the VMs it matches now; write nothing")
 
 
 def register(commands, backup_verbs) -> None:
@@ -139,8 +151,11 @@ def register(commands, backup_verbs) -> None:
         "but a verb)",
         "python peerctl.py backup schedule 'host1/db*' --every 12h --keep-daily 7",
         "Back up the VMs matching PATTERN every DURATION (at least 1s; 90s, 30m, 12h, 7d), "
-        "keeping what --keep-* says. A bad pattern, interval or count exits 2 with "
-        "nothing written. A VM destroyed meanwhile is no longer backed up nor pruned: "
+        "keeping what --keep-* says; it prunes only the backups it made, never a "
+        "protected one or one a restore reads. A bad pattern, interval or count exits 2 with "
+        "nothing written. A pattern that matches no VM now is accepted, with a warning "
+        "line: the schedule backs up what matches at each run. --dry-run shows the "
+        "schedule and the VMs it matches now, writing nothing. A VM destroyed meanwhile is no longer backed up nor pruned: "
         "its backups stay until backup delete removes them.")
     p.add_argument("pattern", metavar="PATTERN", help="HOSTGLOB/VMGLOB or VMGLOB")
     setting_options(p)

@@ -2,7 +2,7 @@
 and restore.
 
 ``backup`` takes a verb or patterns: its first word names a verb (``list``,
-``delete``, ``schedule``) or, as any other word, is the first PATTERN of
+``delete``, ``protect``, ``unprotect``, ``schedule``) or, as any other word, is the first PATTERN of
 ``backup PATTERN...`` (a VM named like a verb is ``'*/list'``).  The options
 of taking a backup may come before the patterns or after them.  ``backup
 schedule`` reads its first word the same way: ``list``, ``delete``, or the
@@ -20,7 +20,7 @@ from . import backup_schedules, table
 from .confirm import confirm
 from .follow import act, vm_outcome
 from .listing import listing
-from .options import detach_option, listing_options
+from .options import detach_option, dry_run_option, listing_options
 from .verb_or_patterns import add_patterns, told_choices, verbs_or_patterns
 
 C = table.Column
@@ -35,9 +35,11 @@ BACKUP_COLUMNS = [C("id", "Id"), C("vm", "VM"), C("uuid", "UUID"), C("host", "Ho
                   C("kind", "Kind"), C("parent", "Parent"),
                   C("bytes", "Bytes", table.human_bytes, True),
                   C("consistency", "Consistency"), C("reason", "Reason"),
-                  C("newest", "Newest", lambda n: "*" if n else "")]
+                  C("newest", "Newest", lambda n: "*" if n else ""),
+                  C("schedule", "Schedule", lambda s: s or "-"),
+                  C("protected", "Protected", lambda p: "yes" if p else "")]
 BACKUP_DEFAULT = ["id", "vm", "host", "target", "age_s", "kind", "bytes", "consistency",
-                  "newest"]
+                  "schedule", "protected", "newest"]
 BACKUP_JSON = ops.LISTED
 BACKUP_FIELDS = ["name", "uuid", "host", "state", "backup", "kind", "bytes", "consistency",
                  "target", "reason", "error"]
@@ -63,7 +65,8 @@ def backed_up(ctx, automation: str, task: dict) -> int:
 
 def cmd_backup(ctx) -> int:
     args = ctx.args
-    plan = ops.plan_backup(ctx, args.patterns, args.to, full=args.full)
+    plan = ops.plan_backup(ctx, args.patterns, args.to, full=args.full,
+                           protect=getattr(args, "protect", False))
     where = (f" to a host matching {plan.args['to']!r}" if plan.args["to"]
              else " to another host")
     return act(ctx, plan, backed_up, "backup", dry_text=where, would="would back up")
@@ -80,7 +83,7 @@ def not_of(args, verb: str, flags) -> None:
 
 
 def cmd_list(ctx) -> int:
-    not_of(ctx.args, "list", ("to", "full", "yes", "dry_run", "detach"))
+    not_of(ctx.args, "list", ("to", "full", "protect", "yes", "dry_run", "detach"))
     return listing(ctx, lambda: ops.list_backups(ctx, ctx.args.pattern), BACKUP_COLUMNS,
                    BACKUP_DEFAULT, BACKUP_JSON, "vm,time")
 
@@ -105,7 +108,7 @@ def deleted(ctx, automation: str, task: dict) -> int:
 
 def cmd_delete(ctx) -> int:
     args = ctx.args
-    not_of(args, "delete", ("to", "full"))
+    not_of(args, "delete", ("to", "full", "protect"))
     plan = ops.plan_delete(ctx, args.ids)
     if plan.ask and not args.yes and not args.dry_run:
         confirm("backup delete", [f"{row['id']} ({row['vm']}, {row['kind']}, on "
@@ -115,14 +118,38 @@ def cmd_delete(ctx) -> int:
     return act(ctx, plan, deleted, "backup delete", PLANNED_DELETE_COLUMNS)
 
 
+# -- backup protect, backup unprotect ----------------------------------------------
+
+def protecting(protected: bool):
+    verb = "protect" if protected else "unprotect"
+
+    def cmd(ctx) -> int:
+        not_of(ctx.args, verb, ("to", "full", "protect", "yes", "dry_run", "detach"))
+        rows = ops.set_protected(ctx, ctx.args.ids, protected)
+        shown = table.select(BACKUP_COLUMNS, "id,vm,target,kind,schedule,protected",
+                             BACKUP_DEFAULT)
+        ctx.emit({"state": f"{verb}ed", "backups": rows}, table.render(rows, shown)
+                 + f"\n{len(rows)} backup{'s' if len(rows) != 1 else ''} {verb}ed"
+                 + ("; no prune deletes them and backup delete refuses them"
+                    if protected else ""))
+        return 0
+    return cmd
+
+
 # -- restore ----------------------------------------------------------------------
+
+RESTORE_DRY_COLUMNS = [C("name", "Name"), C("uuid", "UUID", lambda u: u or "(new)"),
+                       C("restored_from", "From backup")]
+
 
 def cmd_restore(ctx) -> int:
     args = ctx.args
     plan = ops.plan_restore(ctx, args.backup, as_name=args.as_name, on=args.on)
     outcome = functools.partial(vm_outcome, fields=RESTORE_FIELDS, columns=RESTORE_COLUMNS,
                                 verb="restored")
-    return act(ctx, plan, outcome)
+    where = f" on a host matching {args.on!r}" if args.on else ""
+    return act(ctx, plan, outcome, dry_columns=RESTORE_DRY_COLUMNS,
+               dry_text=f" from backup {args.backup}{where}", would="would restore")
 
 
 # -- the parser -------------------------------------------------------------------
@@ -137,6 +164,9 @@ def taking_options(sub, default=None) -> None:
                           "undrained host other than the VM's own)")
     sub.add_argument("--full", action="store_true", **absent,
                      help="a full backup, even where an incremental one could be taken")
+    sub.add_argument("--protect", action="store_true", **absent,
+                     help="protect the new backups: no prune deletes them, backup delete "
+                          "refuses them (until backup unprotect)")
     sub.add_argument("--yes", "-y", action="store_true", **absent,
                      help="do not ask when several VMs match")
     sub.add_argument("--dry-run", action="store_true", **absent,
@@ -152,6 +182,7 @@ def register(commands) -> None:
         "python peerctl.py backup 'host1/*' --full --yes\n"
         "python peerctl.py backup list\n"
         "python peerctl.py backup delete ID --dry-run\n"
+        "python peerctl.py backup protect ID\n"
         "python peerctl.py backup schedule 'web*' --every 1d --keep-last 7", None,
         "backup PATTERN... backs up, live, the disks of every VM matching a PATTERN "
         "(HOSTGLOB/VMGLOB or VMGLOB) to a backup pool on another live, undrained host "
@@ -161,8 +192,9 @@ def register(commands) -> None:
         "is listed once its data is complete on the target and verified. Crash-"
         "consistent, or filesystem-frozen when the guest agent answers. On more than "
         "one VM it lists them and asks for --yes. backup schedule takes backups on a "
-        "schedule. A word that is a verb (list, delete, schedule) is not a pattern: a "
-        "VM named so is '*/list'.")
+        "schedule. --protect keeps the new backups from every prune (backup protect and "
+        "backup unprotect change that later). A word that is a verb (list, delete, "
+        "protect, unprotect, schedule) is not a pattern: a VM named so is '*/list'.")
     taking_options(sub)
     what = verbs_or_patterns(commands, sub)
     p = add_patterns(
@@ -197,6 +229,19 @@ def register(commands) -> None:
                    help="only list the backups that would be deleted")
     p.add_argument("--detach", action="store_true", default=argparse.SUPPRESS,
                    help="print the automation id and return at once")
+
+    for protected, verb in ((True, "protect"), (False, "unprotect")):
+        p = what.add(
+            verb, "keep backups from every prune and from backup delete" if protected
+            else "let prunes and backup delete remove backups again",
+            f"python peerctl.py backup {verb} ID", protecting(protected),
+            "Protect the backups ID... (as backup list shows them): no schedule's "
+            "retention prunes them and backup delete refuses them, until backup "
+            "unprotect (Proxmox's protected flag). An unknown ID exits 1, nothing changed."
+            if protected else
+            "Unprotect the backups ID...: the schedule that made one may prune it again, "
+            "and backup delete removes it. An unknown ID exits 1, nothing changed.")
+        p.add_argument("ids", nargs="+", metavar="ID")
     backup_schedules.register(commands, what)
     told_choices(what)
 
@@ -215,4 +260,5 @@ def register(commands) -> None:
     sub.add_argument("--as", dest="as_name", metavar="NAME",
                      help="restore as a new VM of this name (and a new uuid)")
     sub.add_argument("--on", metavar="HOSTGLOB", help="only place on hosts matching this")
+    dry_run_option(sub, "only say what would be restored, and as what")
     detach_option(sub)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from engine.operations import code as ops
 
 from . import table
+from .context import say
 from .listing import listing
 from .options import listing_options
 
@@ -23,6 +24,9 @@ JSON_FIELDS = [c.field for c in COLUMNS]
 
 def cmd_add(ctx) -> int:
     doc = ops.add_release(ctx, ctx.args.path)
+    disagrees = ops.name_disagrees(ctx.args.path, doc["version"])
+    if disagrees:
+        say(f"peerctl: warning: {disagrees}")
     said = "already stored" if doc["already"] else "stored"
     ctx.emit(doc, f"release {doc['version']} {said}: {table.human_bytes(doc['bytes'])}, "
                   f"feature level {doc['feature_level']}, sha256 {doc['sha256'][:12]}...")
@@ -60,7 +64,9 @@ def register(commands) -> None:
     p = what.add("add", "check a release and store it in the cluster",
                  "python peerctl.py code add peerctl-0.2.0.tar.gz", cmd_add,
                  "Check the archive PATH (its layout, and that its own peerctl.py version "
-                 "answers) and store it under its version. The same release again changes "
+                 "answers) and store it under its version, the one its setup.cfg says (a "
+                 "file name implying another is warned about on stderr). The same release "
+                 "again changes "
                  "nothing; another one with that version is refused. Not a release, or over "
                  "64 MiB: exit 2 with nothing written; a tree that does not start: exit 1.")
     p.add_argument("path", metavar="PATH")

@@ -26,14 +26,25 @@ DRY_RUN_COLUMNS = [C("host", "Host"), C("name", "Name"), C("state", "State"), C(
 def act(ctx, plan: Plan, outcome, verb: str | None = None, dry_columns=DRY_RUN_COLUMNS,
         dry_text: str = "", would: str = "would act on") -> int:
     """``--dry-run``: show the plan; else confirm it when it asks for that
-    (unless ``--yes``), start it and follow it to ``outcome``."""
+    (unless ``--yes``), start it and follow it to ``outcome``.  A dry run
+    whose plan has a row with an ``error`` (a VM no host can take) shows
+    the plan, then fails as the real run would: one line naming the first
+    such row, exit 1."""
     args = ctx.args
     verb = verb or plan.kind
     if getattr(args, "dry_run", False):
         rows = plan.targets
-        count = f"{len(rows)} {plan.what if len(rows) != 1 else plan.what.rstrip('s')}"
+        stuck = [row for row in rows if row.get("error")]
+        what = plan.what if len(rows) != 1 else plan.what.rstrip("s")
+        count = (f"{len(rows) - len(stuck)} of {len(rows)} {what}" if stuck
+                 else f"{len(rows)} {what}")
         ctx.emit(plan.dry_run(), table.render(rows, dry_columns)
                  + f"\n{verb} {would} {count}{dry_text}")
+        if stuck:
+            first = stuck[0]
+            more = f" (and {len(stuck) - 1} more)" if len(stuck) > 1 else ""
+            raise Failed(f"{verb} would fail: {first.get('name') or first.get('host')}: "
+                         f"{first['error']}{more}")
         return 0
     if plan.ask and not getattr(args, "yes", False):
         confirm(verb, [f"{row.get('host') or row.get('from')}/{row['name']}"

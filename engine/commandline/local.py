@@ -16,6 +16,9 @@ from .settings import DEFAULTS
 def cmd_peer(ctx) -> int:
     args, settings = ctx.args, ctx.settings
     check_name(args.host, "host name")
+    from engine.core.validate import endpoint_scheme
+    if endpoint_scheme(settings["etcd"]) == "https":
+        settings["credentials"].check_peer(args.host)     # exit 4 before anything runs
     from engine.releases import current
     state_dir = args.state_dir or current.default_state_dir(settings["cluster"], args.host)
     current.exec_current(state_dir)         # the host's current release, if another tree

@@ -27,6 +27,7 @@ NOUNS = {"vms": ("vmlist", "boot", "destroy", "start", "stop", "reboot", "suspen
          "hosts": ("hostlist", "hoststats", "ping"),
          "moves": ("migrate", "drain", "undrain", "evacuate"),
          "balance": ("balance",),
+         "images": ("images",),
          "code": ("code", "version"),
          "upgrade": ("upgrade", "cluster"),
          "tasks": ("tasks", "task", "wait", "abort"),

@@ -18,8 +18,8 @@ MOVE_FIELDS = ["name", "uuid", "from", "host", "state", "mode", "downtime_ms", "
                "disk_bytes", "via_replica", "error"]
 VIA_COLUMN = C("via_replica", "Disks", lambda v: "since replica" if v and v.get("used")
                else "whole")
-PLANNED_COLUMNS = [C("name", "Name"), C("from", "From"), C("state", "State"), C("uuid", "UUID")]
-# evacuate --dry-run: where each VM would go (the same choice its move's claim makes)
+# migrate and evacuate --dry-run: where each VM would go (the same choice its move's
+# claim makes), or why no host can take it (and the dry run exits 1)
 LANDING_COLUMNS = [C("name", "Name"), C("from", "From"), C("host", "To"), C("state", "State"),
                    C("error", "Why not")]
 
@@ -52,7 +52,7 @@ def cmd_migrate(ctx) -> int:
     plan = ops.plan_migrate(ctx, args.patterns, args.to, offline=args.offline,
                             parallel=args.parallel, bandwidth_mib=args.bandwidth,
                             postcopy=args.postcopy, max_downtime_ms=args.max_downtime)
-    return act(ctx, plan, move_outcome, dry_columns=PLANNED_COLUMNS,
+    return act(ctx, plan, move_outcome, dry_columns=LANDING_COLUMNS,
                dry_text=_where(plan.args["to"]), would="would move")
 
 
@@ -124,7 +124,9 @@ def register(commands) -> None:
         "A VM that could not move says why in "
         "the Error column and the command exits 1. On more than one "
         "VM it lists them and asks for --yes. A pattern matching nothing, or "
-        "--to offering no host but the VM's own, exits 1 with nothing started.")
+        "--to offering no host but the VM's own, exits 1 with nothing started. "
+        "--dry-run shows where each VM would go, as its claim will choose, or why "
+        "no host can take it (then it exits 1, as the move would fail).")
     sub.add_argument("patterns", nargs="+", metavar="PATTERN", help="HOSTGLOB/VMGLOB or VMGLOB")
     sub.add_argument("--to", metavar="HOSTGLOB", help="only move to hosts matching this")
     sub.add_argument("--offline", action="store_true",
@@ -142,7 +144,8 @@ def register(commands) -> None:
                      help="a live move that has not converged within its time (120 s per "
                           "GiB of RAM and disk) switches to post-copy instead of aborting")
     yes_option(sub)
-    dry_run_option(sub, "only list the VMs that would move")
+    dry_run_option(sub, "only list the VMs that would move and where to, or why "
+                        "nowhere; move nothing")
     detach_option(sub)
 
     sub = commands.add(

@@ -10,7 +10,7 @@ from engine.operations import replicas as ops
 from . import table
 from .backup_schedules import span
 from .confirm import confirm
-from .options import yes_option
+from .options import dry_run_option, yes_option
 
 C = table.Column
 COLUMNS = [C("name", "Name"), C("host", "Host"),
@@ -30,8 +30,15 @@ def cmd_replicate(ctx) -> int:
         raise UsageError("replicate needs --every DURATION (at least 10s), or --stop")
     every = ops.check_every(parse_duration(args.every, "--every"))
     doc = ops.replicate(ctx, args.patterns, every, args.to,
-                        "image" if args.from_image_if_no_replica else None)
+                        "image" if args.from_image_if_no_replica else None,
+                        dry_run=args.dry_run)
     rows = doc["vms"]
+    if args.dry_run:
+        ctx.emit(doc, table.render(rows, COLUMNS)
+                 + f"\nreplicate would replicate {len(rows)} VM{'s' if len(rows) != 1 else ''}"
+                 f" every {span(every)}{' to hosts matching ' + repr(args.to) if args.to else ''}"
+                 " (dry run, nothing written)")
+        return 0
     started = sum(1 for row in rows if row["state"] == "started")
     ctx.emit(doc, table.render(rows, COLUMNS)
              + f"\n{len(rows)} VM{'s' if len(rows) != 1 else ''} replicated every "
@@ -44,6 +51,13 @@ def cmd_replicate(ctx) -> int:
 def _stop(ctx) -> int:
     args = ctx.args
     vms = ops.replicated(ctx, args.patterns)
+    if args.dry_run:
+        rows = [dict(ops.row_of(vm), state="would stop") for vm in vms]
+        ctx.emit({"state": "dry-run", "vms": rows}, table.render(rows, COLUMNS)
+                 + f"\nreplicate --stop would stop replicating {len(rows)} "
+                 f"VM{'s' if len(rows) != 1 else ''} and delete their replicas (dry run, "
+                 "nothing written)")
+        return 0
     if len(vms) > 1 and not args.yes:
         confirm("replicate --stop", [f"{vm['host']}/{vm['name']}" for vm in vms],
                 cancelled={"state": "cancelled", "vms": []})
@@ -81,3 +95,4 @@ def register(commands) -> None:
     p.add_argument("--stop", action="store_true",
                    help="stop replicating the VMs and delete their replicas")
     yes_option(p, "do not ask when --stop matches several VMs")
+    dry_run_option(p, "only list the VMs and what would change for each; write nothing")

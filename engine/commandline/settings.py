@@ -22,7 +22,8 @@ DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "ta
             "libvirt": "test:///default", "hosts": "3", "network": "default",
             "networks": "default", "etcd_history": "1h", "etcd_quota": "2G",
             "ha_margin": "3s", "placement": "etcd", "backup_pool": "", "reserved": "",
-            "api": "", "api_roles": "", "api_cert": "", "api_key": ""}
+            "api": "", "api_roles": "", "api_cert": "", "api_key": "",
+            "session_idle": "12h", "session_max": "7d"}
 
 TLS_FLAGS = {"cacert": "CA certificate that signed etcd's (https:// endpoints)",
              "cert": "client certificate: who this is to etcd, and its role",
@@ -90,7 +91,7 @@ def settings_for(args) -> dict:
             raise UsageError(f"bad {key} {settings[key]!r} in {path} "
                              f"(want a whole number of {unit}, at least 1)")
     parse_duration(settings["retention"], "retention", f"in {path}")
-    for key in ("etcd_history", "etcd_quota", "ha_margin"):
+    for key in ("etcd_history", "etcd_quota", "ha_margin", "session_idle", "session_max"):
         where = f"in {path}"
         if os.environ.get("PEERCTL_" + key.upper()):
             settings[key], where = os.environ["PEERCTL_" + key.upper()], f"from $PEERCTL_{key.upper()}"

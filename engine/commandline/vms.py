@@ -27,7 +27,8 @@ VM_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
               C("crashed", "Crashed", lambda c: "yes" if c else "-"),
               C("restarts", "Restarts", right=True),
               C("backup", "Backup", lambda b: backup_age(b["time"])),
-              C("replica", "Replica", lambda r: replica_shown(r))]
+              C("replica", "Replica", lambda r: replica_shown(r)),
+              C("state_reason", "Why"), C("qemu_log", "QEMU log")]
 VMLIST_DEFAULT = ["host", "name", "vcpus", "memory_mb", "state", "ip"]
 VMLIST_JSON = ops.LISTED
 
@@ -60,7 +61,7 @@ def vm_totals(vms: list[dict]) -> str:
     vcpus = memory_mb = disk_gb = 0
     for vm in vms:
         get = vm.get
-        state = get("state") or "unknown"
+        state = (get("state") or "unknown").split(":")[0]     # paused: user counts as paused
         if get("crashed"):
             state += " crashed"
         states[state] = states.get(state, 0) + 1
@@ -82,11 +83,34 @@ ALL_COLUMNS = [*VM_COLUMNS, C("managed", "Managed", lambda m: "yes" if m else "n
 def cmd_vmlist(ctx) -> int:
     if ctx.args.all:
         from engine.operations import adoption
-        return listing(ctx, lambda: adoption.list_all(ctx, ctx.args.patterns), ALL_COLUMNS,
-                       [*VMLIST_DEFAULT, "managed"], adoption.ALL_LISTED, ops.ORDER, vm_totals)
+        read = functools.partial(adoption.list_all, ctx, ctx.args.patterns)
+        if not ctx.json:
+            read = functools.partial(_with_reasons, read)
+        return listing(ctx, read, ALL_COLUMNS, [*VMLIST_DEFAULT, "managed"],
+                       adoption.ALL_LISTED, ops.ORDER, vm_totals)
     joined = shown_fields(ctx, VM_COLUMNS, VMLIST_DEFAULT, VMLIST_JSON) & set(ops.JOINED)
-    return listing(ctx, lambda: ops.list_vms(ctx, ctx.args.patterns, joined), VM_COLUMNS,
-                   VMLIST_DEFAULT, VMLIST_JSON, ops.ORDER, vm_totals)
+    read = functools.partial(ops.list_vms, ctx, ctx.args.patterns, joined)
+    if not ctx.json:
+        read = functools.partial(_with_reasons, read)
+    return listing(ctx, read, VM_COLUMNS, VMLIST_DEFAULT, VMLIST_JSON, ops.ORDER, vm_totals)
+
+
+def _with_reasons(read) -> list[dict]:
+    """The table's State says why a VM is paused or crashed, as libvirt
+    does (``paused: io-error``); JSON keeps ``state`` and ``state_reason``
+    apart."""
+    from engine.operations.select import NoMatch
+    try:
+        rows = read()
+    except NoMatch as exc:
+        exc.matched[:] = [_reasoned(row) for row in exc.matched]
+        raise
+    return [_reasoned(row) for row in rows]
+
+
+def _reasoned(row: dict) -> dict:
+    return dict(row, state=f"{row['state']}: {row['state_reason']}") \
+        if row.get("state_reason") else row
 
 
 def cmd_boot(ctx) -> int:
@@ -130,9 +154,15 @@ def _with_addresses(ctx, automation: str, task: dict, timeout: float, wired: set
     if task.get("state") == "done" and vms:
         say(f"waiting up to {timeout:g} s for the address of {len(vms)} "
             f"VM{'s' if len(vms) != 1 else ''}")
-        missing = ops.wait_for_addresses(ctx, vms, timeout)
+        missing = ops.wait_for_addresses(
+            ctx, vms, timeout, noticed=lambda vm: say(f"{vm['name']}: {vm['why']}: it will "
+                                                      "get no address; not waiting for it"))
     status = vm_outcome(ctx, automation, task, ["name", "uuid", "host", "state", "error", "ip"],
                         VM_RESULT_COLUMNS + [C("ip", "IP")])
+    stuck = [vm for vm in vms if vm.get("why") and not vm.get("ip")]
+    if stuck:
+        raise Failed(f"no address for {stuck[0]['name']}: {stuck[0]['why']}"
+                     + (f" (and {len(stuck) - 1} more)" if len(stuck) > 1 else ""))
     if missing:
         raise Failed(f"no address within {timeout:g} s for: {', '.join(missing)} "
                      "(the VMs run; vmlist shows their address once they have one)")
@@ -208,16 +238,19 @@ def register(commands) -> None:
                        "Create and start one VM per NAME in one automation: each is placed "
                        "on a host with room for SPEC and the required traits, claimed, "
                        "built and started. --dry-run shows where each would land, and "
-                       "its alternates, as the claims will choose; the boot then asks each "
-                       "claim for that host first.")
+                       "its alternates, as the claims will choose, or why no host can take "
+                       "it (then it exits 1, as the boot would fail); the boot then asks "
+                       "each claim for that host first.")
     sub.add_argument("names", nargs="+", metavar="NAME")
     sub.add_argument("--resources", required=True, metavar="SPEC",
                      help="VCPU:1,MEMORY_MB:256,DISK_GB:1 or resources=...&required=...")
     sub.add_argument("--required", metavar="TRAITS",
                      help="traits the host must (TRAIT) or must not (!TRAIT) have")
     sub.add_argument("--image", metavar="URL",
-                     help="disk image to boot from: http(s):// or file:// URL, cached per "
-                          "host; end it with #sha256=HEX to have the download checked")
+                     help="disk image to boot from: http(s):// or file:// URL inside the "
+                          "image sources (images sources; default: images/ under each "
+                          "host's state directory), cached per host; end it with "
+                          "#sha256=HEX to have the download checked")
     sub.add_argument("--on", metavar="HOSTGLOB", help="only place on hosts matching this")
     sub.add_argument("--network", action="append", metavar="NAME",
                      help="a network interface on NAME (repeatable, in order; MACs derive "
@@ -256,6 +289,9 @@ def register(commands) -> None:
     for action in ops.VM_ACTIONS:
         caution = (" On more than one VM it lists them and asks for --yes."
                    if action in ops.DESTRUCTIVE else "")
+        if action != "destroy":
+            caution += (" A VM whose host is down, or that its host lost (missing), is "
+                        "refused at once, saying what to do.")
         sub = commands.add(action, f"{action} the VMs matching patterns, in parallel",
                            f"python peerctl.py {action} 'host17/*sql*' --dry-run\n"
                            f"python peerctl.py {action} '*webfront*' --yes", cmd_vm_action,

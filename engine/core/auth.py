@@ -7,7 +7,9 @@ Three roles, each granted on key ranges under ``/peerctl/<cluster>/``:
   and aborts automations (``auto/``, ``tasks/``, ``member/``), drains
   (``drained/``, ``placement/``), makes and ends leases (``leases/``,
   ``leasecal/``, ``leaseactive/``, ``leasevm/``, ``reserved/``), takes
-  VM locks (``locks/``) and mints and deletes API tokens (``tokens/``).
+  VM locks (``locks/``), mints and deletes API tokens (``tokens/``) and
+  the page's sessions made from them (``sessions/``, which ``serve --api``
+  writes as its own identity).
   It cannot write what only hosts know: host records, VM records, a
   host's inbox, elections of singletons;
 - ``peer`` reads and writes everything of the cluster: a host's peer runs
@@ -35,7 +37,7 @@ ROLES = ("peer", "operator", "viewer")
 OPERATOR_WRITES = (keys.auto(), keys.task(), keys.member(), keys.drained(),
                    keys.placement(), keys.lease(), keys.lease_calendar(),
                    keys.lease_active(), keys.lease_vm(), keys.reserved(), keys.lock(),
-                   keys.token())
+                   keys.token(), keys.session())
 
 
 def _end(prefix: bytes) -> bytes:

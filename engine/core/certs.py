@@ -5,7 +5,9 @@
 - ``ca.pem`` / ``ca-key.pem``: the authority (EC P-256, ten years);
 - ``etcd.pem`` / ``etcd-key.pem``: etcd's certificate, for its client and peer
   ports alike (server and client use, SANs ``127.0.0.1``, ``localhost`` and
-  whatever names are asked for);
+  whatever names are asked for); or, one per member, ``etcd-<member>.pem`` /
+  ``etcd-<member>-key.pem``, each with a key of its own and naming its
+  member's address too;
 - ``<user>.pem`` / ``<user>-key.pem``: one client certificate per identity.
   Its common name is the etcd user (etcd takes a client certificate's CN as
   the user name); its organizational unit is the user's role (``peer``,
@@ -13,7 +15,11 @@
   refused without asking etcd.
 
 Keys are written 0600.  Issuing again over an existing file keeps it: the
-authority is made once, and a certificate already issued is reused.
+authority is made once, and a certificate already issued is reused; but an
+etcd certificate asked for with other names than it has is issued again
+(a new key, the same authority), and :attr:`Issued.status` says so.
+:func:`describe` reads a certificate back (subject, role, names, expiry) for
+listings.
 """
 from __future__ import annotations
 
@@ -27,18 +33,24 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["Issued", "authority", "issue", "issue_server", "identity", "ROOT_USER"]
+__all__ = ["Issued", "authority", "issue", "issue_server", "identity", "describe",
+           "certificates", "ROOT_USER", "LOOPBACK"]
 
 ROOT_USER = "root"          # etcd's administrator: the one user that enables auth
 _LIFETIME = datetime.timedelta(days=3650)
+LOOPBACK = ("127.0.0.1", "localhost")     # every etcd certificate names them
 
 
 @dataclass(frozen=True)
 class Issued:
-    """A certificate and its key on disk, and the authority that signed it."""
+    """A certificate and its key on disk, and the authority that signed it;
+    ``status`` says what this call did (``made``, ``kept`` or ``reissued``)
+    and ``was`` the names a re-issued certificate had."""
     cert: str
     key: str
     cacert: str
+    status: str = "kept"
+    was: tuple = ()
 
 
 def _paths(directory: str, name: str) -> tuple[str, str]:
@@ -100,12 +112,30 @@ def authority(directory: str, cluster: str = "default") -> str:
     return cert_path
 
 
+def _names(cert) -> list[str]:
+    """The DNS names and addresses a certificate is valid for."""
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [str(entry.value) for entry in sans]
+
+
 def _sign(directory: str, name: str, subject: x509.Name, usages: list,
-          names: list[str] = ()) -> Issued:
+          names: list[str] = (), renames: bool = False) -> Issued:
+    """The certificate ``name`` in ``directory``, made if absent; with
+    ``renames``, made again when it does not name exactly ``names``."""
     cert_path, key_path = _paths(directory, name)
     cacert = os.path.join(directory, "ca.pem")
+    status, was = "made", ()
     if os.path.exists(cert_path) and os.path.exists(key_path):
-        return Issued(cert_path, key_path, cacert)
+        if not renames:
+            return Issued(cert_path, key_path, cacert)
+        current, _ = _load(directory, name)
+        was = tuple(_names(current))
+        if set(was) == set(names):
+            return Issued(cert_path, key_path, cacert)
+        status = "reissued"
     ca_cert, ca_key = _load(directory, "ca")
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (_builder(subject, ca_cert.subject, key.public_key())
@@ -120,18 +150,26 @@ def _sign(directory: str, name: str, subject: x509.Name, usages: list,
                 alternatives.append(x509.DNSName(entry))
         builder = builder.add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
     _save(directory, name, builder.sign(ca_key, hashes.SHA256()), key)
-    return Issued(cert_path, key_path, cacert)
+    return Issued(cert_path, key_path, cacert, status, was)
 
 
-def issue_server(directory: str, names: list[str] = ()) -> Issued:
-    """etcd's certificate (client and peer ports), valid for loopback and ``names``."""
+def issue_server(directory: str, names: list[str] = (), member: str | None = None,
+                 address: str | None = None) -> Issued:
+    """etcd's certificate (client and peer ports), valid for loopback and
+    ``names``: ``etcd.pem``, or with ``member``, that member's own
+    ``etcd-<member>.pem``, naming its ``address`` too.  An existing one is
+    kept, unless names are asked for (``names``, or a member's address) and
+    it does not name exactly those: then it is issued again, with a new key."""
+    wanted = [*LOOPBACK]
+    for entry in ([address] if address else []) + list(names):
+        if entry not in wanted:
+            wanted.append(entry)
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "peerctl"),
-                         x509.NameAttribute(NameOID.COMMON_NAME, "etcd")])
-    everything = ["127.0.0.1", "localhost", *[n for n in names
-                                              if n not in ("127.0.0.1", "localhost")]]
-    return _sign(directory, "etcd", subject,
+                         x509.NameAttribute(NameOID.COMMON_NAME,
+                                            f"etcd-{member}" if member else "etcd")])
+    return _sign(directory, f"etcd-{member}" if member else "etcd", subject,
                  [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
-                 everything)
+                 wanted, renames=bool(names or member))
 
 
 def issue(directory: str, user: str, role: str) -> Issued:
@@ -154,3 +192,50 @@ def identity(cert_pem: bytes) -> tuple[str | None, str | None]:
         values = cert.subject.get_attributes_for_oid(oid)
         return str(values[0].value) if values else None
     return first(NameOID.COMMON_NAME), first(NameOID.ORGANIZATIONAL_UNIT_NAME)
+
+
+def describe(path: str) -> dict | None:
+    """``{file, subject, role, names, expires}`` of the certificate at
+    ``path`` (``expires``: epoch seconds; ``role``: its OU, ``CA`` for an
+    authority, ``etcd server`` for etcd's); None if it is not one."""
+    try:
+        with open(path, "rb") as f:
+            cert = x509.load_pem_x509_certificate(f.read())
+    except (OSError, ValueError):
+        return None
+
+    def first(oid):
+        values = cert.subject.get_attributes_for_oid(oid)
+        return str(values[0].value) if values else None
+    try:
+        authority_ = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        authority_ = False
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        server = ExtendedKeyUsageOID.SERVER_AUTH in usages
+    except x509.ExtensionNotFound:
+        server = False
+    role = "CA" if authority_ else first(NameOID.ORGANIZATIONAL_UNIT_NAME) or (
+        "etcd server" if server else None)
+    return {"file": path, "subject": first(NameOID.COMMON_NAME), "role": role,
+            "names": _names(cert), "expires": int(_expiry(cert).timestamp())}
+
+
+def _expiry(cert) -> datetime.datetime:
+    if hasattr(cert, "not_valid_after_utc"):         # cryptography 42 and later
+        return cert.not_valid_after_utc
+    return cert.not_valid_after.replace(tzinfo=datetime.timezone.utc)
+
+
+def certificates(directory: str) -> list[dict]:
+    """:func:`describe` of every certificate in ``directory``, the
+    authority first, then by file name."""
+    try:
+        files = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    found = [describe(os.path.join(directory, name)) for name in files
+             if name.endswith(".pem") and not name.endswith("-key.pem")]
+    found = [entry for entry in found if entry is not None]
+    return sorted(found, key=lambda entry: (entry["role"] != "CA", entry["file"]))

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.errors import UsageError
+from engine.errors import PermissionDenied, UsageError
 
-__all__ = ["Credentials", "SETTINGS"]
+__all__ = ["Credentials", "SETTINGS", "peer_user"]
 
 SETTINGS = ("cacert", "cert", "key")     # setting names, also flags and PEERCTL_* variables
 _WHAT = {"cacert": "CA certificate", "cert": "client certificate", "key": "client key"}
 _PEM = {"cacert": b"-----BEGIN CERTIFICATE-----", "cert": b"-----BEGIN CERTIFICATE-----",
         "key": b"PRIVATE KEY-----"}
+
+
+def peer_user(host: str) -> str:
+    """The etcd user a host's peer is: its certificate's common name."""
+    return f"peer-{host}"
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,19 @@ class Credentials:
             return None, None
         from engine.core.certs import identity
         return identity(cert)
+
+    def check_peer(self, host: str) -> None:
+        """A peer runs only as the host its certificate names: a client
+        certificate whose common name is not ``peer-<host>`` is refused
+        (:class:`~engine.errors.PermissionDenied`, before anything is
+        written).  Without a certificate there is nothing to check."""
+        user, role = self.identity()
+        if self.cert is None or user == peer_user(host):
+            return
+        raise PermissionDenied(
+            f"permission denied: certificate {self.cert}{self._where('cert')} names "
+            f"{user or 'no user'}, not {peer_user(host)}: a peer runs only as the host "
+            f"its certificate names", role)
 
     @property
     def role(self) -> str | None:

@@ -29,6 +29,7 @@ __all__ = ["Duties", "Singleton"]
 log = structlog.get_logger("peerctl.duties")
 
 STEP_ASIDE_PAUSE = 2.0     # seconds before campaigning again for a kind we lack
+SINGLETON_PAUSE = 1.0      # seconds before a singleton whose duty ended campaigns again
 
 
 class Duties:
@@ -151,7 +152,13 @@ class Duties:
 
 
 class Singleton:
-    """Run ``duty(stop)`` on exactly one live peer of the cluster at a time."""
+    """Run ``duty(stop, candidacy)`` on exactly one live peer of the cluster
+    at a time, for as long as this peer's session lives.
+
+    A duty that ends while the peer still runs (deposed, or an engine bug:
+    logged ``singleton_crashed``) resigns and campaigns again at the back of
+    the line after a pause: a singleton's thread never dies quietly and
+    leaves the cluster without its janitor, reconciler or recoverer."""
 
     def __init__(self, store: Store, session: Session, host: str, name: str,
                  duty: Callable[[threading.Event], None]):
@@ -170,14 +177,21 @@ class Singleton:
 
     def _run(self):
         while not self._stop.is_set() and self.session.alive:
+            candidacy = None
             try:
                 candidacy = Candidacy(self.store, self.session, keys.singleton(self.name), self.host)
                 if candidacy.wait_until_leader(self._stop):
                     log.info("singleton_leads", duty=self.name, host=self.host)
                     self.duty(self._stop, candidacy)
-                return
-            except StoreUnavailable:
+            except StoreUnavailable:        # keep this place in line
                 self._stop.wait(0.5)
+                continue
+            except Exception:
+                log.exception("singleton_crashed", duty=self.name, host=self.host)
+            if self._stop.is_set():
+                return
+            Duties._resign(candidacy)
+            self._stop.wait(SINGLETON_PAUSE)
 
 
 def janitor(store: Store, retention: float, interval: float | None = None):

@@ -167,6 +167,7 @@ def balanced(uuid: str = "") -> str:
 
 BALANCE_SETTINGS = "settings/balance"   # balance's cluster settings (engine/balancing.py)
 BALANCER_STATUS = "balancer/status"     # the balancer singleton's last round (engine/balancer.py)
+IMAGE_SETTINGS = "settings/images"      # where VM images may come from (engine/image_sources.py)
 
 
 def aside(host: str = "", uuid: str = "") -> str:
@@ -266,6 +267,15 @@ def token(token_id: str = "") -> str:
     """``tokens/<id>``: a bearer token of the HTTP API (``engine/core/tokens.py``):
     its role, its expiry and the sha256 of its secret, never the secret."""
     return f"tokens/{token_id}"
+
+
+def session(token_id: str = "", digest: str = "") -> str:
+    """``sessions/<token id>/<sha256 of the cookie>``: a login of the page
+    (``engine/core/sessions.py``), under the token it came from, so that a
+    token's sessions are one prefix; ``session()`` is every session."""
+    if not token_id:
+        return "sessions/"
+    return f"sessions/{token_id}/{digest}"
 
 
 def placement(part: str = "") -> str:

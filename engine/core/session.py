@@ -66,6 +66,9 @@ class Session:
                 remaining = self.store.keepalive(self.lease)
             except StoreUnavailable:
                 remaining = None
+            except Exception as exc:    # a refusal or a bug: the lease runs out, said so
+                log.warning("keepalive_failed", lease=f"{self.lease:x}", error=str(exc))
+                remaining = None
             if remaining is not None and remaining > 0:
                 self._valid_until = sent + remaining
                 self._renewed()

@@ -227,7 +227,8 @@ class Store:
                 if code == grpc.StatusCode.NOT_FOUND:
                     raise LeaseGone(f"etcd: {exc.details()}") from None
                 refusal = self._refusal(exc)
-                if refusal is not None:
+                if refusal is not None and not (members > 1 and attempt + 1 < members
+                                                and self._handshake(exc)):
                     raise refusal from None
                 if code is not None and code.name in self._ANSWERS:    # an answer: no failover
                     details = (exc.details() or "").removeprefix("etcdserver: ")
@@ -248,12 +249,24 @@ class Store:
                 endpoint.fail()
                 self._client._clear_old_stubs()
 
-    @staticmethod
-    def _unsent(exc) -> bool:
+    @classmethod
+    def _unsent(cls, exc) -> bool:
         details = (exc.details() if hasattr(exc, "details") else "") or ""
-        return "failed to connect" in details or "Connection refused" in details
+        return "failed to connect" in details or "Connection refused" in details \
+            or cls._handshake(exc)
+
+    @classmethod
+    def _handshake(cls, exc) -> bool:
+        """A TLS handshake that broke off: nothing was sent over it."""
+        code = exc.code() if hasattr(exc, "code") else None
+        details = (exc.details() if hasattr(exc, "details") else "") or ""
+        return code == grpc.StatusCode.UNAVAILABLE and any(part in details
+                                                           for part in cls._HANDSHAKE)
 
     def _why(self, exc) -> str:
+        if isinstance(exc, grpc.RpcError) and self._handshake(exc):
+            return (f"etcd at {self.endpoints} unreachable (a TLS handshake broke off; "
+                    "etcd accepted this certificate before: restarting?)")
         return f"etcd at {self.endpoints} unreachable ({type(exc).__name__})"
 
     _ANSWERS = {"RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "FAILED_PRECONDITION",
@@ -268,16 +281,21 @@ class Store:
     # certificate answers with an alert, or breaks the first read after the
     # handshake (TSI_DATA_CORRUPTED).
     # Only before etcd ever answered: a TLS etcd that once did and now breaks
-    # a handshake (restarting) is unreachable for a while, not misnamed.
+    # a handshake (a member restarting resets it: "Handshake read failed
+    # (... Connection reset by peer)", "(Endpoint closing)") is unreachable
+    # for a while, neither misnamed nor a refusal of this identity: callers
+    # retry, and a peer never exits for it.
     _NO_TLS = ("WRONG_VERSION_NUMBER", "wrong version number", "Handshake read failed")
-    _answered = False
+    _answered = False           # set once any member answered this store
 
     def _refusal(self, exc) -> PermissionDenied | UsageError | None:
         """etcd's refusal of this identity (a role without the permission, a
         user it does not know, a client certificate it does not accept), as
         one line naming the role; an ``https://`` endpoint that does not
         speak TLS, as the bad setting it is (naming the endpoint: waiting
-        will not mend it); None for any other failure."""
+        will not mend it); None for any other failure.  A broken TLS
+        handshake is a refusal only while etcd never answered this store:
+        after that, it is etcd restarting (unreachable)."""
         code = exc.code() if hasattr(exc, "code") else None
         details = (exc.details() if hasattr(exc, "details") else "") or ""
         role = self.credentials.role
@@ -295,8 +313,7 @@ class Store:
             why = details.removeprefix("etcdserver: ")
             return PermissionDenied(f"permission denied for role {role}: etcd said {why!r} "
                                     f"(certificate {self.credentials.cert})", role)
-        if code == grpc.StatusCode.UNAVAILABLE and any(part in details
-                                                       for part in self._HANDSHAKE):
+        if self._handshake(exc) and not self._answered:
             if not self.credentials.cert:
                 return PermissionDenied(
                     f"permission denied: etcd at {self.endpoints} refused the connection "

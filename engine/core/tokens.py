@@ -29,7 +29,7 @@ from .store import Delete, Put, absent, modified_at
 from .values import declare, readable, shape
 
 __all__ = ["TOKEN_ROLES", "TOKEN", "MAX_EXPIRY", "check_role", "check_expiry", "create",
-           "list_tokens", "delete", "verify"]
+           "list_tokens", "delete", "verify", "live"]
 
 TOKEN_ROLES = ("viewer", "operator")
 MAX_EXPIRY = 100 * 365 * 86400.0        # longer is a typo, not an expiry: use none
@@ -141,10 +141,18 @@ def verify(store, secret) -> dict | None:
     if match is None:
         return None
     token_id = match.group(1)
-    record = readable(store.get(keys.token(token_id)))
-    if record is None or record["id"] != token_id \
-            or not hmac.compare_digest(record["hash"], _hash(secret)):
+    record = live(store.get(keys.token(token_id)), token_id)
+    if record is None or not hmac.compare_digest(record["hash"], _hash(secret)):
+        return None
+    return {"id": token_id, "role": record["role"], "expires": record["expires"]}
+
+
+def live(kv, token_id: str) -> dict | None:
+    """The record of token ``token_id`` read as ``kv``, if it is readable,
+    is that token's and has not expired; else None."""
+    record = readable(kv)
+    if record is None or record["id"] != token_id:
         return None
     if record["expires"] is not None and record["expires"] <= time.time():
         return None
-    return {"id": token_id, "role": record["role"], "expires": record["expires"]}
+    return record

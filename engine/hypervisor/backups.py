@@ -36,7 +36,8 @@ On the target:
 - :func:`verify`: reads the volumes back, compares their checksums with
   what was sent, and only then writes ``backups/<id>``; a damaged copy is
   deleted, never recorded;
-- :func:`delete`: the volumes, then the record.
+- :func:`delete`: the volumes, then the record (never a protected backup,
+  nor one a running restore reads).
 
 The test driver keeps no volume content and runs no backup jobs: a backup
 there records the VM's disks with nothing copied (``reason`` says so), so
@@ -54,7 +55,7 @@ import structlog
 from engine.core import failpoints, keys, steps
 from engine.core.store import Put, absent
 from engine.core.values import readable
-from engine.errors import RequestError
+from engine.errors import Conflict, Failed, RequestError
 from engine.backups import records  # noqa: F401  (declares backups/)
 from engine.hypervisor import images, qcow2
 from engine.hypervisor.checksum import ContentHash
@@ -217,8 +218,15 @@ def verify(host, args: dict) -> dict:
 
 
 def delete(host, args: dict) -> dict:
-    """``{id}``: the backup's volumes in this host's pool, then its record."""
+    """``{id}``: the backup's volumes in this host's pool, then its record;
+    refused, nothing deleted, while it is protected or a running restore
+    holds it (:func:`engine.backups.records.begin_delete` marks it first,
+    so that no restore starts reading it meanwhile)."""
     backup_id = _backup_id(args)
+    try:            # refused while protected or read by a running restore
+        records.begin_delete(host.store, backup_id)
+    except (Failed, Conflict) as exc:
+        raise RequestError(str(exc)) from None
     pool = store_pool(host)
     pool.refresh(0)
     gone = _delete_volumes(pool, f"bk-{backup_id}-")

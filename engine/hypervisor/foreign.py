@@ -14,6 +14,9 @@ Promises:
   ``reserved``: the vCPUs and current memory of each running one, and the
   virtual size of every foreign disk file that lies on the file system of
   the peer's state directory (the one DISK_GB measures);
+- :func:`foreign_record`'s ``memory_mb`` is the domain's current memory,
+  the figure :func:`usage` counts (not its maximum, which adopting it
+  claims: :func:`survey`);
 - :func:`survey` says, for one domain, everything adopting it in place
   would record (size, disks, networks, MACs) and every reason it cannot be
   adopted, one line each: another manager's metadata, disks peerctl cannot
@@ -99,12 +102,12 @@ def foreign_record(host_name: str, dom, offer: dict | None = None) -> dict:
     domain: the fields of a VM record, with ``managed: false``, the other
     manager when one owns it, and ``problems``: why it cannot be adopted
     here (:func:`survey` against the host's ``offer`` of networks)."""
-    _state, max_kib, _mem, vcpus, _cpu = dom.info()
+    _state, _max_kib, memory_kib, vcpus, _cpu = dom.info()
     root = _root(dom)
     conn = dom.connect()
     capacity = sum(_disk_capacity(conn, path) or 0 for path in _files(root))
     return {"host": host_name, "name": dom.name(), "uuid": dom.UUIDString(),
-            "state": vm_state(dom), "vcpus": vcpus, "memory_mb": max_kib // 1024,
+            "state": vm_state(dom), "vcpus": vcpus, "memory_mb": memory_kib // 1024,
             "disk_gb": math.ceil(capacity / _GiB), "ha": "none", "ip": None,
             "managed": False, "manager": other_manager(root),
             "problems": survey(conn, dom, offer or {})["problems"]}

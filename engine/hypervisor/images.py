@@ -6,6 +6,9 @@ Promises:
   volume create, upload, resize, delete); the only files this module writes
   itself are a download in progress and the cache index, both under the
   peer's state directory;
+- an image is read or fetched only from the cluster's image sources, read
+  from etcd for each build (:mod:`engine.image_sources`): a file by its real
+  path (symlinks resolved), each redirect checked before it is followed;
 - a base image is stored once per host, as volume ``image-<sha256>`` of its
   content, however many URLs or VMs use it;
 - a base volume counts only once its upload finished (the index says so),
@@ -33,6 +36,7 @@ import libvirt
 import requests as http
 import structlog
 
+from engine import image_sources
 from engine.errors import RequestError
 from engine.hypervisor.domain_xml import pool_xml, volume_xml
 
@@ -179,14 +183,12 @@ class _Index:
             os.replace(tmp, self.path)
 
 
-def _local_path(url: str) -> str:
-    parsed = urllib.parse.urlparse(url)
-    if parsed.netloc not in ("", "localhost"):
-        raise RequestError(f"file URL {url!r} names a remote host; use file:///PATH")
-    path = urllib.parse.unquote(parsed.path)
-    if not os.path.isfile(path):
+def _local_path(url: str, real: str) -> str:
+    """``real`` (file URL ``url``'s real path, inside an image source), if
+    it is a file."""
+    if not os.path.isfile(real):
         raise RequestError(f"image {url!r}: no such file on this host")
-    return path
+    return real
 
 
 def _hash_file(path: str) -> str:
@@ -220,16 +222,35 @@ def _content_length(response) -> int | None:
         return None
 
 
-def _download(url: str, directory: str) -> tuple[str, str]:
+_MAX_REDIRECTS = 5
+
+
+def _get(url: str, allowed):
+    """The response to GET ``url``, redirects followed by hand so that
+    ``allowed`` (raising ``ValueError``) checks each URL before it is asked."""
+    for _hop in range(_MAX_REDIRECTS + 1):
+        try:
+            allowed(url)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        response = http.get(url, stream=True, timeout=(10, 60), allow_redirects=False)
+        if not response.is_redirect:
+            return response
+        url = urllib.parse.urljoin(url, response.headers["Location"])
+        response.close()
+    raise RequestError(f"image {url!r}: more than {_MAX_REDIRECTS} redirects")
+
+
+def _download(url: str, directory: str, allowed=lambda url: None) -> tuple[str, str]:
     """Stream ``url`` into a temporary file; returns (path, sha256).  A body
     shorter or longer than the response's Content-Length is refused (a
-    server that closed early must not leave a torn image behind)."""
+    server that closed early must not leave a torn image behind); a
+    redirect is followed only where ``allowed`` lets it."""
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".download.")
     digest = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out, \
-                http.get(url, stream=True, timeout=(10, 60)) as response:
+        with os.fdopen(fd, "wb") as out, _get(url, allowed) as response:
             if response.status_code != 200:
                 raise RequestError(f"image {url!r}: HTTP {response.status_code} "
                                    f"{response.reason}")
@@ -295,9 +316,20 @@ def ensure_base(host, pool, url: str) -> tuple[libvirt.virStorageVol, str]:
     ``url`` may end in ``#sha256=HEX``: the content must hash to HEX or the
     image is refused and nothing is cached; an image of that hash already
     in the cache is used without fetching anything."""
-    scheme = urllib.parse.urlparse(url).scheme
-    if scheme not in ("http", "https", "file"):
-        raise RequestError(f"image {url!r}: unsupported scheme (want http, https or file)")
+    sources = image_sources.read_sources(host.store)
+    guarded = image_sources.addresses_of_urls(getattr(host.store, "endpoints", ""))
+
+    def allowed(target: str) -> None:       # each URL asked, redirects too
+        image_sources.check_fetch(target, sources, guarded)
+    scheme = urllib.parse.urlparse(url).scheme.lower()
+    try:
+        if scheme == "file":        # symlinks and '..' resolved, then checked
+            local = _local_path(url, image_sources.local_file(url, sources, host.state_dir))
+        else:
+            local = None
+            allowed(url)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
     bare, wanted = _expected_sha256(url)
     index = _Index(host.state_dir)
     with _lock("url:" + url):
@@ -306,7 +338,6 @@ def ensure_base(host, pool, url: str) -> tuple[libvirt.virStorageVol, str]:
             if found:
                 return found
         known = index.load()["urls"].get(url)
-        local = _local_path(bare) if scheme == "file" else None
         if local is not None:
             stat = os.stat(local)
             if known and (known.get("size"), known.get("mtime")) != (stat.st_size, stat.st_mtime):
@@ -319,7 +350,7 @@ def ensure_base(host, pool, url: str) -> tuple[libvirt.virStorageVol, str]:
         if local is not None:
             source, sha, temporary = local, _hash_file(local), False
         else:
-            source, sha = _download(bare, os.path.join(host.state_dir, "downloads"))
+            source, sha = _download(bare, os.path.join(host.state_dir, "downloads"), allowed)
             temporary = True
         try:
             if wanted is not None and sha != wanted:

@@ -36,6 +36,7 @@ import xml.etree.ElementTree as ET
 
 from engine.errors import UsageError
 from engine.hypervisor.arp import arp_interfaces, arp_prefixes, qemu_table, tap_devices
+from engine.placement.traits import NETWORK_TRAIT_PREFIX   # said in words in refusals
 
 __all__ = ["parse_offer", "parse_names", "offered", "network_trait", "mac_for", "macs_of",
            "interface_elements", "retarget", "guest_addresses", "NONE",
@@ -103,9 +104,6 @@ def offered(conn, offer: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
         except libvirt.libvirtError as exc:
             missing.append(f"libvirt network {where['source']!r}: {exc.get_error_message()}")
     return have, missing
-
-
-NETWORK_TRAIT_PREFIX = "CUSTOM_NET_"
 
 
 def network_trait(name: str) -> str:

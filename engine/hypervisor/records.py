@@ -19,12 +19,13 @@ from __future__ import annotations
 import libvirt
 
 from engine.hypervisor.domain_xml import read_metadata
+from engine.hypervisor.guest_log import qemu_log_path
 from engine.hypervisor.harules import DOWN, wants_restart
 from engine.hypervisor.networks import guest_addresses, macs_of
 from engine.hypervisor.shapes import first_ip
 
-__all__ = ["vm_state", "vm_record", "owned_by", "merged", "missing", "wants_restart",
-           "KEPT", "DOWN"]
+__all__ = ["vm_state", "state_reason", "vm_record", "owned_by", "merged", "missing",
+           "wants_restart", "KEPT", "DOWN"]
 
 KEPT = ("want", "restarts")     # the cluster's decisions: a publish keeps them
 
@@ -39,10 +40,33 @@ _STATES = {
     libvirt.VIR_DOMAIN_PMSUSPENDED: "paused",
 }
 
+# libvirt's reasons for a paused or crashed domain (``dom.state()[1]``), in
+# words: VIR_DOMAIN_PAUSED_IOERROR is "io-error".  Looked up by name, so that
+# bindings older than a constant still load.
+_PAUSED_WHY = ("UNKNOWN", "USER", "MIGRATION", "SAVE", "DUMP", "IOERROR", "WATCHDOG",
+               "FROM_SNAPSHOT", "SHUTTING_DOWN", "SNAPSHOT", "CRASHED", "STARTING_UP",
+               "POSTCOPY", "POSTCOPY_FAILED", "API_ERROR")
+_REASONS = {
+    libvirt.VIR_DOMAIN_PAUSED: {
+        getattr(libvirt, f"VIR_DOMAIN_PAUSED_{why}"):
+            {"IOERROR": "io-error"}.get(why, why.lower().replace("_", "-"))
+        for why in _PAUSED_WHY if hasattr(libvirt, f"VIR_DOMAIN_PAUSED_{why}")},
+    libvirt.VIR_DOMAIN_CRASHED: {0: "unknown", 1: "panicked"},
+    libvirt.VIR_DOMAIN_PMSUSPENDED: {0: "pm-suspended"},     # the guest suspended itself
+}
 
 
 def vm_state(dom) -> str:
     return _STATES.get(dom.state()[0], "error")
+
+
+def state_reason(dom) -> tuple[str, str | None]:
+    """The domain's state name and, when it is paused or crashed, libvirt's
+    reason in words (``user``, ``io-error``), else None: ``("paused",
+    "io-error")``."""
+    state, reason = dom.state()[:2]
+    why = _REASONS.get(state)
+    return _STATES.get(state, "error"), (why.get(reason, "unknown") if why is not None else None)
 
 
 def vm_record(host_name: str, dom) -> dict:
@@ -51,13 +75,21 @@ def vm_record(host_name: str, dom) -> dict:
     image or replica, ``recovered: {from, time, data_as_of?}``; for a VM rebuilt from a backup,
     ``restored: {backup, time}``.  A VM with interfaces
     also has ``networks``, and, while it runs, the ``addresses`` its guest
-    got and ``ip`` (the first IPv4, else IPv6, else None)."""
+    got and ``ip`` (the first IPv4, else IPv6, else None).  A paused or
+    crashed VM has ``state_reason``, libvirt's reason in words (``user``,
+    ``io-error``, ``crashed``, ``unknown``...), and on QEMU ``qemu_log``,
+    the path on this host of the guest's QEMU log that says more."""
     _state, max_kib, _mem, vcpus, _cpu = dom.info()
     meta = read_metadata(dom)
-    state = vm_state(dom)
+    state, reason = state_reason(dom)
     record = {"host": host_name, "name": dom.name(), "uuid": dom.UUIDString(),
               "state": state, "vcpus": vcpus, "memory_mb": max_kib // 1024,
               "disk_gb": meta.get("disk_gb", 0), "ha": meta.get("ha") or "none"}
+    if reason is not None:
+        record["state_reason"] = reason
+        log = qemu_log_path(dom.connect().getURI(), record["name"])
+        if log:
+            record["qemu_log"] = log
     for mark, name in (("recovered", "from"), ("restored", "backup")):
         if meta.get(f"{mark}_from"):
             record[mark] = {name: meta[f"{mark}_from"], "time": _seconds(meta.get(f"{mark}_at"))}
@@ -107,7 +139,8 @@ def missing(previous: dict, now: float) -> dict:
     policy, ``want``, ``restarts``) as it was."""
     if previous.get("state") == "missing":
         return previous
-    record = {k: v for k, v in previous.items() if k not in ("crashed",)}
+    record = {k: v for k, v in previous.items()
+              if k not in ("crashed", "state_reason", "qemu_log")}
     record.update(state="missing", missing_since=now)
     if "addresses" in record:
         record.update(addresses=[], ip=None)

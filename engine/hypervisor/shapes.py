@@ -7,7 +7,7 @@ from engine.core import keys
 from engine.core.values import declare, shape
 
 __all__ = ["VM", "DISOWNED", "RECONCILE_REPORT", "VM_DEFINITION", "ASIDE", "RECOVERY",
-           "RESTART", "FOREIGN", "OWN_VOLUMES", "HA_POLICIES", "WANTED", "first_ip"]
+           "RESTART", "FOREIGN", "OWN_VOLUMES", "HA_POLICIES", "WANTED", "PASSING", "first_ip"]
 
 VM = shape("VM record", host=str, name=str, uuid=str, state=str)
 DISOWNED = shape("disowned mark", uuid=str, host=str)
@@ -21,6 +21,10 @@ OWN_VOLUMES = shape("a VM's own volumes", uuid=str, host=str, paths=list)
 
 HA_POLICIES = ("restart", "none")   # what happens to a VM when its host dies
 WANTED = ("running", "paused", "shutoff")   # a VM's intended state (its record's ``want``)
+# A paused VM record's ``state_reason`` that passes without anyone acting
+# (libvirt pauses a guest for these and resumes it): waiting on it makes sense.
+PASSING = ("migration", "save", "dump", "snapshot", "starting-up", "shutting-down",
+           "postcopy")
 
 declare(keys.vm() + "*", VM)
 declare(keys.disowned() + "*", DISOWNED)

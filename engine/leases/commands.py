@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 
 from engine.core import api, keys
-from engine.errors import Failed, Refused, UsageError
+from engine.errors import Failed, NoSuch, Refused, UsageError
+from engine.wording import option, value
 
 from . import admission, records
 from .model import MAX_WINDOW, ON_END, check_name, consumer_uuid, event, lease_trait
@@ -37,11 +38,12 @@ def create(store, placement, name: str, start: float, end: float, *, count: int 
     check_name(name)
     now = time.time() if now is None else now
     if (count is None) == (resources is None):
-        raise UsageError("say what the lease holds: --hosts N, or --resources SPEC --amount K")
+        raise UsageError(f"say what the lease holds: {option('hosts')} N, or "
+                         f"{option('resources')} SPEC {option('amount')} K")
     if resources is not None and not amount:
-        raise UsageError("a capacity lease needs --amount K (how many slots of SPEC)")
+        raise UsageError(f"a capacity lease needs {option('amount')} K (how many slots of SPEC)")
     if on_end not in ON_END:
-        raise UsageError(f"bad --on-end {on_end!r}: want one of {', '.join(ON_END)}")
+        raise UsageError(f"bad {option('on_end')} {value(on_end)}: want one of {', '.join(ON_END)}")
     if end <= start:
         raise UsageError(f"the lease must end after it starts ({iso(end)} is not after "
                          f"{iso(start)})")
@@ -50,7 +52,7 @@ def create(store, placement, name: str, start: float, end: float, *, count: int 
     if end <= now:
         raise UsageError(f"the lease would end in the past ({iso(end)})")
     if warn is not None and warn >= end - max(start, now):
-        raise UsageError(f"--warn {human_span(warn)} is not shorter than the lease")
+        raise UsageError(f"{option('warn')} {human_span(warn)} is not shorter than the lease")
     start = max(start, now)
     if records.read(store, name) is not None:
         raise Failed(f"lease {name} exists (lease delete {name} first)")
@@ -71,7 +73,7 @@ def create(store, placement, name: str, start: float, end: float, *, count: int 
 def _live(name: str, store) -> dict:
     record = records.read(store, name)
     if record is None:
-        raise Failed(f"no lease {name!r}")
+        raise NoSuch(f"no lease {name!r}")
     return record
 
 

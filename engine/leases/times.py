@@ -12,6 +12,7 @@ import re
 import time
 
 from engine.errors import UsageError
+from engine.wording import value
 
 __all__ = ["parse_time", "parse_span", "iso", "human_span"]
 
@@ -30,7 +31,7 @@ def parse_span(text, what: str = "duration") -> float:
         total += float(match.group(1)) * _UNITS[match.group(2)]
         pos = match.end()
     if not raw or pos != len(raw) or total <= 0:
-        raise UsageError(f"bad {what} {text!r} (want a positive number with s, m, h, d "
+        raise UsageError(f"bad {what} {value(text)} (want a positive number with s, m, h, d "
                          "or w: 90s, 30m, 1d12h)")
     return total
 
@@ -47,7 +48,7 @@ def parse_time(text, what: str = "time", now: float | None = None) -> float:
     try:
         parsed = dt.datetime.fromisoformat(candidate)
     except ValueError:
-        raise UsageError(f"bad {what} {text!r} (want now, +DURATION such as +2h, or an "
+        raise UsageError(f"bad {what} {value(text)} (want now, +DURATION such as +2h, or an "
                          "ISO date-time such as 2026-12-01T08:00Z)") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.timezone.utc)

@@ -6,7 +6,7 @@ from engine.errors import UsageError
 
 from .specs import check_name
 
-__all__ = ["unreadable_keys", "delete_keys", "identities", "setup_roles"]
+__all__ = ["unreadable_keys", "delete_keys", "identities", "etcd_members", "setup_roles"]
 
 
 def unreadable_keys(ctx) -> list:
@@ -26,10 +26,11 @@ def identities(peers: list[str] = (), users: list[str] = ()) -> dict[str, str]:
     """``{user: role}``: root, operator and viewer, ``peer-HOST`` per host
     in ``peers``, and each ``NAME:ROLE`` of ``users``."""
     from engine.core.auth import ROLES
+    from engine.core.credentials import peer_user
     found = {"root": "root", "operator": "operator", "viewer": "viewer"}
     for host in peers or []:
         check_name(host, "host name")
-        found[f"peer-{host}"] = "peer"
+        found[peer_user(host)] = "peer"
     for text in users or []:
         name, _, role = text.partition(":")
         try:
@@ -40,6 +41,22 @@ def identities(peers: list[str] = (), users: list[str] = ()) -> dict[str, str]:
             raise UsageError(f"bad --user {text!r} (want NAME:ROLE, ROLE one of "
                              f"{', '.join(ROLES)})")
         found[name] = role
+    return found
+
+
+def etcd_members(texts: list[str] = ()) -> dict[str, str]:
+    """``{member: address}`` from ``NAME=ADDR`` texts (``tls certs --member``)."""
+    found = {}
+    for text in texts or []:
+        name, _, address = text.partition("=")
+        try:
+            check_name(name, "member name")
+        except UsageError:
+            address = ""
+        if not address.strip() or any(c.isspace() or c in "/,=" for c in address):
+            raise UsageError(f"bad --member {text!r} (want NAME=ADDR: the member's name "
+                             "and the address or DNS name it is reached at)")
+        found[name] = address
     return found
 
 

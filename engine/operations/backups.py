@@ -19,7 +19,8 @@ import fnmatch
 import re
 import time
 
-from engine.errors import Failed, UsageError
+from engine.errors import Failed, NoSuch, UsageError
+from engine.wording import given, option
 
 from .plans import Plan, failed_doc
 from .select import host_pattern, select_vms, vm_pattern
@@ -27,13 +28,13 @@ from .specs import check_name
 from .tasks import iso
 
 __all__ = ["LISTED", "ORDER", "list_backups", "newest_by_uuid", "count_backups", "plan_backup", "plan_delete",
-           "plan_restore", "check_id", "set_schedule", "list_schedules", "find_schedules",
+           "set_protected", "plan_restore", "check_id", "set_schedule", "list_schedules", "find_schedules",
            "delete_schedules", "KEEP_OPTIONS", "SCHEDULE_FIELDS"]
 
 
 # backup list's JSON: each row's fields, and the order of the rows
 LISTED = ["id", "vm", "uuid", "host", "target", "time", "age_s", "kind", "parent", "bytes",
-          "consistency", "reason", "newest"]
+          "consistency", "reason", "newest", "schedule", "protected"]
 ORDER = "vm,time"
 
 
@@ -102,7 +103,9 @@ def _row(record: dict, newest: bool, now: float) -> dict:
             "kind": record["kind"], "parent": _text(record.get("parent")),
             "bytes": size if type(size) is int else None,
             "consistency": _text(record.get("consistency")),
-            "reason": _text(record.get("reason")), "newest": newest}
+            "reason": _text(record.get("reason")), "newest": newest,
+            "schedule": _text(record.get("schedule")),
+            "protected": record.get("protected") is True}
 
 
 def _rows(ctx) -> list[dict]:
@@ -114,9 +117,12 @@ def _rows(ctx) -> list[dict]:
 
 def list_backups(ctx, pattern: str | None = None) -> list[dict]:
     """``[{id, vm, uuid, host, target, time, age_s, kind, parent, bytes,
-    consistency, reason, newest}]``: every backup, or those of the VMs
-    ``pattern`` matches (``HOSTGLOB/VMGLOB`` or ``VMGLOB``, on the VM's name
-    or uuid and the host it was on); ``newest``: the VM's newest backup."""
+    consistency, reason, newest, schedule, protected}]``: every backup, or
+    those of the VMs ``pattern`` matches (``HOSTGLOB/VMGLOB`` or ``VMGLOB``,
+    on the VM's name or uuid and the host it was on); ``newest``: the VM's
+    newest backup; ``schedule``: the id of the schedule that made it (None:
+    taken by hand, or by a schedule before backups recorded theirs);
+    ``protected``: kept from every prune and from backup delete."""
     if pattern is None:
         return _rows(ctx)
     named = select_vms(lambda: [dict(row, name=row["vm"]) for row in _rows(ctx)], [pattern],
@@ -139,7 +145,7 @@ def _nowhere(vms: list[dict], to: str | None, hosts: list[dict]) -> str:
     what = (f"VM {vms[0]['name']!r}" if len(vms) == 1
             else "VMs " + ", ".join(repr(vm["name"]) for vm in vms))
     head = f"no host to back up {what} to: "
-    where = f"--to {to!r}" if to is not None else "the cluster"
+    where = given("to", to) if to is not None else "the cluster"
     matched = [h for h in hosts if fnmatch.fnmatchcase(h["host"], to or "*")]
     if not matched:
         return head + f"{where} matches no host"
@@ -152,9 +158,11 @@ def _nowhere(vms: list[dict], to: str | None, hosts: list[dict]) -> str:
         "where it is" if len(vms) == 1 else "where they are")
 
 
-def plan_backup(ctx, patterns: list[str], to: str | None = None, full: bool = False) -> Plan:
+def plan_backup(ctx, patterns: list[str], to: str | None = None, full: bool = False,
+                protect: bool = False) -> Plan:
     """Back up the disks of the VMs matching ``patterns``, each to another
-    live, undrained host (matching ``to``); ``full``: not incremental."""
+    live, undrained host (matching ``to``); ``full``: not incremental;
+    ``protect``: each backup recorded protected."""
     for text in patterns:
         vm_pattern(text)        # bad patterns and --to are usage errors before any read
     to = host_pattern(to) if to is not None else None
@@ -174,18 +182,22 @@ def plan_backup(ctx, patterns: list[str], to: str | None = None, full: bool = Fa
         raise Failed(_nowhere(stuck, to, hosts), result=failed_doc())
     chosen = [{"name": vm["name"], "uuid": vm["uuid"], "host": vm["host"],
                "state": vm["state"]} for vm in vms]
-    return Plan("backup", {"vms": chosen, "to": to, "full": bool(full)},
-                [dict(vm) for vm in chosen], ask=len(chosen) > 1)
+    args = {"vms": chosen, "to": to, "full": bool(full)}
+    if protect:             # only when asked: older peers run the rest alike
+        args["protect"] = True
+    return Plan("backup", args, [dict(vm) for vm in chosen], ask=len(chosen) > 1)
 
 
 # -- backup delete ----------------------------------------------------------------
 
-def _unknown(ids: list[str], garbled: set[str]) -> str:
+def _unknown(ids: list[str], garbled: set[str], result) -> Failed:
+    """What to raise for backups ``ids`` that are not there: unreadable
+    (``Failed``), or no such backup (``NoSuch``, the API's 404)."""
     bad = [i for i in ids if i in garbled]
     if bad:
-        return (f"backup {bad[0]} is unreadable: scrub lists it, and scrub --delete "
-                "removes it")
-    return "no backup " + ", ".join(repr(i) for i in ids)
+        return Failed(f"backup {bad[0]} is unreadable: scrub lists it, and scrub --delete "
+                      "removes it", result=result)
+    return NoSuch("no backup " + ", ".join(repr(i) for i in ids), result=result)
 
 
 def _depth(record: dict, by_id: dict[str, dict]) -> int:
@@ -207,14 +219,20 @@ def _down_hosts(store, names) -> list[str]:
 
 def plan_delete(ctx, ids: list[str]) -> Plan:
     """Delete the backups ``ids`` on their target hosts (which must be up),
-    children before parents; a backup that a kept one builds on is refused."""
+    children before parents; a backup that a kept one builds on, a
+    protected one and one a running restore reads are refused."""
     ids = list(dict.fromkeys(check_id(i) for i in ids))
     store = ctx.store()
     records, garbled = _records(store)
     by_id = {record["id"]: record for record in records}
     unknown = [i for i in ids if i not in by_id]
     if unknown:
-        raise Failed(_unknown(unknown, garbled), result=failed_doc("backups"))
+        raise _unknown(unknown, garbled, failed_doc("backups"))
+    from engine.backups.records import why_kept
+    for backup_id in ids:
+        why = why_kept(store, by_id[backup_id])
+        if why:
+            raise Failed(why, result=failed_doc("backups"))
     chosen = set(ids)
     for record in sorted(records, key=lambda r: r["id"]):
         parent = record.get("parent")
@@ -236,6 +254,25 @@ def plan_delete(ctx, ids: list[str]) -> Plan:
                 rows, ask=len(rows) > 1, what="backups", key="backups")
 
 
+# -- backup protect, backup unprotect ----------------------------------------------
+
+def set_protected(ctx, ids: list[str], protected: bool) -> list[dict]:
+    """Protect (or unprotect) the backups ``ids``: all are found before any
+    is changed; each as listed after."""
+    ids = list(dict.fromkeys(check_id(i) for i in ids))
+    store = ctx.store()
+    records, garbled = _records(store)
+    known = {record["id"] for record in records}
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise _unknown(unknown, garbled, failed_doc("backups", "failed"))
+    from engine.backups import records as marks
+    for backup_id in ids:
+        marks.set_protected(store, backup_id, protected)
+    listed = {row["id"]: row for row in _rows(ctx)}
+    return [listed[i] for i in ids if i in listed]
+
+
 # -- restore ----------------------------------------------------------------------
 
 def plan_restore(ctx, backup_id: str, as_name: str | None = None,
@@ -254,8 +291,7 @@ def plan_restore(ctx, backup_id: str, as_name: str | None = None,
     kv = store.get(keys.backup(backup_id))
     record = readable(kv)
     if record is None:
-        raise Failed(_unknown([backup_id], {backup_id} if kv is not None else set()),
-                     result=failed_doc())
+        raise _unknown([backup_id], {backup_id} if kv is not None else set(), failed_doc())
     down = _down_hosts(store, [record["target"]])
     if down:
         raise Failed(f"host {down[0]}, which keeps backup {backup_id}, is down: it can be "
@@ -266,12 +302,13 @@ def plan_restore(ctx, backup_id: str, as_name: str | None = None,
         same = [vm for vm in vms if vm["uuid"] == record["uuid"]]
         if same:
             raise Failed(f"VM {same[0]['name']!r} still exists (on {same[0]['host']}): "
-                         "restore it as a new VM with --as NAME", result=failed_doc())
+                         f"restore it as a new VM with {option('as')} NAME",
+                         result=failed_doc())
     name = as_name or record["vm"]
     clash = [vm for vm in vms if vm["name"] == name]
     if clash:
         raise Failed(f"VM name already in use: {name} (on {clash[0]['host']})"
-                     + ("" if as_name else "; restore it as a new VM with --as NAME"),
+                     + ("" if as_name else f"; restore it as a new VM with {option('as')} NAME"),
                      result=failed_doc())
     if on is not None:
         from .vms import check_somewhere
@@ -343,25 +380,43 @@ def _schedule_doc(record: dict) -> dict:
 
 
 def set_schedule(ctx, pattern: str, every, keep: dict | None = None,
-                 to: str | None = None) -> dict:
+                 to: str | None = None, dry_run: bool = False) -> dict:
     """Back up the VMs matching ``pattern`` (as they are at each run) every
     ``every`` (seconds, or ``30m``, ``12h``, ``1d``), keeping what ``keep``
     says (``{last, daily, weekly}``: Proxmox's prune semantics; none: all),
     on hosts matching ``to``.  Scheduling a pattern again changes its
-    schedule.  The schedule, with ``state``: ``created`` or ``changed``."""
+    schedule.  The schedule, with ``state``: ``created`` or ``changed``
+    (``dry-run``: nothing written, ``would`` says which), and ``matching``:
+    the VMs ``[{name, host}]`` the pattern matches now -- none is accepted
+    (a schedule may be meant for VMs to come) and said."""
     if not isinstance(pattern, str):
         raise UsageError(f"bad VM pattern {pattern!r}")
     vm_pattern(pattern)
     every, keep = _every(every), _keep(keep)
     to = host_pattern(to) if to is not None else None
     from engine.backups import schedules
+    from engine.cluster import read_vms
     from engine.errors import NoPeers
+    from .select import by_host_and_name, match_vms
+    store = ctx.store()
+    matching = [{"name": vm["name"], "host": vm["host"]} for vm in
+                by_host_and_name(match_vms(read_vms(store), [pattern])[0])]
+    if dry_run:
+        known = schedules.read(store, schedules.schedule_id(pattern))
+        now = time.time()
+        record = {**(known or {}), "id": schedules.schedule_id(pattern), "pattern": pattern,
+                  "every": every, "keep": keep, "to": to,
+                  "next": now + every if known is None else min(known.get("next", now),
+                                                                now + every)}
+        return dict(_schedule_doc(record), state="dry-run",
+                    would="create" if known is None else "change", matching=matching)
     try:
-        record = schedules.put(ctx.store(), pattern, every, keep, to)
+        record = schedules.put(store, pattern, every, keep, to)
     except NoPeers as exc:          # nothing written: the record goes with its automation
         raise Failed(str(exc), result={"schedule": None, "state": "failed"}) from None
     new = record["created"] == record["changed"]
-    return dict(_schedule_doc(record), state="created" if new else "changed")
+    return dict(_schedule_doc(record), state="created" if new else "changed",
+                matching=matching)
 
 
 def _schedules(store) -> tuple[list[dict], set[str]]:
@@ -401,7 +456,8 @@ def find_schedules(ctx, which: list[str]) -> list[dict]:
             why = (f"backup schedule {word} is unreadable: scrub lists it, and scrub "
                    "--delete removes it" if word in garbled else
                    f"no backup schedule {word!r} (see backup schedule list)")
-            raise Failed(why, result={"state": "failed", "schedules": []})
+            unknown = Failed if word in garbled else NoSuch
+            raise unknown(why, result={"state": "failed", "schedules": []})
         found[record["id"]] = record
     return [_schedule_doc(record) for record in found.values()]
 

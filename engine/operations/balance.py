@@ -20,6 +20,7 @@ import dataclasses
 import fnmatch
 
 from engine.errors import Failed, UsageError
+from engine.wording import given
 
 from .plans import Plan, failed_doc
 from .select import NoMatch, host_pattern
@@ -42,9 +43,9 @@ class BalancePlan(Plan):
         return {"automation": None, "state": "dry-run", **self.summary, "moves": self.targets}
 
 
-def _count(value, flag: str) -> int:
+def _count(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"bad {flag} {value!r} (want a whole number, at least 1)")
+        raise UsageError(f"bad {given(name, value)} (want a whole number, at least 1)")
     return value
 
 
@@ -55,8 +56,8 @@ def plan_balance(ctx, hostglob: str | None = None, *, max_moves: int | None = No
     ``parallel`` at a time when run."""
     glob = host_pattern(hostglob)       # usage errors before any read
     if max_moves is not None:
-        _count(max_moves, "--max-moves")
-    _count(parallel, "--parallel")
+        _count(max_moves, "max_moves")
+    _count(parallel, "parallel")
     from engine.balancing import automation_args, read_settings, running_balances
     from engine.natural import natural_key
     from engine.planning.balance import plan_balance as plan

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["add_release", "list_releases", "delete_release"]
+__all__ = ["add_release", "list_releases", "delete_release", "name_disagrees"]
 
 ROW = ("version", "commit", "feature_level", "sha256", "bytes", "state", "added", "running_on")
 
@@ -30,6 +30,19 @@ def add_release(ctx, path: str) -> dict:
     return {"version": meta["version"], "sha256": meta["sha256"], "bytes": meta["bytes"],
             "commit": meta["commit"], "feature_level": meta["feature_level"],
             "state": meta["state"], "already": bool(meta.get("already"))}
+
+
+def name_disagrees(path: str, version: str) -> str | None:
+    """One line when the file name of the release stored as ``version``
+    implies another version (``peerctl-0.2.0.tar.gz`` holding 0.1.0), else
+    None: it is stored under its setup.cfg's version all the same."""
+    import os
+    from engine.releases.archive import named_version
+    named = named_version(path)
+    if named is None or named == version:
+        return None
+    return (f"{os.path.basename(path)} is named for version {named}, but its setup.cfg "
+            f"says {version}: stored as {version}")
 
 
 def list_releases(ctx) -> list[dict]:

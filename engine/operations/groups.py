@@ -8,6 +8,7 @@ real boot asks each claim for its planned host first.
 from __future__ import annotations
 
 from engine.errors import Failed, UsageError
+from engine.wording import option, speaks_json, value
 
 from .plans import failed_doc
 from .select import NoMatch
@@ -57,9 +58,12 @@ def group_for_boot(ctx, name: str, rule: str | None) -> dict:
         check_rule(rule)
     have = rule_of(read_group(ctx.store(), name)[0])
     if have is None and rule is None:
-        raise UsageError(f"group {name!r} is new: say --spread or --together")
+        raise UsageError(f"group {value(name)} is new: say " + (
+            f"{option('rule')}: \"spread\" or \"together\"" if speaks_json()
+            else "--spread or --together"))
     if have is not None and rule is not None and rule != have:
-        raise UsageError(f"group {name!r} is {have}: its VMs cannot be booted --{rule}")
+        raise UsageError(f"group {value(name)} is {have}: its VMs cannot be booted " + (
+            f"{option('rule')}: {value(rule)}" if speaks_json() else f"--{rule}"))
     return {"name": name, "rule": have or rule}
 
 

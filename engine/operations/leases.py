@@ -3,7 +3,8 @@ who holds which host (docs/leases.md).  Times are given as ``now``,
 ``+DURATION`` or ISO date-times, and returned as ISO 8601 UTC."""
 from __future__ import annotations
 
-from engine.errors import Failed, UsageError
+from engine.errors import NoSuch, UsageError
+from engine.wording import option
 
 from . import lease_docs
 from .select import host_pattern
@@ -26,22 +27,25 @@ def create(ctx, name: str, start: str, end: str, *, hosts: int | None = None,
     from engine.leases import commands
     from engine.leases.model import check_name
     check_name(name)
-    start_at, end_at = _time(start, "--start"), _time(end, "--end")
+    start_at, end_at = _time(start, option("start")), _time(end, option("end"))
     if (hosts is None) == (resources is None):
-        raise UsageError("say what the lease holds: --hosts N, or --resources SPEC --amount K")
+        raise UsageError(f"say what the lease holds: {option('hosts')} N, or "
+                         f"{option('resources')} SPEC {option('amount')} K")
     slot = None
     if resources is not None:
         slot, traits = parse_resources(resources)
         if traits:
-            raise UsageError("put a capacity lease's traits in --required")
+            raise UsageError(f"put a capacity lease's traits in {option('required')}")
         if amount is None:
-            raise UsageError("a capacity lease needs --amount K (how many slots of SPEC)")
+            raise UsageError(f"a capacity lease needs {option('amount')} K "
+                             "(how many slots of SPEC)")
     elif amount is not None:
-        raise UsageError("--amount goes with --resources; a host lease counts --hosts")
+        raise UsageError(f"{option('amount')} goes with {option('resources')}; a host lease "
+                         f"counts {option('hosts')}")
     required = ",".join(parse_traits(required)) or None
     on = host_pattern(on) if on is not None else None
     from engine.leases.times import parse_span
-    warn_s = parse_span(warn, "--warn") if warn else None
+    warn_s = parse_span(warn, option("warn")) if warn else None
     with ctx.placement() as placement:
         record = commands.create(ctx.store(), placement, name, start_at, end_at, count=hosts,
                                  resources=slot, amount=amount, required=required, on=on,
@@ -70,7 +74,7 @@ def _read(ctx, name: str) -> dict:
     check_name(name)
     record = records.read(ctx.store(), name)
     if record is None:
-        raise Failed(f"no lease {name!r}")
+        raise NoSuch(f"no lease {name!r}")
     return record
 
 
@@ -86,7 +90,7 @@ def extend(ctx, name: str, end: str) -> dict:
     from engine.leases import commands, records
     from engine.leases.model import check_name
     check_name(name)
-    end_at = _time(end, "--end")
+    end_at = _time(end, option("end"))
     with ctx.placement() as placement:
         record = commands.extend(ctx.store(), placement, name, end_at)
     return lease_docs.lease_doc(record, records.lease_vms(ctx.store(), name))

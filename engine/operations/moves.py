@@ -12,6 +12,7 @@ import os
 
 from engine.core import features
 from engine.errors import Failed, PlacementError, Refused, UsageError
+from engine.wording import given, option
 
 from .plans import Plan, failed_doc
 from .select import host_pattern, select_hosts, select_vms, vm_pattern, by_host_and_name
@@ -54,7 +55,7 @@ def _takers(hosts: list[dict], glob: str) -> set[str]:
 def _nowhere(what: str, to: str | None, hosts: list[dict], why_own: str) -> str:
     """The one line saying why ``what`` has no destination: ``--to`` (or
     the cluster) offers no live, undrained host but those it leaves."""
-    where = f"--to {to!r}" if to is not None else "the cluster"
+    where = given("to", to) if to is not None else "the cluster"
     matched = [h for h in hosts if fnmatch.fnmatchcase(h["host"], to or "*")]
     if not matched:
         return f"nowhere to move {what}: {where} matches no host"
@@ -80,10 +81,11 @@ def _row(vm: dict, landing: dict | None = None) -> dict:
 
 
 def _landing(ctx, leaving: list[str], vms: list[dict], to: str | None) -> dict:
-    """Where each VM leaving ``leaving`` would go (by uuid: ``{host,
-    error}``), as the moves' claims choose (:mod:`engine.planning.placements`):
-    ``evacuate --dry-run`` shows it, the real evacuation asks each move's
-    claim for that host first."""
+    """Where each of ``vms`` would go, none to a host in ``leaving`` (by
+    uuid: ``{host, error}``), as the moves' claims choose
+    (:mod:`engine.planning.placements`): ``evacuate --dry-run`` and
+    ``migrate --dry-run`` show it, the real moves ask each claim for that
+    host first."""
     from engine.planning.placements import plan_evacuation
     from engine.planning.snapshot import read_cluster
     try:
@@ -100,7 +102,9 @@ def plan_migrate(ctx, patterns: list[str], to: str | None = None, *, offline: bo
                  postcopy: bool = False,
                  max_downtime_ms: int | None = None) -> Plan:
     """Move the VMs matching ``patterns`` to other hosts (matching ``to``).
-    ``max_downtime_ms`` needs the cluster's feature level 2 (older peers
+    The plan's rows say where each VM would go, or why no host can take it
+    (``{name, uuid, from, host, state, error}``), as evacuate's do; each
+    move's claim asks for that host first.  ``max_downtime_ms`` needs the cluster's feature level 2 (older peers
     know no such argument): below it, none is passed and QEMU's default
     applies, and asking for one is refused."""
     if max_downtime_ms is not None:
@@ -125,16 +129,18 @@ def plan_migrate(ctx, patterns: list[str], to: str | None = None, *, offline: bo
     if features.cluster_level(store) >= DOWNTIME_LEVEL:
         max_downtime_ms = max_downtime_ms or DEFAULT_MAX_DOWNTIME_MS
     elif max_downtime_ms is not None:
-        raise Refused(f"--max-downtime needs the cluster's feature level {DOWNTIME_LEVEL}: "
+        raise Refused(f"{option('max_downtime_ms', '--max-downtime')} needs the cluster's "
+                      f"feature level {DOWNTIME_LEVEL}: "
                       "raise it with 'cluster feature-level' once every host runs this "
                       "release (docs/upgrade.md)")
+    landing = _landing(ctx, [], vms, to)
     return Plan("migrate", {
-        "vms": [_move_target(vm) for vm in vms], "to": to, "offline": bool(offline),
+        "vms": [_move_target(vm, landing) for vm in vms], "to": to, "offline": bool(offline),
         "parallel": parallel,
         **({"max_downtime_ms": max_downtime_ms} if max_downtime_ms else {}),
         **({"bandwidth_mib": bandwidth_mib} if bandwidth_mib else {}),
         **({"postcopy": True} if postcopy else {})},
-        [_row(vm) for vm in vms], ask=len(vms) > 1)
+        [_row(vm, landing) for vm in vms], ask=len(vms) > 1)
 
 
 def _no_snapshots(store, vms: list[dict], doing: str) -> None:

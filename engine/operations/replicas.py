@@ -16,7 +16,7 @@ from .plans import failed_doc
 from .select import host_pattern, select_vms, vm_pattern
 from .tasks import iso
 
-__all__ = ["replicate", "replicated", "stop", "replicas_by_uuid", "check_every"]
+__all__ = ["replicate", "replicated", "row_of", "stop", "replicas_by_uuid", "check_every"]
 
 
 def check_every(every: float) -> float:
@@ -51,12 +51,13 @@ def _nowhere(vm: dict, to: str | None, hosts: list[dict]) -> str | None:
 
 
 def replicate(ctx, patterns: list[str], every: float, to: str | None = None,
-              fallback: str | None = None) -> dict:
+              fallback: str | None = None, dry_run: bool = False) -> dict:
     """Replicate the VMs matching ``patterns`` every ``every`` seconds to a
     host matching ``to``; ``fallback`` ``image``: an HA restart with no
     usable replica may start the VM from its image.  ``{vms: [{name, uuid,
     host, replica_host, every, state}]}`` (state ``started`` or
-    ``changed``)."""
+    ``changed``); ``dry_run``: nothing written, the doc's ``state`` is
+    ``dry-run`` and each VM's ``would start`` or ``would change``."""
     from engine import replicas
     from engine.cluster import read_hosts
     every = check_every(every)
@@ -74,9 +75,15 @@ def replicate(ctx, patterns: list[str], every: float, to: str | None = None,
             raise Failed(why, result=failed_doc())
     rows = []
     for vm in vms:
+        if dry_run:
+            known = replicas.read(store, vm["uuid"])
+            rows.append(dict(_row(vm, {**(known or {}), "every": every, "to": to,
+                                       "fallback": fallback}),
+                             state="would change" if known else "would start"))
+            continue
         record = replicas.put(store, vm, every, to, fallback)
         rows.append(_row(vm, record))
-    return {"state": "done", "vms": rows}
+    return {"state": "dry-run" if dry_run else "done", "vms": rows}
 
 
 def _row(vm: dict, record: dict) -> dict:
@@ -101,6 +108,11 @@ def replicated(ctx, patterns: list[str]) -> list[dict]:
         raise Failed("none of the VMs matching " + " ".join(repr(p) for p in patterns)
                      + " is replicated", result=failed_doc())
     return chosen
+
+
+def row_of(vm: dict) -> dict:
+    """A VM from :func:`replicated` as every face lists it."""
+    return _row(vm, vm["replication"])
 
 
 def stop(ctx, vms: list[dict]) -> dict:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import fnmatch
 
-from engine.errors import Failed, UsageError
+from engine.errors import NoSuch, UsageError
 from engine.natural import natural_key
 
 __all__ = ["check_glob", "host_pattern", "vm_pattern", "match_vms", "select_vms",
            "select_hosts", "NoMatch", "by_host_and_name"]
 
 
-class NoMatch(Failed):
+class NoMatch(NoSuch):
     """A pattern matched nothing: exit 1 naming it; ``matched`` is what the
     other patterns found (a listing still prints them)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from engine.errors import PlacementError, UsageError
+from engine.wording import given, value
 
 __all__ = ["check_name", "check_names", "parse_resources", "parse_traits", "hostname_of"]
 
@@ -40,12 +41,12 @@ def parse_resources(spec: str, required: str | None = None) -> tuple[dict, list]
     try:
         query = parse_query(spec)
     except PlacementError as exc:
-        raise UsageError(f"bad resource spec {spec!r}: {exc}") from None
+        raise UsageError(f"bad resource spec {value(spec)}: {exc}") from None
     if required:
         try:
             query = parse_query(spec, required=required)
         except PlacementError as exc:
-            raise UsageError(f"bad --required {required!r}: {exc}") from None
+            raise UsageError(f"bad {given('required', required)}: {exc}") from None
     group = query.groups[0]
     traits = [next(iter(any_of)) for any_of in group.required if len(any_of) == 1]
     if len(query.groups) > 1 or len(traits) != len(group.required) or group.member_of \

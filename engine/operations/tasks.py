@@ -4,7 +4,7 @@ show one, abort one, and the documents their results make.
 Times are ISO 8601 UTC strings (``2026-12-01T08:00:00Z``), as in leases."""
 from __future__ import annotations
 
-from engine.errors import Failed, NoPeers, UnknownAutomation, UnknownTask
+from engine.errors import Failed, NoPeers, NoSuch, UnknownAutomation, UnknownTask
 
 from .plans import Plan, failed_doc
 
@@ -67,7 +67,7 @@ def get_task(ctx, automation: str) -> dict:
     try:
         return _dated(api.get_task(ctx.store(), automation))
     except UnknownTask:
-        raise Failed(f"no automation {automation!r}") from None
+        raise NoSuch(f"no automation {automation!r}") from None
 
 
 def abort(ctx, automation: str) -> dict:
@@ -77,7 +77,7 @@ def abort(ctx, automation: str) -> dict:
     try:
         doc = api.abort(ctx.store(), automation)
     except UnknownTask:
-        raise Failed(f"no automation {automation!r}") from None
+        raise NoSuch(f"no automation {automation!r}") from None
     if doc.get("state") not in TERMINAL_STATES:
         raise Failed(f"automation {doc.get('id')} is still {doc.get('state')}: the abort "
                      "is requested and its leader has not acted on it yet", result=doc)

@@ -5,18 +5,21 @@ from __future__ import annotations
 import time
 
 from engine.errors import Failed, UsageError
+from engine.wording import given, option, speaks_json
 
 from .plans import Plan, failed_doc
 from .select import NoMatch, host_pattern, select_vms
 from .specs import check_names, hostname_of, parse_resources
 
 __all__ = ["LISTED", "ORDER", "JOINED", "list_vms", "plan_boot", "plan_action", "plan_ha",
-           "console_target", "wait_for_addresses", "check_somewhere", "note_backups_kept",
+           "console_target", "wait_for_addresses", "paused_why", "check_somewhere",
+           "note_backups_kept",
            "VM_ACTIONS", "DESTRUCTIVE", "ENDED"]
 
 # vmlist's JSON: each row's fields, and the order of the rows
 LISTED = ["host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",
-          "addresses", "ha", "recovered", "crashed", "restarts", "backup", "replica"]
+          "addresses", "ha", "recovered", "crashed", "restarts", "backup", "replica",
+          "state_reason", "qemu_log"]
 ORDER = "host,name"
 # vmlist's fields read beside the VM records, each in a range read of its own
 JOINED = ("backup", "replica")
@@ -70,16 +73,40 @@ def _targets(vms: list[dict]) -> list[dict]:
 
 def plan_action(ctx, kind: str, patterns: list[str]) -> Plan:
     """destroy, start, stop, reboot, suspend or resume the VMs matching
-    ``patterns``, in one automation."""
+    ``patterns``, in one automation.  Any action but destroy needs the
+    VM's host to answer and the VM to be there: a VM whose host is down
+    (``unknown``) or that its host lost (``missing``) is refused here, one
+    line saying what to do, nothing started (destroy ends either)."""
     if kind not in VM_ACTIONS:
         raise UsageError(f"unknown VM action {kind!r} (want {', '.join(VM_ACTIONS)})")
     vms = select_vms(lambda: _read_vms(ctx), list(patterns))
+    if kind != "destroy":
+        _refuse_unreachable(kind, vms)
     targets = _targets(vms)
     return Plan(kind, {"vms": targets},
                 [dict(t, state=vm.get("state")) for t, vm in zip(targets, vms)],
                 ask=kind in DESTRUCTIVE and len(vms) > 1)
 
 
+def _refuse_unreachable(kind: str, vms: list[dict]) -> None:
+    """``kind`` (not destroy) cannot act on a VM whose host is down or that
+    its host lost: one line for the first such VM, how many more."""
+    for state, why in (("unknown", "is on {host}, which is down: it can be {done} once its "
+                                   "host is back (or destroy it)"),
+                       ("missing", "is missing: {host} no longer has its domain; destroy it, "
+                                   "or restore it from a backup ('backup list {name}', then "
+                                   "'restore ID --as NAME')")):
+        stuck = [vm for vm in vms if vm.get("state") == state]
+        if stuck:
+            vm = stuck[0]
+            raise Failed(f"cannot {kind} VM {vm['name']!r}: it "
+                         + why.format(host=vm["host"], name=vm["name"], done=_DONE[kind])
+                         + (f" (and {len(stuck) - 1} more)" if len(stuck) > 1 else ""),
+                         result=failed_doc())
+
+
+_DONE = {"start": "started", "stop": "stopped", "reboot": "rebooted", "suspend": "suspended",
+         "resume": "resumed"}
 ENDED = ("destroyed", "disowned")     # what destroy leaves a VM as
 
 
@@ -133,6 +160,8 @@ def plan_boot(ctx, names: list[str], resources: str, *, required: str | None = N
     group's rule leaves no host for is refused here, nothing started."""
     check_names(list(names))
     resources, traits = parse_resources(resources, required)
+    from .images import check_image
+    check_image(ctx, image)
     on = host_pattern(on) if on is not None else None
     clash = [f"{vm['name']} (on {vm['host']})" for vm in _read_vms(ctx) if vm["name"] in names]
     if clash:
@@ -150,7 +179,8 @@ def plan_boot(ctx, names: list[str], resources: str, *, required: str | None = N
     from .groups import group_for_boot, plan_landing, refuse_broken_rule
     joined = group_for_boot(ctx, group, rule) if group is not None else None
     if rule is not None and group is None:
-        raise UsageError(f"--{rule} needs --group NAME")
+        raise UsageError(f"{given('rule', rule)} needs {option('group')}"
+                         if speaks_json() else f"--{rule} needs --group NAME")
     vms = [{"name": name, "resources": resources, "required": traits, "image": image, "on": on,
             **({"ha": ha} if ha != "none" else {}),
             **({"reservation": reservation} if reservation else {}),
@@ -174,7 +204,7 @@ def check_somewhere(ctx, on: str, reservation: str | None) -> None:
     from engine.cluster import read_hosts
     hosts = [h for h in read_hosts(ctx.store()) if fnmatch.fnmatchcase(h["host"], on)]
     if not hosts:
-        raise Failed(f"no host matches --on {on!r}", result=failed_doc())
+        raise Failed(f"no host matches {given('on', on)}", result=failed_doc())
 
     def takes(host):
         return host.get("status") == "up" or (
@@ -183,7 +213,8 @@ def check_somewhere(ctx, on: str, reservation: str | None) -> None:
         why = ", ".join(f"{h['host']} {h.get('status')}" + (
             f" by lease {h['reserved_by']}" if h.get("status") == "reserved" else "")
             for h in hosts)
-        raise Failed(f"no host among --on {on!r} takes new VMs: {why}", result=failed_doc())
+        raise Failed(f"no host among {given('on', on)} takes new VMs: {why}",
+                     result=failed_doc())
 
 
 def _networks(ctx, given: list[str] | None, default: str) -> list[str]:
@@ -211,18 +242,37 @@ def _network_traits(networks: list[str]) -> list[str]:
     return list(dict.fromkeys(network_trait(name) for name in networks))
 
 
-def wait_for_addresses(ctx, vms: list[dict], timeout: float, poll: float = 0.5) -> list[str]:
+def paused_why(vm: dict) -> str:
+    """``paused (io-error); see host1:/var/log/libvirt/qemu/web1.log``: a
+    VM record's state with libvirt's reason and where its QEMU log is."""
+    said = vm["state"] + (f" ({vm['state_reason']})" if vm.get("state_reason") else "")
+    return said + (f"; see {vm['host']}:{vm['qemu_log']}" if vm.get("qemu_log") else "")
+
+
+def wait_for_addresses(ctx, vms: list[dict], timeout: float, poll: float = 0.5,
+                       noticed=None) -> list[str]:
     """Fill each built VM's ``ip`` from its record as its guest gets one, for
     up to ``timeout`` seconds; the names still without one.  A VM built
-    without a network interface has none to wait for."""
+    without a network interface has none to wait for.  A guest paused or
+    crashed for a reason that does not pass by itself (QEMU paused it on an
+    error, someone paused it) will get no address: it is waited for no
+    longer, and its row gets ``why`` (:func:`paused_why`); ``noticed(vm)``
+    is called once for each, as it is seen."""
+    from engine.hypervisor.shapes import PASSING
     waiting = [vm for vm in vms if vm.get("host") and not vm.get("error")]
     deadline = time.monotonic() + timeout
     while True:
-        ips = {vm["uuid"]: vm["ip"] for vm in _read_vms(ctx) if vm.get("ip")}
+        records = {vm["uuid"]: vm for vm in _read_vms(ctx)}
         for vm in waiting:
-            vm["ip"] = ips.get(vm["uuid"])
+            record = records.get(vm["uuid"]) or {}
+            vm["ip"] = record.get("ip")
+            if not vm["ip"] and not vm.get("why") and record.get("state") in ("paused", "error") \
+                    and record.get("state_reason") not in PASSING:
+                vm["why"] = paused_why(record)
+                if noticed:
+                    noticed(vm)
         missing = [vm["name"] for vm in waiting if not vm["ip"]]
-        if not missing or time.monotonic() >= deadline:
+        if all(vm["ip"] or vm.get("why") for vm in waiting) or time.monotonic() >= deadline:
             return missing
         time.sleep(poll)
 

@@ -30,6 +30,7 @@ import fnmatch
 from engine.natural import natural_key
 from engine.placement.model import DISABLED_TRAIT, SHARING_TRAIT, capacity
 from engine.placement.query import Query
+from engine.placement.traits import in_words, list_in_words
 
 __all__ = ["explain", "NAMED"]
 
@@ -69,7 +70,7 @@ def explain(providers: list[dict], query: Query, *, pattern: str = "*",
             notes[name].append("drained")
         elif traits & forbidden:
             notes[name].append(held_by.get(name)
-                               or f"has {', '.join(sorted(traits & forbidden))}")
+                               or f"has {list_in_words(sorted(traits & forbidden))}")
         elif name not in skip:
             (open_ if all(any_of & traits for any_of in required) else lacking).append(name)
         shut = shut or bool(notes[name])
@@ -82,7 +83,7 @@ def explain(providers: list[dict], query: Query, *, pattern: str = "*",
         why = _short(query, [_free(trees.get(hosts[name]["uuid"], [hosts[name]]), providers)
                              for name in open_])
     elif lacking:
-        wanted = sorted(" or ".join(sorted(any_of)) for any_of in required)
+        wanted = sorted(" or ".join(sorted(map(in_words, any_of))) for any_of in required)
         why = f"no {'open ' if shut else ''}host has {', '.join(wanted)}"
     else:
         why = "no host takes new VMs" if shut else "no host is left to try"

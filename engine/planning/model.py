@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from engine import groups as grouprules
 from engine.natural import natural_key
+from engine.placement.traits import list_in_words
 
 __all__ = ["Host", "Vm", "Cluster"]
 
@@ -94,9 +95,9 @@ class Cluster:
         if host == vm.host:
             return f"it is on {host} already"
         if not vm.required <= target.traits:
-            return f"{host} lacks {', '.join(sorted(vm.required - target.traits))}"
+            return f"{host} lacks {list_in_words(sorted(vm.required - target.traits))}"
         if vm.forbidden & target.traits:
-            return f"{host} has {', '.join(sorted(vm.forbidden & target.traits))}"
+            return f"{host} has {list_in_words(sorted(vm.forbidden & target.traits))}"
         short = [rc for rc, n in vm.resources.items()
                  if rc not in target.capacity or target.used.get(rc, 0) + n > target.capacity[rc]]
         if short:

@@ -1,4 +1,5 @@
-"""Where a boot's VMs would land, and where an evacuation's VMs would go.
+"""Where a boot's VMs would land, and where an evacuation's (or a
+migration's) VMs would go.
 
 The same choice a claim makes (``requests/placement.py``), made on a
 snapshot for every VM in turn, each seeing the ones before it: among the
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import fnmatch
 
+from engine.wording import given
+
 from .model import Cluster, Vm
 
 __all__ = ["plan_boots", "plan_evacuation", "ALTERNATES"]
@@ -36,10 +39,11 @@ def _weight(cluster: Cluster, host: str, resources: dict) -> float:
 
 
 def _ranked(cluster: Cluster, vm: Vm, pattern: str, leaving=()) -> tuple[list[str], dict]:
-    """Hosts ``vm`` may go to, best first; and why each other one may not."""
+    """Hosts ``vm`` may go to, best first; and why each other one may not
+    (its own host goes without saying)."""
     fits, why = [], {}
     for name in cluster.host_names():
-        if not fnmatch.fnmatchcase(name, pattern) or name in leaving:
+        if not fnmatch.fnmatchcase(name, pattern) or name in leaving or name == vm.host:
             continue
         reason = cluster.why_not(vm, name)
         if reason is None:
@@ -82,7 +86,7 @@ def plan_boots(cluster: Cluster, vms: list[Vm], *, on: str | None = None,
         if not ranked:
             rows.append({"name": vm.name, "host": None, "alternates": [],
                          "error": _refusal(vm, why, cluster,
-                                           f"matches --on {on!r}" if on else "is known")})
+                                           f"matches {given('on', on)}" if on else "is known")})
             continue
         cluster.add(vm, ranked[0])
         rows.append({"name": vm.name, "host": ranked[0], "alternates": ranked[1:1 + alternates],
@@ -94,7 +98,8 @@ def plan_evacuation(cluster: Cluster, leaving: list[str], uuids: list[str], *,
                     to: str | None = None) -> list[dict]:
     """``[{name, uuid, from, host, error}]``: where each VM of the hosts
     ``leaving`` would go, in the order of ``uuids``; ``cluster`` is changed
-    as the moves are planned."""
+    as the moves are planned.  With no host ``leaving``, where each VM
+    would be migrated to (``migrate --dry-run``)."""
     for name in leaving:
         if name in cluster.hosts:
             cluster.hosts[name].open, cluster.hosts[name].why_closed = False, "being evacuated"
@@ -106,7 +111,7 @@ def plan_evacuation(cluster: Cluster, leaving: list[str], uuids: list[str], *,
         if not ranked:
             rows.append({"name": vm.name, "uuid": uuid, "from": source, "host": None,
                          "error": _refusal(vm, why, cluster,
-                                           f"matches --to {to!r}" if to else "is known")})
+                                           f"matches {given('to', to)}" if to else "is known")})
             continue
         cluster.move(uuid, ranked[0])
         rows.append({"name": vm.name, "uuid": uuid, "from": source, "host": ranked[0],

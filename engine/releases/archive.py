@@ -21,6 +21,9 @@ Promises:
   start is a ``Failed`` with the last line of its stderr;
 - :func:`unpack` never writes outside ``dest``: every member is checked
   before anything is written;
+- the version is always the tree's own (``setup.cfg`` or PKG-INFO), never
+  the file's name; :func:`named_version` reads what the name implies, so
+  that the command line can say when the two disagree;
 - nothing here touches etcd.
 """
 from __future__ import annotations
@@ -45,7 +48,7 @@ from engine.errors import Failed, UsageError
 from .version import describe
 
 __all__ = ["MAX_BYTES", "MAX_BYTES_ENV", "MAX_UNPACKED", "START_TIMEOUT", "Release",
-           "max_bytes", "read_release", "unpack", "verify_starts"]
+           "max_bytes", "read_release", "unpack", "verify_starts", "named_version"]
 
 MAX_BYTES = 16 * 1024 * 1024    # the largest archive the cluster carries (5 kept: 80 MiB)
 MAX_BYTES_ENV = "PEERCTL_RELEASE_MAX_BYTES"     # for tests: a smaller limit, read at each call
@@ -53,6 +56,8 @@ MAX_UNPACKED = 8 * MAX_BYTES        # what an archive may unpack to (a bomb is r
 START_TIMEOUT = 60                  # seconds its `peerctl.py version` may take
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+# peerctl-0.2.0.tar.gz, peerctl_0.2.0.zip, peerctl-v0.2.0.tgz: the version a name implies
+_NAMED = re.compile(r"peerctl[-_]v?([0-9][0-9A-Za-z.+!-]*?)\.(?:tar\.gz|tgz|zip)\Z")
 _LAYOUT = ("a release holds peerctl.py, setup.cfg or PKG-INFO, engine/, automations/ and "
            "requests/, at its top or under one top directory")
 
@@ -385,6 +390,15 @@ def _read(path: str) -> bytes:
     if len(data) > limit:
         raise UsageError(f"{path}: over the {_size(limit)} a release may be")
     return data
+
+
+def named_version(filename: str) -> str | None:
+    """The version an archive's file name implies (``peerctl-0.2.0.tar.gz``:
+    ``0.2.0``), or None when its name says none.  A release is stored under
+    the version its ``setup.cfg`` says, whatever its name; this is for
+    saying so when the two disagree."""
+    found = _NAMED.search(os.path.basename(filename))
+    return found.group(1) if found else None
 
 
 def read_release(path: str) -> Release:

@@ -20,7 +20,10 @@ Modules:
   (loopback only without TLS unless ``insecure``), and ``serve_cluster``;
 - :mod:`.app`: the aiohttp application, what every request goes through;
 - :mod:`.routes`: the route table, one thin call of engine/operations/ each;
-- :mod:`.identity`: who asks (client certificate or bearer token) and CSRF;
+- :mod:`.identity`: who asks (client certificate, bearer token or the
+  page's session) and CSRF;
+- :mod:`.revocation`: the open event streams and console websockets by
+  token and session, ended within a second when either is deleted or expires;
 - :mod:`.events`: ``/v1/events``, server-sent events keyed by etcd revision;
 - :mod:`.openapi`: the OpenAPI document, made from the route table;
 - :mod:`.console`: a VM's serial console in the page, through a websocket;

@@ -7,8 +7,11 @@ not exist; a 503 when the server is at its bound of connections; who asks
 before anything is read) and, for ambient credentials, the CSRF token (403);
 the query's names (400 for unknown ones) and the body (400 for malformed
 JSON, unknown fields or wrong types, 413 past :data:`MAX_BODY`); then the
-handler on the pool of threads.  Any error is ``{"error": ONE LINE}``; an
-unexpected one is logged with its traceback and answered 500 without it.
+handler on the pool of threads, its messages naming the body's JSON fields
+(:mod:`engine.wording`).  A path with a trailing or doubled slash is served
+as the tidy path.  Any error is ``{"error": ONE LINE}`` (requests aiohttp
+cannot read too: :mod:`.protocol`); an unexpected one is logged with its
+traceback and answered 500 without it.
 """
 from __future__ import annotations
 
@@ -22,11 +25,13 @@ import jsonschema
 import structlog
 from aiohttp import web
 
-from engine.errors import PeerctlError, PermissionDenied, Unavailable, UsageError
-from engine.operations.select import NoMatch
+from engine import wording
+from engine.errors import NoSuch, PeerctlError, PermissionDenied, Unavailable, UsageError
 
 from . import events, identity
+from .revocation import Revocations
 from .routes import ROUTES, Call, Refusal
+from .schema_errors import schema_error
 
 __all__ = ["Api", "make_app", "API", "CONNECTIONS", "MAX_BODY", "MAX_CONNECTIONS"]
 
@@ -39,6 +44,7 @@ _JSON = "application/json"
 API = web.AppKey("api", object)
 CONNECTIONS = web.AppKey("connections", list)   # the server, once it runs
 STREAMS = web.AppKey("streams", set)            # the open event streams' tasks
+REVOCATIONS = web.AppKey("revocations", Revocations)    # streams by token and session
 
 
 class Api:
@@ -49,11 +55,13 @@ class Api:
     ``role_credentials``: ``{role: Credentials}`` for etcd, so that etcd
     itself enforces a request's role; a role without any uses the server's
     own ``credentials`` (the API's own role check still refuses a viewer's
-    writes)."""
+    writes).  ``session_idle`` and ``session_lifetime``: seconds a login
+    of the page lasts without a request, and at most (engine/core/sessions.py)."""
 
     def __init__(self, etcd: str, cluster: str, credentials=None, placement=None,
                  role_credentials: dict | None = None, default_network: str = "default",
-                 metrics=None, tls: bool = False, pool_size: int = 16, waiters: int = 32):
+                 metrics=None, tls: bool = False, pool_size: int = 16, waiters: int = 32,
+                 session_idle: float | None = None, session_lifetime: float | None = None):
         self.etcd, self.cluster = etcd, cluster
         self.credentials = credentials
         self.placement = placement
@@ -61,6 +69,9 @@ class Api:
         self.default_network = default_network
         self.metrics = metrics
         self.tls = tls
+        from engine.core import sessions
+        self.session_idle = session_idle or sessions.IDLE
+        self.session_lifetime = session_lifetime or sessions.LIFETIME
         self._contexts: dict = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(pool_size, "api")
         self.waits = concurrent.futures.ThreadPoolExecutor(waiters, "api-wait")
@@ -90,15 +101,16 @@ class Api:
                 ctx._store.close()
 
 
-def _error(status: int, message: str, headers=None) -> web.Response:
-    return web.json_response({"error": message.splitlines()[0] if message else "error"},
-                             status=status, headers=headers)
+def _error(status: int, message: str, headers=None, more: dict | None = None) -> web.Response:
+    return web.json_response({"error": message.splitlines()[0] if message else "error",
+                              **(more or {})}, status=status, headers=headers,
+                             dumps=functools.partial(json.dumps, default=str))
 
 
 def status_of(exc: BaseException) -> int:
     if isinstance(exc, Refusal):
         return exc.status
-    if isinstance(exc, NoMatch):
+    if isinstance(exc, NoSuch):
         return 404
     if isinstance(exc, UsageError):
         return 400
@@ -128,12 +140,31 @@ async def answer_errors(request, handler):
                413: f"request body over {MAX_BODY} bytes"}.get(exc.status, exc.reason)
         return _error(exc.status, why)
     except PeerctlError as exc:
-        return _error(status_of(exc), str(exc))
+        return _error(status_of(exc), str(exc), more=getattr(exc, "more", None))
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         log.exception("api request failed", path=request.path, method=request.method)
         return _error(500, f"internal error: {type(exc).__name__} (logged by the server)")
+
+
+@web.middleware
+async def one_slash(request, handler):
+    """``//v1/vms`` and ``/v1/vms/`` reach ``/v1/vms``: a base URL written
+    with its trailing slash (``${api}/v1/vms``) still finds its route.  The
+    request is served as the tidy path, not redirected (curl does not
+    follow a redirect unless told to)."""
+    path = request.rel_url.path
+    if request.match_info.http_exception is None or "//" not in path and not path.endswith("/"):
+        return await handler(request)
+    tidy = "/" + "/".join(part for part in path.split("/") if part)
+    alternative = request.clone(rel_url=request.rel_url.with_path(tidy))
+    match = await request.app.router.resolve(alternative)
+    if match.http_exception is not None:
+        return await handler(request)
+    match.add_app(request.app)
+    alternative._match_info = match     # as aiohttp's normalize_path_middleware does
+    return await match.handler(alternative)
 
 
 async def who_asks(request) -> identity.Who:
@@ -145,9 +176,17 @@ async def who_asks(request) -> identity.Who:
     if secret is None:
         raise Refusal(401, "authentication required: a bearer token (Authorization: Bearer "
                       "SECRET) or a client certificate")
-    token = await _token(request.app[API], secret)
+    api: Api = request.app[API]
+    if ambient:
+        from engine.core import sessions
+        token = await api.run(sessions.verify, api.context().store(), secret)
+        if token is None:
+            raise Refusal(401, "unknown, ended or expired session: log in again")
+    else:
+        token = await _token(api, secret)
     return identity.Who(f"token:{token['id']}", token["role"], ambient,
-                        "session" if ambient else "token")
+                        "session" if ambient else "token", token["id"],
+                        token.get("session"), token["expires"])
 
 
 async def _token(api: Api, secret: str) -> dict:
@@ -181,11 +220,15 @@ async def _body(request, schema: dict | None) -> dict:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise UsageError(f"malformed JSON body: {exc}") from None
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(schema).iter_errors(body))
+        except RecursionError:
+            raise UsageError("malformed JSON body: nested too deeply") from None
+    try:
+        error = jsonschema.exceptions.best_match(
+            jsonschema.Draft202012Validator(schema).iter_errors(body))
+    except RecursionError:
+        raise UsageError("bad body: nested too deeply") from None
     if error is not None:
-        where = "/".join(map(str, error.absolute_path))
-        raise UsageError(f"bad body{' at ' + where if where else ''}: {error.message}")
+        raise UsageError(schema_error(error))
     return body
 
 
@@ -198,6 +241,12 @@ def _query(request, route) -> dict:
     return {name: request.query.getall(name) for name in known if name in request.query}
 
 
+def _in_json_terms(handler, ctx, call: Call):
+    """The handler, its messages naming the body's fields, not the flags."""
+    with wording.json_fields():
+        return handler(ctx, call)
+
+
 def _handler(route):
     async def handle(request):
         who = await who_asks(request)
@@ -206,7 +255,8 @@ def _handler(route):
         call = Call(dict(request.match_info), _query(request, route),
                     await _body(request, route.body), who.role, who.user)
         api: Api = request.app[API]
-        answer = await api.run(route.handler, api.context(who.role), call, long=route.waits)
+        answer = await api.run(_in_json_terms, route.handler, api.context(who.role), call,
+                               long=route.waits)
         headers = {"Location": answer.location} if answer.location else None
         return web.json_response(answer.doc, status=answer.status, headers=headers,
                                  dumps=functools.partial(json.dumps, default=str))
@@ -222,9 +272,11 @@ async def openapi(request):
 
 
 async def event_stream(request):
-    await who_asks(request)
+    """The stream, ended when the token or session that opened it ends."""
+    who = await who_asks(request)
     api: Api = request.app[API]
-    return await events.stream(request, api.context().store(), api.run, request.app[STREAMS])
+    return await events.stream(request, api.context().store(), api.run, request.app[STREAMS],
+                               functools.partial(request.app[REVOCATIONS].holding, who))
 
 
 async def end_streams(app) -> None:
@@ -244,9 +296,16 @@ async def metrics(request):
 
 
 async def session(request):
-    """``GET``: who the session is; ``POST {token}``: log in (the cookie);
-    ``DELETE``: log out."""
+    """``GET``: who the session is; ``POST {token}``: log in (a session of
+    its own, whose secret the cookie holds); ``DELETE``: log out (the
+    session deleted, so its cookie is refused by every server and its
+    streams end)."""
+    from engine.core import sessions
+    api: Api = request.app[API]
     if request.method == "DELETE":
+        cookie = request.cookies.get(identity.SESSION_COOKIE)
+        if cookie:
+            await api.run(sessions.delete, api.context().store(), cookie)
         response = web.json_response({"session": None})
         response.del_cookie(identity.SESSION_COOKIE, path="/")
         return response
@@ -257,11 +316,14 @@ async def session(request):
                                  "required": ["token"], "additionalProperties": False})
     if not identity.csrf_ok(request):
         raise Refusal(403, "missing or wrong CSRF token")
-    api: Api = request.app[API]
-    token = await _token(api, body["token"])
+    made = await api.run(sessions.create, api.context().store(), body["token"],
+                         api.session_idle, api.session_lifetime)
+    if made is None:
+        raise Refusal(401, "unknown, deleted or expired token")
+    secret, token = made
     response = web.json_response({"user": f"token:{token['id']}", "role": token["role"],
                                   "how": "session"})
-    response.set_cookie(identity.SESSION_COOKIE, body["token"], httponly=True,
+    response.set_cookie(identity.SESSION_COOKIE, secret, httponly=True,
                         samesite="Strict", secure=api.tls, path="/")
     return response
 
@@ -280,11 +342,15 @@ async def page(request):
 
 
 def make_app(api: Api) -> web.Application:
-    app = web.Application(middlewares=[answer_errors], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[answer_errors, one_slash],
+                          client_max_size=MAX_BODY)
     app[API] = api
     app[CONNECTIONS] = []
     app[STREAMS] = set()
+    app[REVOCATIONS] = Revocations(api.context().store(), api.run)
+    app.on_startup.append(lambda app: app[REVOCATIONS].start())
     app.on_shutdown.append(end_streams)
+    app.on_cleanup.append(lambda app: app[REVOCATIONS].stop())
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _handler(route))
     app.router.add_get("/v1/openapi.json", openapi)

@@ -21,7 +21,9 @@ Promises:
   4000 + the HTTP status the API would answer (4409: no such VM, not
   running, no console on this hypervisor, taken over by another client;
   4503: its host's libvirt unreachable or lost; 4400: a pattern matching
-  several VMs);
+  several VMs; 4401: the token or session that opened it was deleted or
+  expired, within a second, on every server: ``console closed: the token
+  was deleted`` ...);
 - the console is let go (stream aborted, connection closed) whenever the
   session ends, the client's side included.
 
@@ -44,16 +46,17 @@ from aiohttp import WSMsgType, web
 from engine.errors import PeerctlError, Unavailable, UsageError
 
 from . import identity
-from .app import API
+from .app import API, REVOCATIONS
 from .routes import Refusal
 
-__all__ = ["add_routes", "PATH", "STOPPED", "CLOSE_REASON_BYTES"]
+__all__ = ["add_routes", "PATH", "STOPPED", "REVOKED", "CLOSE_REASON_BYTES"]
 
 log = structlog.get_logger("peerctl.api")
 
 PATH = "/v1/vms/{name}/console"
 STOPPED = "console closed: the VM stopped"
 CLOSE_REASON_BYTES = 123        # RFC 6455: a control frame's payload is 125 bytes
+REVOKED = 4401                  # the token or session that opened it ended
 _CHUNK = 65536
 _BACKLOG = 1 << 20              # bytes waiting on either side before it pauses or ends
 _SETTLE = 3.0                   # seconds for libvirt to see a stopped guest stopped
@@ -77,8 +80,12 @@ def add_routes(app, who_asks, check_write) -> None:
                           "Upgrade: websocket handshake")
         api = request.app[API]
         await socket.prepare(request)
+
+        async def revoked(why):
+            await _end(socket, REVOKED, f"console closed: {why}")
         try:
-            await _session(api, api.context(who.role), request.match_info["name"], socket)
+            with request.app[REVOCATIONS].holding(who, revoked):
+                await _session(api, api.context(who.role), request.match_info["name"], socket)
         except Exception:           # past the upgrade no JSON answer can go: a close frame
             log.exception("console session failed", path=request.path)
             await _end(socket, 1011, "internal error (logged by the server)")
@@ -124,6 +131,9 @@ async def _session(api, ctx, name: str, socket: web.WebSocketResponse) -> None:
         await _end(socket, _close_code(exc), str(exc))
         return
     pump = _Pump(attached, asyncio.get_running_loop())
+    if socket.closed:               # ended while it attached (its token revoked)
+        await asyncio.shield(api.run(pump.close))
+        return
     code, why = 1000, STOPPED
     try:
         await socket.send_json({"attached": {"vm": attached.name, "host": attached.host}})

@@ -19,11 +19,13 @@ revision that compaction has removed, or one this etcd never had, answers
 ``Last-Event-ID`` starts with ``event: hello`` carrying the current
 revision.  A comment line every :data:`HEARTBEAT` seconds finds dead
 connections; a client too slow to keep up with :data:`BACKLOG` revisions is
-cut off, and resumes where it was.
+cut off, and resumes where it was.  A stream ends when the token or page
+session that opened it is deleted or expires (:mod:`.revocation`).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 from aiohttp import web
@@ -70,10 +72,16 @@ def _gone(message: str) -> web.Response:
     return web.json_response({"error": message}, status=410)
 
 
-async def stream(request, store, run_blocking, streams: set) -> web.StreamResponse:
+_ENDED = object()            # in a stream's queue: its credential ended
+
+
+async def stream(request, store, run_blocking, streams: set,
+                 holding=lambda close: contextlib.nullcontext()) -> web.StreamResponse:
     """The SSE stream for one client; ``run_blocking(fn, *args)`` runs a
     blocking call on the server's pool; ``streams`` holds the tasks of the
-    open streams, which a server stopping cancels."""
+    open streams, which a server stopping cancels; ``holding(close)`` is a
+    context manager for the stream's life, that awaits ``close(why)`` to
+    end it (its token revoked: :mod:`.revocation`)."""
     last = _last_event_id(request)
     if last is None:
         last = await run_blocking(store.revision)
@@ -89,12 +97,17 @@ async def stream(request, store, run_blocking, streams: set) -> web.StreamRespon
     def on_events(events, revision):      # on the etcd client's thread
         loop.call_soon_threadsafe(queue.put_nowait, events)
 
+    async def end(_why):
+        queue.put_nowait(_ENDED)
+
     cancel = await run_blocking(store.watch, "", last + 1, on_events)
     streams.add(asyncio.current_task())
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
+    held = contextlib.ExitStack()
     try:
+        held.enter_context(holding(end))
         await response.prepare(request)
         if hello:
             await response.write(_message(last, [], "hello"))
@@ -106,13 +119,14 @@ async def stream(request, store, run_blocking, streams: set) -> web.StreamRespon
             except asyncio.TimeoutError:
                 await response.write(b": heartbeat\n\n")
                 continue
-            if isinstance(events, Exception):
-                break           # compacted or broken: the client reconnects
+            if events is _ENDED or isinstance(events, Exception):
+                break           # revoked; or compacted or broken: the client reconnects
             for revision, changes in _by_revision(events):
                 await response.write(_message(revision, changes))
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
+        held.close()
         streams.discard(asyncio.current_task())
         cancel()
     return response

@@ -5,8 +5,10 @@ A client is one of:
   its CN is the user and its OU the role, as for the command line
   (engine/core/certs.py);
 - a bearer token (engine/core/tokens.py) in ``Authorization: Bearer
-  SECRET``, or in the page's session cookie, which ``POST /v1/session``
-  sets from a token.
+  SECRET``;
+- the page's session cookie, which ``POST /v1/session`` sets from a token:
+  the secret of a session of its own (engine/core/sessions.py), never the
+  token's.
 
 The API knows two rights: ``viewer`` reads, ``operator`` reads and writes;
 a peer's or root's certificate counts as an operator.
@@ -41,6 +43,9 @@ class Who:
     role: str               # viewer or operator
     ambient: bool           # came by cookie or client certificate: writes need CSRF
     how: str                # certificate, token, session
+    token: str | None = None        # the token's id, for a token or a session
+    session: str | None = None      # the session's key, for a session
+    expires: float | None = None    # when it ends unless used again (epoch); None: never
 
 
 def certificate_identity(request) -> Who | None:
@@ -69,7 +74,8 @@ def _from_a_browser(request) -> bool:
 
 def bearer_secret(request) -> tuple[str | None, bool]:
     """``(secret, ambient)``: the bearer token of the Authorization header,
-    else the session cookie's; ``(None, False)`` without either."""
+    else the session cookie's (a session's secret: ambient);
+    ``(None, False)`` without either."""
     header = request.headers.get("Authorization", "")
     if header:
         scheme, _, secret = header.partition(" ")

@@ -11,8 +11,11 @@ __all__ = ["document"]
 _TYPES = {"string": {"type": "string"}, "string[]": {"type": "array", "items": {"type": "string"}},
           "boolean": {"type": "boolean"}, "integer": {"type": "integer"},
           "number": {"type": "number"}}
-_ERROR = {"description": "one line", "content": {"application/json": {"schema": {
-    "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
+_ERROR = {"description": "one line (a 409 asking for \"yes\" lists its targets too)",
+          "content": {"application/json": {"schema": {
+              "type": "object", "properties": {"error": {"type": "string"},
+                                               "targets": {"type": "array"}},
+              "required": ["error"]}}}}
 
 
 def _operation(route) -> dict:
@@ -41,10 +44,25 @@ def _operation(route) -> dict:
     return operation
 
 
+def _same_shape(path: str) -> str:
+    return re.sub(r"{\w+}", "{}", path)
+
+
 def document(version: str = "1") -> dict:
+    """OpenAPI counts ``/v1/vms/{name}`` and ``/v1/vms/{action}`` as one
+    path: such routes share one path item, named as the first one is, and
+    a later route's parameters take the first one's names."""
     paths: dict = {}
+    first_of: dict = {}
     for route in ROUTES:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
+        path = first_of.setdefault(_same_shape(route.path), route.path)
+        operation = _operation(route)
+        if path != route.path:
+            for parameter, name in zip((p for p in operation["parameters"] if p["in"] == "path"),
+                                       re.findall(r"{(\w+)}", path)):
+                parameter["description"] = f"the {parameter['name']}"
+                parameter["name"] = name
+        paths.setdefault(path, {})[route.method.lower()] = operation
     paths["/v1/events"] = {"get": {
         "summary": "server-sent events of what changed; id = etcd revision",
         "parameters": [{"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}}],

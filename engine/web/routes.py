@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from engine.errors import Failed, UsageError
+from engine.errors import Failed, NoSuch, UsageError
 from engine.natural import sort_rows
 from engine.operations import adoption, balance, groups, hosts, tasks, vms
 from engine.operations.moves import MAX_DOWNTIME_RANGE_MS
@@ -60,11 +60,39 @@ class Answer:
 
 
 class Refusal(Failed):
-    """A request the API answers with ``status`` and one line."""
+    """A request the API answers with ``status`` and one line (and the
+    fields of ``more``, beside ``error``)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, more: dict | None = None):
         super().__init__(message)
         self.status = status
+        self.more = more
+
+
+MOST_NAMED = 10     # targets a confirmation's one line names; the rest are counted
+
+
+def _label(row: dict) -> str:
+    """One target as the command line's confirmation lists it."""
+    if "name" in row:
+        host = row.get("host") or row.get("from")
+        return f"{host}/{row['name']}" if host else row["name"]
+    if "vm" in row and "from" in row:
+        return f"{row['vm']}: {row['from']} -> {row.get('to')}"
+    return str(row.get("id") or row.get("host") or row.get("vm") or row)
+
+
+def unconfirmed(verb: str, labels: list[str], what: str, how: str = '"yes": true',
+                targets: list | None = None) -> Refusal:
+    """The 409 of work that needs confirming: what it would act on, by name
+    (the first :data:`MOST_NAMED`), and how to confirm; ``targets``, the
+    rows a dry run lists, go beside the error."""
+    named = ", ".join(labels[:MOST_NAMED]) + (
+        f" and {len(labels) - MOST_NAMED} more" if len(labels) > MOST_NAMED else "")
+    if len(labels) == 1:
+        what = what.rstrip("s")
+    return Refusal(409, f"{verb} would act on {len(labels)} {what} ({named}): send {how} "
+                   "to confirm", {"targets": targets if targets is not None else labels})
 
 
 @dataclasses.dataclass
@@ -116,9 +144,10 @@ def _started(ctx, plan: Plan, body: dict) -> Answer:
     if body.get("dry_run"):
         return Answer(plan.dry_run())
     if plan.ask and not body.get("yes"):
-        what = plan.what if len(plan.targets) != 1 else plan.what.rstrip("s")
-        raise Refusal(409, f"{plan.kind} would act on {len(plan.targets) or 'several'} "
-                      f"{what}: send \"yes\": true to confirm")
+        if not plan.targets and plan.args.get("hosts"):     # an evacuation of empty hosts
+            raise unconfirmed(plan.kind, list(plan.args["hosts"]), "hosts")
+        raise unconfirmed(plan.kind, [_label(row) for row in plan.targets], plan.what,
+                          targets=plan.targets)
     automation = tasks.start(ctx, plan)
     return Answer({"automation": automation}, 202, f"/v1/automations/{automation}")
 
@@ -134,6 +163,16 @@ def list_vms(ctx, call: Call) -> Answer:
         return Answer(_listed(adoption.list_all(ctx, patterns), adoption.ALL_LISTED,
                               vms.ORDER))
     return Answer(_listed(vms.list_vms(ctx, patterns), vms.LISTED, vms.ORDER))
+
+
+@route("GET", "/v1/vms/{name}", "one VM", "vmlist NAME")
+def show_vm(ctx, call: Call) -> Answer:
+    from engine.operations.specs import check_name
+    name = check_name(call.path["name"])
+    rows = [row for row in vms.list_vms(ctx, [name]) if row["name"] == name]
+    if not rows:
+        raise NoSuch(f"no VM {name!r}")
+    return Answer(_listed(rows, vms.LISTED, vms.ORDER)[0])
 
 
 BOOT = _obj({"names": {"type": "array", "items": STRING, "minItems": 1},
@@ -293,8 +332,7 @@ def _drain(ctx, call: Call, drained: bool) -> Answer:
         return Answer({"hosts": [{"host": h, "drained": True} for h in names],
                        "state": "dry-run"})
     if drained and len(names) > 1 and not call.body.get("yes"):
-        raise Refusal(409, f"drain would drain {len(names)} hosts: send \"yes\": true "
-                      "to confirm")
+        raise unconfirmed("drain", names, "hosts")
     return Answer({"hosts": moves.set_drained(ctx, names, drained, by=call.user)})
 
 
@@ -416,8 +454,9 @@ def delete_lease(ctx, call: Call) -> Answer:
     if call.flag("dry_run"):
         return Answer(plan)
     if plan["destroys"] and not call.flag("yes"):
-        raise Refusal(409, f"deleting lease {call.path['name']} destroys its "
-                      f"{len(plan['vms'])} VMs: add ?yes=true to confirm")
+        raise unconfirmed(f"lease delete {call.path['name']} (destroying its VMs)",
+                          [_label(vm) for vm in plan["vms"]], "VMs", "?yes=true",
+                          plan["vms"])
     return Answer(leases.delete(ctx, call.path["name"]))
 
 
@@ -431,7 +470,8 @@ def list_backups(ctx, call: Call) -> Answer:
                           backups.ORDER))
 
 
-BACKUP = _obj({"patterns": PATTERNS, "to": STRING, "full": BOOL, **CONFIRM}, ["patterns"])
+BACKUP = _obj({"patterns": PATTERNS, "to": STRING, "full": BOOL, "protect": BOOL, **CONFIRM},
+              ["patterns"])
 
 
 @route("POST", "/v1/backups", "back up VMs to another host", "backup PATTERN... --detach",
@@ -440,7 +480,8 @@ def backup(ctx, call: Call) -> Answer:
     from engine.operations import backups
     b = call.body
     return _started(ctx, backups.plan_backup(ctx, b["patterns"], b.get("to"),
-                                             full=b.get("full", False)), b)
+                                             full=b.get("full", False),
+                                             protect=b.get("protect", False)), b)
 
 
 @route("DELETE", "/v1/backups/{id}", "delete a backup", "backup delete ID --yes --detach",
@@ -449,6 +490,22 @@ def delete_backup(ctx, call: Call) -> Answer:
     from engine.operations import backups
     plan = backups.plan_delete(ctx, [call.path["id"]])
     return _started(ctx, plan, {"yes": True})
+
+
+@route("POST", "/v1/backups/{id}/protect", "keep a backup from every prune and delete",
+       "backup protect ID", write=True)
+def protect_backup(ctx, call: Call) -> Answer:
+    from engine.operations import backups
+    return Answer({"state": "protected",
+                   "backups": backups.set_protected(ctx, [call.path["id"]], True)})
+
+
+@route("POST", "/v1/backups/{id}/unprotect", "let prunes and delete remove a backup again",
+       "backup unprotect ID", write=True)
+def unprotect_backup(ctx, call: Call) -> Answer:
+    from engine.operations import backups
+    return Answer({"state": "unprotected",
+                   "backups": backups.set_protected(ctx, [call.path["id"]], False)})
 
 
 @route("GET", "/v1/backups/schedules", "list backup schedules", "backup schedule list")

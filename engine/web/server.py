@@ -56,7 +56,7 @@ class ApiServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def _ssl(self) -> ssl.SSLContext | None:
         if not self.tls:
@@ -79,6 +79,8 @@ class ApiServer:
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                keepalive_timeout=30, shutdown_timeout=2)
         await runner.setup()
+        from .protocol import answer_in_json
+        answer_in_json(runner.server)
         app[CONNECTIONS].append(runner.server)
         site = web.TCPSite(runner, self.host, self.port, ssl_context=self._ssl(), backlog=128)
         try:
@@ -158,9 +160,13 @@ def serve_cluster(settings: dict, address: str, *, host: str | None = None,
         tls = {"cert": settings["api_cert"], "key": settings["api_key"],
                "cacert": settings.get("cacert")}
     roles = role_credentials(roles_dir, settings.get("cacert"))
+    from engine.core.validate import parse_duration
     api = Api(settings["etcd"], settings["cluster"], credentials,
               settings.get("placement_config"), roles, settings.get("network", "default"),
-              tls=tls is not None)
+              tls=tls is not None,
+              session_idle=parse_duration(settings.get("session_idle") or "12h", "session_idle"),
+              session_lifetime=parse_duration(settings.get("session_max") or "7d",
+                                              "session_max"))
     server = ApiServer(api, address, tls, insecure)
     api.metrics = ClusterMetrics(api.context().store(), host, libvirt_uri)
     api.metrics.start()

@@ -9,6 +9,8 @@
 - :mod:`.hooks`: request hooks that count, record or fail executions;
 - :mod:`.handlers`: request handlers called in this process, on a host of the
   test's own (``host`` fixture, ``call``);
+- :mod:`.image_sources`: the image sources a test lists for its own image
+  directory or loopback server (``allow_images``);
 - :mod:`.history`: an in-memory executor for replay tests, no etcd;
   :mod:`.etcd_history`: etcd's own history of a prefix, event by event;
 - :mod:`.raw`: bytes put into etcd as they are, past peerctl's encoding;

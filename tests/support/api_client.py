@@ -3,17 +3,45 @@ reader of ``/v1/events`` that yields each server-sent event."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import requests
 
 from engine.core.etcd_server import free_port
 
 
-__all__ = ["ApiClient", "SseEvent", "free_port", "api_peer_args"]
+__all__ = ["ApiClient", "SseEvent", "OpenStream", "free_port", "api_peer_args", "answers",
+           "serving_api"]
 
 
 def api_peer_args(port: int) -> list[str]:
     return ["--api", f"127.0.0.1:{port}"]
+
+
+def answers(client: "ApiClient", status: int = 200) -> bool:
+    """Whether the API ``client`` calls answers ``GET /v1/hosts`` with ``status``
+    yet (401 for a client without a token)."""
+    try:
+        return client.get("/v1/hosts", timeout=5)[0] == status
+    except OSError:
+        return False
+
+
+def serving_api(cluster, store, host: str = "host1", role: str = "operator") -> "ApiClient":
+    """Start ``host``'s peer serving the API; once it is alive, has its
+    placement provider and answers, a client of it with a new ``role`` token."""
+    from engine.core import api as engine_api
+    from tests.support import wait_for
+    port = free_port()
+    cluster.start_peer(host, extra_args=api_peer_args(port))
+    wait_for(lambda: host in engine_api.live_hosts(store), what=f"{host} alive")
+    wait_for(lambda: host in {p["name"] for p in cluster.cli_json("placement", "providers")},
+             what=f"{host}'s provider")
+    client = ApiClient(f"http://127.0.0.1:{port}",
+                       cluster.cli_json("token", "create", "--role", role)["secret"])
+    wait_for(lambda: answers(client), what=f"{host}'s API")
+    return client
 
 
 class SseEvent:
@@ -84,3 +112,28 @@ class ApiClient:
             return
         finally:
             response.close()
+
+
+class OpenStream:
+    """``/v1/events`` of ``client`` read on a thread of its own: ``hello``
+    is set once the stream is open, ``ended`` once it ends, ``ended_at``
+    (``time.monotonic()``) says when."""
+
+    def __init__(self, client: ApiClient):
+        self.hello = threading.Event()
+        self.ended = threading.Event()
+        self.ended_at: float | None = None
+        self.error: Exception | None = None
+        threading.Thread(target=self._read, args=(client,), daemon=True).start()
+        assert self.hello.wait(10), f"no hello from {client.url}/v1/events: {self.error}"
+
+    def _read(self, client: ApiClient) -> None:
+        try:
+            for event in client.events(timeout=120):
+                if event.event == "hello":
+                    self.hello.set()
+        except requests.RequestException as exc:
+            self.error = exc
+        finally:
+            self.ended_at = time.monotonic()
+            self.ended.set()

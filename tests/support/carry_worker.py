@@ -58,7 +58,8 @@ def host_of(state_dir: str) -> HostContext:
 
 def build(state_dir: str, path: str) -> dict:
     host = host_of(state_dir)
-    image = os.path.join(state_dir, "image.raw")
+    image = os.path.join(state_dir, "images", "image.raw")   # the default image source
+    os.makedirs(os.path.dirname(image), exist_ok=True)
     with open(image, "wb") as f:
         f.write(b"\0" * 4096)
     uuids = {name: str(uuidlib.uuid4()) for name in ("web", "db", "old")}

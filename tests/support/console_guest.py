@@ -14,6 +14,7 @@ from engine.core.store import Store
 from engine.placement import open_placement
 from tests.support import qemu_guest, wait_for
 from tests.support.cluster import Cluster
+from tests.support.image_sources import allow_images
 
 __all__ = ["BOOT_TIMEOUT", "booted_guest"]
 
@@ -44,6 +45,7 @@ def booted_guest(guest_dir, etcd_url: str, base, tag: str):
             placement = open_placement("etcd", store)
             wait_for(lambda: host in {p["name"] for p in placement.providers()},
                      timeout=30, interval=0.2, what=f"{host} registered as a provider")
+            allow_images(store, image)      # an image source of its own, listed
         finally:
             store.close()
         booted = cluster.cli_json("boot", name, "--resources", "VCPU:1,MEMORY_MB:128,DISK_GB:1",

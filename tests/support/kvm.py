@@ -26,6 +26,7 @@ from engine.core import api, keys
 from engine.placement import open_placement
 from tests.support import qemu_guest, wait_for
 from tests.support.cluster import start_automation, stop_guard
+from tests.support.image_sources import allow_images
 
 __all__ = ["kvm", "Kvm", "BOOT_TIMEOUT", "HOSTS"]
 
@@ -51,6 +52,7 @@ class Kvm:
         self.work = qemu_guest.world_readable_tmpdir("peerctl-moves-")
         self.image = qemu_guest.build_disk_image(os.path.join(self.work, "guest.img"),
                                                  guest_dir, self.work)
+        allow_images(store, self.image)     # an image source of its own, listed
         self.uri = dict(zip(HOSTS, pair.uris))
         self.state = {h: os.path.join(self.work, f"state-{h}") for h in HOSTS}
         for host in HOSTS:

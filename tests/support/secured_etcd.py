@@ -1,13 +1,15 @@
-"""A TLS etcd of a test's own with etcd's RBAC on for one cluster, and a
-client certificate for ``root``, ``operator`` and ``viewer``: the command
-line run as each of them, and a store opened as each.  No peers."""
+"""A TLS etcd of a test's own (one member, or ``members`` of them) with
+etcd's RBAC on for one cluster, and a client certificate for ``root``,
+``operator``, ``viewer`` and a ``peer-<host>`` per host of ``peers``: the
+command line run as each of them, and a store opened as each.  No peers run
+until the test starts them."""
 from __future__ import annotations
 
 import uuid
 
 from engine.core import auth, certs
 from engine.core.credentials import Credentials
-from engine.core.etcd_server import EtcdServer
+from engine.core.etcd_server import EtcdCluster, EtcdServer
 from engine.core.store import Store
 from tests.support.cluster import Cluster
 
@@ -17,16 +19,18 @@ USERS = {"root": "root", "operator": "operator", "viewer": "viewer"}
 
 
 class SecuredEtcd:
-    def __init__(self, base):
+    def __init__(self, base, members: int = 1, peers=()):
         self.tls = str(base / "tls")
         certs.authority(self.tls)
-        self.server = EtcdServer(str(base / "etcd-data"),
-                                 tls=certs.issue_server(self.tls)).start()
+        issued = certs.issue_server(self.tls)
+        self.server = (EtcdServer(str(base / "etcd-data"), tls=issued) if members == 1
+                       else EtcdCluster(str(base / "etcd"), members, tls=issued)).start()
         self.name = "s" + uuid.uuid4().hex[:10]
-        for user, role in USERS.items():
+        users = {**USERS, **{f"peer-{host}": "peer" for host in peers}}
+        for user, role in users.items():
             certs.issue(self.tls, user, role)
         self.root = self.store("root")
-        auth.setup(self.root, USERS)
+        auth.setup(self.root, users)
         self.cluster = Cluster(self.server.url, self.name, base)
 
     def files(self, user: str) -> dict:

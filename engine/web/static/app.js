@@ -9,13 +9,18 @@
 //   page lists again.
 // - A `step` or `lease` change makes it read that automation or the leases
 //   again (the records in etcd are not the API's rows); reads are batched.
+// - Automations: the cluster's, whoever started them (the command line, the
+//   API, another browser): every running one and the newest ended ones.
 // - An operator gets the actions; each asks first in a dialog, then shows the
 //   automation it started with its per-VM progress.  A viewer sees none.
+//   A VM whose host is down offers no action that needs that host.
+// - An error shows in the banner until it is dismissed or a later action
+//   is accepted.
 // - Every write carries X-CSRF-Token, the peerctl_csrf cookie's value.
 // - Text from the cluster only ever goes in through textContent.
 
 const TERMINAL = new Set(["done", "failed", "aborted", "stuck"]);
-const KEPT_FINISHED = 5;            // the page's own automations shown once ended
+const KEPT_ENDED = 10;              // ended automations shown, the newest
 const RETRY_MS = 2000;
 const $ = (id) => document.getElementById(id);
 
@@ -23,7 +28,7 @@ const state = {
   session: null,                    // {user, role, how}
   hosts: new Map(),                 // name -> hostlist row, its figures from host records
   records: new Map(),               // "vms/HOST/UUID" -> {row, revision}
-  running: new Map(),               // automation id -> tasks row
+  tasks: new Map(),                 // automation id -> tasks row: running, or among the newest ended
   views: new Map(),                 // automation id -> GET /v1/automations/ID
   mine: new Map(),                  // automation id -> what this page asked for
   leases: [],
@@ -110,6 +115,10 @@ function notice(text, kind = "error") {
   $("notice").hidden = false;
 }
 
+function clearNotice() {
+  $("notice").hidden = true;
+}
+
 const isOperator = () => state.session && state.session.role === "operator";
 
 // -- rendering, batched: one pass per burst of changes ------------------------------
@@ -158,12 +167,14 @@ function vmRows() {
   }
   return [...byUuid.values()].map(({ row }) => {
     const host = state.hosts.get(row.host);
-    return host && !host.alive ? { ...row, state: "unknown" } : row;
+    return host && !host.alive ? { ...row, state: "unknown", hostDown: true } : row;
   }).sort((a, b) => natural(a.host, b.host) || natural(a.name, b.name));
 }
 
-function actionButton(label, onclick, title) {
-  return el("button", { type: "button", textContent: label, title: title || label, on: { click: onclick } });
+// An action; `refused` (a sentence) disables it and says why in its title.
+function actionButton(label, onclick, title, refused) {
+  return el("button", { type: "button", textContent: label, title: refused || title || label,
+                        disabled: Boolean(refused), on: { click: onclick } });
 }
 
 function renderHosts() {
@@ -198,11 +209,13 @@ function renderVms() {
     let actions = null;
     if (isOperator()) {
       const running = vm.state === "running";
+      const down = vm.hostDown ? `host ${vm.host} is down` : null;    // its state is unknown
       actions = el("td", { className: "actions operator-only" },
-        running ? actionButton("Stop", () => vmAction("stop", vm)) : actionButton("Start", () => vmAction("start", vm)),
+        running ? actionButton("Stop", () => vmAction("stop", vm))
+          : actionButton("Start", () => vmAction("start", vm), null, down),
         running ? actionButton("Reboot", () => vmAction("reboot", vm)) : null,
-        actionButton("Migrate", () => migrate(vm)),
-        actionButton("Backup", () => backup(vm)),
+        actionButton("Migrate", () => migrate(vm), null, down),
+        actionButton("Backup", () => backup(vm), null, down),
         running ? actionButton("Console", () => openConsole(vm), `The serial console of ${pattern}`) : null);
     }
     return el("tr", { dataset: { vm: vm.name, host: vm.host } },
@@ -266,10 +279,17 @@ function stepLines(view) {
   });
 }
 
+const ended = (task) => TERMINAL.has(task.state);
+const newestFirst = (a, b) => (seconds(b.created) || Infinity) - (seconds(a.created) || Infinity)
+  || natural(b.id, a.id);
+
 function renderAutomations() {
-  const ids = new Set([...state.running.keys(), ...state.mine.keys()]);
-  const cards = [...ids].sort().reverse().map((id) => {
-    const view = state.views.get(id) || state.running.get(id) || { id, state: "starting" };
+  const rows = [...state.tasks.values()];
+  for (const id of state.mine.keys()) if (!state.tasks.has(id)) rows.push({ id, state: "starting" });
+  const cards = rows.sort(newestFirst).map((row) => {
+    const id = row.id;
+    // the read view has the log and the error; the newest record, the state
+    const view = { ...row, ...state.views.get(id), ...state.tasks.get(id) };
     const asked = state.mine.get(id);
     const title = asked ? asked.title : view.kind;
     const steps = stepLines(view);
@@ -281,7 +301,7 @@ function renderAutomations() {
       view.error ? el("p", { className: "error" }, view.error) : null,
       steps.length ? el("ul", { className: "steps" }, ...steps) : null);
   });
-  $("automations-count").textContent = `${state.running.size} running`;
+  $("automations-count").textContent = `${rows.filter((task) => !ended(task)).length} running`;
   $("automations").replaceChildren(...(cards.length ? cards
     : [el("p", { className: "empty" }, "No automation runs.")]));
 }
@@ -306,12 +326,13 @@ const RENDER = { hosts: renderHosts, vms: renderVms, automations: renderAutomati
 
 async function listEverything() {
   const [hosts, vms, tasks, leases] = await Promise.all(
-    ["/v1/hosts", "/v1/vms", "/v1/tasks", "/v1/leases"].map((path) => api("GET", path)));
+    ["/v1/hosts", "/v1/vms", "/v1/tasks?all=true", "/v1/leases"].map((path) => api("GET", path)));
   state.hosts = new Map(hosts.doc.map((host) => [host.host, host]));
   state.records = new Map(vms.doc.map((vm) => [`vms/${vm.host}/${vm.uuid}`, { row: vm, revision: 0 }]));
-  state.running = new Map(tasks.doc.map((task) => [task.id, task]));
+  state.tasks = new Map(tasks.doc.map((task) => [task.id, task]));
   state.leases = leases.doc;
-  for (const id of state.running.keys()) readAutomation(id);
+  keepNewestEnded();
+  for (const id of state.tasks.keys()) readAutomation(id);
   changed("vms", "hosts", "automations", "leases");
 }
 
@@ -358,19 +379,20 @@ const APPLY = {
   automation(change) {
     const id = change.key.slice("tasks/".length);
     const task = change.value;
-    if (change.type === "put" && task && !TERMINAL.has(task.state)) {
-      state.running.set(id, { ...task, id });
+    if (change.type === "put" && task) {
+      const before = state.tasks.get(id);
+      state.tasks.set(id, { ...task, id });
+      keepNewestEnded();
+      if (state.tasks.has(id)) readAutomation(id);
+      if (ended(task) && state.mine.has(id) && !(before && ended(before))) finished(id, task);
     } else {
-      state.running.delete(id);
+      forget(id);
     }
-    if (state.mine.has(id) || state.running.has(id)) readAutomation(id);
-    else state.views.delete(id);
-    if (task && TERMINAL.has(task.state) && state.mine.has(id)) finished(id, task);
     changed("automations");
   },
   step(change) {
     const id = change.key.split("/")[1];
-    if (state.running.has(id) || state.mine.has(id)) readAutomation(id);
+    if (state.tasks.has(id) || state.mine.has(id)) readAutomation(id);
   },
   lease() {
     readLeases();
@@ -410,8 +432,7 @@ function readOnce(key, read) {
 function readAutomation(id) {
   readOnce(`automation ${id}`, async () => {
     const { doc } = await api("GET", `/v1/automations/${encodeURIComponent(id)}`);
-    state.views.set(id, doc);
-    if (!state.running.has(id) && !state.mine.has(id)) state.views.delete(id);
+    if (state.tasks.has(id) || state.mine.has(id)) state.views.set(id, doc);
     changed("automations");
   });
 }
@@ -441,15 +462,22 @@ function readBackups() {
   });
 }
 
+function forget(id) {
+  state.tasks.delete(id);
+  state.views.delete(id);
+  state.mine.delete(id);
+}
+
+// Every running automation stays; of the ended ones, the newest KEPT_ENDED.
+function keepNewestEnded() {
+  const done = [...state.tasks.values()].filter(ended).sort(newestFirst);
+  for (const task of done.slice(KEPT_ENDED)) forget(task.id);
+}
+
 function finished(id, task) {
   const asked = state.mine.get(id);
   if (asked.kind === "backup") readBackups();
   if (task.state !== "done") notice(`${asked.title}: ${task.state}${task.error ? `: ${task.error}` : ""}`);
-  const ended = [...state.mine.keys()].filter((other) => !state.running.has(other));
-  for (const old of ended.slice(0, Math.max(0, ended.length - KEPT_FINISHED))) {
-    state.mine.delete(old);
-    state.views.delete(old);
-  }
 }
 
 let source = null;
@@ -515,6 +543,7 @@ function ask(title, text, { okLabel = "OK", askTo = false } = {}) {
 async function write(title, kind, method, path, body) {
   try {
     const { status, doc } = await api(method, path, body);
+    clearNotice();                  // accepted: an earlier error is history
     if (status === 202 && doc.automation) {
       state.mine.set(doc.automation, { title, kind });
       readAutomation(doc.automation);
@@ -566,9 +595,8 @@ async function hostAction(action, host) {
   if (!answer) return;
   const body = action === "undrain" ? {} : { yes: true };
   if (answer.to) body.to = answer.to;
-  const doc = await write(`${action} ${host}`, action, "POST",
-                          `/v1/hosts/${encodeURIComponent(host)}/${action}`, body);
-  if (doc) readHosts();             // drains are not in the event stream
+  // the drain itself comes back through the event stream (kind `drain`)
+  await write(`${action} ${host}`, action, "POST", `/v1/hosts/${encodeURIComponent(host)}/${action}`, body);
 }
 
 async function boot(event) {
