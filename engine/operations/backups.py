@@ -22,7 +22,7 @@ import time
 from engine.errors import Failed, NoSuch, UsageError
 from engine.wording import given, option
 
-from .plans import Plan, failed_doc
+from .plans import Plan, failed_doc, refuse_down_hosts
 from .select import host_pattern, select_vms, vm_pattern
 from .specs import check_name
 from .tasks import iso
@@ -169,12 +169,7 @@ def plan_backup(ctx, patterns: list[str], to: str | None = None, full: bool = Fa
     from engine.cluster import read_hosts, read_vms
     store = ctx.store()
     vms = select_vms(lambda: read_vms(store), list(patterns))
-    down = [vm for vm in vms if vm["state"] == "unknown"]
-    if down:
-        raise Failed(f"VM {down[0]['name']!r} is on {down[0]['host']}, which is down: it can "
-                     "be backed up once its host is back"
-                     + (f" (and {len(down) - 1} more)" if len(down) > 1 else ""),
-                     result=failed_doc())
+    refuse_down_hosts(vms, "it can be backed up")
     hosts = read_hosts(store)
     targets = _targets_for(hosts, to)
     stuck = [vm for vm in vms if not targets - {vm["host"]}]

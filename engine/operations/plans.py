@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Plan", "failed_doc"]
+from engine.errors import Failed
+
+__all__ = ["Plan", "failed_doc", "refuse_down_hosts"]
 
 
 @dataclasses.dataclass
@@ -24,3 +26,17 @@ class Plan:
 def failed_doc(key: str = "vms", state: str = "failed") -> dict:
     """The document of an automation that never started (refused, cancelled)."""
     return {"automation": None, "state": state, key: []}
+
+
+def refuse_down_hosts(vms: list[dict], then: str, lead: str = "VM {name!r}",
+                      after: str = "") -> None:
+    """Refuse, in one line and before anything starts, VMs whose host is
+    down (listed ``unknown``): ``LEAD is on HOST, which is down: THEN once
+    its host is back AFTER (and N more)``, naming the first one."""
+    down = [vm for vm in vms if vm.get("state") == "unknown"]
+    if down:
+        vm = down[0]
+        raise Failed(lead.format(name=vm["name"])
+                     + f" is on {vm['host']}, which is down: {then} once its host is back"
+                     + after + (f" (and {len(down) - 1} more)" if len(down) > 1 else ""),
+                     result=failed_doc())

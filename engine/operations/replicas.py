@@ -12,7 +12,7 @@ import time
 
 from engine.errors import Failed, UsageError
 
-from .plans import failed_doc
+from .plans import failed_doc, refuse_down_hosts
 from .select import host_pattern, select_vms, vm_pattern
 from .tasks import iso
 
@@ -63,10 +63,7 @@ def replicate(ctx, patterns: list[str], every: float, to: str | None = None,
     every = check_every(every)
     to = host_pattern(to) if to is not None else None
     vms = _chosen(ctx, patterns)
-    down = [vm for vm in vms if vm["state"] == "unknown"]
-    if down:
-        raise Failed(f"VM {down[0]['name']!r} is on {down[0]['host']}, which is down: it can "
-                     "be replicated once its host is back", result=failed_doc())
+    refuse_down_hosts(vms, "it can be replicated")
     store = ctx.store()
     hosts = read_hosts(store)
     for vm in vms:

@@ -7,7 +7,7 @@ import time
 from engine.errors import Failed, UsageError
 from engine.wording import given, option, speaks_json
 
-from .plans import Plan, failed_doc
+from .plans import Plan, failed_doc, refuse_down_hosts
 from .select import NoMatch, host_pattern, select_vms
 from .specs import check_names, hostname_of, parse_resources
 
@@ -91,18 +91,16 @@ def plan_action(ctx, kind: str, patterns: list[str]) -> Plan:
 def _refuse_unreachable(kind: str, vms: list[dict]) -> None:
     """``kind`` (not destroy) cannot act on a VM whose host is down or that
     its host lost: one line for the first such VM, how many more."""
-    for state, why in (("unknown", "is on {host}, which is down: it can be {done} once its "
-                                   "host is back (or destroy it)"),
-                       ("missing", "is missing: {host} no longer has its domain; destroy it, "
-                                   "or restore it from a backup ('backup list {name}', then "
-                                   "'restore ID --as NAME')")):
-        stuck = [vm for vm in vms if vm.get("state") == state]
-        if stuck:
-            vm = stuck[0]
-            raise Failed(f"cannot {kind} VM {vm['name']!r}: it "
-                         + why.format(host=vm["host"], name=vm["name"], done=_DONE[kind])
-                         + (f" (and {len(stuck) - 1} more)" if len(stuck) > 1 else ""),
-                         result=failed_doc())
+    refuse_down_hosts(vms, f"it can be {_DONE[kind]}", lead=f"cannot {kind} VM {{name!r}}: it",
+                      after=" (or destroy it)")
+    lost = [vm for vm in vms if vm.get("state") == "missing"]
+    if lost:
+        vm = lost[0]
+        raise Failed(f"cannot {kind} VM {vm['name']!r}: it is missing: {vm['host']} no longer "
+                     f"has its domain; destroy it, or restore it from a backup ('backup list "
+                     f"{vm['name']}', then 'restore ID --as NAME')"
+                     + (f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""),
+                     result=failed_doc())
 
 
 _DONE = {"start": "started", "stop": "stopped", "reboot": "rebooted", "suspend": "suspended",
@@ -132,12 +130,7 @@ def plan_ha(ctx, patterns: list[str], policy: str) -> Plan:
     if policy not in ("restart", "none"):
         raise UsageError(f"bad HA policy {policy!r} (want restart or none)")
     vms = select_vms(lambda: _read_vms(ctx), list(patterns))
-    down = [vm for vm in vms if vm["state"] == "unknown"]
-    if down:
-        raise Failed(f"VM {down[0]['name']!r} is on {down[0]['host']}, which is down: its HA "
-                     "policy can change once its host is back"
-                     + (f" (and {len(down) - 1} more)" if len(down) > 1 else ""),
-                     result=failed_doc())
+    refuse_down_hosts(vms, "its HA policy can change")
     targets = _targets(vms)
     return Plan("ha", {"vms": targets, "policy": policy},
                 [dict(t, ha=vm.get("ha")) for t, vm in zip(targets, vms)])
