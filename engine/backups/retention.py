@@ -48,6 +48,16 @@ def _period(option: str, when: float):
     return when             # last: every backup its own
 
 
+def _ancestors(backup: dict, by_id: dict[str, dict]) -> set[str]:
+    """The ids ``backup`` builds on: its parent, the parent's parent..."""
+    found, at = set(), backup
+    while at.get("kind") == "incremental" and at.get("parent") in by_id \
+            and at["parent"] not in found:
+        found.add(at["parent"])
+        at = by_id[at["parent"]]
+    return found
+
+
 def plan(backups: list[dict], keep: dict) -> tuple[list[dict], list[dict]]:
     """``(kept, dropped)`` of one VM's ``backups`` (records with ``id``,
     ``time``, ``kind``, ``parent``); ``dropped`` in deletion order."""
@@ -75,24 +85,12 @@ def plan(backups: list[dict], keep: dict) -> tuple[list[dict], list[dict]]:
             else:
                 marked[backup["id"]] = False
     by_id = {b["id"]: b for b in backups}
-    needed = set()
+    needed: set[str] = set()
     for backup_id in [i for i, kept in marked.items() if kept]:
-        at = by_id[backup_id]
-        while at.get("kind") == "incremental" and at.get("parent") in by_id:
-            at = by_id[at["parent"]]
-            needed.add(at["id"])
+        needed |= _ancestors(by_id[backup_id], by_id)
     kept = [b for b in newest_first if marked.get(b["id"]) or b["id"] in needed]
     dropped = [b for b in newest_first if b not in kept]     # newest first: children first
     return kept, dropped
-
-
-def _ancestors(backup: dict, by_id: dict[str, dict]) -> set[str]:
-    found, at = set(), backup
-    while at.get("kind") == "incremental" and at.get("parent") in by_id \
-            and at["parent"] not in found:
-        found.add(at["parent"])
-        at = by_id[at["parent"]]
-    return found
 
 
 def schedule_drops(backups: list[dict], schedule: str, keep: dict,

@@ -26,6 +26,7 @@ import structlog
 from aiohttp import web
 
 from engine import wording
+from engine.core import sessions, tokens
 from engine.errors import NoSuch, PeerctlError, PermissionDenied, Unavailable, UsageError
 
 from . import events, identity
@@ -69,7 +70,6 @@ class Api:
         self.default_network = default_network
         self.metrics = metrics
         self.tls = tls
-        from engine.core import sessions
         self.session_idle = session_idle or sessions.IDLE
         self.session_lifetime = session_lifetime or sessions.LIFETIME
         self._contexts: dict = {}
@@ -178,7 +178,6 @@ async def who_asks(request) -> identity.Who:
                       "SECRET) or a client certificate")
     api: Api = request.app[API]
     if ambient:
-        from engine.core import sessions
         token = await api.run(sessions.verify, api.context().store(), secret)
         if token is None:
             raise Refusal(401, "unknown, ended or expired session: log in again")
@@ -191,7 +190,6 @@ async def who_asks(request) -> identity.Who:
 
 async def _token(api: Api, secret: str) -> dict:
     """The live token whose secret this is, or 401."""
-    from engine.core import tokens
     token = await api.run(tokens.verify, api.context().store(), secret) if secret else None
     if token is None:
         raise Refusal(401, "unknown, deleted or expired token")
@@ -300,7 +298,6 @@ async def session(request):
     its own, whose secret the cookie holds); ``DELETE``: log out (the
     session deleted, so its cookie is refused by every server and its
     streams end)."""
-    from engine.core import sessions
     api: Api = request.app[API]
     if request.method == "DELETE":
         cookie = request.cookies.get(identity.SESSION_COOKIE)
