@@ -3,6 +3,7 @@ the check a boot's image gets when the boot is planned
 (:mod:`engine.image_sources`, docs/vms.md)."""
 from __future__ import annotations
 
+from engine import image_sources as sources_of
 from engine.errors import UsageError
 
 __all__ = ["check_image", "image_sources", "set_image_sources"]
@@ -23,7 +24,6 @@ def check_image(ctx, image: str | None) -> None:
     not on a loopback or link-local address nor on the cluster's etcd."""
     if image is None:
         return
-    from engine import image_sources as sources_of
     store = ctx.store()
     why = sources_of.refusal(image, sources_of.read_sources(store), _state_dirs(store),
                              sources_of.addresses_of_urls(ctx.etcd))
@@ -34,7 +34,6 @@ def check_image(ctx, image: str | None) -> None:
 def image_sources(ctx) -> dict:
     """``{sources: [{source, allows}], default}``: the cluster's image
     sources (the default where none were set), each with what it allows."""
-    from engine import image_sources as sources_of
     sources = sources_of.read_sources(ctx.store())
     return {"sources": [{"source": s, "allows": sources_of.describe(s)} for s in sources],
             "default": list(sources_of.DEFAULT)}
@@ -45,7 +44,6 @@ def set_image_sources(ctx, *, set_to: list[str] | None = None, add=(), remove=()
     """Replace the sources with ``set_to`` (``[]``: none at all), or add and
     remove some; each source is checked before anything is written.  The
     sources now, as :func:`image_sources`."""
-    from engine import image_sources as sources_of
     if set_to is not None and (add or remove):
         raise UsageError("--set replaces the list: give it without --add or --remove")
     sources_of.parse_sources(set_to if set_to is not None else [*add, *remove])
