@@ -95,6 +95,7 @@ def quorum_lost(store) -> bool:
     return not answers(store)
 
 
+@pytest.mark.slow       # a long scenario: six rounds of members killed and restarted
 def test_peers_outlive_etcd_members_restarting_one_and_two_at_a_time(tmp_path):
     """A three-member TLS etcd with roles on, three peers each with its own
     certificate, an HA VM on host1.  Each member is SIGKILLed and started
