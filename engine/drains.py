@@ -12,7 +12,9 @@ Promises:
 - a peer starting up brings its provider in line with the key
   (:func:`align`), so a drain that was interrupted between the two writes,
   or made while the peer was away, holds once the peer is back;
-- undraining moves no VM back.
+- undraining moves no VM back, and once :func:`set_drained` returns, any
+  boot sees the hosts open (claims place on views up to
+  ``CLAIM_VIEW_AGE`` old: it waits that out once, whatever the hosts).
 """
 from __future__ import annotations
 
@@ -46,8 +48,10 @@ def set_drained(store, hosts: list[str], drained: bool = True, *, by: str | None
                                                          "by": by})])
             else:
                 store.txn([], [Delete(keys.drained(host))])
-            _tell_placement(placement, host, drained)
+            _tell_placement(placement, host, drained, settle=False)
             done.append({"host": host, "drained": drained})
+        # undrained: returns once any claim placed from now on sees them open
+        getattr(placement, "settle", lambda: None)()
         return done
     finally:
         if own:
@@ -62,8 +66,11 @@ def align(store, placement, host: str) -> bool:
     return drained
 
 
-def _tell_placement(placement, host: str, drained: bool) -> None:
+def _tell_placement(placement, host: str, drained: bool, settle: bool = True) -> None:
     try:
-        placement.drain(host, drained)
+        if settle or not hasattr(placement, "settle"):
+            placement.drain(host, drained)
+        else:
+            placement.drain(host, drained, settle=False)
     except NotFound:
         pass        # no provider yet: the peer aligns it when it registers

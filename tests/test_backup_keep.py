@@ -114,8 +114,10 @@ def test_a_backup_a_running_restore_reads_is_neither_deleted_nor_pruned(cluster,
     wait_for(lambda: {"host1", "host2", "host3"} <= {p["name"] for p in cluster.cli_json(
         "placement", "providers")}, what="providers")
     boot_vms(cluster, "db1")
-    sched = cluster.cli_json("backup", "schedule", "db1", "--to", "host2", "--every", "1s",
-                             "--keep-last", "1")
+    # keeping them all until the restore holds its backup: a run pruning
+    # it first would leave the restore nothing to read
+    cluster.cli_json("backup", "schedule", "db1", "--to", "host2", "--every", "1s",
+                     "--keep-last", "1000")
     first = wait_until(lambda: schedule_row(cluster, "db1"), lambda row: row["runs"] >= 1,
                        timeout=60, interval=0.3, what="a first run")
     (source,) = first["last_run"]["backups"]
@@ -128,6 +130,8 @@ def test_a_backup_a_running_restore_reads_is_neither_deleted_nor_pruned(cluster,
 
     refused(cluster, ["backup", "delete", source], 1,
             f"backup {source} is being read by restore {automation}")
+    sched = cluster.cli_json("backup", "schedule", "db1", "--to", "host2", "--every", "1s",
+                             "--keep-last", "1")
     later = wait_until(lambda: schedule_row(cluster, "db1"),
                        lambda row: row["runs"] >= first["runs"] + 3 and row["last_run"]["deleted"],
                        timeout=90, interval=0.3, what="runs that prune")

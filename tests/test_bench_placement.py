@@ -46,3 +46,20 @@ def test_the_smoke_run_prints_every_figure_with_its_verdict_and_leaves_nothing_b
     (["--smokes"], "bench/placement.py: unrecognized arguments: --smokes")])
 def test_bad_options_give_one_line_and_start_nothing(args, line):
     run_refused(BENCH, args, line, WORK)
+
+
+def test_the_postgresql_the_full_run_compares_with_starts_in_a_root_only_directory(tmp_path):
+    """The full run's PostgreSQL (tests/support/postgres_server.py), in a
+    work directory only root may enter, as the benchmark's and pytest's
+    temporary directories are: initdb runs as ``postgres`` and must reach
+    its data directory all the same."""
+    from tests.support.postgres_server import PostgresServer, postgres_bin
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install -y postgresql)")
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    server = PostgresServer(str(work / "postgres")).start()
+    try:
+        assert server.create_database("placement").endswith(f":{server.port}/placement")
+    finally:
+        server.stop()

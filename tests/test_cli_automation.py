@@ -18,7 +18,7 @@ from engine.core import keys
 from engine.core.store import Put
 from tests.support import PEERCTL, ROOT, wait_for
 from tests.support.cluster import alive, start_three_peers
-from tests.support.hooks import counting_hook
+from tests.support.hooks import gated_hook
 from tests.support.terminal import Terminal
 
 TASK_KEYS = {"id", "kind", "state", "initiator", "members", "result", "error", "log"}
@@ -148,14 +148,17 @@ def test_boot_name_in_use_exits_1(cluster, peers):
 
 
 @pytest.fixture
-def slow_peers(cluster, tmp_path):
-    """Three peers whose builds each take two seconds longer (a build.pre hook)."""
+def held_builds(cluster, tmp_path):
+    """Three peers whose builds wait (a build.pre hook) until the test opens
+    the gate this returns: the boot runs for as long as the test needs."""
     hooks = str(tmp_path / "hooks")
-    counting_hook(hooks, request="build", sleep=2.0)
-    return start_three_peers(cluster, hooks)
+    gate = gated_hook(hooks, request="build")
+    start_three_peers(cluster, hooks)
+    yield gate
+    gate.open()
 
 
-def test_progress_of_a_ten_vm_boot_and_ctrl_c_detaches(cluster, slow_peers):
+def test_progress_of_a_ten_vm_boot_and_ctrl_c_detaches(cluster, held_builds):
     names = [f"vm{i:02d}" for i in range(10)]
     terminal = Terminal([sys.executable, PEERCTL, "boot", *names, "--resources", SPEC],
                         cluster.env)
@@ -187,6 +190,7 @@ def test_progress_of_a_ten_vm_boot_and_ctrl_c_detaches(cluster, slow_peers):
     assert f"wait {automation}" in text, text
 
     # the automation went on without us: wait picks it up again
+    held_builds.open()
     task = json.loads(subprocess.run(
         [sys.executable, PEERCTL, "--format", "json", "wait", automation],
         capture_output=True, text=True, env=cluster.env, cwd=ROOT, timeout=120).stdout)
@@ -234,11 +238,13 @@ def test_detached_boot_then_suspend_resume_reboot_and_detached_destroy(cluster, 
 
 
 @pytest.fixture
-def slow_ping_peers(cluster, tmp_path):
-    """Three peers whose pings each take a second (a ping.pre hook)."""
+def held_pings(cluster, tmp_path):
+    """Three peers whose pings wait (a ping.pre hook) until the test opens the
+    gate; returns the peers and the gate."""
     hooks = str(tmp_path / "hooks")
-    counting_hook(hooks, request="ping", sleep=1.0)
-    return start_three_peers(cluster, hooks)
+    gate = gated_hook(hooks, request="ping")
+    yield start_three_peers(cluster, hooks), gate
+    gate.open()
 
 
 def leader_in_logs(cluster, automation, hosts):
@@ -251,7 +257,8 @@ def leader_in_logs(cluster, automation, hosts):
     return leaders[-1] if leaders else None
 
 
-def test_json_detach_then_abort_a_running_automation_and_wait_exits_1(cluster, slow_ping_peers):
+def test_json_detach_then_abort_a_running_automation_and_wait_exits_1(cluster, held_pings):
+    hosts, gate = held_pings
     rounds = 20
     # a script following with --format json is interrupted (SIGINT, no
     # terminal): it detaches and still prints {"automation": ID} on stdout
@@ -274,12 +281,13 @@ def test_json_detach_then_abort_a_running_automation_and_wait_exits_1(cluster, s
     assert err.splitlines()[-1] == f"Re-attach with: python peerctl.py wait {automation}"
     assert "Traceback" not in err
     # `initiator` names the peer leading the automation, as its own log says
-    leader = wait_for(lambda: leader_in_logs(cluster, automation, slow_ping_peers),
+    leader = wait_for(lambda: leader_in_logs(cluster, automation, hosts),
                       what="the leader's log line")
     assert running["initiator"] == leader and leader in running["members"]
     assert automation in [t["id"] for t in cluster.cli_json("tasks")]
 
     assert cluster.cli_json("abort", automation) == {"id": automation, "state": "aborted"}
+    gate.open()             # the first round's pings end; no further round starts
     waited = cluster.cli_json("wait", automation, expect_rc=1)
     assert waited["id"] == automation and waited["state"] == "aborted"
     assert waited["error"] and "abort" in waited["error"]
@@ -320,11 +328,11 @@ def test_wait_exits_1_on_a_stuck_automation(cluster, peers, store):
     assert done.returncode == 1 and "stuck" in done.stderr.splitlines()[-1]
 
 
-@pytest.mark.slow     # waits out abort's whole wait for a leader that never answers
 def test_abort_exits_1_while_the_automation_still_runs(cluster, store):
     """`abort` asks the leader and waits; a leader that does not act on it in
-    that time (here a ghost candidate that never answers) leaves the
-    automation running: exit 1 saying so, the JSON still {id, state}."""
+    that time (here a ghost candidate that never answers; the wait shortened
+    from its 15 s by $PEERCTL_ABORT_WAIT) leaves the automation running: exit
+    1 saying so, the JSON still {id, state}."""
     automation, now = "ghost-" + uuid.uuid4().hex[:8], time.time()
     spec = {"id": automation, "kind": "ping", "version": 1, "created": now,
             "args": {"hosts": ["ghost"], "rounds": 1}, "members": ["ghost"],
@@ -335,7 +343,7 @@ def test_abort_exits_1_while_the_automation_still_runs(cluster, store):
                                                "state": "running", "created": now,
                                                "members": ["ghost"], "steps": 0}),
                    Put(keys.elect(automation) + "1", "ghost")])
-    done = cluster.cli("--format", "json", "abort", automation)
+    done = cluster.cli("--format", "json", "abort", automation, env={"PEERCTL_ABORT_WAIT": "1"})
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert json.loads(done.stdout) == {"id": automation, "state": "running"}
     [line] = done.stderr.splitlines()

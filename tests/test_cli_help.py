@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import shlex
+import sys
 
 import pytest
 
@@ -19,9 +20,20 @@ READ_ONLY = {"vmlist", "hostlist", "hoststats", "tasks", "task", "placement", "a
              "backup schedule list", "token list", "code list", "version", "group list"}
 
 
+def peerctl_parser():
+    """The parser as ``python peerctl.py`` builds it: its examples name how
+    peerctl was called (sys.argv[0]), which under pytest-xdist is ``-c``."""
+    called = sys.argv[0]
+    sys.argv[0] = "peerctl.py"
+    try:
+        return build_parser()
+    finally:
+        sys.argv[0] = called
+
+
 def parsers(parser=None, path=()):
     """(command path, parser) for every command and verb."""
-    parser = parser or build_parser()
+    parser = parser or peerctl_parser()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():

@@ -8,12 +8,28 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import PEERCTL, ROOT, wait_for
+from tests.support.cluster import start_three_peers
+from tests.support.hooks import gated_hook
 from tests.support.terminal import Terminal
 
 
-def test_ctrl_c_detaches_without_stopping_the_automation(cluster, peers):
-    terminal = Terminal([sys.executable, PEERCTL, "ping", "--rounds", "60"], cluster.env)
+@pytest.fixture
+def held_pings(cluster, tmp_path):
+    """Three peers whose pings wait (a ping.pre hook) until the test opens the
+    gate this returns: the automation runs for as long as the test needs."""
+    hooks = str(tmp_path / "hooks")
+    gate = gated_hook(hooks, request="ping")
+    start_three_peers(cluster, hooks)
+    yield gate
+    gate.open()
+
+
+def test_ctrl_c_detaches_without_stopping_the_automation(cluster, held_pings):
+    rounds = 3
+    terminal = Terminal([sys.executable, PEERCTL, "ping", "--rounds", str(rounds)], cluster.env)
     terminal.wait_for_text(r"\[[#-]+\] \d+/\d+ steps")
     automation = re.search(r"steps\s+\d+ targets?\s+\w+\s+[\d.]+s\s+(\S+)",
                            terminal.text()).group(1)
@@ -23,11 +39,12 @@ def test_ctrl_c_detaches_without_stopping_the_automation(cluster, peers):
     assert code == 130, text
     assert "Traceback" not in text
     assert f"Re-attach with: python peerctl.py wait {automation}" in text
+    held_pings.open()       # the automation went on without us: wait picks it up again
     task = json.loads(subprocess.run(
         [sys.executable, PEERCTL, "--format", "json", "wait", automation],
         capture_output=True, text=True, env=cluster.env, cwd=ROOT, timeout=120).stdout)
     assert task["state"] == "done"
-    assert len(task["result"]["replies"]) == 3 * 60
+    assert len(task["result"]["replies"]) == 3 * rounds
 
 
 def test_wait_on_a_terminal_shows_the_view_to_the_end(cluster, peers):

@@ -53,7 +53,6 @@ class Pinger(threading.Thread):
             self.outcomes.append((ping.returncode, ping.stderr.strip()[-300:]))
 
 
-@pytest.mark.slow       # a long scenario: twenty boots across a leader election
 def test_leader_member_killed_during_a_boot_of_twenty(members, tmp_path, cluster_name):
     cluster = Cluster(members.urls, cluster_name, tmp_path)
     store = Store(members.urls, cluster_name)

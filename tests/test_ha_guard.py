@@ -153,7 +153,6 @@ def test_sigkill_of_the_peer_the_guard_fences_and_the_vms_run_elsewhere(
     scenario(cluster, store, daemon_hosts, tmp_path, "k", kill, restart)
 
 
-@pytest.mark.slow       # a long scenario: a hang held past the lease
 def test_a_hung_peer_is_fenced_by_its_guard(cluster, store, daemon_hosts, tmp_path):  # noqa: F811
     def freeze(hosts):
         cluster.kill("g1", signal.SIGSTOP)

@@ -12,8 +12,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import time
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
@@ -47,15 +50,41 @@ def listed(kvm, name) -> dict:
     return vm
 
 
-def console_says(kvm, name, typed: str, expect: str, timeout: float = 60.0) -> str:
+def console_says(kvm, name, typed: str, *expect: str, timeout: float = 60.0) -> str:
     """Type ``typed`` into the guest's console through ``console --no-tty``
-    and read until ``expect`` shows (or the deadline)."""
-    done = subprocess.run(
+    and read until every one of ``expect`` shows (or the deadline); then
+    leave the console (SIGINT: a session on pipes outlives its stdin)."""
+    console = subprocess.Popen(
         [sys.executable, PEERCTL, "console", name, "--no-tty", "--timeout", str(int(timeout))],
-        input=typed, capture_output=True, text=True, env=kvm.cluster.env, cwd=ROOT,
-        timeout=timeout + 30)
-    assert expect in done.stdout, (done.returncode, done.stdout[-2000:], done.stderr)
-    return done.stdout
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=kvm.cluster.env, cwd=ROOT)
+    seen = bytearray()
+    try:
+        console.stdin.write(typed.encode())
+        console.stdin.close()
+        deadline = time.monotonic() + timeout
+        fd = console.stdout.fileno()
+        while not all(e.encode() in seen for e in expect):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            seen += chunk
+        out = seen.decode(errors="replace")
+        if console.poll() is None:
+            console.send_signal(signal.SIGINT)
+        console.wait(30)
+        assert all(e in out for e in expect), \
+            (expect, console.returncode, out[-2000:], console.stderr.read().decode()[-2000:])
+        return out
+    finally:
+        if console.poll() is None:
+            console.kill()
+            console.wait()
+        console.stdout.close()
+        console.stderr.close()
 
 
 def test_a_guest_gets_an_address_reads_its_seed_and_keeps_both_across_a_migration(
@@ -77,9 +106,8 @@ def test_a_guest_gets_an_address_reads_its_seed_and_keeps_both_across_a_migratio
     assert f"PEERCTL-GUEST-IP {vm['ip']}" in boot_log
 
     # The seed, read back through the console: the guest prints it again.
-    out = console_says(kvm, "reach", "peerctl-seed\n", f"sha256-hex={seed.fingerprint_hex(key)}")
-    assert f"instance-id={vm['uuid']}" in out and "hostname=reach-me" in out
-    assert MARKER in out
+    console_says(kvm, "reach", "peerctl-seed\n", f"sha256-hex={seed.fingerprint_hex(key)}",
+                 f"instance-id={vm['uuid']}", "hostname=reach-me", MARKER)
 
     # Live to host2: the same MAC, the same address, the seed came along.
     moved = kvm.cluster.cli_json("migrate", "reach", "--to", "host2", "--yes", timeout=300)
@@ -91,8 +119,7 @@ def test_a_guest_gets_an_address_reads_its_seed_and_keeps_both_across_a_migratio
     assert list(kvm.volumes(vm["uuid"])) == ["host2"]
     assert sorted(kvm.volumes(vm["uuid"])["host2"]) == [f"{vm['uuid']}-seed.iso",
                                                           f"{vm['uuid']}.qcow2"]
-    out = console_says(kvm, "reach", "peerctl-seed\n", f"instance-id={vm['uuid']}")
-    assert MARKER in out
+    console_says(kvm, "reach", "peerctl-seed\n", f"instance-id={vm['uuid']}", MARKER)
 
     kvm.cluster.cli_json("destroy", "reach")
     assert kvm.volumes(vm["uuid"]) == {}

@@ -404,3 +404,19 @@ def test_a_claim_placed_on_a_recent_view_is_made_where_there_is_still_room(small
                                                  lambda host: True, owner_of(P))])
     assert done["host"] == "a" and reader.races_lost == 1 and reads == []
     assert writer.provider(a["uuid"])["usages"] == {"VCPU": 4}
+
+
+def test_a_claim_made_after_an_undrain_returns_sees_the_host_open(small, monkeypatch):
+    """Claims place on a view up to CLAIM_VIEW_AGE old, and nothing they
+    compare changes with an undrain: the undrain itself waits that long, so
+    a boot that starts after it returns never misses the host."""
+    monkeypatch.setattr(placement_etcd, "CLAIM_VIEW_AGE", 1.0)
+    reader, writer, _ = small
+    a, b = (make_provider(writer, name, COMPUTE) for name in ("a", "b"))
+    writer.claim(new_uuid(), {a["uuid"]: {"VCPU": 2}}, **P)    # a is the busier
+    writer.drain(b["uuid"])
+    assert hosts(reader) == ["a"]                   # the reader's view: b drained
+    writer.drain(b["uuid"], False)
+    [done] = reader.claim_new_together([NewClaim(new_uuid(), "VCPU:1", None,
+                                                 lambda host: True, owner_of(P))])
+    assert done["host"] == "b"

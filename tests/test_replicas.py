@@ -161,7 +161,6 @@ def test_when_the_replicas_host_dies_a_new_replica_elsewhere_serves_the_next_res
     assert vm["host"] == "h3" and vm["recovered"]["data_as_of"] == new["time"], vm
 
 
-@pytest.mark.slow       # a long scenario: two full replications and a drain
 def test_a_drained_replica_host_hands_the_replica_to_another_host(cluster, store, tmp_path):
     start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])
     uuid = boot(cluster, ["db1"], "h1")["db1"]

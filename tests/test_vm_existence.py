@@ -200,7 +200,6 @@ def test_a_host_killed_right_after_a_build_replied_takes_no_vm_with_it(
     assert set(vmlist(cluster)) == {"web1", "db1"}
 
 
-@pytest.mark.slow       # a long scenario: two host deaths, each a TTL
 def test_a_vm_recovered_onto_a_host_that_then_dies_is_recovered_again(
         cluster, store, tmp_path):
     """web1's host h1 dies; the recovery rebuilds it on h2, whose peer dies

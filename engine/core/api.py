@@ -158,11 +158,17 @@ def list_tasks(store: Store, include_finished: bool = False) -> list[dict]:
                                        else 0, r["id"]))
 
 
-def abort(store: Store, automation_id: str, wait: float = 15.0,
+ABORT_WAIT = 15.0    # seconds abort waits for the leader; $PEERCTL_ABORT_WAIT (tests) says otherwise
+
+
+def abort(store: Store, automation_id: str, wait: float | None = None,
           cleanup_wait: float = 600.0) -> dict:
     """Ask the initiator to abort; if no member is alive to hear it, abort
     directly.  An automation that cleans up on abort (its leader logged
-    ``aborting``) is waited for up to ``cleanup_wait`` seconds in all."""
+    ``aborting``) is waited for up to ``cleanup_wait`` seconds in all.
+    ``wait``: how long the leader has to act (default :data:`ABORT_WAIT`)."""
+    if wait is None:
+        wait = float(os.environ.get("PEERCTL_ABORT_WAIT") or ABORT_WAIT)
     record = _record(store, automation_id)
     if record.state in TERMINAL_STATES:
         return {"id": automation_id, "state": record.state}

@@ -23,10 +23,47 @@ import urllib.request
 __all__ = ["EtcdServer", "EtcdCluster", "initial_cluster", "free_port", "etcd_binary"]
 
 
+# "LOW-HIGH": free_port hands out the ports of that range in turn (the test
+# suite gives each of its parallel workers a range of its own, below the
+# kernel's ephemeral ports): a port a test frees and binds again is not
+# taken meanwhile by another worker or by an outgoing connection.
+PORTS_ENV = "PEERCTL_PORTS"
+
+
 def free_port() -> int:
+    ports = os.environ.get(PORTS_ENV)
+    if ports:
+        return _next_free_port(*(int(p) for p in ports.split("-")))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _next_free_port(low: int, high: int) -> int:
+    """The next port of ``low``-``high`` that binds, in turn over every
+    process given that range (a counter file under an exclusive lock)."""
+    import fcntl
+    import tempfile
+    path = os.path.join(tempfile.gettempdir(), f"peerctl-ports-{low}-{high}")
+    with open(path, "a+") as counter:
+        fcntl.flock(counter, fcntl.LOCK_EX)
+        counter.seek(0)
+        text = counter.read().strip()
+        port = int(text) if text.isdigit() and low <= int(text) <= high else low
+        for _ in range(high - low + 1):
+            chosen, port = port, (low if port >= high else port + 1)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", chosen))
+                except OSError:
+                    continue
+            break
+        else:
+            raise OSError(f"no free port in {low}-{high}")
+        counter.seek(0)
+        counter.truncate()
+        counter.write(str(port))
+    return chosen
 
 
 def initial_cluster(peer_ports: dict[str, int], tls=None) -> str:

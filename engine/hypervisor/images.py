@@ -33,7 +33,6 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 import libvirt
-import requests as http
 import structlog
 
 from engine import image_sources
@@ -228,6 +227,7 @@ _MAX_REDIRECTS = 5
 def _get(url: str, allowed):
     """The response to GET ``url``, redirects followed by hand so that
     ``allowed`` (raising ``ValueError``) checks each URL before it is asked."""
+    import requests as http     # here, not at the top: every peer imports this module
     for _hop in range(_MAX_REDIRECTS + 1):
         try:
             allowed(url)
@@ -246,6 +246,7 @@ def _download(url: str, directory: str, allowed=lambda url: None) -> tuple[str, 
     shorter or longer than the response's Content-Length is refused (a
     server that closed early must not leave a torn image behind); a
     redirect is followed only where ``allowed`` lets it."""
+    import requests as http     # here, not at the top: every peer imports this module
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".download.")
     digest = hashlib.sha256()

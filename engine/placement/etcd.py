@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import time
 import uuid as uuidlib
 from copy import deepcopy
 
@@ -267,14 +268,26 @@ class EtcdPlacement(Placement):
             doc["aggregates"] = aggregates
         return self._update(ref, generation, change)
 
-    def drain(self, ref: str, drained: bool = True) -> dict:
+    def settle(self) -> None:
+        """After undrains (``drain(..., settle=False)``): return once any
+        claim placed from now on sees them.  Claims place on views up to
+        :data:`CLAIM_VIEW_AGE` old, and nothing they compare changed with
+        an undrain: this waits until every view read before it is older."""
+        if getattr(self, "_undrained", False):
+            time.sleep(CLAIM_VIEW_AGE)
+            self._undrained = False
+
+    def drain(self, ref: str, drained: bool = True, *, settle: bool = True) -> dict:
         """One transaction over ``ref`` and every provider below it (a host's
         NUMA cells, devices): reserved = total for every class plus trait
         COMPUTE_STATUS_DISABLED on each, the reserved amounts replaced kept
         under ``placement/drained/<uuid>``; undraining puts them back (capped
         at the total, which may have changed meanwhile) and drops the trait.
         The transaction compares every provider of the subtree, and creating
-        a child re-puts its parent, so a child added meanwhile is not missed."""
+        a child re-puts its parent, so a child added meanwhile is not missed.
+        Undraining a drained provider returns only once any claim placed
+        afterwards sees it open (:meth:`settle`; with ``settle=False`` the
+        caller settles, once for several undrains)."""
         uuid = self._resolve(ref)
         for _ in range(self.retries):
             kvs, revision = self.store.range(RP)
@@ -297,6 +310,10 @@ class EtcdPlacement(Placement):
             if done.succeeded:
                 for u, doc in docs.items():
                     self._view.saw(KV(RP + u, deepcopy(doc), 0, done.revision, 0, 0), checked=True)
+                if not drained and any(DISABLED_TRAIT in by_uuid[u].value["traits"] for u in tree):
+                    self._undrained = True
+                    if settle:
+                        self.settle()
                 return docs[uuid]
         raise Conflict("concurrent_update", f"provider {ref} kept changing while draining")
 

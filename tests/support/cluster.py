@@ -22,6 +22,16 @@ class Cluster:
         self.tmp_path = tmp_path
         self.peers: dict[str, subprocess.Popen] = {}
         self.state_dirs: dict[str, str] = {}    # host -> the state directory its peer uses
+        self._store = None
+
+    @property
+    def store(self):
+        """A store of this cluster in the test's process, to wait on without
+        a command-line process per poll (None for an etcd that wants TLS)."""
+        if self._store is None and self.etcd_url.startswith("http://"):
+            from engine.core.store import Store
+            self._store = Store(self.etcd_url, self.name)
+        return self._store
 
     @property
     def env(self) -> dict:
@@ -92,6 +102,9 @@ class Cluster:
         return json.loads(done.stdout)
 
     def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
         for host in self.peers:
             successor = self.successor(host)
             if successor is not None:
@@ -138,6 +151,9 @@ def start_three_peers(cluster, hooks=None) -> list[str]:
     names = ["host1", "host2", "host3"]
     for name in names:
         cluster.start_peer(name, extra_args=["--hooks", str(hooks)] if hooks else [])
+    if cluster.store is not None:       # polled here first: one command, not one per poll
+        wait_for(lambda: set(names) <= set(api.live_hosts(cluster.store)), timeout=30,
+                 what="three peers alive")
     wait_for(lambda: set(names) <= alive(cluster), timeout=30, what="three peers alive")
     return names
 
@@ -174,6 +190,11 @@ def start_automation(store, kind, args, code=TEST_AUTOMATIONS, **options):
 def ready_hosts(cluster, store, names) -> list[str]:
     """Peers ``names`` alive, each with its placement provider: ready for boots."""
     start_peers(cluster, store, names)
+    if "PEERCTL_PLACEMENT" not in cluster.env:      # polled here first: one command, not one per poll
+        from engine.placement import open_placement
+        placement = open_placement("etcd", store)
+        wait_for(lambda: set(names) <= {p["name"] for p in placement.providers()},
+                 what=f"providers of {', '.join(names)}")
     wait_for(lambda: set(names) <= {p["name"] for p in cluster.cli_json(
         "placement", "providers")}, what=f"providers of {', '.join(names)}")
     return list(names)

@@ -3,13 +3,14 @@ requests down.  Every hook is written by :func:`write_hook`."""
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import os
 import stat
 import sys
 
 __all__ = ["write_hook", "counting_hook", "executions", "assert_each_index_ran_once",
-           "recording_hook", "recorded", "failing_hook", "serial_hook"]
+           "recording_hook", "recorded", "failing_hook", "serial_hook", "Gate", "gated_hook"]
 
 
 def write_hook(directory, request, phase, body: str) -> str:
@@ -89,3 +90,36 @@ with open({lock!r}, "a") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     time.sleep({seconds})
 """)
+
+
+class Gate:
+    """A gate the test holds shut: an exclusive lock on a file, taken here
+    and kept until :meth:`open` (or this process's end).  A gated hook waits
+    on it, so the requests it gates stay running exactly as long as the
+    test wants, however fast or slow the machine is."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self._file = open(self.path, "a")
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+
+    def open(self) -> None:
+        if not self._file.closed:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+
+
+def gated_hook(directory, request, log_name="executions.log") -> Gate:
+    """A pre hook that appends ``automation index host`` to a log (as
+    :func:`counting_hook` does), then waits until the returned gate opens."""
+    os.makedirs(directory, exist_ok=True)
+    gate = Gate(os.path.join(directory, f"{request}.gate"))
+    log = os.path.join(directory, log_name)
+    write_hook(directory, request, "pre", f"""
+import fcntl
+with open({log!r}, "a") as log:
+    log.write(f"{{event['automation']}} {{event['index']}} {{event['host']}}\\n")
+with open({gate.path!r}) as gate:
+    fcntl.flock(gate, fcntl.LOCK_SH)
+""")
+    return gate

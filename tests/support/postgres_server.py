@@ -57,6 +57,7 @@ class PostgresServer:
             pw = pwd.getpwnam(self._user)
             os.chown(self.directory, pw.pw_uid, pw.pw_gid)
             os.chmod(self.directory, 0o700)
+            _searchable_above(self.directory)
         subprocess.run(self._as_owner([os.path.join(self.bin, "initdb"), "-D", data,
                                        "--auth=trust", "-U", self._user, "-E", "UTF8"]),
                        check=True, capture_output=True, timeout=120)
@@ -92,3 +93,17 @@ class PostgresServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+
+def _searchable_above(directory: str) -> None:
+    """Let every user pass through (search, not list) each directory above
+    ``directory`` that root alone may enter, as a temporary directory made
+    by root is (``tempfile.mkdtemp``, pytest's ``tmp_path``): else initdb,
+    run as ``postgres``, cannot reach its data directory."""
+    import stat
+    parent = os.path.dirname(directory)
+    while parent and parent != os.path.dirname(parent):
+        mode = os.stat(parent).st_mode
+        if not mode & stat.S_IXOTH:
+            os.chmod(parent, stat.S_IMODE(mode) | stat.S_IXOTH)
+        parent = os.path.dirname(parent)

@@ -380,8 +380,8 @@ def world_readable_tmpdir(prefix: str = "peerctl-qemu-") -> str:
 
 
 def remove_leftovers(conn, hosts, name) -> None:
-    """Whatever a failed run left in the shared libvirtd: the domain
-    ``name``, the pools of ``hosts``.
+    """Whatever a run left in the shared libvirtd: the domain ``name``, the
+    pools of ``hosts`` (their image pool and their backup pool).
 
     By name, since a boot that timed out never told us its uuid."""
     import libvirt
@@ -394,9 +394,9 @@ def remove_leftovers(conn, hosts, name) -> None:
             dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
         except libvirt.libvirtError:
             pass
-    for host in hosts:
+    for pool_name in [f"peerctl{kind}-{host}" for host in hosts for kind in ("", "-backup")]:
         try:
-            pool = conn.storagePoolLookupByName(f"peerctl-{host}")
+            pool = conn.storagePoolLookupByName(pool_name)
         except libvirt.libvirtError:
             continue
         try:
