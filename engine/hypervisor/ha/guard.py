@@ -187,7 +187,7 @@ def ensure_guard(state_dir: str, host: str, libvirt_uri: str, lead: float,
     pid = _holder_pid(state_dir)
     if pid is not None:
         return pid
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))   # the tree's top
     log = open(os.path.join(_dir(state_dir), "guard.log"), "ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "engine.hypervisor.ha.guard", "--state-dir", state_dir,
