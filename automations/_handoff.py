@@ -1,5 +1,5 @@
 """A live move to the host that keeps the VM's replica copies only what
-changed since the replica (:mod:`engine.hypervisor.handoff`); the steps
+changed since the replica (:mod:`engine.hypervisor.moves.handoff`); the steps
 ``automations/moves.py`` sends instead of ``move_prepare`` when it can.
 
 :func:`prepared_from_replica`, after ``claim_move`` picked the destination:
@@ -17,7 +17,7 @@ A failure in 2 discards the update on both hosts and the move copies the
 disks whole; the answer says why.  A failure in 3 leaves the replica
 consumed (its record says so) and the move copies the disks whole.
 """
-from engine.replicas import replica_id
+from engine.backups.replicas import replica_id
 
 from automations._steps import resend
 

@@ -10,7 +10,7 @@ rebuilds a VM from a backup chain, ``backup_delete`` removes backups.
 3. ``move_describe`` on the VM's host: its disks' sizes; ``backup_store``
    on the first candidate with room (the next one otherwise).
 4. ``backup_take`` on the VM's host: the point in time, and the copy to the
-   target (see :mod:`engine.hypervisor.backups`).  Incremental only when the
+   target (see :mod:`engine.hypervisor.data.backups`).  Incremental only when the
    target is the parent's host.
 5. ``backup_verify`` on the target: read back, checksums compared, the
    record ``backups/<id>`` written.  Nothing is listed before this.

@@ -7,7 +7,7 @@ which the host's guard reads, and its record), ``unlock_vm``.
 
 ``recover``:
 
-Started by the ``recoverer`` singleton (``engine/hypervisor/ha.py``) once a
+Started by the ``recoverer`` singleton (``engine/hypervisor/ha/recoverer.py``) once a
 host's lease has expired and the fencing margin has passed.  One worker per
 VM, all in parallel:
 

@@ -12,7 +12,7 @@ another host can keep the replica):
    on the first candidate with room: the replica's host comes first, so
    that the update can be incremental.
 3. ``replica_take`` on the VM's host: a backup job since the replica's
-   checkpoint, copied to the replica's host (:mod:`engine.hypervisor.replicas`).
+   checkpoint, copied to the replica's host (:mod:`engine.hypervisor.data.replicas`).
 4. ``replica_apply`` on the replica's host: checksummed, recorded, written
    into the replica's disks.  The replica is whole before and after.
 5. ``replica_prune`` on the VM's host (only the new checkpoint stays);
@@ -30,7 +30,7 @@ replica (``replica_drop``) and the record.  After
 so that no log grows without end.
 """
 from engine.core.registry import automation
-from engine.replicas import replica_id
+from engine.backups.replicas import replica_id
 from engine.core.replay import Request
 
 from automations._steps import disk_copy_deadline, first_willing, needed, resend

@@ -6,7 +6,7 @@ them.  One worker per VM, all in parallel, each a runbook:
    snapshot operation of the VM meanwhile; each is refused with a line
    naming this one.
 2. ``snapshot_create`` / ``snapshot_revert`` / ``snapshot_delete`` on the
-   VM's host (:mod:`engine.hypervisor.snapshots`), sent again while its
+   VM's host (:mod:`engine.hypervisor.data.snapshots`), sent again while its
    outcome is unknown: each is idempotent by (uuid, snapshot name).  The
    host writes or deletes the record ``snapshots/<uuid>/<name>`` after
    libvirt acted.

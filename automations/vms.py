@@ -19,7 +19,7 @@ A host whose build failed or was lost may still hold (or, when its libvirtd
 outlived a killed peer, bring back) a copy of the VM.  Since version 2, boot
 ``disown``s the VM on that host before taking an alternate: a durable
 ``disowned/<host>/<uuid>`` mark that the host's peer acts on whenever it
-runs (see ``engine/hypervisor/reconciler.py``, ``sweep_ghosts``), so one uuid never
+runs (see ``engine/hypervisor/host/reconciler.py``, ``sweep_ghosts``), so one uuid never
 runs on two hosts.
 
 A VM's ``networks``, cloud-init ``seed`` (``boot --network``,

@@ -63,7 +63,7 @@ from engine.web.server import ApiServer  # noqa: E402
 
 from bench.options import BadInput, positive  # noqa: E402
 from bench.bulk import wait  # noqa: E402  (one polling loop for the benchmarks)
-from bench.migrate import start_peer  # noqa: E402
+from bench.processes import start_peer  # noqa: E402
 from bench.processes import stop_processes  # noqa: E402
 from bench.vmlist import best_of, populate  # noqa: E402
 

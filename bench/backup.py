@@ -2,7 +2,7 @@
 
     python bench/backup.py [--rounds 3] [--disk-gb 1] [--smoke]
 
-Two private libvirtd daemons (engine.hypervisor.daemons.PrivateLibvirtd)
+Two private libvirtd daemons (engine.hypervisor.local.daemons.PrivateLibvirtd)
 with a peerctl peer on each (host1, host2), the tier's busybox guest booted
 on host1 (256 MiB of RAM, a ``--disk-gb`` disk), as bench/migrate.py sets
 them up.  The guest first fills a quarter of its disk with random data

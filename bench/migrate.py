@@ -12,7 +12,7 @@ private daemons offer no network) between two private libvirtd daemons
 from start_automation to its terminal state, AGAINST the same libvirt
 migration called from this process on a second guest (same XML, same
 disk layout): migrateToURI3 with the flags and params
-engine/hypervisor/migration.py uses (PEER2PEER|PERSIST_DEST|
+engine/hypervisor/moves/migration.py uses (PEER2PEER|PERSIST_DEST|
 UNDEFINE_SOURCE|LIVE|NON_SHARED_DISK, or NON_SHARED_INC where the
 destination has the base image, destination and persistent XML,
 migrate_disks, UNIX socket URIs), the same downtime plan (the limit set
@@ -49,7 +49,6 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -62,7 +61,7 @@ sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 from engine.core import api, keys  # noqa: E402
 from engine.operations.moves import DEFAULT_MAX_DOWNTIME_MS, max_downtime  # noqa: E402
-from engine.hypervisor.migration import downtime_limit  # noqa: E402
+from engine.hypervisor.moves.migration import downtime_limit  # noqa: E402
 
 from bench.options import BadInput, positive  # noqa: E402
 from bench.bulk import wait  # noqa: E402  (one polling loop for the benchmarks)
@@ -92,26 +91,6 @@ def cannot_run() -> str | None:
     from tests.support import qemu_guest
     from tests.support.libvirtd_pair import cannot_run_reason
     return qemu_guest.skip_reason() or cannot_run_reason()
-
-
-def start_peer(etcd_url, cluster, workdir, host, uri, env=None, ttl=2):
-    log = open(os.path.join(workdir, f"{host}.log"), "ab")
-    return subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "peerctl.py"), "--etcd", etcd_url,
-         "--cluster", cluster, "peer", "--host", host, "--libvirt", uri, "--ttl", str(ttl),
-         "--workers", "8", "--state-dir", os.path.join(workdir, f"state-{host}")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
-        env={**os.environ, **(env or {})})
-
-
-def cli_json(etcd_url, cluster, *args, timeout=300):
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "peerctl.py"), "--etcd", etcd_url,
-                           "--cluster", cluster, "--format", "json", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"peerctl {' '.join(args)} failed ({done.returncode}): "
-                         f"{done.stdout[-800:]} {done.stderr[-800:]}")
-    return json.loads(done.stdout)
 
 
 def _find_key(value, key):
@@ -186,7 +165,7 @@ class DirectGuest:
 
     @staticmethod
     def _volume_xml(name, capacity, backing=None, backing_fmt=None):
-        from engine.hypervisor.domain_xml import volume_xml
+        from engine.hypervisor.domain.domain_xml import volume_xml
         if backing:
             return volume_xml(name, capacity, "qcow2", backing_path=backing,
                               backing_format=backing_fmt or "raw")
@@ -197,7 +176,7 @@ class DirectGuest:
         it; ``planned`` false: ``max_downtime_ms`` is QEMU's limit from the
         start (no plan)."""
         libvirt = self.libvirt
-        from engine.hypervisor.migration import _qemu_user
+        from engine.hypervisor.moves.migration import _qemu_user
         src = libvirt.open(self.uris[self.at])
         dst = libvirt.open(self.uris[dest_host])
         sockets = None

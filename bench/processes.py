@@ -1,11 +1,37 @@
-"""A benchmark's own child processes: the CPU they used, and ending them,
-by their Popen, politely first (SIGTERM, 15 s), then SIGKILL."""
+"""A benchmark's own child processes: a peer started (its output in the
+work directory's ``HOST.log``), a command line run for its JSON, the CPU
+they used, and ending them, by their Popen, politely first (SIGTERM,
+15 s), then SIGKILL."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 
-__all__ = ["stop_processes", "cpu_seconds"]
+__all__ = ["start_peer", "cli_json", "stop_processes", "cpu_seconds"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start_peer(etcd_url, cluster, workdir, host, uri, env=None, ttl=2):
+    log = open(os.path.join(workdir, f"{host}.log"), "ab")
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "peerctl.py"), "--etcd", etcd_url,
+         "--cluster", cluster, "peer", "--host", host, "--libvirt", uri, "--ttl", str(ttl),
+         "--workers", "8", "--state-dir", os.path.join(workdir, f"state-{host}")],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+        env={**os.environ, **(env or {})})
+
+
+def cli_json(etcd_url, cluster, *args, timeout=300):
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "peerctl.py"), "--etcd", etcd_url,
+                           "--cluster", cluster, "--format", "json", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"peerctl {' '.join(args)} failed ({done.returncode}): "
+                         f"{done.stdout[-800:]} {done.stderr[-800:]}")
+    return json.loads(done.stdout)
 
 
 def stop_processes(processes: list[subprocess.Popen]) -> None:

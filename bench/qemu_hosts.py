@@ -1,5 +1,5 @@
 """Two KVM hosts on this machine for the QEMU benchmarks: two private
-libvirtd daemons (engine.hypervisor.daemons.PrivateLibvirtd), a real etcd, a
+libvirtd daemons (engine.hypervisor.local.daemons.PrivateLibvirtd), a real etcd, a
 peerctl peer on each (host1, host2), and the tier's busybox guest image.
 
     with two_qemu_hosts("peerctl-bbak-", "bbak") as hosts:
@@ -30,8 +30,7 @@ from engine.core.etcd_server import EtcdServer
 from engine.core.store import Store
 
 from bench.bulk import wait
-from bench.migrate import cli_json, start_peer
-from bench.processes import stop_processes
+from bench.processes import cli_json, start_peer, stop_processes
 
 __all__ = ["HOSTS", "QemuHosts", "two_qemu_hosts"]
 
@@ -81,7 +80,7 @@ def _stop_guards(work: str) -> None:
 @contextlib.contextmanager
 def two_qemu_hosts(prefix: str, cluster: str, peer_env: dict | None = None):
     import libvirt
-    from engine.hypervisor.daemons import PrivateLibvirtd
+    from engine.hypervisor.local.daemons import PrivateLibvirtd
     from engine.placement import open_placement
     from tests.support import qemu_guest
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)

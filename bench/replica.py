@@ -84,7 +84,7 @@ from bench.qemu_hosts import HOSTS, two_qemu_hosts  # noqa: E402
 
 VM_NAME, IMAGE_VM = "bench-replica", "bench-image"
 RESOURCES = "VCPU:1,MEMORY_MB:128,DISK_GB:1"
-MIN_EVERY = 10.0            # engine.replicas.MIN_EVERY: replicas' shortest interval
+MIN_EVERY = 10.0            # engine.backups.replicas.MIN_EVERY: replicas' shortest interval
 SLACK_S = 5.0               # recovery point target: at most the interval + this
 TARGET_RESTART = 1.5        # restart from a replica over restart from the image, at most
 WRITE_AT_MIB = 64           # past the guest's 32 MiB boot filesystem
@@ -157,7 +157,7 @@ class Sampler(threading.Thread):
         self.error = None
 
     def run(self):
-        from engine import replicas
+        from engine.backups import replicas
         hypervisors = Hypervisors(self.uris)
         try:
             while not self.stopping.wait(0.25):
@@ -327,7 +327,7 @@ def next_incremental(sampler, host: str, timeout: float) -> float:
 def replica_kill(hosts, hypervisors, sampler, vm: dict, every: float, rng) -> dict:
     """One kill of the replicated VM's host at a random moment of the
     interval after an incremental update landed; the VM's figures."""
-    from engine import replicas
+    from engine.backups import replicas
     host, there = vm["host"], other(vm["host"])
     anchor = next_incremental(sampler, there, 6 * every + STEP_TIMEOUT)
     phase = rng.uniform(0, every)

@@ -11,7 +11,7 @@ every TTL/3), writes its host record and host config, registers its
 placement provider, publishes ``--vms-per-host`` VM records, stands in the
 elections of the cluster singletons, watches its inbox and its duties, and
 measures its host record every 5 s, writing it when the real peer's rule
-says so (:class:`engine.hypervisor.hostinfo.Publication`, the same code).
+says so (:class:`engine.hypervisor.host.hostinfo.Publication`, the same code).
 Its gauges (CPU usage, free memory, network counters) move past their step
 on almost every tick: the worst case for that rule.  At each step, over
 ``--window`` seconds (by default a little more than the rule's
@@ -68,7 +68,7 @@ from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.session import Session  # noqa: E402
 from engine.core.store import Put, Store, StoreUnavailable  # noqa: E402
 from engine.core.watch import PrefixWatch, Reset  # noqa: E402
-from engine.hypervisor.hostinfo import MOVED_EVERY, Publication  # noqa: E402
+from engine.hypervisor.host.hostinfo import MOVED_EVERY, Publication  # noqa: E402
 from engine.peer import STATS_INTERVAL  # noqa: E402
 
 PEERCTL = os.path.join(ROOT, "peerctl.py")

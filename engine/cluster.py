@@ -18,9 +18,9 @@ from __future__ import annotations
 import ipaddress
 import time
 
-from engine.hypervisor.harules import DOWN, restarts_within
-from engine.hypervisor.shapes import HA_POLICIES, VM, first_ip   # also declares vms/ shapes
-from engine.hypervisor.vm_home import CARRIED
+from engine.hypervisor.domain.harules import DOWN, restarts_within
+from engine.hypervisor.domain.shapes import HA_POLICIES, VM, first_ip   # also declares vms/ shapes
+from engine.hypervisor.host.vm_home import CARRIED
 from engine.natural import natural_key
 from engine.core import keys
 from engine.core.hosts import is_live_record
@@ -101,7 +101,7 @@ def _vm_counts(records, held) -> dict[str, int]:
 def _carried(held) -> tuple[dict[str, tuple[str, bool]], set[str]]:
     """``({uuid: (host, True: its record is there | False: anywhere but
     there)}, {uuids being moved})`` of the VMs a move or an HA restart holds
-    (``locks/vm/``, :mod:`engine.hypervisor.vm_home`)."""
+    (``locks/vm/``, :mod:`engine.hypervisor.host.vm_home`)."""
     homes, moving = {}, set()
     for kv in held:
         lock = readable(kv)
@@ -158,7 +158,7 @@ def read_vms(store) -> list[dict]:
     """Every VM record: ``{host, name, uuid, state, vcpus, memory_mb, disk_gb,
     ip, addresses, ha, recovered}``.
 
-    A VM has one record (:mod:`engine.hypervisor.vm_home`), so it is listed
+    A VM has one record (:mod:`engine.hypervisor.host.vm_home`), so it is listed
     once, where that record is: while a move holds it, in state
     ``migrating``, on the host it leaves until its record arrives on the
     destination, there from then on.  A VM whose host
@@ -166,7 +166,7 @@ def read_vms(store) -> list[dict]:
     the last its host wrote, and nobody can tell what runs there now.  A VM
     whose live host has no domain for it is ``missing``; ``crashed``: it is
     down though nobody stopped it through peerctl; ``restarts``: its HA
-    restarts within the window (:mod:`engine.hypervisor.harules`).
+    restarts within the window (:mod:`engine.hypervisor.domain.harules`).
     ``state_reason``: libvirt's reason for a paused or crashed VM
     (``user``, ``io-error``, ``crashed``...), and ``qemu_log``: where its
     host keeps the guest's QEMU log, each None otherwise (and for a VM

@@ -15,7 +15,7 @@ process does not come up, this one serves again.  SIGTERM/SIGINT stop it gracefu
 running requests finish, then the lease is revoked so the other members take
 over at once instead of after a TTL (unless the host runs HA VMs: then the
 lease runs out, and a peer back within it keeps them; see
-``engine/hypervisor/guard.py``).
+``engine/hypervisor/ha/guard.py``).
 
 This is where the rooms meet: the generic machinery (``engine.core``), the
 placement service and the hypervisor room are composed here, and only here;
@@ -32,29 +32,29 @@ import time
 
 import structlog
 
-from .balancer import balancer
-from .core import keys
-from .core import features
-from .core.duties import Duties, Singleton, janitor
-from .core.maintenance import compactor
-from .core.executor import Executor
-from .core.handlers import load_request_handlers
-from .core.registry import load_automations
-from .core.session import Session
-from .core.store import Put, Store, StoreUnavailable
-from .core.validate import parse_duration   # one check, shared with the command line
-from .drains import align
-from .errors import Refused, RequestError, UsageError
-from .hypervisor.guard import (Heartbeat, ensure_guard, fenced, forget_fenced, ha_domains,
+from engine.planning.auto import balancer
+from engine.core import keys
+from engine.core import features
+from engine.core.duties import Duties, Singleton, janitor
+from engine.core.maintenance import compactor
+from engine.core.executor import Executor
+from engine.core.handlers import load_request_handlers
+from engine.core.registry import load_automations
+from engine.core.session import Session
+from engine.core.store import Put, Store, StoreUnavailable
+from engine.core.validate import parse_duration   # one check, shared with the command line
+from engine.placement.drains import align
+from engine.errors import Refused, RequestError, UsageError
+from engine.hypervisor.ha.guard import (Heartbeat, ensure_guard, fenced, forget_fenced, ha_domains,
                                lead_for, needs_guard)
-from .hypervisor.ha import DEFAULT_MARGIN, recoverer
-from .hypervisor.hostctx import HostContext, check_libvirt_uri
-from .hypervisor.hostinfo import Publication, host_facts
-from .hypervisor.backup_sweep import sweep_backups
-from .hypervisor.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
-from .leases.guard import lease_guard
-from .releases import current as releases
-from .releases.handover import (DEFAULT_DEADLINE, adopted_lease, hand_over, handed_over,
+from engine.hypervisor.ha.recoverer import DEFAULT_MARGIN, recoverer
+from engine.hypervisor.host.hostctx import HostContext, check_libvirt_uri
+from engine.hypervisor.host.hostinfo import Publication, host_facts
+from engine.hypervisor.data.backup_sweep import sweep_backups
+from engine.hypervisor.host.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
+from engine.leases.guard import lease_guard
+from engine.releases import current as releases
+from engine.releases.handover import (DEFAULT_DEADLINE, adopted_lease, hand_over, handed_over,
                                 note_serving)
 
 __all__ = ["run_peer", "parse_duration"]
@@ -72,7 +72,7 @@ def _offered(host: HostContext) -> tuple[dict, list[str]]:
     if not host.offer:
         return {}, []
     try:
-        from .hypervisor.networks import offered
+        from engine.hypervisor.domain.networks import offered
         return offered(host.conn, host.offer)
     except Exception as exc:        # the hypervisor is down: none for now
         return {}, [str(exc)]
@@ -105,7 +105,7 @@ class Peer:
         self.ha_margin = ha_margin
         state_dir = state_dir or os.path.join("/tmp", "peerctl", store.cluster, host)
         os.makedirs(state_dir, exist_ok=True)
-        from .hypervisor.networks import parse_offer
+        from engine.hypervisor.domain.networks import parse_offer
         self.host = HostContext(host, libvirt_uri, store, state_dir,
                                 offer=parse_offer(networks, "in the peer's networks setting"),
                                 backup_pool=backup_pool or None,
@@ -269,7 +269,7 @@ class Peer:
         hypervisor keeps them by itself)."""
         path = os.path.join(releases.releases_dir(self.host.state_dir), "carry.json")
         try:
-            from .hypervisor import carry
+            from engine.hypervisor.host import carry
             if not carry.carries(self.host.libvirt_uri):
                 return None
             carry.save(self.host.conn, path)
@@ -284,7 +284,7 @@ class Peer:
         if not path:
             return
         try:
-            from .hypervisor import carry
+            from engine.hypervisor.host import carry
             restored = carry.restore(self.host.conn, path)
             self.log.info("carried_domains", domains=restored)
         except Exception as exc:
@@ -302,7 +302,7 @@ class Peer:
         self.store.txn([], [Put(keys.host(self.name), record, session.lease),
                             Put(keys.host_config(self.name), record)])
         # The lease proves that this host is alive: its record is written
-        # again when it says something new (engine/hypervisor/hostinfo.py).
+        # again when it says something new (engine/hypervisor/host/hostinfo.py).
         published = Publication()
         published.written(record, time.monotonic())
         registered = self._register_provider(record["networks"])
@@ -381,13 +381,13 @@ class Peer:
     def _register_provider(self, networks: list[str]) -> bool:
         """The host as a placement provider: same provider across restarts,
         with one trait per network it offers, keeping back what the reserved
-        setting and the foreign domains hold (``engine/hypervisor/accounting.py``).
+        setting and the foreign domains hold (``engine/hypervisor/host/accounting.py``).
         The hypervisor being unreachable is not fatal (a live peer still, as
         for its host facts): False, and the stats tick tries again."""
-        from .hypervisor import accounting
-        from .hypervisor.networks import NETWORK_TRAIT_PREFIX, network_trait
-        from .placement import open_placement
-        from .placement.host import own_traits
+        from engine.hypervisor.host import accounting
+        from engine.hypervisor.domain.networks import NETWORK_TRAIT_PREFIX, network_trait
+        from engine.placement import open_placement
+        from engine.placement.host import own_traits
         placement = open_placement(None, self.store)
         try:
             accounting.refresh(self.host, placement)
@@ -407,8 +407,8 @@ class Peer:
         """Keep the provider's reserved current as foreign domains come, go,
         start and stop (written only when it changed).  Never fatal: the
         next tick tries again."""
-        from .hypervisor import accounting
-        from .placement import open_placement
+        from engine.hypervisor.host import accounting
+        from engine.placement import open_placement
         placement = open_placement(None, self.store)
         try:
             accounting.refresh(self.host, placement)
@@ -453,8 +453,8 @@ class Peer:
         uuids = fenced(self.host.state_dir)
         if not uuids:
             return False
-        from .core import locks
-        from .hypervisor import vm as lifecycle
+        from engine.core import locks
+        from engine.hypervisor.host import vm as lifecycle
         settled, lost = [], False
         for uuid in uuids:
             try:
@@ -481,8 +481,8 @@ class Peer:
 
     def _sweep_ghosts(self):
         """Destroy this host's copies of VMs placed elsewhere (see
-        ``engine/hypervisor/reconciler.py``), and what backups that did not
-        complete left here (``engine/hypervisor/backup_sweep.py``).  Never
+        ``engine/hypervisor/host/reconciler.py``), and what backups that did not
+        complete left here (``engine/hypervisor/data/backup_sweep.py``).  Never
         fatal: the next sweep tries again."""
         try:
             sweep_ghosts(self.store, self.host)
@@ -501,7 +501,7 @@ class Peer:
         """Keep ``vms/<host>/`` in line with the hypervisor, while this
         session's lease holds the host record."""
         try:
-            from .hypervisor.vmpublish import VmPublisher
+            from engine.hypervisor.host.vmpublish import VmPublisher
         except ImportError:
             return None
         try:
@@ -524,7 +524,7 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
     """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
     automations are kept for ``retention`` (seconds or ``7d``-style);
     ``networks`` is what the host offers (``default, lan=br0``: see
-    :mod:`engine.hypervisor.networks`); etcd keeps ``etcd_history`` of
+    :mod:`engine.hypervisor.domain.networks`); etcd keeps ``etcd_history`` of
     revisions (0: the cluster never compacts it); a dead host's HA VMs are
     restarted elsewhere ``ha_margin`` after its lease expired; backups of
     other hosts' VMs land in libvirt pool ``backup_pool`` (None: a dir pool

@@ -7,13 +7,13 @@ each peer's state and every process's log.
 
 ``--libvirt qemu`` (:data:`QEMU`, a keyword, not a URI) makes each host a
 KVM host of its own: a private libvirtd per host
-(:mod:`engine.hypervisor.daemons`) in ``STATE_DIR/<host>/libvirtd``, all of
+(:mod:`engine.hypervisor.local.daemons`) in ``STATE_DIR/<host>/libvirtd``, all of
 them inside one network namespace for the cluster (``peerctl-<cluster>``),
 and the host's peer pointed at its daemon.  A peer's record keeps
 ``libvirt: qemu`` (what was asked) and the daemon's URI as ``libvirt_uri``;
 the daemons are recorded under ``daemons``, the namespace under ``netns``.
 The daemons share one guest network, ``default``, inside the namespace
-(:mod:`engine.hypervisor.localnet`).
+(:mod:`engine.hypervisor.local.localnet`).
 
 ``up.json`` also keeps ``config``: the host count and the libvirt (a URI
 or :data:`QEMU`) the directory was set up with (:func:`configuration`);
@@ -22,7 +22,7 @@ another kind.
 
 ``down`` stops the peers, then etcd (from then on nothing can restart a VM
 elsewhere), then each host's guard, then the embedded KVM hosts
-(:mod:`engine.hypervisor.teardown`): their guests (an ACPI shutdown, then
+(:mod:`engine.hypervisor.local.teardown`): their guests (an ACPI shutdown, then
 powered off after a timeout; or kept, with what they need: their virtlogd,
 the network's dnsmasq and the namespace), the network, the daemons and the
 namespace.  With guests kept, the next ``up`` brings their daemons back,
@@ -142,7 +142,7 @@ def configuration(up: dict) -> dict:
 
 def is_ours(record: dict) -> bool:
     """The recorded process is alive and still runs the recorded command."""
-    from engine.hypervisor.daemons import cmdline   # not on every command's path
+    from engine.hypervisor.local.daemons import cmdline   # not on every command's path
     pid = record.get("pid")
     return bool(pid) and cmdline(pid) == record.get("cmd")
 
@@ -156,7 +156,7 @@ def live_peer(state_dir: str, peer: dict) -> dict | None:
     when none runs."""
     if is_ours(peer):
         return peer
-    from engine.hypervisor.daemons import cmdline
+    from engine.hypervisor.local.daemons import cmdline
     from engine.releases.current import read_peer_file
     recorded = peer.get("cmd") or []
     if len(recorded) < 3:
@@ -343,7 +343,7 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
     cluster's network namespace; ``{host: uri}``.  ``up.json`` records every
     daemon that runs before a failure is raised, so ``down`` finds it."""
     from concurrent.futures import ThreadPoolExecutor
-    from engine.hypervisor.daemons import PrivateLibvirtd, ensure_netns, netns_exists
+    from engine.hypervisor.local.daemons import PrivateLibvirtd, ensure_netns, netns_exists
     recorded_ns = up.get("netns") or {}
     name = recorded_ns.get("name") or netns_name(cluster)
     existed = netns_exists(name)
@@ -374,7 +374,7 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
             raise futures[host].exception()
     uris = {host: daemon.uri for host, (daemon, _) in daemons.items()}
     # The VMs' "default" network: one bridge with DHCP inside the namespace.
-    from engine.hypervisor.localnet import ensure_local_network
+    from engine.hypervisor.local.localnet import ensure_local_network
     ensure_local_network([uris[host] for host in sorted(uris, key=natural_key)])
     return uris
 
@@ -489,7 +489,7 @@ def stop(state_dir: str, *, keep_guests: bool = False, guest_timeout: float | No
          say=lambda message: None) -> list[dict] | None:
     """Stop everything ``up`` started here, by recorded PID: the peers (in
     parallel: each hands over what it leads), etcd, each host's guard, then
-    the embedded KVM hosts (:func:`engine.hypervisor.teardown.take_down`:
+    the embedded KVM hosts (:func:`engine.hypervisor.local.teardown.take_down`:
     guests shut down unless ``keep_guests``, powered off after
     ``guest_timeout`` s).  ``[{name, role, pid, what}]``, what = stopped,
     killed, not running, kept, ...; None when nothing was ever started
@@ -513,7 +513,7 @@ def stop(state_dir: str, *, keep_guests: bool = False, guest_timeout: float | No
                         "what": _stop_process(member) if is_ours(member) else "not running"})
     stopped += _stop_guards(state_dir, peers)
     if up.get("daemons"):
-        from engine.hypervisor.teardown import GUEST_TIMEOUT, take_down
+        from engine.hypervisor.local.teardown import GUEST_TIMEOUT, take_down
         netns = up.get("netns") or {}
         stopped += take_down(up["daemons"], netns, keep_guests=keep_guests, say=say,
                              guest_timeout=GUEST_TIMEOUT if guest_timeout is None
@@ -528,7 +528,7 @@ def _stop_guards(state_dir: str, peers: list[dict]) -> list[dict]:
     """The guard of each host that has one (a hypervisor whose VMs outlive
     the peer).  Called once etcd is stopped: no VM can be restarted
     elsewhere any more, so no HA VM needs fencing."""
-    from engine.hypervisor.guard import stop_guard
+    from engine.hypervisor.ha.guard import stop_guard
     stopped = []
     for peer in peers:
         directory = os.path.join(state_dir, peer["host"])
@@ -541,7 +541,7 @@ def _stop_guards(state_dir: str, peers: list[dict]) -> list[dict]:
 
 
 def _stop_process(record: dict, grace: float = 15.0) -> str:
-    from engine.hypervisor.daemons import terminate     # not on every command's path
+    from engine.hypervisor.local.daemons import terminate     # not on every command's path
     if not is_ours(record):
         return "stopped"
     return terminate(record["pid"], lambda: is_ours(record), grace)

@@ -1,12 +1,12 @@
 """The requests of ``adopt`` and ``unmanage``: ``adopt_survey``,
 ``adopt_take`` and ``let_go`` are the functions of
-:mod:`engine.hypervisor.adoption` (arguments and promises there);
+:mod:`engine.hypervisor.host.adoption` (arguments and promises there);
 ``adopt_claim`` claims a foreign domain's size where it runs.
 
 ``adopt_claim`` ``{consumer, resources: {RC: n}, project?}`` -> ``{consumer,
 host, allocations}``, run on the domain's host.  While the domain is
 foreign, what it holds is in the host provider's ``reserved``
-(:mod:`engine.hypervisor.accounting`).  Under the host's accounting lock,
+(:mod:`engine.hypervisor.host.accounting`).  Under the host's accounting lock,
 reserved is lowered by the domain's share and the claim made on this host's
 provider; a claim that does not fit puts reserved back and is refused, so
 the domain is counted once at every moment, never twice and (but for the
@@ -15,7 +15,7 @@ that holds allocations already gets them back.
 """
 from engine.core.handlers import handler
 from engine.errors import RequestError
-from engine.hypervisor import accounting, adoption
+from engine.hypervisor.host import accounting, adoption
 from engine.placement import for_request
 from engine.placement.host import register_host
 from engine.placement.model import Conflict

@@ -1,7 +1,7 @@
 """The requests of backups and restores (see ``automations/backups.py``).
 
-On hosts, from :mod:`engine.hypervisor.backups` and
-:mod:`engine.hypervisor.restores`: ``backup_store``, ``backup_verify`` and
+On hosts, from :mod:`engine.hypervisor.data.backups` and
+:mod:`engine.hypervisor.data.restores`: ``backup_store``, ``backup_verify`` and
 ``backup_delete`` (the target), ``backup_take`` and ``backup_prune`` (the
 VM's host), ``backup_discard`` (either), ``restore_disks`` (the host the
 restored VM runs on).
@@ -27,11 +27,11 @@ import fnmatch
 
 from engine.core.handlers import handler
 from engine.core.hosts import live_hosts
-from engine.drains import drained_hosts
+from engine.placement.drains import drained_hosts
 from engine.errors import Conflict, Failed, RequestError
 from engine.backups import records
 from engine.backups.records import recorded
-from engine.hypervisor import backups, restores
+from engine.hypervisor.data import backups, restores
 from engine.natural import natural_key
 
 handler("backup_store")(backups.prepare_store)

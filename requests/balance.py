@@ -12,12 +12,12 @@ so a replay meets the same answer.
   MEMORY_MB", "it would gain only 0.0002").
 - ``balance_note`` ``{uuid, automation, time, hold}``: the VM was moved:
   its hold runs from ``time`` (``balanced/<uuid>``), and marks whose hold
-  ended long ago are dropped (:func:`engine.balancing.prune_holds`).
+  ended long ago are dropped (:func:`engine.planning.holds.prune_holds`).
   Idempotent.
 - ``balance_score`` ``{hosts}`` -> ``{score}``: the score of those hosts
   now (:func:`engine.planning.score.score`).
 """
-from engine.balancing import note_hold, prune_holds
+from engine.planning.holds import note_hold, prune_holds
 from engine.core.handlers import handler
 from engine.errors import RequestError, UsageError
 from engine.placement import for_request

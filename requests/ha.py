@@ -1,7 +1,7 @@
 """HA restart requests: ``vm_definition``, run by the initiator (no target)
 for the ``recover`` automation (``automations/ha.py``; its ``ha_lock`` is
 in ``requests/locks.py``), and ``aside_delete`` on a host
-(:func:`engine.hypervisor.aside.delete_aside`).
+(:func:`engine.hypervisor.host.aside.delete_aside`).
 
 - ``vm_definition`` ``{uuid}``: ``vmdef/<uuid>``'s ``build`` arguments.
 - ``note_restart`` ``{uuid, host, automation, time}``: the VM's record on
@@ -14,8 +14,8 @@ from engine.core.handlers import handler
 from engine.core.store import Put, modified_at
 from engine.core.values import readable
 from engine.errors import RequestError
-from engine.hypervisor import shapes  # noqa: F401  (declares vmdef/)
-from engine.hypervisor.aside import delete_aside
+from engine.hypervisor.domain import shapes  # noqa: F401  (declares vmdef/)
+from engine.hypervisor.host.aside import delete_aside
 
 handler("aside_delete")(delete_aside)
 

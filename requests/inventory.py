@@ -4,8 +4,8 @@ Returns ``{"host", "domains": [{uuid, name, state}], "volumes": [name]}``:
 every libvirt domain and every volume of peerctl's storage pool.  Read-only.
 """
 from engine.core.handlers import handler
-from engine.hypervisor import images
-from engine.hypervisor.records import vm_state
+from engine.hypervisor.storage import images
+from engine.hypervisor.domain.records import vm_state
 
 
 @handler("inventory")

@@ -22,7 +22,7 @@ the initiator (no target).  The lock is ``locks/vm/<uuid>``
   elsewhere; a VM another automation holds is an error.
 - ``unlock_vm`` ``{uuid, owner, drop_record?, hold?}``: releases it, in the
   same transaction leaving the VM's one record where the automation's
-  outcome says (:func:`engine.hypervisor.vm_home.release`: after a move or
+  outcome says (:func:`engine.hypervisor.host.vm_home.release`: after a move or
   an HA restart confirmed away from ``drop_record``, where it arrived; after
   one reverted, back where it was); with ``hold`` (a reason) the lock stays,
   held for an operator (a move whose outcome nobody can tell), and the
@@ -36,7 +36,7 @@ from engine.core.hosts import is_live_record
 from engine.core.handlers import handler
 from engine.core.store import absent, exists, lease_is
 from engine.errors import Conflict, RequestError
-from engine.hypervisor import vm_home
+from engine.hypervisor.host import vm_home
 
 
 def _name(args: dict) -> str:

@@ -1,7 +1,7 @@
 """The requests of a VM move (see ``automations/moves.py``): ``move_describe``,
 ``move_prepare``, ``move_adopt`` and ``move_locate`` from
-:mod:`engine.hypervisor.moves`, and ``move_migrate``, the copy itself, from
-:mod:`engine.hypervisor.migration` (QEMU/KVM).
+:mod:`engine.hypervisor.moves.steps`, and ``move_migrate``, the copy itself, from
+:mod:`engine.hypervisor.moves.migration` (QEMU/KVM).
 
 And the same steps for up to :data:`MAX_VMS` VMs at once, which
 ``evacuate`` version 4 sends where a step was per VM (a step costs its
@@ -36,15 +36,17 @@ gone) fails the whole step, as it would fail a single one.
 
 import structlog
 
-from engine import groups
+from engine.placement import groups
 from engine.core import keys, locks
 from engine.core.handlers import HANDLERS, handler
 from engine.core.store import Get, exists
 from engine.core.values import readable
 from engine.errors import RequestError
-from engine.hypervisor import moves, vm_home
-from engine.hypervisor.records import vm_state
-from engine.hypervisor.vm import find_domain
+from engine.hypervisor.moves import steps as moves
+from engine.hypervisor.host import vm_home
+from engine.hypervisor.domain.records import vm_state
+from engine.hypervisor.domain.disks import ACTIVE
+from engine.hypervisor.domain.lookup import find_domain
 from engine.leases.events import unreserved_each
 from engine.placement import for_request
 from engine.placement.moves import MoveClaim, move_together
@@ -62,7 +64,7 @@ log = structlog.get_logger("peerctl.moves")
 
 @handler("move_migrate")
 def move_migrate(host, args: dict) -> dict:
-    from engine.hypervisor import migration     # libvirt's migration API: QEMU hosts only
+    from engine.hypervisor.moves import migration     # libvirt's migration API: QEMU hosts only
     return migration.migrate(host, args)
 
 
@@ -107,7 +109,7 @@ def _redefine(host, args: dict) -> dict:
     """One VM's ``move_prepare`` and ``move_adopt`` (the test driver's move)."""
     want = args.get("state")
     here = find_domain(host, args["uuid"])
-    if here is None or vm_state(here) not in moves.ACTIVE or want not in moves.ACTIVE:
+    if here is None or vm_state(here) not in ACTIVE or want not in ACTIVE:
         prepared = moves.prepare(host, {"uuid": args["uuid"], "name": args.get("name"),
                                         "describe": args.get("describe")})
         args = {**args, "xml": prepared["xml"]}

@@ -16,7 +16,7 @@
 
 A VM in a group (``claim``'s ``group: {name, rule}``; for a move, the group
 ``groupof/<uuid>`` names) is placed only where the group's rule allows, and
-recorded there in the same guarded step (:func:`engine.groups.place`); a
+recorded there in the same guarded step (:func:`engine.placement.groups.place`); a
 rule that leaves no host is refused in one line naming the group.
 
 The backend is ``open_placement(None, host.store)``: etcd unless
@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import fnmatch
 
-from engine import groups
+from engine.placement import groups
 from engine.core import keys
 from engine.core.handlers import handler
 from engine.core.hosts import live_host_names
 from engine.core.values import readable
-from engine.drains import drained_hosts
+from engine.placement.drains import drained_hosts
 from engine.errors import Conflict, NotFound, RequestError, UsageError
 from engine.leases.events import unreserved
 from engine.placement import for_request, parse_query, together

@@ -1,10 +1,10 @@
 """The requests of replication (``automations/replicas.py``) and of HA
 restarts from a replica (``automations/ha.py``).
 
-On hosts, from :mod:`engine.hypervisor.replicas`: ``replica_store``,
+On hosts, from :mod:`engine.hypervisor.data.replicas`: ``replica_store``,
 ``replica_apply``, ``replica_drop`` and ``replica_promote`` (the replica's
 host), ``replica_take`` and ``replica_prune`` (the VM's host),
-``replica_discard`` (either); from :mod:`engine.hypervisor.handoff`, a
+``replica_discard`` (either); from :mod:`engine.hypervisor.moves.handoff`, a
 migration to the replica's host: ``handoff_take`` (the VM's host) and
 ``handoff_prepare`` (the replica's).
 
@@ -33,14 +33,15 @@ from __future__ import annotations
 import fnmatch
 import time
 
-from engine import replicas as records
+from engine.backups import replicas as records
 from engine.cluster import read_vms
 from engine.core import api, locks
 from engine.core.handlers import handler
 from engine.core.hosts import live_host_names
-from engine.drains import drained_hosts
+from engine.placement.drains import drained_hosts
 from engine.errors import RequestError
-from engine.hypervisor import handoff, replicas
+from engine.hypervisor.moves import handoff
+from engine.hypervisor.data import replicas
 from engine.natural import natural_key
 
 MOVING_RECHECK = 2.0     # seconds: a VM a move holds, listed nowhere, is looked at again

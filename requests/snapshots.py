@@ -1,5 +1,5 @@
 """The requests of snapshots (see ``automations/snapshots.py``), run on the
-VM's host by :mod:`engine.hypervisor.snapshots`:
+VM's host by :mod:`engine.hypervisor.data.snapshots`:
 
 - ``snapshot_create`` ``{uuid, name, snapshot, memory, owner}`` -> the
   record ``{vm, uuid, host, name, time, memory, state, automation}`` plus
@@ -12,7 +12,7 @@ VM's host by :mod:`engine.hypervisor.snapshots`:
 Each is idempotent by (uuid, snapshot): run again after a lost reply, it
 finds the first run's work."""
 from engine.core.handlers import handler
-from engine.hypervisor import snapshots
+from engine.hypervisor.data import snapshots
 
 handler("snapshot_create")(snapshots.create)
 handler("snapshot_revert")(snapshots.revert)

@@ -1,12 +1,12 @@
 """The VM requests: ``build``, ``start``, ``stop``, ``reboot``, ``suspend``,
 ``resume``, ``destroy``, ``disown``, ``set_ha``, ``ha_start`` and ``vm_info``, each the function of the
-same name in :mod:`engine.hypervisor.vm` (arguments and promises there);
+same name in :mod:`engine.hypervisor.host.vm` (arguments and promises there);
 and ``claim_vms``, boot's first claims of several VMs in one step (below)."""
 from concurrent.futures import ThreadPoolExecutor
 
 from engine.core.handlers import HANDLERS, handler
 from engine.errors import RequestError
-from engine.hypervisor import vm
+from engine.hypervisor.host import vm
 from engine.leases.events import unreserved_each
 from engine.placement import for_request, together
 

@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from engine.hypervisor.domain_xml import NAMESPACE
+from engine.hypervisor.domain.domain_xml import NAMESPACE
 from tests.support import wait_until
 from tests.support.brownfield_guest import POOL, fresh_uptime, make_brownfield, \
     remove_brownfield, uptimes

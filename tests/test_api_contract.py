@@ -8,7 +8,7 @@ import pytest
 
 from engine.core import api as engine_api
 from engine.core import keys
-from engine.hypervisor.hostinfo import GAUGES
+from engine.hypervisor.host.hostinfo import GAUGES
 from engine.operations.moves import DEFAULT_MAX_DOWNTIME_MS
 from tests.support import wait_for
 from tests.support.api_client import ApiClient, answers, api_peer_args, free_port

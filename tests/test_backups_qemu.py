@@ -15,7 +15,7 @@ import pytest
 
 from engine.core import keys
 from engine.core.values import readable
-from engine.hypervisor import qcow2
+from engine.hypervisor.storage import qcow2
 from tests.support import qemu_guest
 from tests.support.guest_disk import SECTOR_A, SECTOR_B, MiB, read_marker, write_marker
 from tests.support.kvm import BOOT_TIMEOUT, kvm  # noqa: F401  (kvm: a fixture)

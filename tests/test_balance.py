@@ -4,7 +4,7 @@ the real command line.  Hosts are test-driver hosts of 16 CPUs and 4 GiB
 empty.  A move there is a ``redefine`` (the test driver cannot migrate),
 with every other step of a live migration.
 
-Also the ``--auto`` balancer's decision (:func:`engine.balancer.decide`),
+Also the ``--auto`` balancer's decision (:func:`engine.planning.auto.decide`),
 which is pure: an hour of a busy cluster's life is simulated in memory.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ import random
 
 import pytest
 
-from engine.balancer import Watch, decide
-from engine.balancing import DEFAULT_THRESHOLD, BalanceSettings
+from engine.planning.auto import Watch, decide
+from engine.planning.holds import DEFAULT_THRESHOLD, BalanceSettings
 from engine.core import api, failpoints, keys
 from engine.core.replay import Response
 from engine.core.watch import PrefixWatch, Reset

@@ -1,5 +1,5 @@
 """The test driver's domains carried from one process to the next
-(engine/hypervisor/carry.py): what a peer replaced by a new release
+(engine/hypervisor/host/carry.py): what a peer replaced by a new release
 finds, where a real hypervisor's libvirtd would have kept it.  Two real
 processes share one carry file: tests/support/carry_worker.py builds VMs
 as a peer does and saves, another restores and shows what it has."""
@@ -14,7 +14,7 @@ import libvirt
 import pytest
 
 from engine.errors import Failed
-from engine.hypervisor import carry
+from engine.hypervisor.host import carry
 from tests.support import ROOT
 
 WORKER = os.path.join(ROOT, "tests", "support", "carry_worker.py")

@@ -178,7 +178,7 @@ def test_a_paused_guest_is_listed_with_its_reason_and_wait_ip_says_so(cluster, s
 
 def test_the_qemu_log_named_is_where_each_kind_of_libvirtd_has_qemu_write_it():
     """What a paused QEMU guest's record points to (no QEMU needed to say where)."""
-    from engine.hypervisor.guest_log import qemu_log_path
+    from engine.hypervisor.domain.guest_log import qemu_log_path
     assert qemu_log_path("qemu:///system", "web1") == "/var/log/libvirt/qemu/web1.log"
     assert qemu_log_path("qemu+ssh://root@h1/system", "web1") == \
         "/var/log/libvirt/qemu/web1.log"

@@ -195,7 +195,7 @@ def test_vmlists_inline_shape_check_is_the_whole_shape_of_a_vm_record():
     """read_vms checks each VM record's shape where it reads those fields
     (host, name, uuid, state: text); a field added to the shape must be
     added there too."""
-    from engine.hypervisor.shapes import VM
+    from engine.hypervisor.domain.shapes import VM
     assert VM.fields == tuple((field, (str,)) for field in ("host", "name", "uuid", "state"))
 
 

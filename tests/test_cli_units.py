@@ -205,7 +205,7 @@ def test_the_peer_reads_durations_with_the_same_validator():
 # -- reading the cluster over an in-memory keyspace ------------------------------
 
 class MemoryStore:
-    """The few Store calls engine/cluster.py and engine/scrub.py make, over a dict."""
+    """The few Store calls engine/cluster.py and engine/operations/scrub.py make, over a dict."""
 
     def __init__(self, data: dict):
         self.revision = 1

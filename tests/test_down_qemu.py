@@ -22,8 +22,8 @@ import sys
 import pytest
 
 from engine import supervisor
-from engine.hypervisor.daemons import PrivateLibvirtd, delete_netns, netns_exists
-from engine.hypervisor.localnet import DEFAULT_BRIDGE
+from engine.hypervisor.local.daemons import PrivateLibvirtd, delete_netns, netns_exists
+from engine.hypervisor.local.localnet import DEFAULT_BRIDGE
 from tests.support import PEERCTL, qemu_guest
 from tests.support.kvm import BOOT_TIMEOUT
 from tests.support.libvirtd_pair import cannot_run_reason

@@ -322,7 +322,7 @@ def test_the_executor_refuses_an_entry_of_a_finished_automation(store, tmp_path)
     """An inbox entry left behind by a finished automation (older code, or
     a crash between the two) is claimed but never run."""
     from engine.core.executor import Executor
-    from engine.hypervisor.hostctx import HostContext
+    from engine.hypervisor.host.hostctx import HostContext
     from engine.core.session import Session
 
     hooks = str(tmp_path / "hooks")

@@ -8,8 +8,8 @@ import uuid as uuidlib
 
 import pytest
 
-from engine.hypervisor import accounting, foreign
-from engine.hypervisor.hostctx import HostContext
+from engine.hypervisor.host import accounting, foreign
+from engine.hypervisor.host.hostctx import HostContext
 from engine.placement import open_placement
 from engine.placement.host import drain
 from engine.placement.model import capacity

@@ -1,4 +1,4 @@
-"""The guard's own life (engine/hypervisor/guard.py): it backs off while
+"""The guard's own life (engine/hypervisor/ha/guard.py): it backs off while
 libvirt does not answer and says so once, not at every poll; it exits once
 its peer is gone for good (a zombie included) and nothing is left to fence;
 ``down`` stops it by its recorded PID, never another process.
@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 import pytest
 
-from engine.hypervisor import guard
-from engine.hypervisor.daemons import PrivateLibvirtd
+from engine.hypervisor.ha import guard
+from engine.hypervisor.local.daemons import PrivateLibvirtd
 from tests.support import wait_for
 from tests.support.libvirtd_pair import cannot_run_reason
 
@@ -38,7 +38,7 @@ def beat(state_dir, pid, until):
 
 def start_guard(state_dir, uri):
     log = open(os.path.join(state_dir, "guard.out"), "ab")
-    process = subprocess.Popen([sys.executable, "-m", "engine.hypervisor.guard",
+    process = subprocess.Popen([sys.executable, "-m", "engine.hypervisor.ha.guard",
                                 "--state-dir", state_dir, "--host", "h1", "--libvirt", uri],
                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL)

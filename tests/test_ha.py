@@ -9,8 +9,8 @@ import time
 import pytest
 
 from engine.core import api, failpoints, keys
-from engine.hypervisor.aside import keep_aside, delete_aside
-from engine.hypervisor import images
+from engine.hypervisor.host.aside import keep_aside, delete_aside
+from engine.hypervisor.storage import images
 from engine.placement import open_placement
 from tests.support import TEST_AUTOMATIONS, wait_for
 from tests.support.cluster import finished
@@ -151,7 +151,7 @@ def test_a_stale_copy_is_kept_aside_and_deleted_only_on_purpose(store, tmp_path)
     """What a returning host does with its copy of a VM restarted elsewhere
     (a disowned mark with ``keep``): the domain is stopped and undefined,
     its volumes renamed and listed; deleting them is a request of its own."""
-    from engine.hypervisor.reconciler import sweep_ghosts
+    from engine.hypervisor.host.reconciler import sweep_ghosts
     host = new_host(tmp_path / "state", store)
     args = {"uuid": "5d6a4c0e-1f53-4b6c-9a53-3f0a1d9e6b21", "name": "db1", "vcpus": 1,
             "memory_mb": 64, "disk_gb": 1, "ha": "restart"}
@@ -159,7 +159,7 @@ def test_a_stale_copy_is_kept_aside_and_deleted_only_on_purpose(store, tmp_path)
     pool = images.ensure_pool(host)
     volumes = sorted(vol.name() for vol in images.volumes_of(pool, args["uuid"]))
     assert volumes
-    from engine.hypervisor.vm import disown
+    from engine.hypervisor.host.vm import disown
     disown(host, {"uuid": args["uuid"], "host": host.host, "keep": True,
                   "automation": "recover-1", "reason": "restarted on h2"})
     sweep_ghosts(store, host)
@@ -194,7 +194,7 @@ def test_a_stale_copy_is_kept_aside_and_deleted_only_on_purpose(store, tmp_path)
 def test_a_definition_outlives_its_vm_by_two_reconciler_passes(store):
     """vmdef/ of a VM that is gone (no record, no allocation, no running
     automation) goes on the second pass; a listed VM's stays."""
-    from engine.hypervisor.reconciler import reconcile_once
+    from engine.hypervisor.host.reconciler import reconcile_once
     gone, listed = "0f6a1f44-7f0e-4d0a-8d6e-4f3b1c2a9e01", "6c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"
     for uuid in (gone, listed):
         store.put(keys.vm_definition(uuid), {"uuid": uuid, "name": uuid[:4], "build": {}})
@@ -216,7 +216,7 @@ def test_a_vm_restarted_elsewhere_is_not_recovered_again_from_a_record_its_dead_
     the recovery that restarted it elsewhere: the recoverer does not pick it
     again, and ``ha_lock`` refuses it, taking no lock.  An HA VM of the same
     dead host that was not restarted yet is still recovered."""
-    from engine.hypervisor.ha import ha_vms
+    from engine.hypervisor.ha.recoverer import ha_vms
     moved, waiting = "3b0e7c1a-5d2f-4e8b-9c6a-1f2e3d4c5b6a", "8d9c0b1a-2e3f-4a5b-8c7d-6e5f4a3b2c1d"
     for uuid, name in ((moved, "moved"), (waiting, "waiting")):
         store.put(keys.vm("h1", uuid), {"host": "h1", "name": name, "uuid": uuid,

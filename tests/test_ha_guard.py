@@ -12,7 +12,7 @@ import libvirt
 import pytest
 
 from engine.core import api, failpoints, keys
-from engine.hypervisor.domain_xml import read_metadata
+from engine.hypervisor.domain.domain_xml import read_metadata
 from engine.placement import open_placement
 from tests.support import TEST_AUTOMATIONS, wait_for, wait_until
 from tests.support.cluster import finished

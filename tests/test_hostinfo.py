@@ -7,7 +7,7 @@ import uuid as uuidlib
 
 import libvirt
 
-from engine.hypervisor.hostinfo import (DRIFT_EVERY, MOVED_EVERY, Publication, host_facts,
+from engine.hypervisor.host.hostinfo import (DRIFT_EVERY, MOVED_EVERY, Publication, host_facts,
                                        hypervisor_version)
 from tests.support.handlers import TEST_URI, call, host  # noqa: F401  (host: a fixture)
 

@@ -17,10 +17,10 @@ import threading
 
 import pytest
 
-from engine import image_sources
+from engine.hypervisor.storage import image_sources
 from engine.core import keys
 from engine.errors import RequestError
-from engine.hypervisor import images
+from engine.hypervisor.storage import images
 from tests.support.api_client import serving_api
 from tests.support.cluster import SMALL_VM, ready_hosts
 from tests.support.handlers import call, new_host

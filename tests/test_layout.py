@@ -1,11 +1,15 @@
 """The project's shape: `requests/` holds request handlers and must never
-shadow the `requests` HTTP library, in any process of the project; and the
+shadow the `requests` HTTP library, in any process of the project; the
 rooms' arrows point down: the engine core knows nothing of libvirt, the
-hypervisor, placement or the handlers, placement nothing of libvirt, and
-the error root is the standard library alone."""
+hypervisor, placement or the handlers, placement nothing of libvirt, only
+the hypervisor room imports libvirt and its rooms import only the rooms
+below them, and the error root is the standard library alone; no two
+modules import each other, even through others; no module is over 700
+lines; and the README's map names only paths that exist."""
 import ast
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -39,7 +43,7 @@ def test_handlers_load_without_shadowing_requests():
 
 def test_peer_process_imports_see_the_http_library():
     out = python("import sys; sys.argv = ['peerctl.py']\n"
-                 "import peerctl, engine.peer, engine.hypervisor.vmpublish, engine.placement.rest\n"
+                 "import peerctl, engine.peer, engine.hypervisor.host.vmpublish, engine.placement.rest\n"
                  "import requests; print(requests.__file__)")
     assert not out.startswith(os.path.join(ROOT, "requests")), out
 
@@ -92,7 +96,7 @@ def test_the_engine_core_imports_nothing_above_it():
     assert room("engine", "core"), "no engine/core/*.py found"
     above = ["libvirt", "engine.hypervisor", "engine.placement", "peerctl_requests",
              "requests", "engine.peer", "engine.cluster", "engine.supervisor",
-             "engine.scrub"]
+             "engine.operations.scrub"]
     assert forbidden_imports(room("engine", "core") + [ERRORS], above) == {}
 
 
@@ -170,3 +174,185 @@ def test_no_test_module_imports_another():
                                                  if name.startswith("tests.test_"))
              for path in tests}
     assert {path: names for path, names in found.items() if names} == {}
+
+
+# -- the hypervisor's rooms ---------------------------------------------------
+
+HYPERVISOR_ROOMS = {            # room: the rooms below it that it may import
+    "local": [],
+    "domain": [],
+    "storage": ["domain"],
+    "host": ["domain", "storage"],
+    "data": ["domain", "storage"],
+    "moves": ["domain", "storage", "host", "data"],
+    "ha": ["domain", "local"],
+}
+
+
+def test_the_hypervisor_room_is_made_of_its_rooms_only():
+    loose = [os.path.basename(path) for path in room("engine", "hypervisor")
+             if os.path.basename(path) != "__init__.py"]
+    assert loose == []
+    found = sorted(os.path.basename(os.path.dirname(path)) for path in
+                   glob.glob(os.path.join(ROOT, "engine", "hypervisor", "*", "__init__.py")))
+    assert found == sorted(HYPERVISOR_ROOMS)
+
+
+def test_each_hypervisor_room_imports_only_the_rooms_below_it():
+    found = {}
+    for name, below in HYPERVISOR_ROOMS.items():
+        assert room("engine", "hypervisor", name), f"no engine/hypervisor/{name}/*.py found"
+        others = [f"engine.hypervisor.{other}" for other in HYPERVISOR_ROOMS
+                  if other != name and other not in below]
+        found.update(forbidden_imports(room("engine", "hypervisor", name), others))
+    assert found == {}
+
+
+def project_modules(*tops) -> list[str]:
+    """The project's Python files under ``tops`` (all of them by default)."""
+    paths = glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True)
+    paths = [path for path in paths if "/." not in os.path.relpath(path, ROOT)
+             and not os.path.relpath(path, ROOT).startswith("build" + os.sep)]
+    if tops:
+        paths = [path for path in paths if os.path.relpath(path, ROOT).startswith(tops)]
+    return sorted(paths)
+
+
+def test_only_the_hypervisor_room_imports_libvirt():
+    """Domain knowledge belongs to one room: the API's console and metrics
+    ask it (engine/hypervisor/host/console_stream.py, domain_stats.py)."""
+    outside = [path for path in project_modules("engine", "automations", "requests", "peerctl.py")
+               if not os.path.relpath(path, ROOT).startswith(os.path.join("engine", "hypervisor"))]
+    assert forbidden_imports(outside, ["libvirt"]) == {}
+
+
+def module_name(path: str) -> str:
+    name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    return name.removesuffix(".__init__")
+
+
+def imported_names(path: str) -> set[str]:
+    """What the file at ``path`` imports, each as the dotted name it binds
+    (``from a import b`` gives ``a.b`` only: ``a`` is the module it comes
+    from, a package's ``__init__`` only when ``b`` is a name defined there)."""
+    package = module_name(path) if path.endswith("__init__.py") \
+        else module_name(path).rpartition(".")[0]
+    with open(path) as source:
+        tree = ast.parse(source.read(), path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def import_graph(paths) -> dict[str, set[str]]:
+    """``{module: {module it imports, ...}}`` among ``paths``: each import
+    (in functions too) resolved to the longest module of the project it
+    names."""
+    modules = {module_name(path): path for path in paths}
+
+    def resolve(name):
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    return {name: {target for imported in imported_names(path)
+                   if (target := resolve(imported)) and target != name}
+            for name, path in modules.items()}
+
+
+def loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import graph's strongly connected components of two modules or
+    more (Tarjan's algorithm, iterative): each a loop of imports."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], [0]
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_loops_are_found_through_any_number_of_modules():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert loops(graph) == [["a", "b", "c"]]
+    assert loops({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    """A pair (or ring) of modules that import each other, at the top or in
+    a function, is one idea in two files or a name in the wrong one: the
+    shared names move down to where both can look at them."""
+    paths = [path for path in project_modules()
+             if not os.path.basename(path).startswith("test_")]
+    assert loops(import_graph(paths)) == []
+
+
+def test_no_module_is_over_700_lines():
+    long = {os.path.relpath(path, ROOT): n for path in project_modules()
+            if (n := sum(1 for _ in open(path))) > 700}
+    assert long == {}
+
+
+# -- the README's map -----------------------------------------------------------
+
+def readme_map() -> str:
+    with open(os.path.join(ROOT, "README.md")) as readme:
+        text = readme.read()
+    start = text.index("\n## Layout")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+def test_the_readme_map_names_only_paths_that_exist():
+    named = [path for path in re.findall(r"`([^`\s]+)`", readme_map())
+             if "/" in path or path.endswith((".py", ".md", ".cfg"))]
+    assert len(named) >= 10, named
+    missing = [path for path in named
+               if not os.path.exists(os.path.join(ROOT, path.rstrip("/")))]
+    assert missing == []
+
+
+def test_the_readme_map_names_every_room_of_the_engine():
+    named = set(re.findall(r"`([^`\s]+)`", readme_map()))
+    rooms = sorted(os.path.relpath(os.path.dirname(path), ROOT) + "/" for path in
+                   glob.glob(os.path.join(ROOT, "engine", "*", "__init__.py"))
+                   + glob.glob(os.path.join(ROOT, "engine", "hypervisor", "*", "__init__.py")))
+    assert [path for path in rooms if path not in named] == []

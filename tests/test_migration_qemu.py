@@ -1,4 +1,4 @@
-"""The copy of a moving VM (``engine/hypervisor/migration.py``) between two
+"""The copy of a moving VM (``engine/hypervisor/moves/migration.py``) between two
 real libvirtd on this machine (the ``libvirtd_pair`` fixture): ``migrate``
 called directly with a source and a destination :class:`HostContext`, as
 the ``move_migrate`` request runs it.
@@ -28,12 +28,13 @@ import pytest
 
 from engine.core import keys, steps
 from engine.errors import RequestError
-from engine.hypervisor import images, migration
-from engine.hypervisor.domain_xml import (NAMESPACE, DomainSpec, domain_type, domain_xml,
+from engine.hypervisor.storage import images
+from engine.hypervisor.moves import migration
+from engine.hypervisor.domain.domain_xml import (NAMESPACE, DomainSpec, domain_type, domain_xml,
                                         volume_xml)
-from engine.hypervisor.hostctx import HostContext
-from engine.hypervisor.records import vm_state
-from engine.hypervisor.vm import console_log_path
+from engine.hypervisor.host.hostctx import HostContext
+from engine.hypervisor.domain.records import vm_state
+from engine.hypervisor.host.vm import console_log_path
 from tests.support import qemu_guest, wait_for
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture: skips saying why)
 

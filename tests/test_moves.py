@@ -10,7 +10,7 @@ import collections
 import pytest
 
 from engine.core import api, keys
-from engine.drains import set_drained
+from engine.placement.drains import set_drained
 from engine.placement import open_placement
 from tests.support import wait_for, wait_until
 from tests.support.cluster import finished

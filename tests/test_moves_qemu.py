@@ -18,7 +18,7 @@ import shutil
 import pytest
 
 from engine.core import api, keys
-from engine.hypervisor import migration
+from engine.hypervisor.moves import migration
 from tests.support import qemu_guest, wait_for
 from tests.support.cluster import finished, start_automation
 from tests.support.kvm import BOOT_TIMEOUT, HOSTS, kvm  # noqa: F401  (kvm: a fixture)

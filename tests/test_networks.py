@@ -18,10 +18,10 @@ import pytest
 
 from engine.core import keys
 from engine.errors import RequestError
-from engine.hypervisor import images
-from engine.hypervisor.domain_xml import SEED_DEV, read_metadata
-from engine.hypervisor.arp import arp_interfaces, connected_prefix, tap_devices
-from engine.hypervisor.networks import mac_for, network_trait, parse_offer
+from engine.hypervisor.storage import images
+from engine.hypervisor.domain.domain_xml import SEED_DEV, read_metadata
+from engine.hypervisor.domain.arp import arp_interfaces, connected_prefix, tap_devices
+from engine.hypervisor.domain.networks import mac_for, network_trait, parse_offer
 from engine.placement import open_placement
 from tests.support import wait_for
 from tests.support.handlers import call, new_host

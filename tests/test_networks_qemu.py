@@ -23,9 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 import pytest
 
 from engine.core import api, keys
-from engine.hypervisor import seed
-from engine.hypervisor.localnet import DEFAULT_SUBNET
-from engine.hypervisor.networks import mac_for
+from engine.hypervisor.domain import seed
+from engine.hypervisor.local.localnet import DEFAULT_SUBNET
+from engine.hypervisor.domain.networks import mac_for
 from engine.placement import open_placement
 from tests.support import PEERCTL, ROOT, qemu_guest, wait_for, wait_until
 from tests.support.kvm import kvm  # noqa: F401  (a fixture)

@@ -1,7 +1,7 @@
 """One truth per VM: a VM has exactly one ``vms/`` record at every etcd
 revision, and every listing shows it once, whatever step a move, an HA
 restart or a boot's fallback is at (docs/keyspace.md, "Which VMs exist";
-``engine/hypervisor/vm_home.py``).
+``engine/hypervisor/host/vm_home.py``).
 
 Each test replays, step by step, a history the soak (``bench/soak.py``)
 found losing or doubling a VM, calling the very request handlers an
@@ -18,7 +18,7 @@ import pytest
 from engine.cluster import read_vms
 from engine.core import keys
 from engine.errors import RequestError
-from engine.hypervisor.reconciler import reconcile_once, sweep_ghosts
+from engine.hypervisor.host.reconciler import reconcile_once, sweep_ghosts
 from engine.placement import open_placement
 from tests.support.etcd_history import events_since
 from tests.support.handlers import call, new_host

@@ -160,7 +160,7 @@ def test_peer_restart_keeps_operator_settings(cluster, placement):
     restarted peer must measure and write back: that write is what the test
     waits for.  Same uuid, one provider, the operator's ratios kept; reserved
     is the peer's: what the foreign domain holds (the reserved setting,
-    none here, adds to it: engine/hypervisor/accounting.py)."""
+    none here, adds to it: engine/hypervisor/host/accounting.py)."""
     env = {} if placement.backend == "etcd" else {"PEERCTL_PLACEMENT": placement.url}
 
     def providers():

@@ -269,7 +269,7 @@ def test_changed_since_reads_only_what_changed(store):
 
 
 def test_shape_lookup_is_the_first_declared_glob_that_matches():
-    import engine.hypervisor.records  # noqa: F401  (declares the VM keys too)
+    import engine.hypervisor.domain.records  # noqa: F401  (declares the VM keys too)
     import engine.placement.etcd  # noqa: F401
 
     def first_match(key):

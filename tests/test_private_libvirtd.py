@@ -1,6 +1,6 @@
 """Two KVM hosts on one machine: private libvirtd daemons (real-QEMU tier).
 
-Each daemon (engine/hypervisor/daemons.py) has its own host UUID, socket,
+Each daemon (engine/hypervisor/local/daemons.py) has its own host UUID, socket,
 state and virtlogd; libvirt migrates a running guest from one to the other
 as between two machines.  The guest is diskless: the test kernel booted
 directly with the busybox initramfs; the tests need it running, not booted
@@ -22,8 +22,8 @@ import libvirt
 import pytest
 
 from engine import supervisor
-from engine.hypervisor.daemons import PrivateLibvirtd, delete_netns, netns_exists, netns_pids
-from engine.hypervisor.domain_xml import DomainSpec, domain_type, domain_xml
+from engine.hypervisor.local.daemons import PrivateLibvirtd, delete_netns, netns_exists, netns_pids
+from engine.hypervisor.domain.domain_xml import DomainSpec, domain_type, domain_xml
 from tests.support import PEERCTL, qemu_guest, wait_for
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture: skips saying why)
 

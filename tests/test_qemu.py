@@ -17,9 +17,9 @@ import uuid as uuidlib
 import libvirt
 import pytest
 
-from engine.hypervisor import images
-from engine.hypervisor.vm import console_log_path
-from engine.hypervisor.vmpublish import VmPublisher
+from engine.hypervisor.storage import images
+from engine.hypervisor.host.vm import console_log_path
+from engine.hypervisor.host.vmpublish import VmPublisher
 from tests.support import qemu_guest
 from tests.support.handlers import call, new_host
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)

@@ -1,5 +1,5 @@
 """Which placement consumers the reconciler keeps, and which it releases
-(``held_consumers`` in ``engine/hypervisor/reconciler.py``): each kind of
+(``held_consumers`` in ``engine/hypervisor/host/reconciler.py``): each kind of
 legitimate consumer outlives many passes of :func:`reconcile_once`, on a
 real etcd and the etcd placement backend; a true orphan is released on its
 second pass, not its first; and each kind stops holding once what held it
@@ -11,7 +11,7 @@ import uuid as uuidlib
 import pytest
 
 from engine.core import keys
-from engine.hypervisor.reconciler import held_consumers, reconcile_once
+from engine.hypervisor.host.reconciler import held_consumers, reconcile_once
 from engine.placement import open_placement
 from tests.support.placement import make_provider
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import replicas
+from engine.backups import replicas
 from engine.core import api, failpoints, keys, locks
 from engine.core.handlers import load_request_handlers
 from engine.core.values import readable

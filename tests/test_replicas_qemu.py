@@ -15,7 +15,7 @@ import time
 import libvirt
 import pytest
 
-from engine import replicas
+from engine.backups import replicas
 from engine.core import api, failpoints
 from tests.support import qemu_guest, wait_for, wait_until
 from tests.support.cluster import finished

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa  # noqa: E402
 
 from engine.errors import RequestError, UsageError  # noqa: E402
-from engine.hypervisor import seed  # noqa: E402
+from engine.hypervisor.domain import seed  # noqa: E402
 
 # build_iso imports pycdlib on use; until the project's requirements list it,
 # a machine without it skips the ISO tests instead of failing them.

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from engine import snapshots
+from engine.backups import snapshots
 from engine.core import keys
 from engine.errors import RequestError
 from engine.operations.snapshots import default_name

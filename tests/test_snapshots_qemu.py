@@ -168,7 +168,7 @@ def test_a_replicated_vm_keeps_its_snapshot_and_a_revert_makes_the_next_update_f
     where it is; a revert drops the replica's checkpoint with the others,
     so the next update is full and says why; a move is refused, naming the
     snapshot."""
-    from engine import replicas
+    from engine.backups import replicas
     vm = kvm.boot("rp")
     uuid = vm["uuid"]
 

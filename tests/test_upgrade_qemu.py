@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.core import keys
-from engine.hypervisor.guard import fenced
+from engine.hypervisor.ha.guard import fenced
 from tests.support.kvm import kvm  # noqa: F401  (a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)

@@ -18,8 +18,8 @@ import libvirt
 import pytest
 
 from engine.errors import RequestError
-from engine.hypervisor import images
-from engine.hypervisor.domain_xml import DomainSpec, domain_xml, read_metadata
+from engine.hypervisor.storage import images
+from engine.hypervisor.domain.domain_xml import DomainSpec, domain_xml, read_metadata
 from tests.support.handlers import call, new_host
 from tests.support.image_sources import allow_images
 
@@ -236,7 +236,7 @@ def test_a_missing_file_inside_the_image_sources_is_no_such_file(host, tmp_path)
 
 
 def test_a_define_failure_takes_the_new_volumes_back(host, monkeypatch):
-    import engine.hypervisor.vm as vm
+    import engine.hypervisor.host.vm as vm
     monkeypatch.setattr(vm, "domain_xml", lambda spec: "<domain type='test'/>")
     args = vm_args()
     with pytest.raises(RequestError, match="cannot define VM"):
@@ -332,7 +332,7 @@ def test_a_changed_file_is_hashed_again(host, tmp_path):
 def test_a_base_volume_whose_upload_never_finished_is_made_again(host, tmp_path):
     sha = write_image(tmp_path / "img.raw")
     pool = images.ensure_pool(host)
-    from engine.hypervisor.domain_xml import volume_xml
+    from engine.hypervisor.domain.domain_xml import volume_xml
     pool.createXML(volume_xml(f"image-{sha}", 10, "raw"), 0)     # torn, not in the index
     call(host, "build", **vm_args(image=f"file://{tmp_path / 'img.raw'}"))
     assert pool_volumes(host)[f"image-{sha}"].info()[1] == os.path.getsize(tmp_path / "img.raw")

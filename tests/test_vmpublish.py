@@ -9,7 +9,7 @@ import pytest
 
 from engine.core import keys
 from engine.errors import StoreUnavailable
-from engine.hypervisor.vmpublish import VmPublisher, publish_domain
+from engine.hypervisor.host.vmpublish import VmPublisher, publish_domain
 from tests.support import last_write, wait_for
 from tests.support.handlers import call, host, new_host  # noqa: F401  (host: a fixture)
 
@@ -268,7 +268,7 @@ def test_foreign_domains_are_published_apart_and_follow_libvirt(store, host):
         publisher.named(by_hand)                # as its define event names it
         publisher.publish_events()
         assert foreign_published(store, host)[by_hand]["state"] == "shutoff"
-        from engine.hypervisor.domain_xml import write_metadata
+        from engine.hypervisor.domain.domain_xml import write_metadata
         write_metadata(dom, {"host": host.host})    # adopted: peerctl's from now on
         publisher.reconcile()
         assert by_hand not in foreign_published(store, host)

@@ -212,7 +212,7 @@ def _node_xml(path, host, domains):
     still holds when its peer comes back after a SIGKILL."""
     from engine.core.handlers import load_request_handlers
     load_request_handlers()
-    from engine.hypervisor.domain_xml import DomainSpec, domain_xml
+    from engine.hypervisor.domain.domain_xml import DomainSpec, domain_xml
     xml = "".join(domain_xml(DomainSpec(uuid=u, name=n, vcpus=1, memory_mb=64, disk_gb=1,
                                         domain_type="test", owner=host))
                   for u, n in domains)
@@ -344,7 +344,7 @@ def test_a_deposed_reconciler_releases_nothing(store):
     import uuid as uuidlib
     from engine.core.election import Candidacy
     from engine.errors import Deposed
-    from engine.hypervisor.reconciler import reconcile_once
+    from engine.hypervisor.host.reconciler import reconcile_once
     from engine.core.session import Session
     placement = open_placement("etcd", store)
     rp = placement.ensure_provider("h1")

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.core import keys
 from engine.core.store import Store
-from engine.hypervisor.domain_xml import DomainSpec, domain_xml
+from engine.hypervisor.domain.domain_xml import DomainSpec, domain_xml
 from engine.web.metrics import CONTENT_TYPE, ClusterMetrics
 from tests.support import wait_for, wait_until
 from tests.support.cluster import boot_vms

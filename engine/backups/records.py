@@ -3,8 +3,8 @@ marks that keep a backup from being deleted.
 
 A record is written by the target host only when the backup's data is
 complete there and its checksums verified
-(:func:`engine.hypervisor.backups.verify`); it is deleted after the data
-(:func:`engine.hypervisor.backups.delete`).  An unreadable record is
+(:func:`engine.hypervisor.data.backups.verify`); it is deleted after the data
+(:func:`engine.hypervisor.data.backups.delete`).  An unreadable record is
 reported and skipped by every reader, never trusted.
 
 Besides what the backup is, a record carries (each absent on records

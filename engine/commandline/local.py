@@ -35,11 +35,11 @@ def cmd_peer(ctx) -> int:
               else settings["ha_margin"],
               "backup_pool": args.backup_pool if args.backup_pool is not None
               else settings.get("backup_pool")}
-    from engine.hypervisor.accounting import parse_reserved
+    from engine.hypervisor.host.accounting import parse_reserved
     kwargs["reserved"] = (parse_reserved(args.reserved, "in --reserved")
                           if args.reserved is not None else
                           parse_reserved(settings["reserved"], settings["source"]["reserved"]))
-    from engine.hypervisor.networks import parse_offer
+    from engine.hypervisor.domain.networks import parse_offer
     parse_offer(kwargs["networks"], "in --networks" if args.networks is not None
                 else "in the networks setting")
     address = args.api if args.api is not None else settings["api"]

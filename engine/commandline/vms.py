@@ -137,7 +137,7 @@ def _seed(args) -> dict | None:
     cloud-init seed's inputs, or None when none is given."""
     if not (args.user_data or args.ssh_key or args.hostname):
         return None
-    from engine.hypervisor import seed
+    from engine.hypervisor.domain import seed
     keys = [key for path in args.ssh_key or [] for key in seed.read_ssh_keys(path)]
     if len(keys) > seed.MAX_SSH_KEYS:
         raise UsageError(f"{len(keys)} SSH keys; at most {seed.MAX_SSH_KEYS}")
@@ -200,7 +200,7 @@ def cmd_ha(ctx) -> int:
 def cmd_console(ctx) -> int:
     args = ctx.args
     vm, uri = ops.console_target(ctx, args.name)
-    from engine.hypervisor import console
+    from engine.hypervisor.host import console
     tty = not args.no_tty and os.isatty(0)
     attached = console.attach(uri, vm["uuid"], vm["name"], vm["host"])
     say(f"Connected to VM {vm['name']} on {vm['host']} ({attached.uri}). "

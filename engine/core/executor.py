@@ -55,7 +55,7 @@ class Executor:
                  workers: int = 8):
         """``host`` is what every handler is given: any object whose
         ``host`` attribute is this host's name (the peer passes its
-        :class:`~engine.hypervisor.hostctx.HostContext`)."""
+        :class:`~engine.hypervisor.host.hostctx.HostContext`)."""
         self.store = store
         self.host = host
         self.hooks_dir = hooks_dir

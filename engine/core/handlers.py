@@ -8,7 +8,7 @@ modules of the alias package ``peerctl_requests``.  This module knows the
 folder only by path: nothing here imports what it holds.
 
 A handler is ``fn(host, args: dict) -> dict`` (``host``: what the peer gave
-its executor, a :class:`~engine.hypervisor.hostctx.HostContext`) registered with
+its executor, a :class:`~engine.hypervisor.host.hostctx.HostContext`) registered with
 ``@handler("name")``.  It must be idempotent: run twice with the same args it
 finds the first run's result.  It reports failure by raising
 :class:`engine.errors.RequestError` (its message becomes the response's error).

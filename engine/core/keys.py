@@ -165,9 +165,9 @@ def balanced(uuid: str = "") -> str:
     return f"balanced/{uuid}"
 
 
-BALANCE_SETTINGS = "settings/balance"   # balance's cluster settings (engine/balancing.py)
-BALANCER_STATUS = "balancer/status"     # the balancer singleton's last round (engine/balancer.py)
-IMAGE_SETTINGS = "settings/images"      # where VM images may come from (engine/image_sources.py)
+BALANCE_SETTINGS = "settings/balance"   # balance's cluster settings (engine/planning/holds.py)
+BALANCER_STATUS = "balancer/status"     # the balancer singleton's last round (engine/planning/auto.py)
+IMAGE_SETTINGS = "settings/images"      # where VM images may come from (engine/hypervisor/storage/image_sources.py)
 
 
 def aside(host: str = "", uuid: str = "") -> str:

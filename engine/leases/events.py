@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import time
 
-from engine import groups
+from engine.placement import groups
 from engine.core import keys
 from engine.core.hosts import live_host_names
 from engine.core.values import readable

@@ -11,14 +11,14 @@ __all__ = ["unreadable_keys", "delete_keys", "identities", "etcd_members", "setu
 
 def unreadable_keys(ctx) -> list:
     """Every key whose value cannot be decoded or has the wrong shape."""
-    from engine.scrub import find_unreadable
+    from engine.operations.scrub import find_unreadable
     return find_unreadable(ctx.store())
 
 
 def delete_keys(ctx, found: list) -> list[str]:
     """Delete ``found`` (from :func:`unreadable_keys`); a key rewritten
     meanwhile is kept.  The keys deleted."""
-    from engine.scrub import delete_unreadable
+    from engine.operations.scrub import delete_unreadable
     return delete_unreadable(ctx.store(), found)
 
 

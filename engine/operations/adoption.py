@@ -36,7 +36,7 @@ ALL_LISTED = [*MANAGED_LISTED, "managed", "manager", "problems"]
 
 def read_foreign(store) -> list[dict]:
     """The foreign domains the live hosts' peers publish (``foreign/``)."""
-    from engine.hypervisor.shapes import FOREIGN
+    from engine.hypervisor.domain.shapes import FOREIGN
     live = live_host_names(store)
     rows = []
     for kv in store.range(keys.foreign())[0]:

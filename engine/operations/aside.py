@@ -14,7 +14,7 @@ __all__ = ["list_aside", "plan_delete"]
 def _asides(ctx) -> list[dict]:
     from engine.core import keys
     from engine.core.values import readable
-    import engine.hypervisor.shapes  # noqa: F401  (declares aside/)
+    import engine.hypervisor.domain.shapes  # noqa: F401  (declares aside/)
     rows = []
     for kv in ctx.store().range(keys.aside())[0]:
         record = readable(kv)

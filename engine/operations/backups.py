@@ -22,7 +22,7 @@ import time
 from engine.errors import Failed, NoSuch, UsageError
 from engine.wording import given, option
 
-from .plans import Plan, failed_doc, refuse_down_hosts
+from .plans import Plan, check_somewhere, failed_doc, refuse_down_hosts
 from .select import host_pattern, select_vms, vm_pattern
 from .specs import check_name
 from .tasks import iso
@@ -306,7 +306,6 @@ def plan_restore(ctx, backup_id: str, as_name: str | None = None,
                      + ("" if as_name else f"; restore it as a new VM with {option('as')} NAME"),
                      result=failed_doc())
     if on is not None:
-        from .vms import check_somewhere
         check_somewhere(ctx, on, None)
     uuid = None if as_name else record["uuid"]
     return Plan("restore", {"backup": backup_id, "name": name, "uuid": uuid, "on": on},

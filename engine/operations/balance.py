@@ -58,7 +58,7 @@ def plan_balance(ctx, hostglob: str | None = None, *, max_moves: int | None = No
     if max_moves is not None:
         _count(max_moves, "max_moves")
     _count(parallel, "parallel")
-    from engine.balancing import automation_args, read_settings, running_balances
+    from engine.planning.holds import automation_args, read_settings, running_balances
     from engine.natural import natural_key
     from engine.planning.balance import plan_balance as plan
     from engine.planning.snapshot import read_cluster
@@ -93,7 +93,7 @@ def balance_settings(ctx) -> dict:
     (the defaults where none were set), and the balancer's last round
     (``{host, round, score, above, busy, time, started}``, None before
     its first with ``auto`` on)."""
-    from engine.balancing import read_settings, read_status
+    from engine.planning.holds import read_settings, read_status
     from .tasks import iso
     store = ctx.store()
     status = read_status(store)
@@ -106,7 +106,7 @@ def set_balance_settings(ctx, *, auto: bool | None = None, threshold: float | No
                          by: str | None = None) -> dict:
     """Change the settings given (the others stay); each is checked before
     anything is read.  The settings now, as :func:`balance_settings`."""
-    from engine.balancing import BalanceSettings, checked_settings, read_settings, \
+    from engine.planning.holds import BalanceSettings, checked_settings, read_settings, \
         write_settings
     given = {"auto": auto, "threshold": threshold, "rounds": rounds, "hold": hold}
     checked_settings(BalanceSettings(), **given)

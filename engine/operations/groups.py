@@ -1,7 +1,7 @@
 """VM groups (``group list``, ``group show``) and where a boot would land.
 
 A group exists while it has members (``groups/<name>/<uuid>``, see
-:mod:`engine.groups`); its rule is the one its VMs were booted with.
+:mod:`engine.placement.groups`); its rule is the one its VMs were booted with.
 :func:`plan_landing` is the boot's plan: ``boot --dry-run`` shows it, and a
 real boot asks each claim for its planned host first.
 """
@@ -24,7 +24,7 @@ def _rows(members: dict) -> list[dict]:
 
 
 def _doc(name: str, members: dict) -> dict:
-    from engine.groups import rule_of
+    from engine.placement.groups import rule_of
     rows = _rows(members)
     return {"group": name, "rule": rule_of(members), "vms": rows,
             "violated": [row["name"] for row in rows if row["violated"]]}
@@ -32,7 +32,7 @@ def _doc(name: str, members: dict) -> dict:
 
 def list_groups(ctx) -> list[dict]:
     """Every group: ``[{group, rule, vms, violated}]`` by name."""
-    from engine.groups import read_groups
+    from engine.placement.groups import read_groups
     from engine.natural import natural_key
     groups = read_groups(ctx.store())
     return [_doc(name, groups[name]) for name in sorted(groups, key=natural_key)]
@@ -40,7 +40,7 @@ def list_groups(ctx) -> list[dict]:
 
 def show_group(ctx, name: str) -> dict:
     """``{group, rule, vms: [{name, uuid, host, leaving, violated}], violated}``."""
-    from engine.groups import check_name, read_group
+    from engine.placement.groups import check_name, read_group
     check_name(name)
     members, _ = read_group(ctx.store(), name)
     if not members:
@@ -52,7 +52,7 @@ def group_for_boot(ctx, name: str, rule: str | None) -> dict:
     """``{name, rule}`` for VMs booted into group ``name``: a new group
     needs its rule, an existing one keeps its own (asking for the other is
     refused)."""
-    from engine.groups import check_name, check_rule, read_group, rule_of
+    from engine.placement.groups import check_name, check_rule, read_group, rule_of
     check_name(name)
     if rule is not None:
         check_rule(rule)

@@ -1,9 +1,9 @@
 """Images: the cluster's ``image_sources`` setting, shown and changed, and
 the check a boot's image gets when the boot is planned
-(:mod:`engine.image_sources`, docs/vms.md)."""
+(:mod:`engine.hypervisor.storage.image_sources`, docs/vms.md)."""
 from __future__ import annotations
 
-from engine import image_sources as sources_of
+from engine.hypervisor.storage import image_sources as sources_of
 from engine.errors import UsageError
 
 __all__ = ["check_image", "image_sources", "set_image_sources"]

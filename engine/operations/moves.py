@@ -148,7 +148,7 @@ def _no_snapshots(store, vms: list[dict], doing: str) -> None:
     (libvirt refuses to migrate a VM that has some): one line naming the
     first VM's snapshot, nothing started."""
     from engine.errors import RequestError
-    from engine.snapshots import refuse_if_snapshots
+    from engine.backups.snapshots import refuse_if_snapshots
     for vm in vms:
         try:
             refuse_if_snapshots(store, vm["uuid"], vm["name"], doing)
@@ -221,7 +221,7 @@ def set_drained(ctx, names: list[str], drained: bool, by: str | None = None) -> 
     """Drain (or undrain) each host: ``[{host, drained}]``; two quick writes
     per host, no automation.  ``by``: who asks (default: this process's
     user@machine)."""
-    from engine.drains import set_drained as write
+    from engine.placement.drains import set_drained as write
     try:
         with ctx.placement() as placement:
             return write(ctx.store(), names, drained, by=by or operator(), placement=placement)

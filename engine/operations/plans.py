@@ -3,10 +3,13 @@ should confirm it first; :func:`engine.operations.tasks.start` starts it."""
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 
+from engine.cluster import read_hosts
 from engine.errors import Failed
+from engine.wording import given
 
-__all__ = ["Plan", "failed_doc", "refuse_down_hosts"]
+__all__ = ["Plan", "failed_doc", "refuse_down_hosts", "check_somewhere"]
 
 
 @dataclasses.dataclass
@@ -39,4 +42,23 @@ def refuse_down_hosts(vms: list[dict], then: str, lead: str = "VM {name!r}",
         raise Failed(lead.format(name=vm["name"])
                      + f" is on {vm['host']}, which is down: {then} once its host is back"
                      + after + (f" (and {len(down) - 1} more)" if len(down) > 1 else ""),
+                     result=failed_doc())
+
+
+def check_somewhere(ctx, on: str, reservation: str | None) -> None:
+    """``--on`` matching no host, or only hosts that take no new VM (down,
+    drained, disabled, reserved by another lease), is refused before an
+    automation starts, naming why."""
+    hosts = [h for h in read_hosts(ctx.store()) if fnmatch.fnmatchcase(h["host"], on)]
+    if not hosts:
+        raise Failed(f"no host matches {given('on', on)}", result=failed_doc())
+
+    def takes(host):
+        return host.get("status") == "up" or (
+            host.get("status") == "reserved" and host.get("reserved_by") == reservation)
+    if not any(takes(h) for h in hosts):
+        why = ", ".join(f"{h['host']} {h.get('status')}" + (
+            f" by lease {h['reserved_by']}" if h.get("status") == "reserved" else "")
+            for h in hosts)
+        raise Failed(f"no host among {given('on', on)} takes new VMs: {why}",
                      result=failed_doc())

@@ -2,7 +2,7 @@
 it, stop it, and what vmlist shows of it.
 
 Every refusal is one line with nothing written: an interval under
-:data:`engine.replicas.MIN_EVERY`, a pattern matching nothing, a VM whose
+:data:`engine.backups.replicas.MIN_EVERY`, a pattern matching nothing, a VM whose
 host is down, no other live, undrained host (matching ``to``) to keep its
 replica: a replica is never on the VM's own host."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ __all__ = ["replicate", "replicated", "row_of", "stop", "replicas_by_uuid", "che
 
 
 def check_every(every: float) -> float:
-    from engine.replicas import MIN_EVERY
+    from engine.backups.replicas import MIN_EVERY
     if every < MIN_EVERY:
         raise UsageError(f"--every {every:g}s is too short: a replica is updated at most "
                          f"every {MIN_EVERY:g}s")
@@ -58,7 +58,7 @@ def replicate(ctx, patterns: list[str], every: float, to: str | None = None,
     host, replica_host, every, state}]}`` (state ``started`` or
     ``changed``); ``dry_run``: nothing written, the doc's ``state`` is
     ``dry-run`` and each VM's ``would start`` or ``would change``."""
-    from engine import replicas
+    from engine.backups import replicas
     from engine.cluster import read_hosts
     every = check_every(every)
     to = host_pattern(to) if to is not None else None
@@ -94,7 +94,7 @@ def _row(vm: dict, record: dict) -> dict:
 def replicated(ctx, patterns: list[str]) -> list[dict]:
     """The VMs matching ``patterns`` that are replicated (each with its
     record as ``replication``); none: :class:`Failed`."""
-    from engine import replicas
+    from engine.backups import replicas
     store = ctx.store()
     chosen = []
     for vm in _chosen(ctx, patterns):
@@ -116,7 +116,7 @@ def stop(ctx, vms: list[dict]) -> dict:
     """Stop replicating ``vms`` (from :func:`replicated`): their automations
     delete each replica, then its record.  ``{vms: [...]}`` (state
     ``stopping``)."""
-    from engine import replicas
+    from engine.backups import replicas
     store = ctx.store()
     rows = []
     for vm in vms:
@@ -133,7 +133,7 @@ def replicas_by_uuid(store) -> dict[str, dict]:
     complete replica; ``alive`` False when the replica's host is down
     (the gap until a new replica is made elsewhere); ``error``: why the
     last update did not happen, or None."""
-    from engine import replicas
+    from engine.backups import replicas
     from engine.core.hosts import live_host_names
     alive = live_host_names(store)
     now = time.time()

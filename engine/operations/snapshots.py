@@ -23,7 +23,7 @@ SETTLED = ("running", "paused", "shutoff")       # states a snapshot request can
 
 
 def check_name(text) -> str:
-    from engine.snapshots import MAX_NAME, valid_name
+    from engine.backups.snapshots import MAX_NAME, valid_name
     if not valid_name(text):
         raise UsageError(f"bad snapshot name {text!r}: letters, digits, '.', '_' and '-' "
                          f"only, 1 to {MAX_NAME} of them")
@@ -36,7 +36,7 @@ def default_name(now: float | None = None) -> str:
 
 
 def _records(store) -> list[dict]:
-    from engine.snapshots import recorded
+    from engine.backups.snapshots import recorded
     return recorded(store)
 
 
@@ -123,7 +123,7 @@ def plan_create(ctx, patterns: list[str], name: str | None = None,
         if off:
             raise Failed(f"VM {off[0]['name']!r} is {off[0]['state']}: --memory needs a "
                          "running or paused VM", result=failed_doc())
-    from engine.snapshots import snapshots_of
+    from engine.backups.snapshots import snapshots_of
     for vm in vms:
         if any(s["name"] == name for s in snapshots_of(ctx.store(), vm["uuid"])):
             raise Failed(f"VM {vm['name']!r} already has a snapshot {name!r}: choose another "
@@ -135,7 +135,7 @@ def plan_create(ctx, patterns: list[str], name: str | None = None,
 
 def _snapshot(ctx, vm: dict, name: str) -> dict:
     """``vm``'s recorded snapshot ``name``, on the host the VM is on."""
-    from engine.snapshots import snapshots_of
+    from engine.backups.snapshots import snapshots_of
     mine = snapshots_of(ctx.store(), vm["uuid"])
     found = [s for s in mine if s["name"] == name]
     if not found:

@@ -7,12 +7,12 @@ import time
 from engine.errors import Failed, UsageError
 from engine.wording import given, option, speaks_json
 
-from .plans import Plan, failed_doc, refuse_down_hosts
+from .plans import Plan, check_somewhere, failed_doc, refuse_down_hosts
 from .select import NoMatch, host_pattern, select_vms
 from .specs import check_names, hostname_of, parse_resources
 
 __all__ = ["LISTED", "ORDER", "JOINED", "list_vms", "plan_boot", "plan_action", "plan_ha",
-           "console_target", "wait_for_addresses", "paused_why", "check_somewhere",
+           "console_target", "wait_for_addresses", "paused_why",
            "note_backups_kept",
            "VM_ACTIONS", "DESTRUCTIVE", "ENDED"]
 
@@ -189,30 +189,9 @@ def plan_boot(ctx, names: list[str], resources: str, *, required: str | None = N
     return Plan("boot", {"vms": vms}, landing)
 
 
-def check_somewhere(ctx, on: str, reservation: str | None) -> None:
-    """``--on`` matching no host, or only hosts that take no new VM (down,
-    drained, disabled, reserved by another lease), is refused before an
-    automation starts, naming why."""
-    import fnmatch
-    from engine.cluster import read_hosts
-    hosts = [h for h in read_hosts(ctx.store()) if fnmatch.fnmatchcase(h["host"], on)]
-    if not hosts:
-        raise Failed(f"no host matches {given('on', on)}", result=failed_doc())
-
-    def takes(host):
-        return host.get("status") == "up" or (
-            host.get("status") == "reserved" and host.get("reserved_by") == reservation)
-    if not any(takes(h) for h in hosts):
-        why = ", ".join(f"{h['host']} {h.get('status')}" + (
-            f" by lease {h['reserved_by']}" if h.get("status") == "reserved" else "")
-            for h in hosts)
-        raise Failed(f"no host among {given('on', on)} takes new VMs: {why}",
-                     result=failed_doc())
-
-
 def _networks(ctx, given: list[str] | None, default: str) -> list[str]:
     """Network names some live host offers; ``none``: no interface."""
-    from engine.hypervisor.networks import parse_names
+    from engine.hypervisor.domain.networks import parse_names
     where = "in --network" if given else "in the network setting"
     networks = parse_names(given if given else [default], where)
     if not networks:
@@ -231,7 +210,7 @@ def _networks(ctx, given: list[str] | None, default: str) -> list[str]:
 
 
 def _network_traits(networks: list[str]) -> list[str]:
-    from engine.hypervisor.networks import network_trait
+    from engine.hypervisor.domain.networks import network_trait
     return list(dict.fromkeys(network_trait(name) for name in networks))
 
 
@@ -251,7 +230,7 @@ def wait_for_addresses(ctx, vms: list[dict], timeout: float, poll: float = 0.5,
     error, someone paused it) will get no address: it is waited for no
     longer, and its row gets ``why`` (:func:`paused_why`); ``noticed(vm)``
     is called once for each, as it is seen."""
-    from engine.hypervisor.shapes import PASSING
+    from engine.hypervisor.domain.shapes import PASSING
     waiting = [vm for vm in vms if vm.get("host") and not vm.get("error")]
     deadline = time.monotonic() + timeout
     while True:

@@ -1,7 +1,7 @@
 """Hosts as resource providers.
 
 The peer calls, at start and on every stats tick (through
-``engine/hypervisor/accounting.py``, which says what is reserved)::
+``engine/hypervisor/host/accounting.py``, which says what is reserved)::
 
     register_host(placement, host_name, source, state_dir=STATE_DIR,
                   reserved={RC: amount}) -> provider
@@ -20,7 +20,7 @@ Promises:
   step_size an operator set are kept, and so is reserved when none is given;
 - ``reserved`` given is exactly the reserved, every class it does not name
   0 (the peer gives what its operator's setting and the host's foreign
-  domains hold: ``engine/hypervisor/accounting.py``), capped at the total;
+  domains hold: ``engine/hypervisor/host/accounting.py``), capped at the total;
 - a drained host (``drain(placement, host)``: reserved = total, trait
   COMPUTE_STATUS_DISABLED) stays drained across restarts until undrained,
   whatever ``reserved`` says;

@@ -3,7 +3,7 @@ trait peerctl made up itself.
 
 A user asks for a network by its name (``boot --network lan``); peerctl
 turns it into the trait ``CUSTOM_NET_LAN`` of the hosts offering it
-(:func:`engine.hypervisor.networks.network_trait`).  A refusal naming that
+(:func:`engine.hypervisor.domain.networks.network_trait`).  A refusal naming that
 trait names something the user never typed: :func:`in_words` says
 ``network lan`` instead.  Every other trait is the user's own (``--required
 CUSTOM_SSD``) or placement's standard one, and is said as it is.

@@ -16,7 +16,7 @@ Promises:
   open (alive, not drained, not shut by a lease the VM is not in), it is
   not where the VM is, the VM's amounts fit, the host has the VM's required
   traits and none it forbids, and the VM's group's rule
-  (:func:`engine.groups.allows`) holds; it answers None or the first reason;
+  (:func:`engine.placement.groups.allows`) holds; it answers None or the first reason;
 - hosts and VMs are iterated in natural name order, so the same cluster
   always gives the same plan.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from engine import groups as grouprules
+from engine.placement import groups as grouprules
 from engine.natural import natural_key
 from engine.placement.traits import list_in_words
 
@@ -74,7 +74,7 @@ class Cluster:
         return sorted(self.hosts, key=natural_key)
 
     def members(self, group: str) -> dict:
-        """The group's members as :func:`engine.groups.occupied` reads them."""
+        """The group's members as :func:`engine.placement.groups.occupied` reads them."""
         return {vm.uuid: {"uuid": vm.uuid, "name": vm.name, "host": vm.host}
                 for vm in self.vms.values() if vm.group == group and vm.host}
 

@@ -26,8 +26,8 @@ from engine.core import keys
 from engine.core.hosts import live_host_names
 from engine.core.store import Get
 from engine.core.values import readable
-from engine.drains import drained_hosts
-from engine.groups import read_groups
+from engine.placement.drains import drained_hosts
+from engine.placement.groups import read_groups
 from engine.placement.model import DISABLED_TRAIT, SHARING_TRAIT, capacity
 
 from .model import Cluster, Host, Vm

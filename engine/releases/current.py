@@ -118,7 +118,7 @@ def peer_file(state_dir: str) -> str:
 
 def write_peer_file(state_dir: str) -> None:
     """Note this process as the host's peer."""
-    from engine.hypervisor.daemons import cmdline
+    from engine.hypervisor.local.daemons import cmdline
     write_json(peer_file(state_dir), {"pid": os.getpid(), "cmd": cmdline(os.getpid())})
 
 

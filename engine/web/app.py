@@ -30,6 +30,7 @@ from engine.core import sessions, tokens
 from engine.errors import NoSuch, PeerctlError, PermissionDenied, Unavailable, UsageError
 
 from . import events, identity
+from .appkeys import API, CONNECTIONS, REVOCATIONS, STREAMS
 from .revocation import Revocations
 from .routes import ROUTES, Call, Refusal
 from .schema_errors import schema_error
@@ -42,10 +43,6 @@ MAX_BODY = 1024 * 1024          # bytes of a request body
 MAX_CONNECTIONS = 256           # open connections, event streams included
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 _JSON = "application/json"
-API = web.AppKey("api", object)
-CONNECTIONS = web.AppKey("connections", list)   # the server, once it runs
-STREAMS = web.AppKey("streams", set)            # the open event streams' tasks
-REVOCATIONS = web.AppKey("revocations", Revocations)    # streams by token and session
 
 
 class Api:

@@ -28,7 +28,7 @@ Promises:
   session ends, the client's side included.
 
 Every byte of the console stream moves on libvirt's event loop thread, as
-in :mod:`engine.hypervisor.console`: the websocket's side hands work to it
+in :mod:`engine.hypervisor.host.console`: the websocket's side hands work to it
 with a zero timeout, and receives the guest's bytes through the asyncio
 loop.
 """
@@ -37,16 +37,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import threading
-import time
 
 import structlog
 from aiohttp import WSMsgType, web
 
 from engine.errors import PeerctlError, Unavailable, UsageError
+from engine.hypervisor.host.console_stream import BACKLOG, CHUNK, STOPPED, StreamPump, why_ended
 
 from . import identity
-from .app import API, REVOCATIONS
+from .appkeys import API, REVOCATIONS
 from .routes import Refusal
 
 __all__ = ["add_routes", "PATH", "STOPPED", "REVOKED", "CLOSE_REASON_BYTES"]
@@ -54,12 +53,9 @@ __all__ = ["add_routes", "PATH", "STOPPED", "REVOKED", "CLOSE_REASON_BYTES"]
 log = structlog.get_logger("peerctl.api")
 
 PATH = "/v1/vms/{name}/console"
-STOPPED = "console closed: the VM stopped"
 CLOSE_REASON_BYTES = 123        # RFC 6455: a control frame's payload is 125 bytes
 REVOKED = 4401                  # the token or session that opened it ended
-_CHUNK = 65536
-_BACKLOG = 1 << 20              # bytes waiting on either side before it pauses or ends
-_SETTLE = 3.0                   # seconds for libvirt to see a stopped guest stopped
+_ENDED = {"stopped": 1000, "lost": 4503, "taken": 4409}   # why_ended's kinds as close codes
 
 
 def add_routes(app, who_asks, check_write) -> None:
@@ -74,7 +70,7 @@ def add_routes(app, who_asks, check_write) -> None:
         unknown = sorted(set(request.query) - {"csrf"})
         if unknown:
             raise UsageError(f"unknown query parameter {unknown[0]!r} (known: csrf)")
-        socket = web.WebSocketResponse(heartbeat=30.0, max_msg_size=_CHUNK)
+        socket = web.WebSocketResponse(heartbeat=30.0, max_msg_size=CHUNK)
         if not socket.can_prepare(request).ok:
             raise Refusal(400, f"{request.path} is a websocket: connect with an "
                           "Upgrade: websocket handshake")
@@ -118,7 +114,7 @@ def _reason(line: str) -> str:
 
 def _attach(ctx, name: str):
     """The console of the one VM ``name`` matches (blocking: etcd, libvirt)."""
-    from engine.hypervisor import console
+    from engine.hypervisor.host import console
     from engine.operations.vms import console_target
     vm, uri = console_target(ctx, name)
     return console.attach(uri, vm["uuid"], vm["name"], vm["host"])
@@ -130,7 +126,7 @@ async def _session(api, ctx, name: str, socket: web.WebSocketResponse) -> None:
     except PeerctlError as exc:
         await _end(socket, _close_code(exc), str(exc))
         return
-    pump = _Pump(attached, asyncio.get_running_loop())
+    pump = StreamPump(attached, asyncio.get_running_loop())
     if socket.closed:               # ended while it attached (its token revoked)
         await asyncio.shield(api.run(pump.close))
         return
@@ -142,7 +138,8 @@ async def _session(api, ctx, name: str, socket: web.WebSocketResponse) -> None:
         try:
             code, why = await _to_browser(socket, pump, typing)
             if code is None:            # the guest's side ended: say why
-                code, why = await api.run(_why_ended, attached)
+                kind, why = await api.run(why_ended, attached)
+                code = _ENDED[kind]
         finally:
             typing.cancel()
             await asyncio.wait({typing})    # its read of the socket ends before the close
@@ -162,7 +159,7 @@ async def _end(socket, code: int, why: str) -> None:
     await socket.close(code=code, message=_reason(line).encode())
 
 
-async def _to_browser(socket, pump: "_Pump", typing: asyncio.Future):
+async def _to_browser(socket, pump: StreamPump, typing: asyncio.Future):
     """Send the guest's bytes until either side ends: ``(None, None)`` when
     the console stream ended, else the close code and reason to send."""
     while True:
@@ -175,7 +172,7 @@ async def _to_browser(socket, pump: "_Pump", typing: asyncio.Future):
         if data is None:
             return None, None
         pump.sent(len(data))
-        if pump.queued > _BACKLOG:
+        if pump.queued > BACKLOG:
             return 4409, "the browser does not keep up with the console's output"
         try:
             await socket.send_bytes(data)
@@ -183,7 +180,7 @@ async def _to_browser(socket, pump: "_Pump", typing: asyncio.Future):
             return 1000, "the browser left the console"
 
 
-async def _to_guest(socket, pump: "_Pump") -> None:
+async def _to_guest(socket, pump: StreamPump) -> None:
     """What the browser types, to the guest, until it closes its side."""
     async for message in socket:
         if message.type == WSMsgType.BINARY:
@@ -192,151 +189,3 @@ async def _to_guest(socket, pump: "_Pump") -> None:
             await pump.send(message.data.encode())
         elif message.type == WSMsgType.ERROR:
             return
-
-
-def _why_ended(attached) -> tuple[int, str]:
-    """Why the console stream ended: the guest stopped (libvirt may take a
-    moment to see QEMU gone), its host's libvirt was lost, or it still runs
-    and another client took the console over."""
-    import libvirt
-    deadline = time.monotonic() + _SETTLE
-    while True:
-        try:
-            if not attached.dom.isActive():
-                return 1000, STOPPED
-        except libvirt.libvirtError as exc:
-            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                return 1000, STOPPED
-            return 4503, f"lost {attached.host}'s libvirt at {attached.uri}"
-        if time.monotonic() >= deadline:
-            return 4409, (f"the console of VM {attached.name} on {attached.host} closed while "
-                          "the VM runs (another client may have taken it over)")
-        time.sleep(0.1)
-
-
-class _Pump:
-    """Bytes between an attached console's stream and the asyncio loop,
-    every stream call made on libvirt's event loop thread: ``output`` gets
-    the guest's bytes, then None once the stream has ended."""
-
-    def __init__(self, attached, loop: asyncio.AbstractEventLoop):
-        import libvirt
-        self.libvirt = libvirt
-        self.attached, self.stream, self.loop = attached, attached.stream, loop
-        self.output: asyncio.Queue = asyncio.Queue()
-        self.queued = 0                 # bytes in ``output`` (the loop's side counts)
-        self._lock = threading.Lock()
-        self._pending = b""             # typed bytes the stream did not take yet
-        self._drained = asyncio.Event()
-        self._drained.set()
-        self._ended = False
-
-    def start(self) -> None:
-        self.stream.eventAddCallback(self._events(), self._on_stream, None)
-
-    async def send(self, data: bytes) -> None:
-        """Queue ``data`` for the guest; wait while too much already waits."""
-        await self._drained.wait()
-        with self._lock:
-            self._pending += data
-            if len(self._pending) > _BACKLOG:
-                self._drained.clear()
-        self._on_libvirt_thread(self._write)
-
-    def sent(self, size: int) -> None:
-        self.queued -= size
-
-    def close(self) -> None:
-        """Let the console go (blocking): the stream on libvirt's thread,
-        then the connection."""
-        done = threading.Event()
-
-        def stop():
-            self._ended = True
-            for call in (self.stream.eventRemoveCallback, self.stream.abort):
-                try:
-                    call()
-                except self.libvirt.libvirtError:
-                    pass
-            done.set()
-        self._on_libvirt_thread(stop)
-        done.wait(5.0)
-        try:
-            self.attached.conn.close()
-        except self.libvirt.libvirtError:
-            pass
-
-    # -- libvirt's event loop thread -----------------------------------------------
-
-    def _on_libvirt_thread(self, call) -> None:
-        def once(timer, _opaque):
-            self.libvirt.virEventRemoveTimeout(timer)
-            call()
-        self.libvirt.virEventAddTimeout(0, once, None)
-
-    def _events(self) -> int:
-        lv = self.libvirt
-        events = (lv.VIR_STREAM_EVENT_READABLE | lv.VIR_STREAM_EVENT_ERROR
-                  | lv.VIR_STREAM_EVENT_HANGUP)
-        return events | (lv.VIR_STREAM_EVENT_WRITABLE if self._pending else 0)
-
-    def _on_stream(self, _stream, events, _opaque) -> None:
-        lv = self.libvirt
-        if self._ended:
-            return
-        try:
-            if events & lv.VIR_STREAM_EVENT_READABLE and not self._read():
-                return
-            if events & lv.VIR_STREAM_EVENT_WRITABLE:
-                self._write()
-            if events & (lv.VIR_STREAM_EVENT_ERROR | lv.VIR_STREAM_EVENT_HANGUP):
-                self._read()
-                self._end()
-        except lv.libvirtError:
-            self._end()
-
-    def _read(self) -> bool:
-        """Hand over what the guest sent; False once the stream ended."""
-        while True:
-            data = self.stream.recv(_CHUNK)
-            if isinstance(data, int):       # -2: nothing more for now
-                return True
-            if not data:
-                self._end()
-                return False
-            self._deliver(bytes(data))
-
-    def _write(self) -> None:
-        if self._ended:
-            return
-        try:
-            with self._lock:
-                while self._pending:
-                    sent = self.stream.send(self._pending)
-                    if sent == -2:          # full for now: WRITABLE says when
-                        break
-                    self._pending = self._pending[sent:]
-                drained = len(self._pending) <= _BACKLOG
-            self.stream.eventUpdateCallback(self._events())
-        except self.libvirt.libvirtError:
-            self._end()
-            return
-        if drained:
-            self._call_soon(self._drained.set)
-
-    def _end(self) -> None:
-        if not self._ended:
-            self._ended = True
-            self._deliver(None)
-
-    def _deliver(self, data: bytes | None) -> None:
-        def put():
-            self.queued += len(data or b"")
-            self.output.put_nowait(data)
-        self._call_soon(put)
-
-    def _call_soon(self, call) -> None:
-        try:
-            self.loop.call_soon_threadsafe(call)
-        except RuntimeError:            # the server's loop is gone: nobody listens
-            pass

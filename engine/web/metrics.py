@@ -52,7 +52,7 @@ from engine.core.maintenance import space
 from engine.core.store import KV
 from engine.core.values import readable
 from engine.errors import PeerctlError
-from engine.hypervisor.shapes import VM
+from engine.hypervisor.domain.shapes import VM
 from engine.placement.model import capacity
 
 from .domain_metrics import Domains

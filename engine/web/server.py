@@ -74,7 +74,8 @@ class ApiServer:
 
     async def _serve(self):
         from aiohttp import web
-        from .app import CONNECTIONS, make_app
+        from .app import make_app
+        from .appkeys import CONNECTIONS
         app = make_app(self.api)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                keepalive_timeout=30, shutdown_timeout=2)

@@ -5,16 +5,16 @@
     python tests/support/carry_worker.py restore STATE_DIR CARRY_FILE [TIMES]
     python tests/support/carry_worker.py use STATE_DIR CARRY_FILE
 
-- ``build``: host ``h1`` builds VMs as its peer would (:func:`engine.hypervisor.vm.build`,
+- ``build``: host ``h1`` builds VMs as its peer would (:func:`engine.hypervisor.host.vm.build`,
   with their pool, volumes and networks): ``web`` (an image overlay, a
   seed, a network; rebooted with token ``t1``, so its live metadata
   differs from its definition) left running, ``db`` (a blank disk, a
   snapshot) paused, ``old`` (two snapshots) shut off; ``passing`` is a
   transient domain with peerctl metadata (a migration's arrival before it
   is persisted); the driver's own ``test`` is adopted (metadata written);
-  then :func:`engine.hypervisor.carry.save`.  Prints ``{"saved": n,
+  then :func:`engine.hypervisor.host.carry.save`.  Prints ``{"saved": n,
   "uuids": {name: uuid}, "has": ...}``.
-- ``restore``: :func:`engine.hypervisor.carry.restore` TIMES times (1),
+- ``restore``: :func:`engine.hypervisor.host.carry.restore` TIMES times (1),
   then prints ``{"restored": [n, ...], "error": text or None, "seconds": s,
   "has": ...}``;
   ``has`` is what the process has then, as ``build`` printed it.
@@ -39,12 +39,12 @@ import libvirt  # noqa: E402
 import structlog  # noqa: E402
 
 from engine.errors import Failed  # noqa: E402
-from engine.hypervisor import carry, vm  # noqa: E402
-from engine.hypervisor.domain_xml import (NAMESPACE, disk_paths, read_metadata,  # noqa: E402
+from engine.hypervisor.host import carry, vm  # noqa: E402
+from engine.hypervisor.domain.domain_xml import (NAMESPACE, disk_paths, read_metadata,  # noqa: E402
                                           read_reboot_token, write_metadata)
-from engine.hypervisor.hostctx import HostContext  # noqa: E402
-from engine.hypervisor.networks import parse_offer  # noqa: E402
-from engine.hypervisor.records import vm_state  # noqa: E402
+from engine.hypervisor.host.hostctx import HostContext  # noqa: E402
+from engine.hypervisor.domain.networks import parse_offer  # noqa: E402
+from engine.hypervisor.domain.records import vm_state  # noqa: E402
 
 URI = "test:///default"
 PASSING = "00000000-0000-4000-8000-00000000c0de"

@@ -62,7 +62,7 @@ class Cluster:
     def successor(self, host: str) -> int | None:
         """The PID serving as ``host``'s peer after an upgrade handed it over
         to a new process (not the one this object started), if it runs."""
-        from engine.hypervisor.daemons import cmdline
+        from engine.hypervisor.local.daemons import cmdline
         from engine.releases.current import read_peer_file
         noted = read_peer_file(str(self.state_dir(host)))
         process = self.peers.get(host)
@@ -120,20 +120,20 @@ class Cluster:
 
 
 def _runs(pid: int) -> bool:
-    from engine.hypervisor.daemons import cmdline
+    from engine.hypervisor.local.daemons import cmdline
     return bool(cmdline(pid))
 
 
 def stop_guard(state_dir) -> None:
     """SIGKILL the guard a peer started in ``state_dir``, by its recorded PID,
-    if that process is still a guard (engine/hypervisor/guard.py)."""
+    if that process is still a guard (engine/hypervisor/ha/guard.py)."""
     try:
         pid = int((state_dir / "guard" / "pid").read_text())
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             command = f.read().split(b"\0")
     except (OSError, ValueError):
         return
-    if b"engine.hypervisor.guard" in command and str(state_dir).encode() in b" ".join(command):
+    if b"engine.hypervisor.ha.guard" in command and str(state_dir).encode() in b" ".join(command):
         os.kill(pid, signal.SIGKILL)
 
 

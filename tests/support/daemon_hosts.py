@@ -1,7 +1,7 @@
 """Three private libvirtd daemons serving libvirt's *test* driver: hosts
 whose VMs outlive their peer's process, as QEMU's do, without booting a
 guest.  ``test+unix:///default?socket=...`` reaches each daemon's own test
-driver; a peer on it gets a guard (:mod:`engine.hypervisor.guard`).
+driver; a peer on it gets a guard (:mod:`engine.hypervisor.ha.guard`).
 
 Module scope; skips where private daemons cannot run
 (:func:`tests.support.libvirtd_pair.cannot_run_reason`).
@@ -16,7 +16,7 @@ from urllib.parse import quote
 import libvirt
 import pytest
 
-from engine.hypervisor.daemons import PrivateLibvirtd
+from engine.hypervisor.local.daemons import PrivateLibvirtd
 from tests.support import qemu_guest
 from tests.support.libvirtd_pair import cannot_run_reason
 

@@ -15,7 +15,7 @@ import uuid as uuidlib
 import pytest
 
 from engine.core.handlers import load_request_handlers
-from engine.hypervisor.hostctx import HostContext
+from engine.hypervisor.host.hostctx import HostContext
 
 __all__ = ["HANDLERS", "TEST_URI", "call", "new_host", "host"]
 

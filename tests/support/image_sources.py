@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from engine.image_sources import change_sources
+from engine.hypervisor.storage.image_sources import change_sources
 
 __all__ = ["allow_images"]
 

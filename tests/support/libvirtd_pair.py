@@ -1,10 +1,10 @@
 """Two KVM hosts on this machine: the ``libvirtd_pair`` fixture.
 
-Two private libvirtd (:mod:`engine.hypervisor.daemons`), ``kvm1`` and
+Two private libvirtd (:mod:`engine.hypervisor.local.daemons`), ``kvm1`` and
 ``kvm2``, each with its own host UUID, socket, state and virtlogd, so that
 libvirt migrates between them as between two machines.  Both run inside a
 network namespace of the fixture's own, where they share one guest network,
-``default`` (:mod:`engine.hypervisor.localnet`: a bridge with DHCP, no
+``default`` (:mod:`engine.hypervisor.local.localnet`: a bridge with DHCP, no
 forwarding); the namespace is deleted at teardown.  They live under a
 directory QEMU's user can reach (``/var/tmp``; pytest's ``tmp_path`` sits
 under a 0700 directory), also handed to the tests for their kernels,
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.hypervisor.daemons import PrivateLibvirtd, delete_netns, ensure_netns
-from engine.hypervisor.localnet import ensure_local_network, stop_local_network
+from engine.hypervisor.local.daemons import PrivateLibvirtd, delete_netns, ensure_netns
+from engine.hypervisor.local.localnet import ensure_local_network, stop_local_network
 from tests.support import qemu_guest
 
 __all__ = ["libvirtd_pair", "LibvirtdPair", "cannot_run_reason", "NAMES"]

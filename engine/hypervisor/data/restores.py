@@ -1,0 +1,142 @@
+"""Rebuilding a VM's disks from a backup chain, on the host the restored VM
+will run on (the ``restore_disks`` request; ``automations/backups.py``
+claims the host first and builds the VM on these disks after).
+
+For each disk, the chain's full backup is copied from its target's pool
+into this host's pool as the VM's disk (``<uuid>.qcow2``), then each
+incremental, oldest first, into a temporary volume whose clusters are
+written into the disk (:func:`engine.hypervisor.storage.qcow2.apply_increment`)
+before it is deleted.  Every copy is checksummed as it arrives and checked
+against the backup's record before anything is built on it: a damaged or
+missing backup leaves no volume behind and says which one.
+
+It is idempotent by VM uuid: run again, it deletes what an earlier run
+made for a VM that is not defined here and starts over.
+"""
+from __future__ import annotations
+
+import libvirt
+import structlog
+
+from engine.core import steps
+from engine.errors import RequestError
+from engine.hypervisor.storage import images, qcow2
+from engine.hypervisor.data.backups import Ticker, is_test
+from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label, vm_lock
+from engine.hypervisor.storage.volcopy import copy_volume, physical_size
+
+__all__ = ["restore_disks", "disk_volume_name"]
+
+log = structlog.get_logger("peerctl.restores")
+
+
+def disk_volume_name(uuid: str, dev: str) -> str:
+    """The volume a VM's disk ``dev`` lives in (``vda``: what build uses)."""
+    return f"{uuid}.qcow2" if dev == "vda" else f"{uuid}-{dev}.qcow2"
+
+
+def _check_chain(chain) -> list[dict]:
+    if not isinstance(chain, list) or not chain or not all(
+            isinstance(link, dict) and isinstance(link.get("disks"), list)
+            and all(isinstance(link.get(k), str) for k in ("id", "host", "libvirt_uri", "pool"))
+            for link in chain):
+        raise RequestError("restore_disks needs the backup chain, full backup first")
+    return chain
+
+
+def restore_disks(host, args: dict) -> dict:
+    """``{uuid, name, chain: [{id, host, libvirt_uri, pool, disks: [{dev,
+    volume, capacity, checksum}]}]}`` -> ``{uuid, host, disks: [{dev,
+    volume}], bytes}``."""
+    uuid = uuid_arg(args)
+    chain = _check_chain(args.get("chain"))
+    with vm_lock(host, uuid):
+        if find_domain(host, uuid) is not None:
+            raise RequestError(f"{vm_label(args, uuid)} is already defined on {host.host}")
+        pool = images.ensure_pool(host)
+        images.delete_volumes(pool, uuid)       # an earlier, unfinished try
+        if is_test(host.conn):
+            return _blank(host, pool, uuid, chain[0])
+        try:
+            return _rebuild(host, pool, uuid, chain)
+        except BaseException:
+            images.delete_volumes(pool, uuid)
+            raise
+
+
+def _blank(host, pool, uuid: str, full: dict) -> dict:
+    """The test driver: disks of the recorded sizes, with no content."""
+    disks = []
+    for disk in full["disks"]:
+        gib = max(1, -(-int(disk.get("capacity") or 0) // images.GiB))
+        name = disk_volume_name(uuid, disk["dev"])
+        images.ensure_blank(pool, name, gib)
+        disks.append({"dev": disk["dev"], "volume": name})
+    return {"uuid": uuid, "host": host.host, "disks": disks, "bytes": 0}
+
+
+def _source(host, link: dict):
+    if link["libvirt_uri"] == host.libvirt_uri:
+        return host.conn, False
+    try:
+        return libvirt.open(link["libvirt_uri"]), True
+    except libvirt.libvirtError as exc:
+        raise RequestError(f"backup {link['id']}: cannot reach the hypervisor of "
+                           f"{link['host']}: {exc.get_error_message()}") from None
+
+
+def _rebuild(host, pool, uuid: str, chain: list[dict]) -> dict:
+    opened = {}
+    try:
+        sources = {}
+        for link in chain:
+            if link["libvirt_uri"] not in opened:
+                opened[link["libvirt_uri"]] = _source(host, link)
+            conn = opened[link["libvirt_uri"]][0]
+            try:
+                sources[link["id"]] = (conn, conn.storagePoolLookupByName(link["pool"]))
+            except libvirt.libvirtError as exc:
+                raise RequestError(f"backup {link['id']}: pool {link['pool']} on "
+                                   f"{link['host']}: {exc.get_error_message()}") from None
+        plan = [(link, disk, sources[link["id"]]) for link in chain for disk in link["disks"]]
+        volumes = {}
+        for link, disk, (conn, src_pool) in plan:
+            src_pool.refresh(0)
+            vol = images.lookup(src_pool, disk["volume"])
+            if vol is None:
+                raise RequestError(f"backup {link['id']}: volume {disk['volume']} is missing "
+                                   f"from pool {link['pool']} on {link['host']}")
+            volumes[(link["id"], disk["dev"])] = vol
+        ticker = Ticker("restoring", sum(physical_size(v) for v in volumes.values()))
+        sent, disks = 0, []
+        for dev in [d["dev"] for d in chain[0]["disks"]]:
+            final = disk_volume_name(uuid, dev)
+            for index, link in enumerate(chain):
+                disk = next((d for d in link["disks"] if d["dev"] == dev), None)
+                if disk is None:
+                    raise RequestError(f"backup {link['id']} has no disk {dev}")
+                vol = volumes[(link["id"], dev)]
+                name = final if index == 0 else f"{uuid}-restore-{dev}-{index}.qcow2"
+                count, checksum = copy_volume(opened[link["libvirt_uri"]][0], vol, host.conn,
+                                              pool, name, ticker, steps.abort_requested)
+                ticker.next(physical_size(vol))
+                sent += count
+                if checksum != disk["checksum"]:
+                    raise RequestError(f"backup {link['id']}: disk {dev} on {link['host']} "
+                                       f"does not match its checksum: it is damaged; nothing "
+                                       "restored")
+                if index:
+                    increment = images.lookup(pool, name)
+                    qcow2.apply_increment(increment.path(), images.lookup(pool, final).path())
+                    increment.delete(0)
+            disks.append({"dev": dev, "volume": final})
+        pool.refresh(0)
+        log.info("disks_restored", uuid=uuid, chain=[link["id"] for link in chain], bytes=sent)
+        return {"uuid": uuid, "host": host.host, "disks": disks, "bytes": sent}
+    finally:
+        for conn, close in opened.values():
+            if close:
+                try:
+                    conn.close()
+                except libvirt.libvirtError:
+                    pass

@@ -1,0 +1,493 @@
+"""A private libvirtd: one more KVM host on this machine.
+
+libvirt refuses to migrate between two daemons that share a host UUID, and a
+root libvirtd keeps its state in places compiled into it (``/etc/libvirt``,
+``/run/libvirt``, ``/var/lib/libvirt``, ``/var/log/libvirt``,
+``/var/cache/libvirt``; no setting moves them).  So a private daemon runs as
+root, "system" like any other, in a mount namespace of its own where those
+five directories are bind mounts of ``etc/``, ``run/``, ``lib/``, ``log/``
+and ``cache/`` under its directory, with a ``host_uuid`` of its own in its
+``libvirtd.conf`` and a virtlogd of its own beside it (same mounts), which
+writes its guests' serial console logs.  Outside, a client reaches it at
+:attr:`PrivateLibvirtd.uri`, ``qemu+unix:///system?socket=DIR/run/libvirt-sock``.
+Optionally both run inside a network namespace (``ip netns exec``): the
+daemon's network driver and its migration ports then see the namespace's
+interfaces, never the machine's.
+
+Promises:
+- :meth:`PrivateLibvirtd.start` returns once ``libvirt.open(uri)`` works and
+  the daemon reports its own host UUID, or raises
+  :class:`~engine.errors.Failed` with the end of the daemon's log; it starts
+  only what is not running, and reuses a daemon or virtlogd only when the
+  PID (from the record or the PID file) still runs the very command line
+  this directory gives it, never a stranger that reused the PID;
+- :meth:`PrivateLibvirtd.stop` signals recorded PIDs only, after the same
+  check; it leaves guests running, as any libvirtd restart does (QEMU is
+  daemonised, not libvirtd's child), and leaves virtlogd running while they
+  do, since their consoles go through it; the next ``start`` reattaches;
+- :meth:`PrivateLibvirtd.guest_pids` and :meth:`PrivateLibvirtd.dnsmasq_pid`
+  read libvirt's own status and PID files and check the command line, so a
+  guest's QEMU or the guest network's DHCP server is found (and ``down``
+  stops it by PID) even with libvirtd stopped;
+- the host UUID is a function of the directory: the same daemon keeps it
+  across restarts, two directories never share one;
+- guests of a private daemon run outside cgroups: libvirt names a guest's
+  cgroup after its domain id and name, which two daemons numbering their
+  domains from 1 would share (inside a network namespace ``ip netns exec``
+  mounts a fresh /sys without them; outside, the daemon's mount namespace
+  drops them);
+- cheap to import: libvirt is loaded only to wait for the daemon.  No virsh:
+  the binaries run are libvirtd, virtlogd, ip, unshare, mount and sh.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid as uuidlib
+import xml.etree.ElementTree as ET
+from urllib.parse import quote
+
+from engine.errors import Failed
+
+__all__ = ["PrivateLibvirtd", "ensure_netns", "delete_netns", "netns_exists", "netns_pids",
+           "cmdline", "terminate"]
+
+# The directories a root libvirtd and virtlogd use, and what each is bound to.
+MOUNTS = (("etc", "/etc/libvirt"), ("run", "/run/libvirt"), ("lib", "/var/lib/libvirt"),
+          ("log", "/var/log/libvirt"), ("cache", "/var/cache/libvirt"))
+# The host UUID namespace: uuid5 of the daemon's directory in it.
+_UUID_NAMESPACE = uuidlib.UUID("7e1b5f0c-64a4-4f39-9a2e-2f4d1e0c9b51")
+# A UNIX socket path holds at most 107 bytes (sun_path is 108 with its NUL).
+_SUN_PATH_MAX = 107
+# The system daemon's cache of QEMU's capabilities: a copy saves the ~8 s a
+# daemon spends probing QEMU on its first connection; libvirt checks every
+# entry (QEMU's and libvirtd's ctime, kernel, microcode) and re-probes a stale one.
+_SYSTEM_CAPS_CACHE = "/var/cache/libvirt/qemu/capabilities"
+
+# Run in the new mount namespace, then exec the daemon (same PID throughout:
+# unshare and ip netns exec exec too, so the PID recorded is the daemon's).
+_ENTER = """set -e
+dir=$1; shift
+for pair in {pairs}; do
+    mkdir -p "${{pair#*:}}"
+    mount --bind "$dir/${{pair%%:*}}" "${{pair#*:}}"
+done
+if mountpoint -q /sys/fs/cgroup; then umount -R -l /sys/fs/cgroup; fi
+exec "$@"
+""".format(pairs=" ".join(f"{sub}:{target}" for sub, target in MOUNTS))
+
+
+class PrivateLibvirtd:
+    """A root libvirtd and its virtlogd living in ``base_dir/name``.
+
+    ``netns`` names a network namespace (``ensure_netns``) to run both in.
+    Attributes: ``dir``, ``name``, ``netns``, ``host_uuid``, ``socket``,
+    ``uri``, ``log`` (libvirtd's), and ``migration_dir``: a directory owned
+    by the user this daemon runs QEMU as, for the UNIX sockets its QEMU
+    listens on as a migration destination (``migrate_uri`` and ``disks_uri``
+    ``unix://DIR/NAME.sock``; a path of at most 107 bytes, and the QEMU of the
+    other daemon must be able to walk to it: the state directory's parents
+    need ``o+x``)."""
+
+    def __init__(self, base_dir: str, name: str, netns: str | None = None):
+        self.name = name
+        self.dir = os.path.abspath(os.path.join(base_dir, name))
+        self.netns = netns
+        self.host_uuid = str(uuidlib.uuid5(_UUID_NAMESPACE, self.dir))
+        self.socket = os.path.join(self.dir, "run", "libvirt-sock")
+        self.uri = f"qemu+unix:///system?socket={quote(self.socket, safe='/')}"
+        self.migration_dir = os.path.join(self.dir, "migrate")
+        self.log = os.path.join(self.dir, "libvirtd.log")
+        self._virtlogd_log = os.path.join(self.dir, "virtlogd.log")
+        self._pids = {"libvirtd": None, "virtlogd": None}     # from a record
+        self._commands = {}         # as recorded, when restored from a record
+        self._children = []         # Popen objects, reaped once stopped
+
+    def __repr__(self):
+        return f"PrivateLibvirtd({self.dir!r}, netns={self.netns!r})"
+
+    # -- the command lines, which identify the processes in /proc ----------------
+
+    def _command(self, what: str) -> list[str]:
+        if what in self._commands:
+            return self._commands[what]
+        return [_binary(what), "--config", os.path.join(self.dir, "etc", f"{what}.conf"),
+                "--pid-file", os.path.join(self.dir, f"{what}.pid")]
+
+    def _launcher(self, what: str) -> list[str]:
+        enter = [_binary("unshare"), "--mount", "--propagation", "private",
+                 "/bin/sh", "-c", _ENTER, "sh", self.dir]
+        netns = [_binary("ip"), "netns", "exec", self.netns] if self.netns else []
+        return netns + enter + self._command(what)
+
+    def _pid(self, what: str) -> int | None:
+        """The PID running this directory's ``what``, or None."""
+        candidates = [self._pids[what]]
+        try:
+            with open(os.path.join(self.dir, f"{what}.pid")) as f:
+                candidates.append(int(f.read().strip() or 0))
+        except (OSError, ValueError):
+            pass
+        for pid in candidates:
+            if pid and cmdline(pid) == self._command(what):
+                return pid
+        return None
+
+    def clear_guests(self) -> None:
+        """Destroy and undefine every domain of this daemon (what a failed
+        test or benchmark left); nothing when it does not answer."""
+        import libvirt
+        if not self.running():
+            return
+        try:
+            conn = libvirt.open(self.uri)
+        except libvirt.libvirtError:
+            return
+        try:
+            for dom in conn.listAllDomains(0):
+                try:
+                    if dom.isActive():
+                        dom.destroy()
+                    if dom.isPersistent():
+                        dom.undefineFlags(
+                            libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA
+                            | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
+                except libvirt.libvirtError:
+                    pass
+        finally:
+            conn.close()
+
+    def running(self) -> bool:
+        """libvirtd of this directory runs (virtlogd alone does not count)."""
+        return self._pid("libvirtd") is not None
+
+    # -- start --------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> "PrivateLibvirtd":
+        """Start what is not running; return once the daemon answers at
+        :attr:`uri` with its own host UUID (``Failed`` past ``timeout``)."""
+        if len(self.socket) > _SUN_PATH_MAX:
+            raise Failed(f"the socket of the private libvirtd in {self.dir} would be "
+                         f"{len(self.socket)} bytes long, over the {_SUN_PATH_MAX} a UNIX "
+                         "socket path may have: use a shorter state directory")
+        if os.geteuid() != 0:
+            raise Failed("a private libvirtd runs as root (it bind-mounts libvirt's "
+                         "directories in a mount namespace of its own)")
+        for tool in ("libvirtd", "virtlogd", "unshare") + (("ip",) if self.netns else ()):
+            if not os.path.exists(_binary(tool)):
+                raise Failed(f"no {tool}: a private libvirtd needs it "
+                             "(bash .ci/libvirtd.sh installs libvirt)")
+        self._prepare()
+        deadline = time.monotonic() + timeout
+        if self._pid("virtlogd") is None:
+            self._launch("virtlogd", self._virtlogd_log)
+        self._wait(deadline, "virtlogd", self._virtlogd_log,
+                   lambda: _accepts(os.path.join(self.dir, "run", "virtlogd-sock")))
+        if self._pid("libvirtd") is None:
+            self._launch("libvirtd", self.log)
+        self._wait(deadline, "libvirtd", self.log, self._answers)
+        return self
+
+    def _prepare(self) -> None:
+        for sub, _target in MOUNTS:
+            os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
+        os.makedirs(self.migration_dir, exist_ok=True)
+        # The QEMU of a guest (not root) reaches the migration directory.
+        os.chmod(self.dir, 0o755)
+        # Root only: no one else may drive (or read) a private daemon.
+        settings = {"libvirtd": {"host_uuid": self.host_uuid, "unix_sock_rw_perms": "0700",
+                                 "unix_sock_ro_perms": "0700", "log_outputs": "3:stderr"},
+                    "virtlogd": {"log_outputs": "3:stderr"}}
+        for what, values in settings.items():
+            _write(os.path.join(self.dir, "etc", f"{what}.conf"),
+                   "# Written by peerctl (engine/hypervisor/local/daemons.py) at every start.\n"
+                   + "".join(f'{key} = "{value}"\n' for key, value in values.items()))
+        cache = os.path.join(self.dir, "cache", "qemu", "capabilities")
+        if not glob.glob(os.path.join(cache, "*.xml")):
+            os.makedirs(cache, exist_ok=True)
+            for entry in glob.glob(os.path.join(_SYSTEM_CAPS_CACHE, "*.xml")):
+                try:
+                    shutil.copy2(entry, cache)
+                except OSError:
+                    pass            # only a head start: the daemon probes instead
+
+    def _launch(self, what: str, log_path: str) -> None:
+        with open(log_path, "ab") as log:
+            self._children.append(subprocess.Popen(
+                self._launcher(what), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True))
+        self._pids[what] = self._children[-1].pid
+
+    def _wait(self, deadline: float, what: str, log_path: str, ready) -> None:
+        while True:
+            if self._pid(what) is None and not self._starting(what):
+                raise Failed(f"{what} of the private libvirtd in {self.dir} exited; "
+                             f"see {log_path}:\n{_tail(log_path)}")
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise Failed(f"{what} of the private libvirtd in {self.dir} not ready in "
+                             f"time; see {log_path}:\n{_tail(log_path)}")
+            time.sleep(0.05)
+
+    def _starting(self, what: str) -> bool:
+        """The launcher of ``what`` still runs (its shell, before the exec)."""
+        pid = self._pids[what]
+        return bool(pid) and any(c.pid == pid and c.poll() is None for c in self._children)
+
+    def _answers(self) -> bool:
+        """The daemon answers at :attr:`uri` and is this one (its host UUID);
+        the migration directory then belongs to its QEMU's user."""
+        if not os.path.exists(self.socket):
+            return False
+        import libvirt
+        libvirt.registerErrorHandler(lambda _ctx, _err: None, None)   # no stray stderr
+        try:
+            conn = libvirt.open(self.uri)
+        except libvirt.libvirtError:
+            return False
+        try:
+            capabilities = ET.fromstring(conn.getCapabilities())
+        except libvirt.libvirtError:
+            return False
+        finally:
+            conn.close()
+        if capabilities.findtext("host/uuid") != self.host_uuid:
+            raise Failed(f"the daemon at {self.socket} reports host UUID "
+                         f"{capabilities.findtext('host/uuid')}, not {self.host_uuid}: "
+                         "another libvirtd owns that socket")
+        owner = _qemu_owner(capabilities)
+        if owner:
+            os.chown(self.migration_dir, *owner)
+            os.chmod(self.migration_dir, 0o750)
+        return True
+
+    # -- stop ---------------------------------------------------------------------
+
+    def guests(self) -> list[str]:
+        """Names of this daemon's guests whose QEMU still runs, read from
+        libvirt's status files (so it works with libvirtd stopped)."""
+        return sorted(self.guest_pids())
+
+    def guest_pids(self) -> dict[str, int]:
+        """``{name: pid}`` of this daemon's guests whose QEMU still runs:
+        the PID in libvirt's status file, running a QEMU."""
+        found = {}
+        for status in glob.glob(os.path.join(self.dir, "run", "qemu", "*.xml")):
+            try:
+                pid = int(ET.parse(status).getroot().get("pid") or 0)
+            except (OSError, ET.ParseError, ValueError):
+                continue
+            if pid and "qemu" in os.path.basename((cmdline(pid) or [""])[0]):
+                found[os.path.basename(status)[:-len(".xml")]] = pid
+        return found
+
+    def dnsmasq_pid(self, network: str = "default") -> int | None:
+        """The PID of the dnsmasq libvirt runs for ``network`` (from the
+        network driver's PID file here), when it still runs one, inside
+        this daemon's network namespace."""
+        try:
+            with open(os.path.join(self.dir, "run", "network", f"{network}.pid")) as f:
+                pid = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return None
+        if not pid or os.path.basename((cmdline(pid) or [""])[0]) != "dnsmasq":
+            return None
+        if self.netns and pid not in netns_pids(self.netns):
+            return None
+        return pid
+
+    def stop_dnsmasq(self, network: str = "default", grace: float = 5.0) -> tuple[int | None, str]:
+        """Stop the dnsmasq of ``network`` left by a daemon that no longer
+        runs (a running daemon stops it with the network): ``(pid, what)``."""
+        pid = self.dnsmasq_pid(network)
+        if pid is None:
+            return None, "not running"
+        return pid, terminate(pid, lambda: self.dnsmasq_pid(network) == pid, grace)
+
+    def stop(self, grace: float = 15.0) -> dict:
+        """Stop libvirtd (SIGTERM, SIGKILL after ``grace`` s), then virtlogd
+        unless guests still run.  ``{"libvirtd": what, "virtlogd": what,
+        "guests": [names]}``, what = stopped, killed, not running or (virtlogd)
+        kept."""
+        outcome = {"libvirtd": self._stop("libvirtd", grace)}
+        guests = self.guests()
+        outcome["virtlogd"] = "kept" if guests else self._stop("virtlogd", grace)
+        outcome["guests"] = guests
+        return outcome
+
+    def _stop(self, what: str, grace: float) -> str:
+        pid = self._pid(what)
+        if pid is None:
+            return "not running"
+        command = self._command(what)
+
+        def still_ours() -> bool:
+            self._reap(pid)
+            return cmdline(pid) == command
+        outcome = terminate(pid, still_ours, grace)
+        if outcome == "killed":
+            self._reap(pid, 5.0)
+        return outcome
+
+    def _reap(self, pid: int, timeout: float = 0.0) -> None:
+        """Collect our own child once it exits (else a zombie holds its PID)."""
+        for child in self._children:
+            if child.pid == pid:
+                try:
+                    child.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    # -- records ------------------------------------------------------------------
+
+    def record(self) -> dict:
+        """What to persist (JSON): the PIDs and command lines, as for every
+        process ``peerctl up`` records, with the URI and directories."""
+        return {"name": self.name, "base_dir": os.path.dirname(self.dir), "dir": self.dir,
+                "netns": self.netns, "uri": self.uri, "host_uuid": self.host_uuid,
+                "pid": self._pid("libvirtd"), "cmd": self._command("libvirtd"),
+                "log": self.log,
+                "virtlogd": {"pid": self._pid("virtlogd"), "cmd": self._command("virtlogd"),
+                             "log": self._virtlogd_log}}
+
+    @classmethod
+    def from_record(cls, record: dict) -> "PrivateLibvirtd":
+        daemon = cls(record["base_dir"], record["name"], record.get("netns"))
+        for what, recorded in (("libvirtd", record), ("virtlogd", record.get("virtlogd") or {})):
+            daemon._pids[what] = recorded.get("pid")
+            if recorded.get("cmd"):
+                daemon._commands[what] = list(recorded["cmd"])
+        return daemon
+
+
+# -- network namespaces -------------------------------------------------------------
+
+def netns_exists(name: str) -> bool:
+    return os.path.exists(os.path.join("/run/netns", name))
+
+
+def ensure_netns(name: str) -> bool:
+    """The network namespace ``name`` exists, its loopback up; True when this
+    call created it."""
+    created = False
+    if not netns_exists(name):
+        _ip("netns", "add", name)
+        created = True
+    _ip("-n", name, "link", "set", "lo", "up")
+    return created
+
+
+def netns_pids(name: str) -> list[int]:
+    """The processes inside the network namespace ``name``."""
+    if not netns_exists(name):
+        return []
+    return [int(p) for p in _ip("netns", "pids", name).split()]
+
+
+def delete_netns(name: str) -> bool:
+    """Delete the namespace ``name`` when nothing runs in it any more; True
+    when it is gone.  One with processes left (guests) is kept: deleting it
+    would only drop its name, and the next ``ensure_netns`` would make a
+    second namespace beside the one they live in."""
+    if not netns_exists(name):
+        return True
+    if netns_pids(name):
+        return False
+    _ip("netns", "delete", name)
+    return True
+
+
+def _ip(*args: str) -> str:
+    done = subprocess.run([_binary("ip"), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise Failed(f"ip {' '.join(args)}: {done.stderr.strip() or 'failed'}")
+    return done.stdout
+
+
+# -- helpers ------------------------------------------------------------------------
+
+def _binary(name: str) -> str:
+    """``name`` on PATH, else where Debian puts it (PATH may lack sbin)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for directory in ("/usr/sbin", "/sbin", "/usr/bin", "/bin"):
+        if os.path.exists(os.path.join(directory, name)):
+            return os.path.join(directory, name)
+    return os.path.join("/usr/sbin", name)
+
+
+def terminate(pid: int, still_ours, grace: float) -> str:
+    """SIGTERM ``pid``, SIGKILL after ``grace`` s while ``still_ours()``
+    (the caller's check that the PID still runs what it signalled): stopped
+    or killed."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "stopped"
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not still_ours():
+            return "stopped"
+        time.sleep(0.05)
+    if not still_ours():
+        return "stopped"
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return "stopped"
+    return "killed"
+
+
+def cmdline(pid: int) -> list[str]:
+    """The command line process ``pid`` runs ([] when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [p.decode(errors="replace") for p in f.read().split(b"\0") if p]
+    except OSError:
+        return []       # gone (a zombie has an empty cmdline too)
+
+
+def _accepts(path: str) -> bool:
+    """Something listens on the UNIX socket ``path`` (a file left by a killed
+    daemon refuses)."""
+    import socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def _qemu_owner(capabilities: ET.Element) -> tuple[int, int] | None:
+    """The user and group the daemon runs QEMU as: its DAC base label."""
+    for model in capabilities.iterfind("host/secmodel"):
+        if model.findtext("model") == "dac":
+            label = model.findtext("baselabel") or ""
+            try:
+                user, group = (int(part.lstrip("+")) for part in label.split(":"))
+            except ValueError:
+                return None
+            return user, group
+    return None
+
+
+def _write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _tail(path: str, lines: int = 8) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).rstrip()
+    except OSError:
+        return ""
