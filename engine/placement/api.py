@@ -277,7 +277,13 @@ class Placement(abc.ABC):
         """``uuid`` and every provider below it, parents before children."""
         return subtree(uuid, {p["uuid"]: p for p in self.providers()})
 
-    def drain(self, ref: str, drained: bool = True) -> dict:
+    def settle(self) -> None:
+        """Return once any claim placed from now on sees the undrains made
+        with ``drain(..., settle=False)``: at once here, where every claim
+        reads Placement afresh; the etcd backend's claims read views a
+        moment old, and it waits that moment out."""
+
+    def drain(self, ref: str, drained: bool = True, *, settle: bool = True) -> dict:
         """Draining sets reserved to total for every class (no new claims fit)
         and adds COMPUTE_STATUS_DISABLED, on ``ref`` and on every provider
         below it (a host's NUMA cells, devices); undraining a drained
@@ -291,7 +297,8 @@ class Placement(abc.ABC):
         draining goes top down and undraining bottom up, so that an
         interrupted call leaves the top provider marked drained and can be
         repeated.  The etcd backend overrides it with one transaction that
-        also restores the previous reserved."""
+        also restores the previous reserved.  ``settle``: return only once
+        any claim placed afterwards sees an undrain (:meth:`settle`)."""
         uuid = self._resolve(ref)
         self.provider(uuid)                     # NotFound before anything else
         tree = self._subtree(uuid)

@@ -50,8 +50,7 @@ def set_drained(store, hosts: list[str], drained: bool = True, *, by: str | None
                 store.txn([], [Delete(keys.drained(host))])
             _tell_placement(placement, host, drained, settle=False)
             done.append({"host": host, "drained": drained})
-        # undrained: returns once any claim placed from now on sees them open
-        getattr(placement, "settle", lambda: None)()
+        placement.settle()      # once for all: any claim placed from now on sees them open
         return done
     finally:
         if own:
@@ -68,9 +67,6 @@ def align(store, placement, host: str) -> bool:
 
 def _tell_placement(placement, host: str, drained: bool, settle: bool = True) -> None:
     try:
-        if settle or not hasattr(placement, "settle"):
-            placement.drain(host, drained)
-        else:
-            placement.drain(host, drained, settle=False)
+        placement.drain(host, drained, settle=settle)
     except NotFound:
         pass        # no provider yet: the peer aligns it when it registers
