@@ -88,12 +88,17 @@ def test_a_protected_backup_is_kept_from_prunes_and_from_backup_delete(cluster, 
     refused(cluster, ["backup", "protect", "nosuch"], 1, "no backup 'nosuch'")
     refused(cluster, ["backup", "unprotect", "a/b"], 2, "bad backup id")
 
-    # one the schedule made, protected while it runs: never pruned, nor counted
-    sched = cluster.cli_json("backup", "schedule", "db1", "--every", "1s", "--keep-last", "1")
+    # one the schedule made, protected while it runs: never pruned, nor
+    # counted (kept them all until it is protected, then the last one only:
+    # a run pruning it first would leave nothing to protect)
+    sched = cluster.cli_json("backup", "schedule", "db1", "--every", "1s", "--keep-last", "1000")
     first = wait_until(lambda: schedule_row(cluster, "db1"), lambda row: row["runs"] >= 1,
                        timeout=60, interval=0.3, what="a first run")
     (own,) = first["last_run"]["backups"]
     cluster.cli_json("backup", "protect", own)
+    changed = cluster.cli_json("backup", "schedule", "db1", "--every", "1s", "--keep-last", "1")
+    assert changed["schedule"] == sched["schedule"] and changed["state"] == "changed"
+    first = schedule_row(cluster, "db1")
     later = wait_until(lambda: schedule_row(cluster, "db1"),
                        lambda row: row["runs"] >= first["runs"] + 3 and row["last_run"]["deleted"],
                        timeout=90, interval=0.3, what="runs that prune")
