@@ -56,9 +56,18 @@ class Hosts:
         """uuid -> (state, owner) of the peerctl domains on ``name``'s daemon."""
         conn = libvirt.open(self.uris[name])
         try:
-            return {d.UUIDString(): ({1: "running", 3: "paused"}.get(d.state()[0], "shutoff"),
-                                     read_metadata(d).get("host"))
-                    for d in conn.listAllDomains(0) if read_metadata(d).get("host")}
+            found = {}
+            for d in conn.listAllDomains(0):
+                try:        # one undefined since the list (a guard's fence, a move) is gone
+                    owner = read_metadata(d).get("host")
+                    state = {1: "running", 3: "paused"}.get(d.state()[0], "shutoff")
+                except libvirt.libvirtError as exc:
+                    if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                        raise
+                    continue
+                if owner:
+                    found[d.UUIDString()] = (state, owner)
+            return found
         finally:
             conn.close()
 

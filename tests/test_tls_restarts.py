@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 
+import grpc
 import pytest
 
 from engine.core import api, keys
@@ -168,3 +169,32 @@ def test_peers_outlive_etcd_members_restarting_one_and_two_at_a_time(tmp_path):
 def etcd_members_healthy(etcd) -> None:
     for member in etcd.members:
         member.wait_healthy(30.0)
+
+
+class BrokenHandshake(grpc.RpcError):
+    """gRPC's error for a connection whose handshake broke off: on a TLS
+    endpoint, maybe a refused certificate; on a plain one, only gRPC's own
+    handshake, timed out on a starved machine (seen once under a saturated
+    test tier as "permission denied ... without a client certificate")."""
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return ("failed to connect to all addresses; last error: UNAVAILABLE: "
+                "ipv4:127.0.0.1:2379: Handshake failed (TSI_DATA_CORRUPTED)")
+
+
+def test_a_broken_handshake_is_a_refusal_on_tls_only(etcd):
+    plain = Store(etcd.url, "plain")
+    secure = Store("https://127.0.0.1:1", "secure")
+    try:
+        assert plain._refusal(BrokenHandshake()) is None
+        assert plain._why(BrokenHandshake()) == \
+            f"etcd at {etcd.url} unreachable (BrokenHandshake)"
+        refusal = secure._refusal(BrokenHandshake())
+        assert isinstance(refusal, PermissionDenied)
+        assert "without a client certificate" in str(refusal)
+    finally:
+        plain.close()
+        secure.close()

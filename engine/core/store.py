@@ -186,6 +186,7 @@ class Store:
         self._prefix_bytes = self.prefix.encode()
         self.credentials = credentials or Credentials()
         secure = endpoint_scheme(endpoints) == "https"
+        self._secure = secure
         creds = grpc.ssl_channel_credentials(*self.credentials.read()) if secure else None
         self._client = pyetcd.MultiEndpointEtcd3Client(
             endpoints=[pyetcd.Endpoint(host, port, secure=secure, creds=creds,
@@ -264,7 +265,7 @@ class Store:
                                                            for part in cls._HANDSHAKE)
 
     def _why(self, exc) -> str:
-        if isinstance(exc, grpc.RpcError) and self._handshake(exc):
+        if isinstance(exc, grpc.RpcError) and self._secure and self._handshake(exc):
             return (f"etcd at {self.endpoints} unreachable (a TLS handshake broke off; "
                     "etcd accepted this certificate before: restarting?)")
         return f"etcd at {self.endpoints} unreachable ({type(exc).__name__})"
@@ -295,11 +296,14 @@ class Store:
         speak TLS, as the bad setting it is (naming the endpoint: waiting
         will not mend it); None for any other failure.  A broken TLS
         handshake is a refusal only while etcd never answered this store:
-        after that, it is etcd restarting (unreachable)."""
+        after that, it is etcd restarting (unreachable).  On a plain
+        ``http://`` endpoint there is no TLS to refuse anything: a
+        connection whose handshake broke off there (gRPC's own, timed out
+        on a starved machine) is etcd unreachable."""
         code = exc.code() if hasattr(exc, "code") else None
         details = (exc.details() if hasattr(exc, "details") else "") or ""
         role = self.credentials.role
-        if code == grpc.StatusCode.UNAVAILABLE and not self._answered \
+        if self._secure and code == grpc.StatusCode.UNAVAILABLE and not self._answered \
                 and any(part in details for part in self._NO_TLS):
             plain = self.endpoints.replace("https://", "http://")
             return UsageError(f"etcd at {self.endpoints} does not speak TLS "
@@ -313,7 +317,7 @@ class Store:
             why = details.removeprefix("etcdserver: ")
             return PermissionDenied(f"permission denied for role {role}: etcd said {why!r} "
                                     f"(certificate {self.credentials.cert})", role)
-        if self._handshake(exc) and not self._answered:
+        if self._secure and self._handshake(exc) and not self._answered:
             if not self.credentials.cert:
                 return PermissionDenied(
                     f"permission denied: etcd at {self.endpoints} refused the connection "
