@@ -75,6 +75,14 @@ class Local:
         assert done.returncode == 0, (args, done.stdout, done.stderr)
         return json.loads(done.stdout)
 
+    def up(self, *args) -> dict:
+        """``up`` on the state directory; later commands reach its etcd
+        (wherever it listens: 2379 only when no other cluster of this
+        machine holds it, and tests run side by side)."""
+        doc = self.json("up", "--state-dir", self.state, *args)
+        self.env["PEERCTL_ETCD"] = ",".join(doc["etcd"])
+        return doc
+
 
 @pytest.fixture
 def local(guest_dir, cluster_name):  # noqa: F811
@@ -122,7 +130,7 @@ def test_down_leaves_nothing_running_and_up_again_keeps_the_hypervisor(local, cl
     state = local.state
     namespace = supervisor.netns_name(cluster_name)
     bridge_before = bridge_outside(DEFAULT_BRIDGE)
-    first = local.json("up", "--hosts", "2", "--libvirt", "qemu", "--state-dir", state)
+    first = local.up("--hosts", "2", "--libvirt", "qemu")
     assert [(p["host"], p["libvirt"]) for p in first["peers"]] == \
         [("host1", "qemu"), ("host2", "qemu")]
     local.json("images", "sources", "--add", state)    # where its image is, listed
@@ -164,13 +172,13 @@ def test_down_leaves_nothing_running_and_up_again_keeps_the_hypervisor(local, cl
         assert "power button: powering off" in f.read(), "not an ACPI shutdown"
 
     # up with no flags: the directory's two QEMU hosts, never a test-driver one
-    again = local.json("up", "--state-dir", state)
+    again = local.up()
     assert [(p["host"], p["libvirt"], p["started"]) for p in again["peers"]] == \
         [("host1", "qemu", True), ("host2", "qemu", True)]
     hosts = local.json("hostlist")
     assert [(h["host"], h["hypervisor"].split()[0]) for h in hosts] == \
         [("host1", "QEMU"), ("host2", "QEMU")]
-    once_more = local.json("up", "--state-dir", state)
+    once_more = local.up()
     assert not any(p["started"] for p in once_more["peers"])
     assert [p["pid"] for p in once_more["processes"]] == [p["pid"] for p in again["processes"]]
     for flags in (["--libvirt", "test:///default"], ["--hosts", "3"]):

@@ -185,8 +185,7 @@ class Store:
         self.prefix = f"/peerctl/{cluster}/"
         self._prefix_bytes = self.prefix.encode()
         self.credentials = credentials or Credentials()
-        secure = endpoint_scheme(endpoints) == "https"
-        self._secure = secure
+        self._secure = secure = endpoint_scheme(endpoints) == "https"
         creds = grpc.ssl_channel_credentials(*self.credentials.read()) if secure else None
         self._client = pyetcd.MultiEndpointEtcd3Client(
             endpoints=[pyetcd.Endpoint(host, port, secure=secure, creds=creds,
@@ -296,10 +295,9 @@ class Store:
         speak TLS, as the bad setting it is (naming the endpoint: waiting
         will not mend it); None for any other failure.  A broken TLS
         handshake is a refusal only while etcd never answered this store:
-        after that, it is etcd restarting (unreachable).  On a plain
-        ``http://`` endpoint there is no TLS to refuse anything: a
-        connection whose handshake broke off there (gRPC's own, timed out
-        on a starved machine) is etcd unreachable."""
+        after that, it is etcd restarting (unreachable).  On ``http://``
+        no TLS refuses anything: a handshake broken off there (gRPC's own,
+        timed out on a starved machine) is etcd unreachable."""
         code = exc.code() if hasattr(exc, "code") else None
         details = (exc.details() if hasattr(exc, "details") else "") or ""
         role = self.credentials.role
