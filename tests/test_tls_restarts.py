@@ -52,8 +52,8 @@ class Restarting:
                 return
             conn.recv(1024)             # the ClientHello
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+            self.resets += 1            # counted before the client can see it
             conn.close()                # RST
-            self.resets += 1
 
     def close(self):
         # shutdown first: it wakes the accept() blocked in the thread, which
