@@ -52,9 +52,11 @@ def test_requests_folder_is_not_a_package():
     assert not os.path.exists(os.path.join(ROOT, "requests", "__init__.py"))
 
 
-def imports(path: str) -> set[str]:
+def imports(path: str, sources: bool = True) -> set[str]:
     """Every module the file at ``path`` imports, anywhere in it (functions
-    too), relative imports resolved; ``from a import b`` gives ``a`` and ``a.b``."""
+    too), relative imports resolved; ``from a import b`` gives ``a`` and
+    ``a.b`` (``a.b`` alone with ``sources=False``: then ``a`` counts only
+    when ``b`` is a name defined in it, as the import graph wants)."""
     package = os.path.relpath(os.path.dirname(path), ROOT).replace(os.sep, ".")
     with open(path) as source:
         tree = ast.parse(source.read(), path)
@@ -68,7 +70,8 @@ def imports(path: str) -> set[str]:
                 parts = package.split(".")
                 base = parts[:len(parts) - node.level + 1]
                 module = ".".join(base + [module]) if module else ".".join(base)
-            found.add(module)
+            if sources:
+                found.add(module)
             found.update(f"{module}.{alias.name}" for alias in node.names)
     return found
 
@@ -231,28 +234,6 @@ def module_name(path: str) -> str:
     return name.removesuffix(".__init__")
 
 
-def imported_names(path: str) -> set[str]:
-    """What the file at ``path`` imports, each as the dotted name it binds
-    (``from a import b`` gives ``a.b`` only: ``a`` is the module it comes
-    from, a package's ``__init__`` only when ``b`` is a name defined there)."""
-    package = module_name(path) if path.endswith("__init__.py") \
-        else module_name(path).rpartition(".")[0]
-    with open(path) as source:
-        tree = ast.parse(source.read(), path)
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[:len(parts) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
-
-
 def import_graph(paths) -> dict[str, set[str]]:
     """``{module: {module it imports, ...}}`` among ``paths``: each import
     (in functions too) resolved to the longest module of the project it
@@ -264,7 +245,7 @@ def import_graph(paths) -> dict[str, set[str]]:
             name = name.rpartition(".")[0]
         return name
 
-    return {name: {target for imported in imported_names(path)
+    return {name: {target for imported in imports(path, sources=False)
                    if (target := resolve(imported)) and target != name}
             for name, path in modules.items()}
 
