@@ -55,7 +55,12 @@ class Terminal:
         def seen():
             self.read()
             return re.search(pattern, self.text())
-        return wait_for(seen, timeout=timeout, interval=0, what=f"{pattern!r} on the terminal")
+        try:
+            return wait_for(seen, timeout=timeout, interval=0,
+                            what=f"{pattern!r} on the terminal")
+        except AssertionError as exc:     # what it showed instead, and whether it ended
+            raise AssertionError(f"{exc}; exit {self.process.poll()}, it showed: "
+                                 f"{self.text()[-800:]!r}") from None
 
     def frames(self) -> list[str]:
         """The progress view's frames so far.  Each redraw moves the cursor up
