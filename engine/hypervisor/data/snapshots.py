@@ -50,7 +50,8 @@ from engine.hypervisor.storage import qcow2
 from engine.hypervisor.domain.guest_agent import freeze, thaw
 from engine.hypervisor.domain.disks import ACTIVE, disks_of
 from engine.hypervisor.domain.records import vm_state
-from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label, vm_lock
+from engine.hypervisor.domain.lookup import (
+    find_domain, require_domain, uuid_arg, vm_label, vm_lock)
 
 __all__ = ["create", "revert", "delete", "drop_checkpoints"]
 
@@ -65,14 +66,6 @@ def _snapshot_name(args: dict) -> str:
     if not records.valid_name(name):
         raise RequestError(f"bad snapshot name {name!r}")
     return name
-
-
-def _domain(host, args: dict):
-    uuid = uuid_arg(args)
-    dom = find_domain(host, uuid)
-    if dom is None:
-        raise RequestError(f"{vm_label(args, uuid)} is not on host {host.host}")
-    return uuid, dom
 
 
 def _is_test(conn) -> bool:
@@ -153,7 +146,7 @@ def create(host, args: dict) -> dict:
 
 
 def _create(host, args: dict) -> dict:
-    uuid, dom = _domain(host, args)
+    uuid, dom = require_domain(host, args)
     name, owner = _snapshot_name(args), str(args.get("owner") or "")
     key = keys.snapshot(uuid, name)
     made = _lookup(dom, name)
@@ -322,7 +315,7 @@ def revert(host, args: dict) -> dict:
 
 
 def _revert(host, args: dict) -> dict:
-    uuid, dom = _domain(host, args)
+    uuid, dom = require_domain(host, args)
     name = _snapshot_name(args)
     snapshot = _lookup(dom, name)
     if snapshot is None:

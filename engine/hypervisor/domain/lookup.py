@@ -17,7 +17,7 @@ import libvirt
 from engine.errors import RequestError
 from engine.hypervisor.domain.domain_xml import read_metadata
 
-__all__ = ["find_domain", "vm_lock", "uuid_arg", "vm_label", "libvirt_call"]
+__all__ = ["find_domain", "require_domain", "vm_lock", "uuid_arg", "vm_label", "libvirt_call"]
 
 _guard = threading.Lock()
 _vm_locks: dict[tuple, threading.Lock] = defaultdict(threading.Lock)
@@ -57,6 +57,16 @@ def find_domain(host, uuid: str):
             return None
         raise
     return dom if read_metadata(dom).get("host") == host.host else None
+
+
+def require_domain(host, args: dict):
+    """``(uuid, domain)`` of the request's VM on this host, or a
+    :class:`~engine.errors.RequestError` saying it is not here."""
+    uuid = uuid_arg(args)
+    dom = find_domain(host, uuid)
+    if dom is None:
+        raise RequestError(f"{vm_label(args, uuid)} is not on host {host.host}")
+    return uuid, dom
 
 
 def libvirt_call(what: str, fn, *fn_args):

@@ -56,7 +56,8 @@ from engine.hypervisor.domain.shapes import HA_POLICIES
 from engine.hypervisor.domain.records import vm_record, vm_state
 from engine.hypervisor.host.vmpublish import forget, publish_domain, publish_new
 from engine.hypervisor.host.vm_home import leave
-from engine.hypervisor.domain.lookup import find_domain, libvirt_call, uuid_arg, vm_label, vm_lock
+from engine.hypervisor.domain.lookup import (
+    find_domain, libvirt_call, require_domain, uuid_arg, vm_label, vm_lock)
 from engine.hypervisor.domain.domain_xml import (ACCELERATORS, DomainSpec, domain_type, domain_xml,
                                         read_metadata, read_reboot_token,
                                         record_reboot_token, write_metadata)
@@ -102,14 +103,6 @@ def _host_file(args: dict, key: str) -> str | None:
     if not isinstance(value, str) or not os.path.isabs(value) or not os.path.isfile(value):
         raise RequestError(f"{key} {value!r}: not an absolute path to a file on this host")
     return value
-
-
-def _require(host, args: dict):
-    uuid = uuid_arg(args)
-    dom = find_domain(host, uuid)
-    if dom is None:
-        raise RequestError(f"{vm_label(args, uuid)} is not on host {host.host}")
-    return uuid, dom
 
 
 def _reply(uuid: str, dom) -> dict:
@@ -317,7 +310,7 @@ def _define(host, uuid, name, vcpus, memory_mb, disk_gb, image, kernel, initrd, 
 # -- lifecycle ---------------------------------------------------------------
 
 def start(host, args: dict) -> dict:
-    uuid, dom = _require(host, args)
+    uuid, dom = require_domain(host, args)
     with vm_lock(host, uuid):
         state = vm_state(dom)
         if state == "paused":
@@ -354,7 +347,7 @@ def _want(host, dom, want: str) -> None:
 
 def stop(host, args: dict) -> dict:
     """ACPI shutdown; the guest gets ``timeout`` seconds, then is destroyed."""
-    uuid, dom = _require(host, args)
+    uuid, dom = require_domain(host, args)
     timeout = _seconds(args, "timeout", DEFAULT_STOP_TIMEOUT)
     with vm_lock(host, uuid):
         _want(host, dom, "shutoff")
@@ -377,7 +370,7 @@ def stop(host, args: dict) -> dict:
 
 
 def reboot(host, args: dict) -> dict:
-    uuid, dom = _require(host, args)
+    uuid, dom = require_domain(host, args)
     token = args.get("token")
     if token is not None and (not isinstance(token, str) or not token):
         raise RequestError(f"bad reboot token {token!r}")
@@ -403,7 +396,7 @@ def reboot(host, args: dict) -> dict:
 
 def _pause_or_resume(host, args: dict, verb: str, before: str, after: str) -> dict:
     """``verb`` a VM that is ``before``; one already ``after`` is left as it is."""
-    uuid, dom = _require(host, args)
+    uuid, dom = require_domain(host, args)
     with vm_lock(host, uuid):
         state = vm_state(dom)
         if state == before:
@@ -533,7 +526,7 @@ def set_ha(host, args: dict) -> dict:
     the guard reads when it fences, see :mod:`engine.hypervisor.ha.guard`) and
     its record; the VM's definition is recorded if it was not, so that it
     can be rebuilt elsewhere.  Setting what is already set is a no-op."""
-    uuid, dom = _require(host, args)
+    uuid, dom = require_domain(host, args)
     policy = ha_arg(args)
     with vm_lock(host, uuid):
         if host.store is not None:

@@ -40,7 +40,8 @@ from engine.hypervisor.domain.domain_xml import NAMESPACE, read_metadata, seed_s
 from engine.hypervisor.domain.networks import retarget as retarget_interfaces
 from engine.hypervisor.domain.records import vm_state
 from engine.hypervisor.domain.disks import ACTIVE, disks_of
-from engine.hypervisor.domain.lookup import find_domain, libvirt_call, uuid_arg, vm_label, vm_lock
+from engine.hypervisor.domain.lookup import (
+    find_domain, libvirt_call, require_domain, uuid_arg, vm_label, vm_lock)
 from engine.hypervisor.host.vm import \
     console_log_path, destroy, make_seed, offered_here
 from engine.hypervisor.host.vmpublish import publish_domain
@@ -50,10 +51,7 @@ __all__ = ["describe", "prepare", "adopt", "locate", "retargeted"]
 log = structlog.get_logger("peerctl.moves")
 
 def describe(host, args: dict) -> dict:
-    uuid = uuid_arg(args)
-    dom = find_domain(host, uuid)
-    if dom is None:
-        raise RequestError(f"{vm_label(args, uuid)} is not on host {host.host}")
+    uuid, dom = require_domain(host, args)
     xml = libvirt_call(f"cannot read {vm_label(args, uuid)}", dom.XMLDesc,
                         libvirt.VIR_DOMAIN_XML_INACTIVE)
     meta = read_metadata(dom)
