@@ -17,7 +17,7 @@ import pytest
 from engine.core import keys
 from engine.core.store import Put
 from tests.support import PEERCTL, ROOT, wait_for
-from tests.support.cluster import alive, start_three_peers
+from tests.support.cluster import alive, held_requests, start_three_peers
 from tests.support.hooks import gated_hook
 from tests.support.terminal import Terminal
 
@@ -151,11 +151,8 @@ def test_boot_name_in_use_exits_1(cluster, peers):
 def held_builds(cluster, tmp_path):
     """Three peers whose builds wait (a build.pre hook) until the test opens
     the gate this returns: the boot runs for as long as the test needs."""
-    hooks = str(tmp_path / "hooks")
-    gate = gated_hook(hooks, request="build")
-    start_three_peers(cluster, hooks)
-    yield gate
-    gate.open()
+    with held_requests(cluster, str(tmp_path / "hooks"), "build") as gate:
+        yield gate
 
 
 def test_progress_of_a_ten_vm_boot_and_ctrl_c_detaches(cluster, held_builds):

@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from tests.support import PEERCTL, ROOT, wait_for
-from tests.support.cluster import start_three_peers
-from tests.support.hooks import gated_hook
+from tests.support.cluster import held_requests
 from tests.support.terminal import Terminal
 
 
@@ -20,11 +19,8 @@ from tests.support.terminal import Terminal
 def held_pings(cluster, tmp_path):
     """Three peers whose pings wait (a ping.pre hook) until the test opens the
     gate this returns: the automation runs for as long as the test needs."""
-    hooks = str(tmp_path / "hooks")
-    gate = gated_hook(hooks, request="ping")
-    start_three_peers(cluster, hooks)
-    yield gate
-    gate.open()
+    with held_requests(cluster, str(tmp_path / "hooks"), "ping") as gate:
+        yield gate
 
 
 def test_ctrl_c_detaches_without_stopping_the_automation(cluster, held_pings):

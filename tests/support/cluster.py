@@ -1,6 +1,7 @@
 """Real peer processes and the real command line, driven from tests."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -10,6 +11,7 @@ import sys
 
 from engine.core import api, keys
 from tests.support import PEERCTL, ROOT, TEST_AUTOMATIONS, wait_for, wait_until
+from tests.support.hooks import gated_hook
 
 __all__ = ["Cluster", "start_peers", "start_three_peers", "ready_hosts", "refused", "alive",
            "finished", "start_automation"]
@@ -143,6 +145,19 @@ def start_peers(cluster, store, names, hooks=None, env=None, ttl=2):
     for name in names:
         cluster.start_peer(name, ttl=ttl, extra_args=extra, env=env)
     wait_for(lambda: set(names) <= set(api.live_hosts(store)), what=f"peers {names} alive")
+
+
+@contextlib.contextmanager
+def held_requests(cluster, hooks: str, request: str):
+    """host1 to host3 started, each ``request`` they run waiting (a pre
+    hook in ``hooks``) until the test opens the gate this yields: the
+    automation runs for as long as the test needs.  Opened at the end."""
+    gate = gated_hook(hooks, request=request)
+    start_three_peers(cluster, hooks)
+    try:
+        yield gate
+    finally:
+        gate.open()
 
 
 def start_three_peers(cluster, hooks=None) -> list[str]:
