@@ -55,6 +55,7 @@ sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 from bench.options import BadInput, numbers  # noqa: E402
 from bench.processes import cpu_seconds  # noqa: E402
+from engine.cluster import ready_hosts  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.watch import PrefixWatch, Reset  # noqa: E402
@@ -209,10 +210,9 @@ def main() -> int:
         for host in (SOURCE, *TAKERS):
             uri = big_test_host(pathlib.Path(work) / f"{host}.xml", cpus=256, memory_gib=64)
             cluster.start_peer(host, libvirt=uri, ttl=5, extra_args=["--workers", "8"])
-        wait_for(lambda: {SOURCE, *TAKERS} <= set(api.live_hosts(store)), timeout=120,
-                 what="the peers alive")
-        wait_for(lambda: len(store.range(keys.placement("name/"), keys_only=True)[0]) >= 4,
-                 timeout=120, what="the providers registered")
+        hosts = [SOURCE, *TAKERS]
+        wait_for(lambda: ready_hosts(store, hosts) == set(hosts), timeout=120,
+                 what="the peers alive with their inventory")
         meter = Meter([etcd.process.pid, *(p.pid for p in cluster.peers.values())], etcd.url)
         rows = []
         for n in ns:

@@ -38,6 +38,7 @@ sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.p
     os.path.abspath(__file__))]
 
 from bench.options import BadInput, numbers, whole  # noqa: E402
+from engine.cluster import ready_hosts  # noqa: E402
 from engine.core import keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -124,9 +125,8 @@ def one_case(etcd_url: str, work: str, ttl: int, count: int, margin: float,
     try:
         for host in hosts:
             cluster.start(host)
-        cluster.wait(lambda: set(hosts) <= cluster.live(), 60, "peers alive")
-        cluster.wait(lambda: len(cluster.store.range(keys.placement("name/"))[0]) >= len(hosts),
-                     60, "providers registered")
+        cluster.wait(lambda: ready_hosts(cluster.store, hosts) == set(hosts), 60,
+                     "peers alive with their inventory")
         names = [f"vm{i:03d}" for i in range(count)]
         booted = cluster.cli("boot", *names, "--resources", SMALL, "--network", "none",
                              "--on", "victim", "--ha", "restart")

@@ -57,6 +57,7 @@ from bench.ha import host_file  # noqa: E402  (a test-driver host with room for 
 from bench.options import BadInput, positive, whole  # noqa: E402
 from bench.processes import stop_processes  # noqa: E402
 from bench.soak_history import Event, check, vm_history  # noqa: E402
+from engine.cluster import ready_hosts  # noqa: E402
 from engine.core import keys  # noqa: E402
 from engine.core.etcd_server import EtcdCluster  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -161,9 +162,7 @@ class Cluster:
         self.store = Store(self.etcd.urls, self.name)
         for host in HOSTS:
             self.start_peer(host)
-        if not self.wait(lambda: set(HOSTS) <= self.live()
-                         and len(self.store.range(keys.placement("name/"))[0]) >= len(HOSTS),
-                         60):
+        if not self.wait(lambda: ready_hosts(self.store, HOSTS) == set(HOSTS), 60):
             raise RuntimeError("the peers did not all come up within 60 s")
 
     def start_peer(self, host: str) -> None:

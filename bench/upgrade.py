@@ -48,6 +48,7 @@ sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.p
     os.path.abspath(__file__))]
 
 from bench.options import BadInput, numbers  # noqa: E402
+from engine.cluster import ready_hosts  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -85,10 +86,8 @@ def one_size(etcd_url: str, work: str, peers: int, ttl: int, rounds: int) -> dic
     try:
         for host in hosts:
             cluster.start_peer(host, ttl=ttl)
-        wait_for(lambda: set(hosts) <= set(api.live_hosts(store)), timeout=120,
-                 what="peers alive")
-        wait_for(lambda: len(store.range(keys.placement("name/"))[0]) >= peers, timeout=120,
-                 what="providers registered")
+        wait_for(lambda: ready_hosts(store, hosts) == set(hosts), timeout=120,
+                 what="peers alive with their inventory")
         booted = cluster.cli_json("boot", *[f"vm{i}" for i in range(peers)], "--network",
                                   "none", "--resources", SMALL, timeout=300)
         assert booted["state"] == "done", booted

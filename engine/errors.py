@@ -81,8 +81,10 @@ class Unavailable(PeerctlError):
 
 
 class StoreUnavailable(Unavailable):
-    """etcd did not answer (down, restarting, unreachable, timed out)."""
+    """etcd did not answer (down, restarting, unreachable, timed out);
+    ``timed_out``: it was reached but did not answer in time."""
     service = "etcd"
+    timed_out: float | None = None      # the seconds it had, when it timed out
 
 
 class StoreRefused(StoreUnavailable):

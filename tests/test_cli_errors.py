@@ -2,7 +2,10 @@
 stderr naming the bad part, never a traceback unless --debug."""
 from __future__ import annotations
 
+import os
 import re
+import signal
+import threading
 import subprocess
 import sys
 import urllib.request
@@ -46,6 +49,32 @@ def test_etcd_unreachable_from_the_environment(cluster, closed_url):
     done = cluster.cli("--format", "json", "vmlist", env={"PEERCTL_ETCD": closed_url})
     assert done.returncode == 3
     assert closed_url in one_line(done)
+
+
+def test_an_etcd_that_takes_no_answer_says_how_long_it_was_given(cluster, own_etcd):
+    """A stopped etcd accepts the connection and never answers: the one
+    line says how long it had (a new connection's 3 s), apart from one
+    that is not there at all."""
+    os.kill(own_etcd.process.pid, signal.SIGSTOP)
+    try:
+        done = cluster.cli("--etcd", own_etcd.url, "vmlist", input="")
+    finally:
+        os.kill(own_etcd.process.pid, signal.SIGCONT)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert one_line(done) == f"peerctl: etcd unreachable at {own_etcd.url} (no answer in 3 s)"
+
+
+def test_an_etcd_silent_for_a_second_is_waited_for(cluster, own_etcd):
+    """A busy machine's etcd may take a moment to answer a new connection:
+    a command waits for it instead of calling it unreachable."""
+    os.kill(own_etcd.process.pid, signal.SIGSTOP)
+    wakes = threading.Timer(1.0, os.kill, (own_etcd.process.pid, signal.SIGCONT))
+    wakes.start()
+    try:
+        done = cluster.cli("--etcd", own_etcd.url, "--format", "json", "vmlist", input="")
+    finally:
+        wakes.join()
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "[]", "")
 
 
 def test_debug_shows_the_traceback(cluster, closed_url):

@@ -189,10 +189,10 @@ def test_a_broken_handshake_is_a_refusal_on_tls_only(etcd):
     plain = Store(etcd.url, "plain")
     secure = Store("https://127.0.0.1:1", "secure")
     try:
-        assert plain._refusal(BrokenHandshake()) is None
-        assert plain._why(BrokenHandshake()) == \
+        assert plain._failures.refusal(BrokenHandshake()) is None
+        assert plain._failures.why(BrokenHandshake()) == \
             f"etcd at {etcd.url} unreachable (BrokenHandshake)"
-        refusal = secure._refusal(BrokenHandshake())
+        refusal = secure._failures.refusal(BrokenHandshake())
         assert isinstance(refusal, PermissionDenied)
         assert "without a client certificate" in str(refusal)
     finally:

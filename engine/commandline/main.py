@@ -156,7 +156,8 @@ def run(argv=None, one_shot: bool = False) -> int:
         if isinstance(exc, StoreRefused):
             code = exc.exit_code    # etcd answered: its own words
         elif isinstance(exc, StoreUnavailable):
-            exc = f"etcd unreachable at {ctx.settings['etcd'] if 'ctx' in locals() else '?'}"
+            waited = f" (no answer in {exc.timed_out:g} s)" if exc.timed_out else ""
+            exc = f"etcd unreachable at {ctx.settings['etcd'] if 'ctx' in locals() else '?'}{waited}"
         elif exc.where is not None:
             exc = f"{exc.service} unreachable at {exc.where}"
         say(f"peerctl: {exc}")

@@ -36,11 +36,11 @@ from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exceptions
 from pyetcd import utils as etcd_utils
 
-from engine.errors import (Compacted, PermissionDenied, StoreRefused, StoreUnavailable,
-                           UsageError, WatchBroken)
+from engine.errors import Compacted, StoreRefused, StoreUnavailable, WatchBroken
 
 from . import values
 from .credentials import Credentials
+from .grpc_failures import CONNECT_WITHIN, Failures
 from .validate import endpoint_scheme, parse_endpoints   # shared with the command line
 
 __all__ = [
@@ -163,7 +163,8 @@ _OPS = {"==": etcdrpc.Compare.EQUAL, "!=": etcdrpc.Compare.NOT_EQUAL,
 # gRPC's default reconnect backoff grows to two minutes; a restarted etcd must
 # be found again within a fraction of a lease TTL.
 _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.min_reconnect_backoff_ms", 100),
+                    # a new connection has CONNECT_WITHIN to be answered (grpc_failures)
+                    ("grpc.min_reconnect_backoff_ms", int(CONNECT_WITHIN * 1000)),
                     ("grpc.max_reconnect_backoff_ms", 500),
                     # gRPC's 4 MiB default would refuse a page of large values
                     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -185,7 +186,7 @@ class Store:
         self.prefix = f"/peerctl/{cluster}/"
         self._prefix_bytes = self.prefix.encode()
         self.credentials = credentials or Credentials()
-        self._secure = secure = endpoint_scheme(endpoints) == "https"
+        secure = endpoint_scheme(endpoints) == "https"
         creds = grpc.ssl_channel_credentials(*self.credentials.read()) if secure else None
         self._client = pyetcd.MultiEndpointEtcd3Client(
             endpoints=[pyetcd.Endpoint(host, port, secure=secure, creds=creds,
@@ -193,6 +194,7 @@ class Store:
                        for host, port in parse_endpoints(endpoints)],
             timeout=timeout, failover=True)
         self._timeout = timeout
+        self._failures = Failures(endpoints, secure, self.credentials, timeout)
         self._watch_lock = threading.Lock()
         self._failover_lock = threading.Lock()
         self._watch_broke = None        # the member whose watch stream broke: gone, maybe
@@ -220,26 +222,26 @@ class Store:
         for attempt in range(members):
             try:
                 answer = getattr(getattr(self._client, stub), method)(request, self._timeout)
-                self._answered = True
+                self._failures.answered = True
                 return answer
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code == grpc.StatusCode.NOT_FOUND:
                     raise LeaseGone(f"etcd: {exc.details()}") from None
-                refusal = self._refusal(exc)
+                refusal = self._failures.refusal(exc)
                 if refusal is not None and not (members > 1 and attempt + 1 < members
-                                                and self._handshake(exc)):
+                                                and self._failures.handshake(exc)):
                     raise refusal from None
-                if code is not None and code.name in self._ANSWERS:    # an answer: no failover
+                if self._failures.is_answer(code):      # an answer: no failover
                     details = (exc.details() or "").removeprefix("etcdserver: ")
                     raise StoreRefused(f"etcd at {self.endpoints} refused: {details}") from None
                 if members > 1:
                     self._failover()
-                    if attempt + 1 < members and (read or self._unsent(exc)):
+                    if attempt + 1 < members and (read or self._failures.unsent(exc)):
                         continue
-                raise StoreUnavailable(self._why(exc)) from None
+                raise self._failures.unavailable(exc) from None
             except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
-                raise StoreUnavailable(self._why(exc)) from None
+                raise self._failures.unavailable(exc) from None
 
     def _failover(self) -> None:
         """Leave the member in use for the next one that has not failed."""
@@ -248,82 +250,6 @@ class Store:
             if endpoint is not None and not endpoint.is_failed():
                 endpoint.fail()
                 self._client._clear_old_stubs()
-
-    @classmethod
-    def _unsent(cls, exc) -> bool:
-        details = (exc.details() if hasattr(exc, "details") else "") or ""
-        return "failed to connect" in details or "Connection refused" in details \
-            or cls._handshake(exc)
-
-    @classmethod
-    def _handshake(cls, exc) -> bool:
-        """A TLS handshake that broke off: nothing was sent over it."""
-        code = exc.code() if hasattr(exc, "code") else None
-        details = (exc.details() if hasattr(exc, "details") else "") or ""
-        return code == grpc.StatusCode.UNAVAILABLE and any(part in details
-                                                           for part in cls._HANDSHAKE)
-
-    def _why(self, exc) -> str:
-        if isinstance(exc, grpc.RpcError) and self._secure and self._handshake(exc):
-            return (f"etcd at {self.endpoints} unreachable (a TLS handshake broke off; "
-                    "etcd accepted this certificate before: restarting?)")
-        return f"etcd at {self.endpoints} unreachable ({type(exc).__name__})"
-
-    _ANSWERS = {"RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "FAILED_PRECONDITION",
-                "OUT_OF_RANGE", "ALREADY_EXISTS"}
-
-    _DENIED = ("permission denied", "user name is empty", "user name not found",
-               "invalid auth token", "authentication failed", "not capable")
-    _HANDSHAKE = ("SSL", "TSI_", "andshake", "certificate")
-    # A TLS handshake that met no TLS at all: the endpoint answered in plain
-    # bytes (OpenSSL's WRONG_VERSION_NUMBER) or closed before any reply (a
-    # plain http etcd drops what it cannot parse).  A TLS etcd refusing a
-    # certificate answers with an alert, or breaks the first read after the
-    # handshake (TSI_DATA_CORRUPTED).
-    # Only before etcd ever answered: a TLS etcd that once did and now breaks
-    # a handshake (a member restarting resets it: "Handshake read failed
-    # (... Connection reset by peer)", "(Endpoint closing)") is unreachable
-    # for a while, neither misnamed nor a refusal of this identity: callers
-    # retry, and a peer never exits for it.
-    _NO_TLS = ("WRONG_VERSION_NUMBER", "wrong version number", "Handshake read failed")
-    _answered = False           # set once any member answered this store
-
-    def _refusal(self, exc) -> PermissionDenied | UsageError | None:
-        """etcd's refusal of this identity (a role without the permission, a
-        user it does not know, a client certificate it does not accept), as
-        one line naming the role; an ``https://`` endpoint that does not
-        speak TLS, as the bad setting it is (naming the endpoint: waiting
-        will not mend it); None for any other failure.  A broken TLS
-        handshake is a refusal only while etcd never answered this store:
-        after that, it is etcd restarting (unreachable).  On ``http://``
-        no TLS refuses anything: a handshake broken off there (gRPC's own,
-        timed out on a starved machine) is etcd unreachable."""
-        code = exc.code() if hasattr(exc, "code") else None
-        details = (exc.details() if hasattr(exc, "details") else "") or ""
-        role = self.credentials.role
-        if self._secure and code == grpc.StatusCode.UNAVAILABLE and not self._answered \
-                and any(part in details for part in self._NO_TLS):
-            plain = self.endpoints.replace("https://", "http://")
-            return UsageError(f"etcd at {self.endpoints} does not speak TLS "
-                              f"(a plain etcd is reached as {plain})")
-        if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED) \
-                or any(part in details for part in self._DENIED):
-            if role is None:
-                return PermissionDenied(
-                    f"permission denied: etcd at {self.endpoints} wants an identity "
-                    "(a client certificate: --cert/--key)", role)
-            why = details.removeprefix("etcdserver: ")
-            return PermissionDenied(f"permission denied for role {role}: etcd said {why!r} "
-                                    f"(certificate {self.credentials.cert})", role)
-        if self._secure and self._handshake(exc) and not self._answered:
-            if not self.credentials.cert:
-                return PermissionDenied(
-                    f"permission denied: etcd at {self.endpoints} refused the connection "
-                    "without a client certificate (give --cert and --key)", None)
-            return PermissionDenied(
-                f"permission denied for role {role}: etcd at {self.endpoints} refused the TLS "
-                f"handshake with certificate {self.credentials.cert}", role)
-        return None
 
     def _range_request(self, key: str, prefix: bool, keys_only=False,
                        revision: int = 0, limit: int = 0):
@@ -497,7 +423,7 @@ class Store:
             for response in self._call("leasestub", "LeaseKeepAlive", iter([request])):
                 return response.TTL
         except grpc.RpcError as exc:
-            raise (self._refusal(exc) or StoreUnavailable(self._why(exc))) from None
+            raise (self._failures.refusal(exc) or self._failures.unavailable(exc)) from None
         return 0
 
     def revoke(self, lease: int) -> None:
@@ -602,14 +528,14 @@ class Store:
             except etcd_exceptions.RevisionCompactedError as exc:
                 raise Compacted(exc.compacted_revision) from None
             except grpc.RpcError as exc:
-                refusal = self._refusal(exc)
+                refusal = self._failures.refusal(exc)
                 if refusal is not None:
                     raise refusal from None
                 if len(self._client.endpoints) > 1:
                     self._failover()
-                raise StoreUnavailable(self._why(exc)) from None
+                raise self._failures.unavailable(exc) from None
             except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
-                raise StoreUnavailable(self._why(exc)) from None
+                raise self._failures.unavailable(exc) from None
 
         def cancel():
             broken.set()
@@ -645,7 +571,7 @@ class Store:
             try:
                 channel = self._client.channel
             except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
-                raise StoreUnavailable(self._why(exc)) from None
+                raise self._failures.unavailable(exc) from None
         # Sent whole (create, then half-close): etcd keeps the stream open.
         call = channel.unary_stream(_WATCH,
                                     request_serializer=etcdrpc.WatchRequest.SerializeToString,
@@ -691,9 +617,9 @@ class WatchStream:
         except grpc.RpcError as exc:
             if self._cancelled:
                 raise WatchBroken("watch canceled") from None
-            refusal = self._store._refusal(exc)
+            refusal = self._store._failures.refusal(exc)
             if refusal is not None:
                 raise refusal from None
             self._store._watch_broke = self._member     # gone, maybe: watch elsewhere next
-            raise WatchBroken(self._store._why(exc)) from None
+            raise WatchBroken(self._store._failures.why(exc)) from None
         raise WatchBroken("etcd ended the watch stream")

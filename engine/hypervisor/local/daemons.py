@@ -389,15 +389,19 @@ def netns_pids(name: str) -> list[int]:
     return [int(p) for p in _ip("netns", "pids", name).split()]
 
 
-def delete_netns(name: str) -> bool:
+def delete_netns(name: str, settle: float = 0.0) -> bool:
     """Delete the namespace ``name`` when nothing runs in it any more; True
     when it is gone.  One with processes left (guests) is kept: deleting it
     would only drop its name, and the next ``ensure_netns`` would make a
-    second namespace beside the one they live in."""
+    second namespace beside the one they live in.  ``settle``: seconds to
+    wait for processes still leaving it (stopped, not yet gone)."""
     if not netns_exists(name):
         return True
-    if netns_pids(name):
-        return False
+    deadline = time.monotonic() + settle
+    while netns_pids(name):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
     _ip("netns", "delete", name)
     return True
 

@@ -39,6 +39,7 @@ __all__ = ["take_down", "GUEST_TIMEOUT"]
 
 GUEST_TIMEOUT = 30.0        # seconds a guest has to shut down before it is powered off
 _NOTE_EVERY = 5.0           # a progress line this often while guests shut down
+_SETTLE = 5.0               # seconds a stopped process may take to leave the namespace
 
 
 def take_down(records: list[dict], netns: dict, *, keep_guests: bool = False,
@@ -64,7 +65,7 @@ def take_down(records: list[dict], netns: dict, *, keep_guests: bool = False,
         for what in ("libvirtd", "virtlogd"):
             entries.append(_entry(f"{host}/{what}", what, pids[what], outcome[what]))
     if netns.get("created") and netns.get("name"):
-        entries.append(_delete_namespace(netns))
+        entries.append(_delete_namespace(netns, settle=0.0 if guests_left else _SETTLE))
     return entries
 
 
@@ -191,12 +192,13 @@ def _stop_network(daemons: list, keep: bool) -> list[dict]:
     return entries
 
 
-def _delete_namespace(netns: dict) -> dict:
-    """Delete the namespace if nothing runs in it: its entry, saying what
-    keeps it otherwise."""
+def _delete_namespace(netns: dict, settle: float) -> dict:
+    """Delete the namespace if nothing runs in it (after ``settle`` seconds
+    for what was stopped to be gone): its entry, saying what keeps it
+    otherwise."""
     name = netns["name"]
     existed = netns_exists(name)
-    netns["deleted"] = delete_netns(name)
+    netns["deleted"] = delete_netns(name, settle)
     if netns["deleted"]:
         return _entry(f"netns {name}", "netns", None, "deleted" if existed else "not there")
     inside = [f"{(cmdline(pid) or ['?'])[0].rsplit('/', 1)[-1]} pid {pid}"
