@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 from bench.options import BadInput, numbers, whole  # noqa: E402
-from bench.processes import cpu_seconds, stop_processes  # noqa: E402
+from bench.processes import cpu_seconds, load_line, stop_processes  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
 from engine.core.store import Store  # noqa: E402
@@ -84,10 +84,6 @@ def run(store, kind, args):
 
 def _verdict(met: bool) -> str:
     return "PASS" if met else "MISS"
-
-
-def _load(load) -> str:
-    return " ".join(f"{x:.2f}" for x in load)
 
 
 def make_room(store, n: int, peers: int) -> None:
@@ -191,8 +187,7 @@ def bench(peers_count: int, sizes: list[int], ttl: int, busy: int) -> None:
         make_room(store, max(sizes), peers_count)
         rows = measure(store, sizes, [p.pid for p in processes[busy:]] + [etcd.process.pid])
         report(rows, peers_count, busy)
-        print(f"\nload average (1, 5, 15 min): before {_load(load_before)}, "
-              f"after {_load(os.getloadavg())} ({os.cpu_count()} CPUs)")
+        print("\n" + load_line(load_before))
     finally:
         stop_processes(processes)
         if etcd is not None:

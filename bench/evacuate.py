@@ -54,7 +54,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
 from bench.options import BadInput, numbers  # noqa: E402
-from bench.processes import cpu_seconds  # noqa: E402
+from bench.processes import cpu_seconds, load_line  # noqa: E402
 from engine.cluster import ready_hosts  # noqa: E402
 from engine.core import api, keys  # noqa: E402
 from engine.core.etcd_server import EtcdServer  # noqa: E402
@@ -232,9 +232,7 @@ def main() -> int:
         if etcd is not None:
             etcd.stop()
         shutil.rmtree(work, ignore_errors=True)
-    load_after = os.getloadavg()
-    print(f"\nload average (1, 5, 15 min): before {' '.join(f'{x:.2f}' for x in load_before)}, "
-          f"after {' '.join(f'{x:.2f}' for x in load_after)} ({os.cpu_count()} CPUs)")
+    print("\n" + load_line(load_before))
     return 0
 
 

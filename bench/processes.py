@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-__all__ = ["start_peer", "cli_json", "stop_processes", "cpu_seconds"]
+__all__ = ["start_peer", "cli_json", "stop_processes", "cpu_seconds", "load_line"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,3 +57,12 @@ def cpu_seconds(pids: list[int]) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def load_line(before: tuple[float, float, float]) -> str:
+    """The machine's load average before a run (``os.getloadavg()``) and
+    now: the line every benchmark ends with, so its figures can be judged."""
+    def shown(load):
+        return " ".join(f"{x:.2f}" for x in load)
+    return (f"load average (1, 5, 15 min): before {shown(before)}, "
+            f"after {shown(os.getloadavg())} ({os.cpu_count()} CPUs)")

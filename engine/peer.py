@@ -35,6 +35,7 @@ import structlog
 from engine.planning.auto import balancer
 from engine.core import keys
 from engine.core import features
+from engine.core import service_notify as notify
 from engine.core.duties import Duties, Singleton, janitor
 from engine.core.maintenance import compactor
 from engine.core.executor import Executor
@@ -78,9 +79,9 @@ def _offered(host: HostContext) -> tuple[dict, list[str]]:
         return {}, [str(exc)]
 
 
-def _host_record(host: HostContext) -> dict:
+def _host_record(host: HostContext, scanned: list | None = None) -> dict:
     try:
-        facts = host_facts(host.conn, host.state_dir, host.host)
+        facts = host_facts(host.conn, host.state_dir, host.host, scanned)
     except Exception as exc:    # the hypervisor is down: still be a live peer
         log.warning("host_facts_failed", error=str(exc))
         facts = {"kernel": platform.release(), "error": str(exc)}
@@ -116,6 +117,7 @@ class Peer:
         # fences its HA VMs when this peer's lease may lapse.
         self.heartbeat = Heartbeat(state_dir) if needs_guard(libvirt_uri) else None
         self.stopping = threading.Event()
+        self.wake = threading.Event()   # the main loop's: a stop, a lost lease, a hand-over
         self.extras = []                # per-session components started by plugins
         self.log = log.bind(host=host)
         # A hand-over: what the upgrade asked for, the lease a previous
@@ -127,6 +129,26 @@ class Peer:
         self.rolled_back: dict | None = None
         self.guarded: bool | None = None    # the guard was found or started (None: none needed)
         self.code = releases.running_code(state_dir)
+        self.unreachable_since: float | None = None     # etcd, as systemd's status says
+        self.said = ""                  # the last status line sent
+
+    def _status(self, text: str) -> None:
+        """The line ``systemctl status`` shows (sent when it changed)."""
+        if text != self.said:
+            self.said = text
+            notify.status(text)
+
+    def _serving(self, record: dict) -> str:
+        vms = record.get("vms")
+        return (f"serving {self.name}: {vms if vms is not None else '?'} VMs, "
+                f"etcd {self.store.endpoints}, {self.identity()['version']}")
+
+    def _unreachable(self) -> None:
+        if self.unreachable_since is None:
+            self.unreachable_since = time.time()
+        since = time.strftime("%H:%M:%S", time.localtime(self.unreachable_since))
+        self._status(f"etcd unreachable since {since} ({self.store.endpoints}): "
+                     f"{self.name} not serving")
 
     def identity(self) -> dict:
         """The host record's fields about this peer's code."""
@@ -151,6 +173,7 @@ class Peer:
         if self.replacing is not None:
             return False
         self.replacing = plan
+        self.wake.set()
         return True
 
     def run(self) -> int:
@@ -163,7 +186,9 @@ class Peer:
         load_automations()
         self._carry_in()
         releases.write_peer_file(self.host.state_dir)
+        self._status(f"starting {self.name}: etcd {self.store.endpoints}")
         while not self.stopping.is_set():
+            notify.watchdog()
             try:
                 features.found_cluster(self.store)
                 features.check_supported(self.store)
@@ -177,6 +202,7 @@ class Peer:
                                   on_renewed=self.heartbeat.beat if self.heartbeat else None)
             except StoreUnavailable as exc:
                 self.log.warning("etcd_unreachable", error=str(exc))
+                self._unreachable()
                 self.stopping.wait(0.5)
                 continue
             self.adopt = None
@@ -185,6 +211,7 @@ class Peer:
                 self._serve(session)
             except StoreUnavailable as exc:
                 self.log.warning("session_interrupted", error=str(exc))
+                self._unreachable()
                 session.lost.set()
             except BaseException:
                 # A bug (or an interrupt): the process is about to exit, so
@@ -205,19 +232,41 @@ class Peer:
                     # the guard fences them and they restart elsewhere.  A
                     # process that came from a hand-over and crashed keeps
                     # it too: the old one may still take the host back.
-                    session.close(revoke=(graceful or crashed) and not self._runs_ha_vms()
-                                  and not (crashed and handed_over()))
+                    revoke = (graceful or crashed) and not (crashed and handed_over())
+                    if revoke and self._runs_ha_vms():
+                        revoke = False
+                        if graceful:
+                            self._leave_to_guard(session)
+                    session.close(revoke=revoke)
             if self.replacing is not None:
                 if self._hand_over(session.lease, last_renewal):
                     return 0
         self.log.info("peer_stopped")
         return 0
 
+    def _leave_to_guard(self, session: Session) -> None:
+        """A planned stop of a host running HA VMs keeps its lease: renewed
+        one last time (the longest wait before the guard fences, for a
+        restart to come back within), and the guard told that the peer
+        stops on purpose."""
+        try:
+            session.renew()
+        except Exception as exc:        # etcd away: the last renewal stands
+            self.log.warning("last_renewal_failed", error=str(exc))
+        self.heartbeat.stopping()
+        self.log.info("lease_left_to_run_out", ttl=self.ttl, why="HA VMs run here")
+        self._status(f"stopped {self.name}: its lease runs out in {self.ttl} s; a peer back "
+                     f"before then keeps its HA VMs running, else the guard powers them off")
+
     def _drain(self, session: Session) -> float:
         """Stop serving for a hand-over, keeping the lease: running requests
         finish, the test driver's domains are saved; the lease's last renewal."""
-        if not self.executor.wait_idle(DRAIN_TIMEOUT):
-            self.log.warning("handover_not_idle", timeout=DRAIN_TIMEOUT)
+        until = time.monotonic() + DRAIN_TIMEOUT
+        while not self.executor.wait_idle(min(1.0, max(until - time.monotonic(), 0))):
+            notify.watchdog()           # a long drain is no hang
+            if time.monotonic() >= until:
+                self.log.warning("handover_not_idle", timeout=DRAIN_TIMEOUT)
+                break
         self.replacing["carried"] = self._carry_out()
         try:
             last = session.renew()
@@ -233,11 +282,14 @@ class Peer:
         self.pause()
         self.log.info("handing_over", to=plan["choice"].get("release"),
                       path=plan["choice"]["path"])
+        self._status(f"handing {self.name} over to release "
+                     f"{plan['choice'].get('release') or plan['choice'].get('version')}")
         outcome = hand_over(self.host.state_dir, lease, last_renewal, plan["choice"],
                             {k: v for k, v in self.code.items() if k != "previous"},
                             float(plan.get("deadline") or DEFAULT_DEADLINE),
                             plan.get("carried"), plan.get("automation"),
-                            renew=lambda: self._renew(lease), ttl=self.ttl)
+                            renew=lambda: self._renew(lease), ttl=self.ttl,
+                            tick=notify.watchdog)
         if plan.get("carried"):
             try:
                 os.unlink(plan["carried"])
@@ -245,6 +297,10 @@ class Peer:
                 pass
         if outcome.ok:
             self.log.info("handed_over", pid=outcome.pid)
+            if self.stopping.is_set():
+                # stopped (systemctl stop) while handing over: the service
+                # manager follows the new process now; it stops too
+                os.kill(outcome.pid, signal.SIGTERM)
             return True
         self.log.error("handover_rolled_back", why=outcome.why)
         releases.write_peer_file(self.host.state_dir)
@@ -252,6 +308,10 @@ class Peer:
                             "time": time.time(), "automation": plan.get("automation")}
         self.adopt = lease
         self.code = releases.running_code(self.host.state_dir)
+        # the new process may have made itself the service's main one
+        notify.main_pid(text=f"{self.name}: hand-over to {self.rolled_back['to']} "
+                        f"rolled back: {outcome.why}"[:400])
+        self.said = ""
         self.resume()
         return False
 
@@ -290,8 +350,8 @@ class Peer:
         except Exception as exc:
             self.log.error("carry_restore_failed", error=str(exc))
 
-    def _host_record(self) -> dict:
-        return {**_host_record(self.host), **self.identity()}
+    def _host_record(self, scanned: list | None = None) -> dict:
+        return {**_host_record(self.host, scanned), **self.identity()}
 
     def _serve(self, session: Session):
         self.log.info("session_started", lease=f"{session.lease:x}", ttl=self.ttl,
@@ -338,28 +398,44 @@ class Peer:
                     raise
                 except Exception as exc:
                     self.log.warning("first_publication_failed", error=str(exc))
+            # the service manager follows this process before the old one
+            # exits (its message, once it is gone, may not count)
+            notify.main_pid(text=self._serving(record))
             self.handover = note_serving(self.host.state_dir, session.first_renewal)
             self._publish(session, published, {**self._host_record(), "enabled": enabled})
+        else:
+            notify.ready(self._serving(record))
+        self.unreachable_since, self.said = None, self._serving(record)
+        # A lost lease must end this session at once, not up to
+        # STATS_INTERVAL later, so that the next one is made (and the host
+        # record re-published) before the old lease expires: it wakes the
+        # loop, as a stop and a hand-over do.
+        threading.Thread(target=lambda: (session.lost.wait(), self.wake.set()), daemon=True,
+                         name="session-lost").start()
         try:
             while not self.stopping.is_set() and not session.lost.is_set() \
                     and self.replacing is None:
-                # Short slices: a lost lease must end this session at once, not
-                # up to STATS_INTERVAL later, so that the next one is made (and
-                # the host record re-published) before the old lease expires.
                 next_stats = time.monotonic() + STATS_INTERVAL
-                while not (self.stopping.wait(0.1) or session.lost.is_set()
-                           or self.replacing is not None or time.monotonic() >= next_stats):
-                    pass
+                while not (self.stopping.is_set() or session.lost.is_set()
+                           or self.replacing is not None):
+                    left = next_stats - time.monotonic()
+                    if left <= 0:
+                        break
+                    notify.watchdog()   # this loop turning is what "not stuck" means
+                    ping_every = notify.watchdog_interval()
+                    self.wake.wait(min(left, ping_every / 2) if ping_every else left)
+                    self.wake.clear()
                 if self.stopping.is_set() or session.lost.is_set() or self.replacing is not None:
                     break
-                record = {**self._host_record(), "enabled": enabled}
+                # one look at every domain's metadata, for the accounting and the record
+                scanned = self._account() if registered else None
+                record = {**self._host_record(scanned), "enabled": enabled}
                 if published.due(record, time.monotonic()):
                     self._publish(session, published, record)
+                self._status(self._serving(record))
                 self.executor.rescan()
                 if not registered:
                     registered = self._register_provider(record["networks"])
-                else:
-                    self._account()
                 if publisher is None:
                     publisher = self._start_publisher(session)
                 self._ensure_guard()
@@ -403,19 +479,24 @@ class Peer:
         finally:
             placement.close()
 
-    def _account(self) -> None:
+    def _account(self) -> list | None:
         """Keep the provider's reserved current as foreign domains come, go,
-        start and stop (written only when it changed).  Never fatal: the
-        next tick tries again."""
-        from engine.hypervisor.host import accounting
+        start and stop (written only when it changed); the domains as
+        scanned for it, under the accounting lock (an adoption is seen
+        whole), or None.  Never fatal: the next tick tries again."""
+        from engine.hypervisor.host import accounting, foreign
         from engine.placement import open_placement
         placement = open_placement(None, self.store)
         try:
-            accounting.refresh(self.host, placement)
+            with accounting.lock(self.name):
+                scanned = foreign.scan(self.host.conn)
+                accounting.refresh(self.host, placement, scanned=scanned)
+            return scanned
         except StoreUnavailable:
             raise
         except Exception as exc:
             self.log.warning("reserved_refresh_failed", error=str(exc))
+            return None
         finally:
             placement.close()
 
@@ -540,7 +621,9 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)
+        notify.stopping(f"stopping {host}: letting running requests finish")
         peer.stopping.set()
+        peer.wake.set()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     return peer.run()

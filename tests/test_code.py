@@ -21,10 +21,11 @@ import pytest
 from engine.core import failpoints, keys
 from engine.core.features import SUPPORTED
 from engine.errors import Failed
+from engine.releases import archive as archive_module
 from engine.releases import catalog
 from engine.releases.install import MARK, install, installed, remove
 from engine.releases.version import ROOT, describe, label
-from tests.support.releases import build_release
+from tests.support.releases import build_packages, build_release
 
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 ROW = {"version", "commit", "feature_level", "sha256", "bytes", "state", "added", "running_on"}
@@ -79,6 +80,34 @@ def test_a_release_is_added_listed_and_deleted(cluster, store, tmp_path):
     assert cluster.cli_json("code", "delete", "0.2.0") == {"version": "0.2.0", "deleted": True}
     assert cluster.cli_json("code", "list") == []
     assert code_keys(store) == {}
+
+
+def test_the_wheel_built_from_the_tree_is_a_release(cluster, store, tmp_path):
+    """``python -m build``'s wheel is added like a source archive: stored
+    under the version its tree's PKG-INFO says, with the commit it was built
+    from, and installed on a host as the tree under its peerctl_tree/."""
+    built = build_packages(tmp_path / "packages", "0.3.0")
+    done = cluster.cli("--format", "json", "code", "add", built["wheel"])
+    assert done.returncode == 0 and done.stderr == "", done.stderr    # its name agrees
+    added = json.loads(done.stdout)
+    assert added == {"version": "0.3.0", "sha256": sha256(built["wheel"]),
+                     "bytes": os.path.getsize(built["wheel"]), "commit": built["commit"],
+                     "feature_level": SUPPORTED, "state": "ready", "already": False}
+    [row] = cluster.cli_json("code", "list")
+    assert (row["version"], row["commit"], row["state"]) == ("0.3.0", built["commit"], "ready")
+    renamed = str(tmp_path / "peerctl-9.9.9-py3-none-any.whl")
+    os.link(built["wheel"], renamed)
+    again = cluster.cli("--format", "json", "code", "add", renamed)
+    assert json.loads(again.stdout)["already"] and \
+        "peerctl-9.9.9-py3-none-any.whl is named for version 9.9.9" in again.stderr, again.stderr
+
+    where = install(store, str(tmp_path / "state"), "0.3.0")
+    assert describe(where)["version"] == "0.3.0" and describe(where)["commit"] == built["commit"]
+    for part in ("peerctl.py", "engine/core/features.py", "automations/vms.py", "requests/vm.py",
+                 "conf/peerctl.conf"):
+        assert os.path.isfile(os.path.join(where, part)), part
+    assert not any(name.endswith(".dist-info") for name in os.listdir(where))
+    assert not os.path.exists(os.path.join(where, "requests", "__init__.py"))
 
 
 def test_the_same_release_again_changes_nothing_and_another_with_its_version_is_refused(
@@ -179,13 +208,34 @@ def no_engine(tmp_path):
         "peerctl-0.2.0/automations/vms.py": "", "peerctl-0.2.0/requests/vm.py": ""}), {}
 
 
-def wheel(tmp_path):
-    path = tmp_path / "peerctl-0.2.0-py3-none-any.whl"
+def _wheel(path, members: dict) -> str:
     with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("peerctl.py", "")
-        archive.writestr("engine/core/features.py", "SUPPORTED = 1\n")
-        archive.writestr("peerctl-0.2.0.dist-info/WHEEL", "Wheel-Version: 1.0\n")
-    return str(path), {}
+        for name, text in members.items():
+            archive.writestr(name, text)
+    return str(path)
+
+
+def foreign_wheel(tmp_path):
+    """A wheel of another project (this tree at its top, not under peerctl_tree/)."""
+    return _wheel(tmp_path / "peerctl-0.2.0-py3-none-any.whl", {
+        "peerctl.py": "", "engine/core/features.py": "SUPPORTED = 1\n",
+        "peerctl-0.2.0.dist-info/WHEEL": "Wheel-Version: 1.0\n"}), {}
+
+
+def wheel_without_automations(tmp_path):
+    return _wheel(tmp_path / "peerctl-0.2.0-py3-none-any.whl", {
+        "peerctl_tree/peerctl.py": "", "peerctl_tree/PKG-INFO": "Version: 0.2.0\n",
+        "peerctl_tree/engine/commandline/__init__.py": "",
+        "peerctl_tree/engine/core/features.py": "SUPPORTED = 1\n",
+        "peerctl_tree/requests/vm.py": "",
+        "peerctl-0.2.0.dist-info/WHEEL": "Wheel-Version: 1.0\n"}), {}
+
+
+def named_wheel(tmp_path):
+    """A source zip named like a wheel."""
+    path = str(tmp_path / "peerctl-0.2.0-py3-none-any.whl")
+    os.rename(build_release(tmp_path, "0.2.0", fmt="zip"), path)
+    return path, {}
 
 
 def leaves_its_directory(tmp_path):
@@ -213,8 +263,11 @@ def missing(tmp_path):
 @pytest.mark.parametrize("make, code, words", [
     (text_file, 2, "not a release: neither a tar.gz nor a zip archive"),
     (no_engine, 2, "not a release: no engine/commandline/__init__.py, engine/core/features.py"),
-    (wheel, 2, "a wheel cannot carry the top-level requests/ without shadowing the requests "
-               "library; use a source archive"),
+    (foreign_wheel, 2, "not a release: a wheel of something else than peerctl (no "
+                       "peerctl_tree/peerctl.py in it"),
+    (wheel_without_automations, 2, "not a release: no automations/ in it (a peerctl wheel "
+                                   "holds its tree under peerctl_tree/"),
+    (named_wheel, 2, "not a release: named .whl but no wheel (no *.dist-info/WHEEL in it)"),
     (leaves_its_directory, 2, "a path leaving its directory in it: peerctl-0.2.0/../x"),
     (links_outside, 2, "a link pointing outside it: peerctl-0.2.0/x -> ../../etc/passwd"),
     (does_not_start, 1, "release 0.2.0 does not start: boom"),
@@ -227,6 +280,33 @@ def test_what_is_not_a_release_is_one_line_and_nothing_is_written(cluster, store
     line = one_line(cluster.cli("code", "add", path, env=env), code)
     assert words in line and (code == 1 or path in line), line
     assert code_keys(store) == {}
+
+
+def test_a_tar_release_is_unpacked_as_data_whoever_made_it(tmp_path):
+    """Unpacked by hand (Debian 12's Python 3.11.2 has no tar filter): a
+    setuid, world-writable file owned by someone else arrives as a plain
+    file of whoever unpacks; a hard link inside the tree is a copy."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, data in (("p-0.2.0/peerctl.py", b"print('hi')\n"),
+                           ("p-0.2.0/setup.cfg", b"[metadata]\nversion = 0.2.0\n"),
+                           ("p-0.2.0/engine/commandline/__init__.py", b""),
+                           ("p-0.2.0/engine/core/features.py", b"SUPPORTED = 1\n"),
+                           ("p-0.2.0/automations/vms.py", b""),
+                           ("p-0.2.0/requests/vm.py", b"")):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.uid, info.gid = len(data), 0o6777, 4321, 4321
+            archive.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("p-0.2.0/again.py")
+        link.type, link.linkname = tarfile.LNKTYPE, "p-0.2.0/peerctl.py"
+        archive.addfile(link)
+    dest = tmp_path / "tree"
+    dest.mkdir()
+    archive_module.unpack(buffer.getvalue(), str(dest))
+    written = os.stat(dest / "peerctl.py")
+    assert (written.st_mode & 0o7777, written.st_uid) == (0o755, os.getuid())
+    assert (dest / "again.py").read_text() == "print('hi')\n"
+    assert not os.path.samefile(dest / "again.py", dest / "peerctl.py")
 
 
 def test_deleting_an_unknown_or_malformed_version_is_one_line(cluster, store):

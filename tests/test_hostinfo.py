@@ -53,6 +53,40 @@ def test_vms_counts_this_hosts_peerctl_domains_and_their_memory(host):
     call(host, "destroy", uuid=args["uuid"])
 
 
+def test_one_scan_serves_the_record_and_the_accounting_reading_each_domain_once(
+        host, store, monkeypatch):
+    """The peer's stats tick reads every domain's metadata once
+    (``foreign.scan``), and the host record and placement's reserved are
+    made from that scan: the same figures as from fresh reads, and no
+    second read of any domain."""
+    from engine.hypervisor.host import accounting, foreign
+    from engine.placement import open_placement
+    args = {"uuid": str(uuidlib.uuid4()), "name": "f-" + uuidlib.uuid4().hex[:8],
+            "vcpus": 1, "memory_mb": 512, "disk_gb": 0, "image": None}
+    call(host, "build", **args)
+    placement = open_placement("etcd", store)
+    try:
+        fresh_facts = host_facts(host.conn, host.state_dir, host.host)
+        fresh_reserved = accounting.reserved_for(host, placement)
+        reads = []
+        real = foreign.read_metadata
+        monkeypatch.setattr(foreign, "read_metadata", lambda dom: reads.append(dom) or real(dom))
+        scanned = foreign.scan(host.conn)
+        assert len(reads) == len(scanned) == fresh_facts["domains"]
+        facts = host_facts(host.conn, host.state_dir, host.host, scanned)
+        reserved = accounting.reserved_for(host, placement, scanned=scanned)
+        assert len(reads) == len(scanned), "a domain's metadata was read again"
+        steady = {k: v for k, v in facts.items() if k not in ("cpu_usage", "free_memory_mb",
+                                                              "free_disk_gb", "net_rx_bytes",
+                                                              "net_tx_bytes")}
+        assert steady == {k: fresh_facts[k] for k in steady}
+        assert (facts["vms"], facts["foreign_vms"]) == (1, fresh_facts["foreign_vms"])
+        assert reserved == fresh_reserved
+    finally:
+        placement.close()
+        call(host, "destroy", uuid=args["uuid"])
+
+
 # -- when a record is written again (Publication): records in, reasons out ------------
 
 RECORD = {"host": "host1", "pid": 4242, "updated": 1000.0, "vcpus": 8, "memory_mb": 16384,

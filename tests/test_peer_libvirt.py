@@ -30,7 +30,8 @@ def test_a_uri_libvirt_rejects_exits_2_with_one_line_and_no_lease(cluster, store
 def test_a_test_driver_file_that_is_missing_is_one_line_too(cluster, store):
     """Not a second line from libxml2 before libvirt's refusal: one line, exit 2."""
     uri = f"test://{cluster.tmp_path / 'missing.xml'}"
-    done = cluster.cli("peer", "--host", "h1", "--libvirt", uri, "--ttl", "2", timeout=60)
+    done = cluster.cli("peer", "--host", "h1", "--libvirt", uri, "--ttl", "2",
+                       "--state-dir", str(cluster.tmp_path / "state-h1"), timeout=60)
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert done.stderr.splitlines() == [
         f"peerctl: libvirt rejects --libvirt {uri!r}: test driver file "

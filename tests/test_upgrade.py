@@ -18,7 +18,7 @@ from engine.core.features import SUPPORTED
 from tests.support import wait_for, wait_until
 from tests.support.cluster import finished, start_peers
 from tests.support.hooks import assert_each_index_ran_once, counting_hook
-from tests.support.releases import build_release
+from tests.support.releases import build_packages, build_release
 
 TTL = 5         # a production TTL: the hand-over must fit well inside it
 NOW, NEXT = SUPPORTED, SUPPORTED + 1     # this tree's level, the second release's
@@ -171,6 +171,55 @@ def test_a_rolling_upgrade_interrupts_no_automation_vm_ping_or_lease(cluster, st
                          what="the lease active")
     runs = assert_each_index_ran_once(logs["lease_start"], started["automation"])
     assert len(runs) == 1 and lease["hosts"] == started["hosts"]
+
+
+def test_the_wheel_of_a_release_upgrades_three_hosts(cluster, store, tmp_path):
+    """``python -m build``'s wheel, added with ``code add``, is a release
+    like a source archive: each host installs the tree under its
+    peerctl_tree/ and its peer hands over to it, on the same lease."""
+    from engine.hypervisor.local.daemons import cmdline
+    names = ["host1", "host2", "host3"]
+    start_hosts(cluster, store, names, tmp_path)
+    leases = leases_of(store, names)
+    booted = cluster.cli_json("boot", "stays", "--network", "none", "--on", "host2",
+                              "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1")
+    assert booted["state"] == "done", booted
+    built = build_packages(tmp_path / "packages", "0.2.0")
+    assert cluster.cli_json("code", "add", built["wheel"])["commit"] == built["commit"]
+
+    done = upgrade(cluster, "--to", "0.2.0")
+    assert done["state"] == "done", done
+    assert [(h["host"], h["state"]) for h in done["hosts"]] == \
+        [(n, "upgraded") for n in names], done
+    after = hosts_now(cluster)
+    assert {n: after[n]["version"] for n in names} == \
+        {n: f"0.2.0+{built['commit'][:8]}" for n in names}, after
+    assert leases_of(store, names) == leases
+    for name in names:
+        tree = cluster.state_dir(name) / "releases" / "0.2.0"
+        assert str(tree / "peerctl.py") in cmdline(cluster.pid(name)), name
+    assert [(vm["name"], vm["state"]) for vm in cluster.cli_json("vmlist", "host2/*")] == \
+        [("stays", "running")]
+    assert cluster.cli_json("ping")["state"] == "done"
+
+
+def test_a_host_restarted_from_its_package_runs_the_release_upgrade_chose(cluster, store,
+                                                                          tmp_path):
+    """After ``upgrade --to 0.2.0``, host1 is started again from the tree
+    it was first started from (systemd after an ``apt upgrade``): it runs
+    0.2.0, the release the cluster chose, and says so in one line."""
+    names = ["host1", "host2"]
+    start_hosts(cluster, store, names, tmp_path)
+    cluster.cli_json("code", "add", second_release(tmp_path))
+    assert upgrade(cluster, "--to", "0.2.0")["state"] == "done"
+    cluster.kill("host1")
+    wait_for(lambda: not hosts_now(cluster).get("host1"), timeout=30, what="host1 gone")
+    cluster.start_peer("host1", ttl=TTL)
+    wait_for(lambda: hosts_now(cluster).get("host1"), timeout=60, what="host1 back")
+    assert hosts_now(cluster)["host1"]["version"].startswith("0.2.0")
+    said = [line for line in cluster.log("host1").splitlines() if "running release" in line]
+    assert said[-1].startswith("peerctl: running release 0.2.0, this host's choice by "
+                               "`upgrade`, not this tree's 0.1.0"), said
 
 
 def test_a_release_that_cannot_start_is_rolled_back_on_the_first_host_only(

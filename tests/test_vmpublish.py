@@ -186,8 +186,8 @@ def test_build_publishes_before_replying_and_an_older_view_never_overwrites_it(
     publisher = VmPublisher(store, host.host, host.conn)
     listed = publisher.records
 
-    def stale_listing():
-        seen = listed()                                  # running
+    def stale_listing(*scanned):
+        seen = listed(*scanned)                          # running
         if seen[args["uuid"]]["state"] == "running":
             call(host, "suspend", uuid=args["uuid"])     # paused, written after our read
         return seen

@@ -57,9 +57,9 @@ def register(commands) -> None:
         "code", "releases of peerctl the cluster carries: add, list, delete",
         "python peerctl.py code add peerctl-0.2.0.tar.gz\n"
         "python peerctl.py code list", None,
-        "A release is a source archive of peerctl (git archive, or python setup.py "
-        "sdist: .tar.gz or .zip; not a wheel). The cluster keeps it in etcd, in chunks, "
-        "with its sha256, at most 5 of them; upgrade --to VERSION puts it on the hosts.")
+        "A release is a source archive of peerctl (git archive, or an sdist: .tar.gz or "
+        ".zip) or the wheel python -m build makes of it. The cluster keeps it in etcd, "
+        "in chunks, with its sha256, at most 5 of them; upgrade --to VERSION puts it on the hosts.")
     what = commands.verbs(sub)
     p = what.add("add", "check a release and store it in the cluster",
                  "python peerctl.py code add peerctl-0.2.0.tar.gz", cmd_add,

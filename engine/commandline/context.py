@@ -5,6 +5,7 @@ stdout carries the command's answer only (one JSON document with
 ``--format json``); messages, warnings and progress go to stderr."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -18,20 +19,52 @@ __all__ = ["Context", "say", "warn_unreadable", "me", "short_path", "configure_l
 _LOGGING = []
 
 
-def configure_logging(level: str) -> None:
-    """structlog to stderr (never stdout: it carries the JSON), once per process."""
+def configure_logging(level: str, settings: dict | None = None) -> None:
+    """structlog to stderr (never stdout: it carries the JSON), once per
+    process: under systemd, stderr is the journal.
+
+    ``level`` is the command's own (INFO for the peer and serve, WARNING for
+    the rest, DEBUG with --debug); the ``log_level`` setting overrides it
+    unless it is DEBUG.  ``log_format`` (settings.py checked it) is
+    ``console`` (one ``time [level] event key=value`` line) or ``json`` (one
+    object per line: ``timestamp``, ``level``, ``event`` and the context).
+    The standard library's ``logging`` (libraries' warnings) goes the same
+    way, so that every line on stderr has the chosen format."""
     if _LOGGING:
         return
+    settings = settings or {}
+    if level != "DEBUG" and settings.get("log_level"):
+        level = settings["log_level"].upper()
     _LOGGING.append(level)
     import logging
     import structlog
+    if settings.get("log_format") == "json":
+        render = [structlog.processors.format_exc_info,
+                  structlog.processors.JSONRenderer(default=repr)]
+    else:
+        render = [OneLine()]
     structlog.configure(
         processors=[structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso"),
-                    OneLine()],
+                    structlog.processors.TimeStamper(fmt="iso"), *render],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level)),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True)
+    root = logging.getLogger()
+    root.addHandler(_ToStructlog())
+    root.setLevel(max(getattr(logging, level), logging.WARNING))
+
+
+class _ToStructlog(logging.Handler):
+    """A standard-library record as a structlog event: its logger's name,
+    its message; the level structlog's filter then judges."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        import structlog
+        try:
+            structlog.get_logger().log(record.levelno, record.getMessage(),
+                                       logger=record.name)
+        except Exception:       # a library's badly formatted message: never crash logging
+            self.handleError(record)
 
 
 class OneLine:
@@ -107,7 +140,7 @@ class Context(Operations):
 
     def opened(self) -> None:
         if self.args.command != "peer":
-            configure_logging("DEBUG" if self.debug else "WARNING")
+            configure_logging("DEBUG" if self.debug else "WARNING", self.settings)
             self._check_space()
 
     def _check_space(self) -> None:

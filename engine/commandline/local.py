@@ -15,20 +15,25 @@ from .settings import DEFAULTS
 
 def cmd_peer(ctx) -> int:
     args, settings = ctx.args, ctx.settings
-    check_name(args.host, "host name")
+    from .peer_host import peer_host
+    host = peer_host(args, settings)        # exit 2 before anything is made or runs
+    args.host, args.libvirt = host.name, host.libvirt      # for the API too
     from engine.core.validate import endpoint_scheme
     if endpoint_scheme(settings["etcd"]) == "https":
-        settings["credentials"].check_peer(args.host)     # exit 4 before anything runs
+        settings["credentials"].check_peer(host.name)     # exit 4 before anything runs
     from engine.releases import current
-    state_dir = args.state_dir or current.default_state_dir(settings["cluster"], args.host)
-    current.exec_current(state_dir)         # the host's current release, if another tree
-    configure_logging("DEBUG" if args.debug else "INFO")
+    current.exec_current(host.state_dir)    # the host's current release, if another tree
+    configure_logging("DEBUG" if args.debug else "INFO", settings)
+    if host.notice:
+        import structlog
+        structlog.get_logger("peerctl.peer").warning("old_state_dir", host=host.name,
+                                                     message=host.notice)
     from engine import placement
     placement.configure(settings["placement_config"])
     from engine.peer import run_peer
     kwargs = {"ttl": args.ttl or int(settings["ttl"]), "hooks_dir": args.hooks,
               "workers": args.workers or int(settings["workers"]),
-              "state_dir": args.state_dir, "retention": settings.get("retention"),
+              "state_dir": host.state_dir, "retention": settings.get("retention"),
               "networks": args.networks if args.networks is not None else settings["networks"],
               "etcd_history": settings["etcd_history"],
               "ha_margin": args.ha_margin if args.ha_margin is not None
@@ -49,7 +54,7 @@ def cmd_peer(ctx) -> int:
     api = _Api(settings, address, args)
     api.start()
     try:
-        return int(run_peer(ctx.store(), args.host, args.libvirt, pause=api.stop,
+        return int(run_peer(ctx.store(), host.name, host.libvirt, pause=api.stop,
                             resume=api.start, **kwargs) or 0)
     finally:
         api.stop()
@@ -214,21 +219,32 @@ def cmd_down(ctx) -> int:
 
 def register(commands) -> None:
     sub = commands.add("peer", "run this host's peer in the foreground",
+                       "python peerctl.py peer\n"
                        "python peerctl.py peer --host host1 --libvirt qemu:///system --ttl 5",
                        cmd_peer, "Run the peer of one host: it registers the host, keeps its "
                        "records current, executes requests and leads automations. SIGTERM or "
-                       "SIGINT stop it gracefully.")
-    sub.add_argument("--host", required=True, metavar="NAME",
-                     help="this host's name in the cluster (letters, digits, '.', '_', '-')")
-    sub.add_argument("--libvirt", required=True, metavar="URI",
+                       "SIGINT stop it gracefully. With no flags it runs the host the config "
+                       "file describes (/etc/peerctl/peerctl.conf on an installed host; "
+                       "docs/install.md).")
+    sub.add_argument("--host", metavar="NAME",
+                     help="this host's name in the cluster (letters, digits, '.', '_', '-') "
+                          "[$PEERCTL_HOST, the host setting, default this machine's short "
+                          "host name]")
+    sub.add_argument("--libvirt", metavar="URI",
                      help="the libvirt this peer drives: qemu:///system, or test:///default "
-                          "for libvirt's test driver")
+                          "for libvirt's test driver [$PEERCTL_LIBVIRT, the libvirt setting, "
+                          "default test:///default]")
     sub.add_argument("--ttl", type=positive, metavar="SECONDS",
                      help="etcd lease TTL bounding failure detection (default 5)")
     sub.add_argument("--hooks", metavar="DIR", help="directory of R.pre / R.post hooks")
     sub.add_argument("--workers", type=positive, metavar="N",
                      help="requests executed in parallel (default 8)")
-    sub.add_argument("--state-dir", metavar="DIR", help="local state of this peer")
+    sub.add_argument("--state-dir", metavar="DIR",
+                     help="this host's state: disk pool, image cache, guard, releases "
+                          "[$PEERCTL_STATE_DIR, the state_dir setting when absolute, default "
+                          "/var/lib/peerctl/CLUSTER as root, else "
+                          "~/.local/state/peerctl/CLUSTER/HOST]; only these two may name a "
+                          "directory under /tmp")
     sub.add_argument("--networks", metavar="LIST",
                      help="networks this host offers VMs: NAME (a libvirt network) or "
                           "NAME=BRIDGE, comma-separated; 'none' for none (default: the "

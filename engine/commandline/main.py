@@ -56,7 +56,8 @@ examples:
 Patterns: a VM pattern is HOSTGLOB/VMGLOB or VMGLOB (shell globs, quote them);
 a host pattern is a glob on host names.
 Settings: flags, then PEERCTL_ETCD / PEERCTL_CLUSTER / PEERCTL_FORMAT, then a
-running `up` in ./state, then the config file (PEERCTL_CONF or conf/peerctl.conf).
+running `up` in ./state, then the config file (--conf, PEERCTL_CONF,
+/etc/peerctl/peerctl.conf if it exists, else conf/peerctl.conf).
 Exit codes: 0 ok; 1 failed or nothing matched; 2 usage error; 3 etcd
 unreachable; 4 permission denied by etcd (names the role); 130 detached from
 an automation by Ctrl-C (it goes on).
@@ -81,7 +82,8 @@ def build_parser(only: str | None = None) -> Parser:
     parser.add_argument("--format", choices=("table", "json"),
                         help="output format [$PEERCTL_FORMAT, default table]")
     parser.add_argument("--conf", metavar="FILE",
-                        help="config file [$PEERCTL_CONF, default conf/peerctl.conf]")
+                        help="config file [$PEERCTL_CONF, default /etc/peerctl/peerctl.conf "
+                             "if it exists, else conf/peerctl.conf]")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     for name, what in TLS_FLAGS.items():
         parser.add_argument(f"--{name}", metavar="FILE", help=f"{what} [$PEERCTL_{name.upper()}]")

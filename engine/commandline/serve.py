@@ -10,7 +10,7 @@ from .context import configure_logging, say
 
 def cmd_serve(ctx) -> int:
     args, settings = ctx.args, ctx.settings
-    configure_logging("DEBUG" if args.debug else "INFO")
+    configure_logging("DEBUG" if args.debug else "INFO", settings)
     address = args.api or settings["api"]
     if not address:
         from engine.errors import UsageError

@@ -2,7 +2,12 @@
 
 :func:`settings_for` reads them once per command and checks each: a bad
 value is a ``UsageError`` (exit 2) naming where it came from, before
-anything connects."""
+anything connects.
+
+The config file is ``--conf``, else ``$PEERCTL_CONF`` (either must be
+readable), else :data:`SYSTEM_CONF` when it exists (and then it must be
+readable: an administrator's file is never skipped), else the tree's
+``conf/peerctl.conf`` (which may be missing)."""
 from __future__ import annotations
 
 import configparser
@@ -13,9 +18,14 @@ from engine.core.credentials import Credentials  # cheap
 from engine.core.validate import endpoint_scheme, parse_duration, parse_endpoints, parse_size
 from engine.errors import UsageError
 
-__all__ = ["DEFAULTS", "TLS_FLAGS", "ROOT", "read_conf", "settings_for", "placement_setting"]
+__all__ = ["DEFAULTS", "TLS_FLAGS", "ROOT", "SYSTEM_CONF", "LOG_FORMATS", "LOG_LEVELS",
+           "read_conf", "settings_for", "placement_setting"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A host's configuration, where an administrator (and the .deb) puts it.
+SYSTEM_CONF = "/etc/peerctl/peerctl.conf"
+LOG_FORMATS = ("console", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "table",
             "ttl": "5", "workers": "8", "retention": "7d", "state_dir": "state",
@@ -23,7 +33,11 @@ DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "ta
             "networks": "default", "etcd_history": "1h", "etcd_quota": "2G",
             "ha_margin": "3s", "placement": "etcd", "backup_pool": "", "reserved": "",
             "api": "", "api_roles": "", "api_cert": "", "api_key": "",
-            "session_idle": "12h", "session_max": "7d"}
+            "session_idle": "12h", "session_max": "7d",
+            # the peer's own (engine/commandline/peer_host.py): "" = derived
+            "host": "",
+            # "" = the command's own level: info for peer and serve, else warning
+            "log_format": "console", "log_level": ""}
 
 TLS_FLAGS = {"cacert": "CA certificate that signed etcd's (https:// endpoints)",
              "cert": "client certificate: who this is to etcd, and its role",
@@ -46,7 +60,8 @@ def read_conf(path: str) -> dict:
 
 def _conf_path(args) -> str:
     """The config file: --conf, else $PEERCTL_CONF (either must exist), else
-    conf/peerctl.conf (which may not)."""
+    /etc/peerctl/peerctl.conf when it exists (then it must be readable),
+    else conf/peerctl.conf (which may not exist)."""
     for path, where in ((getattr(args, "conf", None), "--conf"),
                         (os.environ.get("PEERCTL_CONF") or None, "$PEERCTL_CONF")):
         if path is not None:
@@ -57,6 +72,13 @@ def _conf_path(args) -> str:
                 raise UsageError(f"cannot read config file {path!r} from {where}: "
                                  f"{exc.strerror}") from None
             return path
+    if os.path.lexists(SYSTEM_CONF):       # a dangling link is there, and unreadable
+        try:
+            with open(SYSTEM_CONF):
+                pass
+        except OSError as exc:
+            raise UsageError(f"cannot read config file {SYSTEM_CONF}: {exc.strerror}") from None
+        return SYSTEM_CONF
     return os.path.join(ROOT, "conf", "peerctl.conf")
 
 
@@ -82,10 +104,27 @@ def placement_setting(settings: dict, where: str) -> dict:
     return config
 
 
+def _log_settings(settings: dict, source: dict, path: str) -> None:
+    """log_format and log_level: $PEERCTL_LOG_FORMAT / $PEERCTL_LOG_LEVEL,
+    else the config file, else console and the command's own level."""
+    for key, allowed in (("log_format", LOG_FORMATS), ("log_level", LOG_LEVELS)):
+        source[key] = f"in {path}"
+        if os.environ.get("PEERCTL_" + key.upper()):
+            settings[key], source[key] = os.environ["PEERCTL_" + key.upper()], \
+                f"from $PEERCTL_{key.upper()}"
+        settings[key] = settings[key].strip().lower()
+        if settings[key] and settings[key] not in allowed:
+            raise UsageError(f"bad {key} {settings[key]!r} {source[key]} "
+                             f"(want {', '.join(allowed[:-1])} or {allowed[-1]})")
+    settings["log_format"] = settings["log_format"] or "console"
+
+
 def settings_for(args) -> dict:
     settings = dict(DEFAULTS)
     path = _conf_path(args)
-    settings.update(read_conf(path))
+    conf = read_conf(path)
+    settings.update(conf)
+    settings["conf_file"], settings["in_conf"] = path, frozenset(conf)
     for key, unit in WHOLE_NUMBERS.items():
         if not re.fullmatch(r"[0-9]+", settings[key]) or int(settings[key]) < 1:
             raise UsageError(f"bad {key} {settings[key]!r} in {path} "
@@ -127,6 +166,7 @@ def settings_for(args) -> dict:
         if getattr(args, key, None) is not None:        # given, even if empty
             settings[key] = getattr(args, key)
             source[key] = f"from --{key}"
+    _log_settings(settings, source, path)
     if settings["format"] not in ("table", "json"):
         raise UsageError(f"bad format {settings['format']!r} (want table or json)")
     if not _CLUSTER.fullmatch(settings["cluster"]):

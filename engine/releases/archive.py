@@ -1,14 +1,14 @@
-"""A release on disk: a source archive of peerctl, read, checked and unpacked.
+"""A release on disk: an archive of peerctl's tree, read, checked and unpacked.
 
-A release is the project's tree as ``git archive`` or ``python setup.py
-sdist`` packs it: a ``.tar.gz`` or a ``.zip`` (told apart by content, not
-name), the tree at its top or under one top directory
-(``peerctl-0.2.0/...``), holding ``peerctl.py``, ``setup.cfg`` (or an
-sdist's ``PKG-INFO``), ``engine/`` (a namespace package: its
-``commandline/__init__.py`` and ``core/features.py`` tell it),
-``automations/`` and ``requests/``.
-A wheel is no release: it cannot carry the top-level ``requests/`` without
-shadowing the requests library.
+A release is the project's tree as ``git archive`` or an sdist packs it: a
+``.tar.gz`` or a ``.zip`` (told apart by content, not name), the tree at its
+top or under one top directory (``peerctl-0.2.0/...``), holding
+``peerctl.py``, ``setup.cfg`` (or an sdist's ``PKG-INFO``), ``engine/`` (a
+namespace package: its ``commandline/__init__.py`` and ``core/features.py``
+tell it), ``automations/`` and ``requests/``.  Or the wheel built from it
+(``setup.py``): a zip with a ``*.dist-info/WHEEL``, whose release tree is
+its ``peerctl_tree/`` directory, with a ``PKG-INFO`` (docs/engine.md, "The
+installed tree"); the rest of the wheel (its dist-info) is not unpacked.
 
 Promises:
 - :func:`read_release` takes a file only once the tree in it *starts*: it
@@ -16,9 +16,10 @@ Promises:
   must answer with the version its ``setup.cfg`` says;
 - what is not a release is a ``UsageError`` (exit 2) saying in one line
   what is wrong: no such file, over :data:`MAX_BYTES`, not an archive, a
-  wheel, an unsafe member (an absolute path, ``..``, a link leading
-  outside, a device), a missing part of the layout; a tree that does not
-  start is a ``Failed`` with the last line of its stderr;
+  wheel of something else than peerctl, an unsafe member (an absolute
+  path, ``..``, a link leading outside, a device), a missing part of the
+  layout; a tree that does not start is a ``Failed`` with the last line of
+  its stderr;
 - :func:`unpack` never writes outside ``dest``: every member is checked
   before anything is written;
 - the version is always the tree's own (``setup.cfg`` or PKG-INFO), never
@@ -34,6 +35,7 @@ import json
 import os
 import posixpath
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -47,8 +49,8 @@ from engine.errors import Failed, UsageError
 
 from .version import describe
 
-__all__ = ["MAX_BYTES", "MAX_BYTES_ENV", "MAX_UNPACKED", "START_TIMEOUT", "Release",
-           "max_bytes", "read_release", "unpack", "verify_starts", "named_version"]
+__all__ = ["MAX_BYTES", "MAX_BYTES_ENV", "MAX_UNPACKED", "START_TIMEOUT", "WHEEL_TREE",
+           "Release", "max_bytes", "read_release", "unpack", "verify_starts", "named_version"]
 
 MAX_BYTES = 16 * 1024 * 1024    # the largest archive the cluster carries (5 kept: 80 MiB)
 MAX_BYTES_ENV = "PEERCTL_RELEASE_MAX_BYTES"     # for tests: a smaller limit, read at each call
@@ -58,8 +60,13 @@ START_TIMEOUT = 60                  # seconds its `peerctl.py version` may take
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 # peerctl-0.2.0.tar.gz, peerctl_0.2.0.zip, peerctl-v0.2.0.tgz: the version a name implies
 _NAMED = re.compile(r"peerctl[-_]v?([0-9][0-9A-Za-z.+!-]*?)\.(?:tar\.gz|tgz|zip)\Z")
+# peerctl-0.2.0-py3-none-any.whl: a wheel's name is NAME-VERSION-...
+_NAMED_WHEEL = re.compile(r"peerctl-([0-9][0-9A-Za-z.+!_]*)-.+\.whl\Z")
 _LAYOUT = ("a release holds peerctl.py, setup.cfg or PKG-INFO, engine/, automations/ and "
            "requests/, at its top or under one top directory")
+WHEEL_TREE = "peerctl_tree"     # the directory a peerctl wheel installs its tree as (setup.py)
+_WHEEL_LAYOUT = (f"a peerctl wheel holds its tree under {WHEEL_TREE}/: peerctl.py, PKG-INFO, "
+                 "engine/, automations/ and requests/")
 
 
 @dataclass(frozen=True)
@@ -207,9 +214,11 @@ def _top(members: list[_Member]) -> str:
     raise _NotRelease(f"no peerctl.py at its top or under one top directory ({_LAYOUT})")
 
 
-def _check_layout(members: list[_Member], top: str) -> None:
+def _check_layout(members: list[_Member], top: str, layout: str = _LAYOUT) -> None:
     files, dirs = set(), set()
     for member in members:
+        if not member.name.startswith(top):
+            continue            # a wheel's dist-info, beside its tree
         name = member.name[len(top):]
         (dirs if member.kind == "dir" else files).add(name)
         parts = name.split("/")
@@ -217,10 +226,10 @@ def _check_layout(members: list[_Member], top: str) -> None:
     missing = [need for need in ("peerctl.py", "engine/commandline/__init__.py",
                                  "engine/core/features.py") if need not in files]
     if "setup.cfg" not in files and "PKG-INFO" not in files:
-        missing.insert(1, "setup.cfg")
+        missing.insert(1, "PKG-INFO" if layout == _WHEEL_LAYOUT else "setup.cfg")
     missing += [f"{need}/" for need in ("automations", "requests") if need not in dirs]
     if missing:
-        raise _NotRelease(f"no {', '.join(missing)} in it ({_LAYOUT})")
+        raise _NotRelease(f"no {', '.join(missing)} in it ({layout})")
 
 
 def _inspect(data: bytes, filename: str = ""):
@@ -228,13 +237,19 @@ def _inspect(data: bytes, filename: str = ""):
     checked; raises :class:`_NotRelease`."""
     fmt, archive = _open(data)
     members = _members(fmt, archive)
-    if filename.endswith(".whl") or fmt == "zip" and _is_wheel(members):
-        raise _NotRelease("a wheel cannot carry the top-level requests/ without shadowing "
-                          "the requests library; use a source archive (git archive, or "
-                          "python setup.py sdist)")
+    wheel = filename.endswith(".whl") or fmt == "zip" and _is_wheel(members)
+    if wheel and not _is_wheel(members):
+        raise _NotRelease("named .whl but no wheel (no *.dist-info/WHEEL in it)")
     members = _checked(members)
     if sum(m.size for m in members if m.kind == "file") > MAX_UNPACKED:
         raise _NotRelease(f"it unpacks to more than {_size(MAX_UNPACKED)}")
+    if wheel:
+        top = WHEEL_TREE + "/"
+        if not any(m.name == top + "peerctl.py" for m in members):
+            raise _NotRelease(f"a wheel of something else than peerctl (no {top}peerctl.py "
+                              "in it; build one from peerctl's tree: python -m build)")
+        _check_layout(members, top, _WHEEL_LAYOUT)
+        return fmt, archive, members, top
     top = _top(members)
     _check_layout(members, top)
     return fmt, archive, members, top
@@ -259,22 +274,45 @@ def _inside(dest: str, path: str) -> bool:
 
 
 def _unpack_tar(archive: tarfile.TarFile, top: str, dest: str) -> None:
-    chosen = []
+    """Write the members under ``top`` by hand, as tarfile's "data" filter
+    would (which Debian 12's Python 3.11.2 lacks): files, directories and
+    links inside ``dest`` only, owned by whoever unpacks, no device, FIFO
+    or setuid bit."""
+    written: dict[str, str] = {}
     for info in archive.getmembers():
         name = _normal(info.name)
         if not name.startswith(top) or name == top.rstrip("/"):
             continue
-        changes = {"name": name[len(top):]}
+        relative = name[len(top):]
+        path = os.path.join(dest, relative)
+        if not _inside(dest, os.path.dirname(path)):
+            raise _NotRelease(f"a member written outside it through a link: {info.name}")
+        if info.isdir():
+            os.makedirs(path, exist_ok=True)
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if info.issym():
+            os.symlink(info.linkname, path)
+            if not _inside(dest, path):         # outside, directly or through another link
+                os.unlink(path)
+                raise _NotRelease(f"a link pointing outside it: {info.name} -> {info.linkname}")
+            continue
         if info.islnk():
             target = _normal(info.linkname)
-            if not target.startswith(top):
+            if not target.startswith(top) or target[len(top):] not in written:
                 raise _NotRelease(f"a link pointing outside it: {info.name} -> {info.linkname}")
-            changes["linkname"] = target[len(top):]
-        chosen.append(info.replace(**changes, deep=False))
-    try:
-        archive.extractall(dest, members=chosen, filter="data")
-    except tarfile.FilterError as exc:
-        raise _NotRelease(f"an unsafe member in it ({exc})") from None
+            shutil.copyfile(written[target[len(top):]], path)
+            os.chmod(path, os.stat(written[target[len(top):]]).st_mode & 0o755)
+            continue
+        if not info.isfile():
+            raise _NotRelease(f"an unsafe member in it (not a file, directory or link: "
+                              f"{info.name})")
+        if not _inside(dest, path):
+            raise _NotRelease(f"a member written outside it through a link: {info.name}")
+        with archive.extractfile(info) as source, open(path, "wb") as out:
+            shutil.copyfileobj(source, out, 1 << 20)
+        os.chmod(path, (info.mode & 0o755) | 0o644)
+        written[relative] = path
 
 
 def _unpack_zip(archive: zipfile.ZipFile, top: str, dest: str) -> None:
@@ -393,11 +431,13 @@ def _read(path: str) -> bytes:
 
 
 def named_version(filename: str) -> str | None:
-    """The version an archive's file name implies (``peerctl-0.2.0.tar.gz``:
-    ``0.2.0``), or None when its name says none.  A release is stored under
-    the version its ``setup.cfg`` says, whatever its name; this is for
-    saying so when the two disagree."""
-    found = _NAMED.search(os.path.basename(filename))
+    """The version an archive's file name implies (``peerctl-0.2.0.tar.gz``,
+    ``peerctl-0.2.0-py3-none-any.whl``: ``0.2.0``), or None when its name
+    says none.  A release is stored under the version its ``setup.cfg`` (or
+    PKG-INFO) says, whatever its name; this is for saying so when the two
+    disagree."""
+    found = _NAMED.search(os.path.basename(filename)) or \
+        _NAMED_WHEEL.search(os.path.basename(filename))
     return found.group(1) if found else None
 
 

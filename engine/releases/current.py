@@ -12,7 +12,9 @@ Promises:
 - :func:`exec_current` is how every start of ``peer`` (by ``up``, a service
   manager or a person) lands on the host's current release: when the file
   names another tree that exists, the process replaces itself with that
-  tree's ``peerctl.py`` (same PID, same arguments); a file that names a
+  tree's ``peerctl.py`` (same PID, same arguments), saying so in one line
+  (a package upgraded under it runs only once ``upgrade`` chooses it:
+  no host runs code nobody chose); a file that names a
   missing tree or is unreadable is ignored, with one warning line;
 - :func:`peer_file` (``<state_dir>/peer.json``, ``{pid, cmd}``) says which
   process serves as this host's peer now, for ``down`` and for tests, since
@@ -27,12 +29,26 @@ import sys
 from .version import ROOT, describe
 
 __all__ = ["write_json", "read_json", "read_current", "write_current", "clear_current",
-           "exec_current", "default_state_dir", "running_code",
+           "exec_current", "default_state_dir", "old_default_state_dir", "running_code",
            "peer_file", "write_peer_file", "read_peer_file", "releases_dir"]
 
 
 def default_state_dir(cluster: str, host: str) -> str:
-    """Where a peer keeps its state when not told (as :class:`engine.peer.Peer`)."""
+    """Where a peer keeps its state when nothing names a directory: as root,
+    ``/var/lib/peerctl/<cluster>`` (one host per machine); otherwise
+    ``$XDG_STATE_HOME/peerctl/<cluster>/<host>`` (``~/.local/state`` when
+    unset), so that one user can run several hosts' peers."""
+    if os.geteuid() == 0:
+        return os.path.join("/var/lib/peerctl", cluster)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                             ".local", "state")
+    return os.path.join(base, "peerctl", cluster, host)
+
+
+def old_default_state_dir(cluster: str, host: str) -> str:
+    """Where a peer kept its state when not told, before issue 50: under /tmp,
+    which Debian empties at boot (engine/commandline/peer_host.py points
+    a host that still has state there to the way out)."""
     return os.path.join("/tmp", "peerctl", cluster, host)
 
 
@@ -65,9 +81,29 @@ def read_json(path: str) -> dict | None:
 
 
 def read_current(state_dir: str) -> dict | None:
-    """The host's current choice, or None (no file, or not a choice)."""
+    """The host's current choice, or None (no file, or not a choice).  A
+    release the choice names under another state directory that is gone,
+    and that this one holds (the directory was moved, e.g. out of the old
+    default under /tmp), is read at its place here."""
     value = read_json(_path(state_dir))
-    return value if value and isinstance(value.get("path"), str) else None
+    if not value or not isinstance(value.get("path"), str):
+        return None
+    for choice in (value, value.get("previous")):
+        if isinstance(choice, dict) and isinstance(choice.get("path"), str):
+            choice["path"] = _moved(state_dir, choice["path"])
+    return value
+
+
+def _moved(state_dir: str, path: str) -> str:
+    if os.path.exists(path) or not _is_installed_release(path):
+        return path
+    here = os.path.join(releases_dir(state_dir), os.path.basename(path))
+    return here if os.path.isdir(here) else path
+
+
+def _is_installed_release(path: str) -> bool:
+    """``path`` is ``<some state_dir>/releases/<version>``."""
+    return os.path.basename(os.path.dirname(os.path.normpath(path))) == "releases"
 
 
 def write_current(state_dir: str, choice: dict) -> None:
@@ -107,6 +143,10 @@ def exec_current(state_dir: str) -> None:
         sys.stderr.write(f"peerctl: warning: {_path(state_dir)} names {choice['path']}, "
                          "which holds no peerctl.py: running this tree instead\n")
         return
+    mine = describe(ROOT).get("version") or "unknown"
+    sys.stderr.write(f"peerctl: running release {choice.get('version') or choice['path']}, "
+                     f"this host's choice by `upgrade`, not this tree's {mine} "
+                     f"({_path(state_dir)}; `upgrade --to {mine}` to run it)\n")
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, script, *sys.argv[1:]])

@@ -15,7 +15,10 @@ The old process (trusted: it ran until now) does it all:
 3. it waits until the new process notes that it serves (:func:`note_serving`
    writes ``<state_dir>/releases/serving.json`` with its PID, once its host
    record is written under the lease, its guard checked and its first
-   publication done), then exits;
+   publication done), then exits.  Under systemd the new process has just
+   before told the service manager ``MAINPID=<its pid>`` itself
+   (:mod:`engine.core.service_notify`): the unit follows it, and the old
+   one's exit is no failure;
 4. if the new process exits first, or has not noted it within the
    deadline, the old one kills it (its own child, by PID), writes the old
    choice back, and serves again on the same lease: a rollback, which its
@@ -87,13 +90,16 @@ def _log_path() -> str | None:
 
 def hand_over(state_dir: str, lease: int, last_renewal: float, choice: dict,
               previous: dict, deadline: float = DEFAULT_DEADLINE, carried: str | None = None,
-              automation: str | None = None, renew=None, ttl: float = 5.0) -> Outcome:
+              automation: str | None = None, renew=None, ttl: float = 5.0,
+              tick=None) -> Outcome:
     """Start ``choice`` (``{release, path, version, ...}``) as this host's
     peer on ``lease`` and wait until it serves; on failure, put ``previous``
     back as the current choice (the caller serves again).  While it has not
     said it serves, ``renew()`` (the lease renewed, its wall-clock time) is
     called every half TTL: a new process slow to start never lets the
-    host's lease lapse, and the hand-over file keeps the last renewal."""
+    host's lease lapse, and the hand-over file keeps the last renewal.
+    ``tick()``, if given, is called at every look (a service manager's
+    watchdog: waiting for the new process is no hang)."""
     before = read_current(state_dir)
     serving = _serving_path(state_dir)
     try:
@@ -131,6 +137,8 @@ def hand_over(state_dir: str, lease: int, last_renewal: float, choice: dict,
                 write_json(_handover_path(state_dir), noted)
             except Exception:       # etcd away: the new process may still renew it
                 pass
+        if tick is not None:
+            tick()
         code = child.poll()
         if code is not None:
             last = _tail(log, log_start)

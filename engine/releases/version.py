@@ -1,6 +1,7 @@
 """What code a tree of peerctl is: its release number (``setup.cfg``'s
-``version``, or an archive's ``PKG-INFO``), the commit when known (a git
-checkout's ``HEAD``, or a ``COMMIT`` file an archive carries) and the
+``version``, or the ``PKG-INFO`` of an sdist or of a tree a wheel installed,
+``site-packages/peerctl_tree/``), the commit when known (a git checkout's
+``HEAD``, or a ``COMMIT`` file an archive or a wheel carries) and the
 highest cluster feature level it supports.
 
 Cheap: it reads files, never runs git, never imports the tree it describes

@@ -21,6 +21,8 @@
 - :mod:`.qemu_guest`: the real-QEMU tier's guest, and why it is skipped.
 - :mod:`.libvirtd_pair`: two private libvirtd daemons, two KVM hosts on this
   machine (``libvirtd_pair`` fixture).
+- :mod:`.nspawn`: a debootstrapped bookworm booted under systemd
+  (``systemd-nspawn -b``), where the .deb is installed (``Machine``).
 - :mod:`.api_client`: the HTTP API's client (JSON calls, ``/v1/events``);
   :mod:`.api_server`: the API served from the test's process, and the
   browser the page's tests drive; :mod:`.secured_etcd`: a TLS etcd with

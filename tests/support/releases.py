@@ -1,22 +1,32 @@
 """Releases of peerctl built from the working tree, as ``git archive``
-would pack them: for ``code add``, ``upgrade`` and their tests.
+would pack them, or as the packaging builds them (setup.py): for ``code
+add``, ``upgrade``, the installed package and their tests.
 
     path = build_release(tmp_path, "0.2.0")                  # peerctl-0.2.0.tar.gz
     path = build_release(tmp_path, "0.2.1", fmt="zip", top=False,
                          files={"peerctl.py": "raise SystemExit('boom')"})
+    built = build_packages(tmp_path, "0.2.0")   # {sdist, wheel, commit, tree}
 """
 from __future__ import annotations
 
+import glob
 import gzip
 import io
 import os
 import re
+import shutil
+import subprocess
+import sys
 import tarfile
 import zipfile
 
 from tests.support import ROOT
 
-__all__ = ["TREE", "build_release"]
+__all__ = ["TREE", "PACKAGED", "build_release", "build_packages"]
+
+# what `python -m build` needs of a checkout (MANIFEST.in, setup.py)
+PACKAGED = ("peerctl.py", "setup.py", "setup.cfg", "MANIFEST.in", "README.md", "engine",
+            "automations", "requests", "conf", "peerctl_tree")
 
 TREE = ("peerctl.py", "setup.cfg", "README.md", "engine", "automations", "requests", "conf")
 
@@ -79,3 +89,45 @@ def build_release(dest_dir, version: str, *, files: dict[str, str] | None = None
             info.size, info.mode = len(data), 0o644
             archive.addfile(info, io.BytesIO(data))
     return path
+
+
+def _git(tree: str, *args) -> str:
+    done = subprocess.run(["git", "-C", tree, "-c", "user.name=tests", "-c",
+                           "user.email=tests@localhost", *args],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def build_packages(dest_dir, version: str, *, files: dict[str, str] | None = None) -> dict:
+    """Build the working tree as the sdist and the wheel of ``version``, as
+    ``python -m build`` does (the wheel built from the sdist): ``{sdist,
+    wheel, commit, tree}``.  The tree is copied first (``tree``), with
+    ``setup.cfg`` saying ``version`` and ``files`` (relpath -> text)
+    written, and committed to a fresh git repository there (``commit``),
+    so that the packages name the commit they were built from."""
+    tree = os.path.join(str(dest_dir), "tree")
+    os.makedirs(tree)
+    for part in PACKAGED + tuple(os.path.basename(p) for p in
+                                 glob.glob(os.path.join(ROOT, "requirements*.txt"))):
+        source = os.path.join(ROOT, part)
+        if os.path.isfile(source):
+            shutil.copy2(source, os.path.join(tree, part))
+        else:
+            shutil.copytree(source, os.path.join(tree, part),
+                            ignore=shutil.ignore_patterns("__pycache__", "*.py[cod]"))
+    with open(os.path.join(tree, "setup.cfg")) as f:
+        written = {"setup.cfg": _with_version(f.read(), version), **(files or {})}
+    for rel, text in written.items():
+        with open(os.path.join(tree, rel), "w") as f:
+            f.write(text)
+    _git(tree, "init", "-q")
+    _git(tree, "add", "-A")
+    _git(tree, "commit", "-q", "-m", f"peerctl {version}")
+    commit = _git(tree, "rev-parse", "HEAD")
+    dist = os.path.join(str(dest_dir), "dist")
+    # --no-isolation: setuptools and wheel of this python, nothing downloaded
+    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, tree],
+                   capture_output=True, text=True, check=True)
+    return {"sdist": os.path.join(dist, f"peerctl-{version}.tar.gz"),
+            "wheel": os.path.join(dist, f"peerctl-{version}-py3-none-any.whl"),
+            "commit": commit, "tree": tree}

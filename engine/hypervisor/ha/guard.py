@@ -40,8 +40,19 @@ restart: a new peer that renews its lease before ``until - lead`` keeps its
 HA VMs running.  What it costs: a peer stopped for longer than its TTL
 minus ``lead`` (an upgrade too slow, etcd unreachable for that long) has its
 HA VMs powered off, and restarted (here, if still its own, or elsewhere).
-It does not cover a guard killed together with its peer; a hardware
-watchdog (Proxmox's answer) would.
+A planned stop (SIGTERM) of a peer running HA VMs renews the lease one
+last time and marks the heartbeat ``stopping``: the guard says so once
+(``peer_stopping``) and fences only if no peer renews before ``until -
+lead``.
+
+Under systemd the guard stays in the peer unit's control group, and the
+unit's ``KillMode=process`` (packaging/systemd/peerctl.service) keeps it
+through ``systemctl stop``, ``restart`` and a crash of the peer.  Its lines
+then go to the peer's stderr, so to the journal (when ``$JOURNAL_STREAM``
+names that stderr), instead of ``guard/guard.log``.  A guard killed on
+purpose together with its peer (``systemctl kill``, SIGKILL to both) while
+QEMU lives on is not covered; a hardware watchdog (Proxmox's answer) would
+be.
 
 Test-driver hosts (``test:///``) need no guard: their domains live inside
 the peer's process and die with it.
@@ -126,10 +137,20 @@ class Heartbeat:
     def __init__(self, state_dir: str):
         self.path = os.path.join(_dir(state_dir), "heartbeat")
         self.started = _start_time(os.getpid())
+        self.until: float | None = None
 
-    def beat(self, until: float) -> None:
+    def beat(self, until: float, stopping: bool = False) -> None:
+        self.until = until
         _write_json(self.path, {"pid": os.getpid(), "started": self.started, "until": until,
-                                "written": time.monotonic()})
+                                "written": time.monotonic(),
+                                **({"stopping": True} if stopping else {})})
+
+    def stopping(self) -> None:
+        """The peer stops on purpose, leaving its lease to run out: the last
+        beat again, marked so (the guard still fences at ``until - lead``
+        unless a new peer beats first)."""
+        if self.until is not None:
+            self.beat(self.until, stopping=True)
 
 
 def fenced(state_dir: str) -> list[str]:
@@ -188,13 +209,19 @@ def ensure_guard(state_dir: str, host: str, libvirt_uri: str, lead: float,
     if pid is not None:
         return pid
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))   # the tree's top
-    log = open(os.path.join(_dir(state_dir), "guard.log"), "ab")
+    from engine.core.service_notify import child_environ
+    # Under systemd (the journal holds the peer's stderr) the guard writes
+    # there too; otherwise to a file of its own.
+    journal = _stderr_is_journal()
+    log = None if journal else open(os.path.join(_dir(state_dir), "guard.log"), "ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "engine.hypervisor.ha.guard", "--state-dir", state_dir,
          "--host", host, "--libvirt", libvirt_uri, "--lead", str(lead)],
         cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        env=child_environ(),            # it never speaks for the peer's unit
         start_new_session=True)        # its own session: a signal to the peer's group spares it
-    log.close()
+    if log is not None:
+        log.close()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -207,6 +234,18 @@ def ensure_guard(state_dir: str, host: str, libvirt_uri: str, lead: float,
             return process.pid
         time.sleep(0.05)
     raise RuntimeError("the guard did not start in time")
+
+
+def _stderr_is_journal() -> bool:
+    """This process's stderr is systemd's journal: ``$JOURNAL_STREAM``
+    (``DEVICE:INODE``) names it (systemd.exec(5): a variable inherited by
+    a process whose stderr went elsewhere names another)."""
+    try:
+        device, inode = (int(n) for n in os.environ.get("JOURNAL_STREAM", "").split(":"))
+        stat = os.fstat(2)
+    except (ValueError, OSError):
+        return False
+    return (stat.st_dev, stat.st_ino) == (device, inode)
 
 
 def _is_guard_of(pid, state_dir: str) -> bool:
@@ -325,12 +364,18 @@ def run_guard(state_dir: str, host: str, libvirt_uri: str, lead: float = LEAD,
     libvirt.registerErrorHandler(lambda *_: None, None)     # errors are raised, not printed
     link = _Link(libvirt_uri)
     idle_since = None           # since when the peer is gone
+    told_stopping = None        # the stopping heartbeat already said
     failures = set()            # fence failures already said
     _say("started", host=host, libvirt=libvirt_uri, lead=lead, pid=os.getpid())
     while not stopping:
         beat = _read_json(heartbeat_path, None)
         until = beat.get("until") if isinstance(beat, dict) else None
         now = time.monotonic()
+        if isinstance(until, (int, float)) and beat.get("stopping") \
+                and beat.get("written") != told_stopping:
+            told_stopping = beat.get("written")
+            _say("peer_stopping", pid=beat.get("pid"),
+                 fence_in=f"{max(until - lead - now, 0):.1f}s unless a peer renews first")
         if isinstance(until, (int, float)) and now < until - lead:
             idle_since = None
             link.get()          # connected before it is needed, not when it is

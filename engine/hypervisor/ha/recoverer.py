@@ -1,7 +1,11 @@
 """HA restart: the cluster singleton that recovers a dead host's HA VMs.
 
 A host is dead when its peer's lease has expired (``hosts/<host>`` is
-gone).  The ``recoverer`` singleton notices it within :data:`POLL` seconds,
+gone).  The ``recoverer`` singleton follows ``hosts/`` with a watch and
+notices it as etcd deletes the key (a watch that broke resumes from the last
+revision seen; one whose revision was compacted reads the prefix whole
+again), and reads ``hosts/`` whole again every :data:`REREAD` seconds
+besides, so a watch gone quiet delays it by no more than that; it
 waits the fencing margin (``ha_margin``: by then the host's guard has
 stopped its HA VMs, see :mod:`engine.hypervisor.ha.guard`), and, if the host is
 still dead, starts one ``recover`` automation (``automations/ha.py``)
@@ -13,9 +17,12 @@ tried again :data:`RETRY` seconds after it ended.
 
 The same singleton serves the ``restart/<uuid>`` requests that live hosts'
 publishers write for HA VMs found crashed or missing there
-(:func:`serve_restarts`): one ``ha_restart`` automation per VM, in place
-when its domain is there, else elsewhere; at most :data:`MAX_RESTARTS`
-within :data:`RESTART_WINDOW`.
+(:func:`serve_restarts`), within :data:`RESTART_POLL` seconds of being
+written (a watch on ``restart/``, looked at as the singleton wakes: news
+of ``hosts/``, a due look, its stop, or that long at most), and again every
+:data:`RESTART_POLL` seconds while any is left: one ``ha_restart``
+automation per VM, in place when its domain is there, else elsewhere; at
+most :data:`MAX_RESTARTS` within :data:`RESTART_WINDOW`.
 
 A host that comes back within the margin recovers nothing (flapping): its
 VMs stay its own.  The margin is counted from the moment this recoverer saw
@@ -31,8 +38,9 @@ import time
 import structlog
 
 from engine.core import api, keys
-from engine.core.hosts import live_host_names
+from engine.core.hosts import is_live_record
 from engine.core.store import Delete, Put, Store, StoreUnavailable, absent, modified_at
+from engine.core.watch import PrefixWatch, Reset
 from engine.core.values import readable
 from engine.errors import Deposed
 from engine.hypervisor.domain import shapes  # noqa: F401  (declares vms/, recovery/, restart/)
@@ -44,11 +52,12 @@ __all__ = ["recoverer", "ha_vms", "serve_restarts", "DEFAULT_MARGIN", "POLL", "R
 log = structlog.get_logger("peerctl.ha")
 
 DEFAULT_MARGIN = 3.0        # seconds after a host's lease expired
-POLL = 0.25                 # how often live hosts are compared
+POLL = 0.25                 # the pause after etcd failed to answer
+REREAD = 5.0                # how often hosts/ and restart/ are read whole, watched or not
 RETRY = float(os.environ.get("PEERCTL_HA_RETRY", "30"))  # after a recovery that left VMs behind
 RECHECK = 5.0               # how often a dead host's HA VMs are looked at again
 _KNOWN_EVERY = 10.0         # how often every host ever seen is read again
-RESTART_POLL = 1.0          # how often restart/ requests are looked at
+RESTART_POLL = 1.0          # how often restart/ requests are looked at while any is left
 
 
 def ha_vms(store: Store, host: str) -> list[dict]:
@@ -157,34 +166,117 @@ def _status(store: Store, automation_id) -> dict | None:
     return {**status, "state": status.get("state", "running")}
 
 
+class _Followed:
+    """A prefix's keys as etcd has them: read whole (:meth:`read`), then
+    kept current from a watch started at that read's revision
+    (:meth:`follow`); an event the last whole read already saw is skipped,
+    and a compacted watch's Reset replaces what is kept unless a later
+    read did."""
+
+    def __init__(self, store: Store, prefix: str):
+        self.store, self.prefix = store, prefix
+        self.kvs: dict = {}
+        self.revision = 0           # of the last whole read (or Reset)
+        self.read_at = float("-inf")
+        self.watch: PrefixWatch | None = None
+
+    def read(self) -> None:
+        kvs, revision = self.store.range(self.prefix)
+        self.kvs, self.revision = {kv.key: kv for kv in kvs}, revision
+        self.read_at = time.monotonic()
+        if self.watch is None:
+            self.watch = PrefixWatch(self.store, self.prefix, revision).start()
+
+    def follow(self, timeout: float) -> bool:
+        """Apply what the watch says, waiting up to ``timeout`` for news;
+        whether anything changed."""
+        changed = False
+        for batch in self.watch.drain(timeout) if self.watch else []:
+            if isinstance(batch, Reset):
+                if batch.revision >= self.revision:
+                    self.kvs, self.revision = {kv.key: kv for kv in batch.kvs}, batch.revision
+                    changed = True
+                continue
+            for event in batch:
+                if event.kv.mod_revision <= self.revision:
+                    continue            # the last whole read has it already
+                if event.kind == "put":
+                    self.kvs[event.kv.key] = event.kv
+                else:
+                    self.kvs.pop(event.kv.key, None)
+                changed = True
+        return changed
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+
+
+def _wake_on(stop: threading.Event, watch: PrefixWatch) -> None:
+    """A stop wakes a reader waiting on ``watch`` (an empty batch: no news)."""
+    threading.Thread(target=lambda: (stop.wait(), watch.events.put([])), daemon=True,
+                     name="recoverer-stop").start()
+
+
+def _live(hosts: _Followed) -> set[str]:
+    """The live hosts' names (the rule of :mod:`engine.core.hosts`)."""
+    return {keys.suffix(kv.key, keys.host()) for kv in hosts.kvs.values() if is_live_record(kv)}
+
+
 def recoverer(store: Store, margin: float = DEFAULT_MARGIN, poll: float = POLL):
     """The singleton's duty (see the module docstring)."""
     def duty(stop: threading.Event, candidacy):
         due: dict[str, float] = {}      # dead host -> when to look at its VMs
         known: set[str] = set()
         known_read = restarts_due = 0.0
-        while not stop.wait(poll):
-            try:
-                now = time.monotonic()
-                live = live_host_names(store)
-                if now - known_read >= _KNOWN_EVERY:
-                    known, known_read = _names(store, keys.host_config()), now
-                known |= live
-                for host in live & set(due):
-                    del due[host]
-                    log.info("host_back", host=host)
-                for host in known - live:
-                    if now < due.setdefault(host, now + margin):
-                        continue
-                    due[host] = now + RECHECK
-                    vms = ha_vms(store, host)
-                    if vms:
-                        start_recovery(store, candidacy, host, vms)
-                if now >= restarts_due:
-                    serve_restarts(store, candidacy, live, time.time())
-                    restarts_due = now + RESTART_POLL
-            except Deposed:
-                return          # the new recoverer carries on
-            except StoreUnavailable as exc:
-                log.warning("recoverer_unavailable", error=str(exc))
+        hosts, restarts = _Followed(store, keys.host()), _Followed(store, keys.restart())
+        try:
+            while not stop.is_set():
+                try:
+                    now = time.monotonic()
+                    if now - hosts.read_at >= REREAD:
+                        first = hosts.watch is None
+                        hosts.read()
+                        if first:
+                            _wake_on(stop, hosts.watch)     # a stop ends the wait below
+                    else:
+                        wake = min([known_read + _KNOWN_EVERY, hosts.read_at + REREAD,
+                                    restarts.read_at + REREAD, *due.values(),
+                                    *([restarts_due] if restarts.kvs else [])])
+                        hosts.follow(min(max(wake - now, 0.0), RESTART_POLL))
+                        if stop.is_set():
+                            return
+                    now = time.monotonic()
+                    live = _live(hosts)
+                    if now - known_read >= _KNOWN_EVERY:
+                        known, known_read = _names(store, keys.host_config()), now
+                    known |= live
+                    for host in set(due) - known:
+                        del due[host]           # forgotten by the cluster
+                    for host in live & set(due):
+                        del due[host]
+                        log.info("host_back", host=host)
+                    for host in known - live:
+                        if now < due.setdefault(host, now + margin):
+                            continue
+                        due[host] = now + RECHECK
+                        vms = ha_vms(store, host)
+                        if vms:
+                            start_recovery(store, candidacy, host, vms)
+                    if now - restarts.read_at >= REREAD:
+                        restarts.read()
+                        asked = bool(restarts.kvs)
+                    else:
+                        asked = restarts.follow(0)
+                    if asked or (restarts.kvs and now >= restarts_due):
+                        serve_restarts(store, candidacy, live, time.time())
+                        restarts_due = now + RESTART_POLL
+                except Deposed:
+                    return          # the new recoverer carries on
+                except StoreUnavailable as exc:
+                    log.warning("recoverer_unavailable", error=str(exc))
+                    stop.wait(poll)
+        finally:
+            hosts.stop()
+            restarts.stop()
     return duty

@@ -85,9 +85,9 @@ def _vcpu_ratio(provider: dict | None) -> float:
     return float(inventory.get("allocation_ratio") or DEFAULT_RATIOS["VCPU"])
 
 
-def _foreign_uuids(conn) -> set[str]:
+def _foreign_uuids(conn, scanned) -> set[str]:
     uuids = set()
-    for dom in foreign.foreign_domains(conn):
+    for dom in foreign.foreign_domains(conn, scanned):
         try:
             uuids.add(dom.UUIDString())
         except libvirt.libvirtError as exc:     # undefined meanwhile
@@ -96,27 +96,31 @@ def _foreign_uuids(conn) -> set[str]:
     return uuids
 
 
-def reserved_for(host, placement, excluded=()) -> dict:
+def reserved_for(host, placement, excluded=(), scanned=None) -> dict:
     """``{RC: amount}`` ``host`` (a HostContext) should reserve now: its
     setting plus what its foreign domains hold (their vCPUs over the VCPU
     allocation ratio), leaving out those in ``excluded`` and those holding
-    an allocation on its provider."""
+    an allocation on its provider.  Its domains are read once (or taken
+    from ``scanned``: :func:`engine.hypervisor.host.foreign.scan`)."""
     excluded = set(excluded)
+    scanned = foreign.scan(host.conn) if scanned is None else scanned
     try:
         provider = placement.provider(host.host)
     except NotFound:
         provider = None
     left_out = excluded | _allocated_here(placement, provider,
-                                          _foreign_uuids(host.conn) - excluded)
-    held = foreign.usage(host.conn, host.state_dir, left_out)
+                                          _foreign_uuids(host.conn, scanned) - excluded)
+    held = foreign.usage(host.conn, host.state_dir, left_out, scanned)
     held["VCPU"] = math.ceil(held["VCPU"] / _vcpu_ratio(provider))
     setting = host.reserved or {}
     return {rc: int(setting.get(rc, 0)) + held[rc] for rc in CLASSES}
 
 
-def refresh(host, placement, excluded=()) -> dict:
+def refresh(host, placement, excluded=(), scanned=None) -> dict:
     """Recompute ``host``'s reserved and write it (nothing when unchanged),
-    under :func:`lock`; returns the host's provider."""
+    under :func:`lock`; returns the host's provider.  ``scanned`` (taken
+    under the same lock by a caller that holds it) spares reading every
+    domain's metadata again."""
     with lock(host.host):
         return register_host(placement, host.host, host.conn, state_dir=host.state_dir,
-                             reserved=reserved_for(host, placement, excluded))
+                             reserved=reserved_for(host, placement, excluded, scanned))

@@ -8,6 +8,11 @@ naming another host (peers sharing one libvirtd) is that peer's, not
 foreign.
 
 Promises:
+- :func:`scan` reads every domain's peerctl metadata once: a caller that
+  needs the foreign domains, what they hold and the host's own domains in
+  one go (the peer's stats tick: host record and accounting) passes the
+  scan along instead of reading them again (``scanned=``); without one,
+  each function reads libvirt now;
 - :func:`is_foreign` and :func:`foreign_record` only read: nothing here
   changes a foreign domain;
 - :func:`usage` is what the host's foreign domains hold, for placement's
@@ -34,7 +39,7 @@ import libvirt
 from engine.hypervisor.domain.domain_xml import read_metadata
 from engine.hypervisor.domain.records import vm_state
 
-__all__ = ["is_foreign", "foreign_domains", "foreign_record", "usage", "survey",
+__all__ = ["scan", "is_foreign", "foreign_domains", "foreign_record", "usage", "survey",
            "other_manager", "MANAGERS"]
 
 # Metadata namespaces of other managers, by the start of their URI: a domain
@@ -53,17 +58,25 @@ def is_foreign(dom) -> bool:
     return not read_metadata(dom)
 
 
-def foreign_domains(conn) -> list:
-    """The connection's foreign domains (those undefined meanwhile are skipped)."""
+def scan(conn) -> list[tuple]:
+    """``[(dom, metadata)]`` for every domain of the connection, its peerctl
+    metadata read once (``{}``: foreign); those undefined meanwhile are
+    skipped."""
     found = []
     for dom in conn.listAllDomains(0):
         try:
-            if is_foreign(dom):
-                found.append(dom)
+            found.append((dom, read_metadata(dom)))
         except libvirt.libvirtError as exc:
             if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                 raise
     return found
+
+
+def foreign_domains(conn, scanned: list[tuple] | None = None) -> list:
+    """The connection's foreign domains (those undefined meanwhile are
+    skipped), as ``scanned`` (:func:`scan`) found them, else read now."""
+    return [dom for dom, metadata in (scan(conn) if scanned is None else scanned)
+            if not metadata]
 
 
 def _root(dom, inactive: bool = True) -> ET.Element:
@@ -113,17 +126,19 @@ def foreign_record(host_name: str, dom, offer: dict | None = None) -> dict:
             "problems": survey(conn, dom, offer or {})["problems"]}
 
 
-def usage(conn, state_dir: str, excluded: set[str] = frozenset()) -> dict:
+def usage(conn, state_dir: str, excluded: set[str] = frozenset(),
+          scanned: list[tuple] | None = None) -> dict:
     """``{VCPU, MEMORY_MB, DISK_GB}`` the foreign domains hold (see the
-    module's promises); domains whose uuid is in ``excluded`` (accounted by
-    an allocation of their own: being adopted or let go) are left out."""
+    module's promises), as ``scanned`` found them, else read now; domains
+    whose uuid is in ``excluded`` (accounted by an allocation of their own:
+    being adopted or let go) are left out."""
     held = {"VCPU": 0, "MEMORY_MB": 0, "DISK_GB": 0}
     try:
         device = os.stat(state_dir).st_dev
     except OSError:
         device = None
     disk_bytes = 0
-    for dom in foreign_domains(conn):
+    for dom in foreign_domains(conn, scanned):
         try:
             if dom.UUIDString() in excluded:
                 continue

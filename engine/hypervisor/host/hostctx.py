@@ -23,7 +23,10 @@ class HostContext:
     host: str
     libvirt_uri: str
     store: "object"                 # engine.core.store.Store of the cluster
-    state_dir: str = "/tmp/peerctl"
+    # The host's state directory (the disk pool, the image cache, the
+    # guard's heartbeat, the releases): always named by the peer, which
+    # chose it (engine/commandline/peer_host.py); no default under /tmp.
+    state_dir: str
     # The networks this host offers, as configured: {name: {kind, source}}
     # (engine.hypervisor.domain.networks.parse_offer).
     offer: dict = field(default_factory=dict)

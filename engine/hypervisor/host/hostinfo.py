@@ -35,7 +35,6 @@ import platform
 import psutil
 
 from engine.hypervisor.host import foreign
-from engine.hypervisor.domain.domain_xml import read_metadata
 
 __all__ = ["host_facts", "hypervisor_version", "cpu_model", "Publication", "GAUGES",
            "MOVED_EVERY", "DRIFT_EVERY"]
@@ -91,19 +90,19 @@ def _existing(path: str) -> str:
     return path
 
 
-def _owner(dom) -> str | None:
-    return read_metadata(dom).get("host")
-
-
-def host_facts(conn, state_dir: str, host: str | None = None) -> dict:
+def host_facts(conn, state_dir: str, host: str | None = None,
+               scanned: list[tuple] | None = None) -> dict:
     """The host's numbers.  ``vms`` counts peerctl's domains (those of
     ``host`` when given: peers may share one libvirtd); ``domains`` counts
     every domain libvirt has; ``foreign_*`` the domains without peerctl
-    metadata."""
+    metadata.  Every domain's metadata is read once, or taken from
+    ``scanned`` (:func:`engine.hypervisor.host.foreign.scan`)."""
     _arch, memory_mb, cpus, *_ = conn.getInfo()
-    domains = conn.listAllDomains(0)
-    ours = [d for d in domains if (_owner(d) == host if host else _owner(d))]
-    held = foreign.usage(conn, _existing(state_dir))
+    scanned = foreign.scan(conn) if scanned is None else scanned
+    ours = [dom for dom, metadata in scanned
+            if (metadata.get("host") == host if host else metadata)]
+    strangers = foreign.foreign_domains(conn, scanned)
+    held = foreign.usage(conn, _existing(state_dir), scanned=scanned)
     promised_mb = sum(d.info()[1] // 1024 for d in ours if d.isActive()) + held["MEMORY_MB"]
     available_mb = psutil.virtual_memory().available // _MiB
     disk = psutil.disk_usage(_existing(state_dir))
@@ -120,8 +119,8 @@ def host_facts(conn, state_dir: str, host: str | None = None) -> dict:
         "net_rx_bytes": rx,
         "net_tx_bytes": tx,
         "vms": len(ours),
-        "domains": len(domains),
-        "foreign_vms": len(foreign.foreign_domains(conn)),
+        "domains": len(scanned),
+        "foreign_vms": len(strangers),
         "foreign_vcpus": held["VCPU"],
         "foreign_memory_mb": held["MEMORY_MB"],
         "foreign_disk_gb": held["DISK_GB"],

@@ -71,7 +71,7 @@ from engine.core.store import Delete, Put, absent, lease_is, modified_at
 from engine.core.values import readable
 from engine.errors import RequestError, StoreUnavailable
 from engine.hypervisor.domain import shapes  # noqa: F401  (declares the vms/ record's shape)
-from engine.hypervisor.host.foreign import foreign_domains, foreign_record, is_foreign
+from engine.hypervisor.host.foreign import foreign_domains, foreign_record, is_foreign, scan
 from engine.hypervisor.domain.records import merged, missing, owned_by, vm_record, wants_restart
 from engine.hypervisor.host.vm_home import arrive, leave
 
@@ -401,12 +401,13 @@ class VmPublisher:
             self._own_conn = libvirt.open(self.uri)
         return self._own_conn
 
-    def records(self) -> dict[str, dict]:
-        """This host's VMs as libvirt has them now, by uuid."""
+    def records(self, scanned: list | None = None) -> dict[str, dict]:
+        """This host's VMs as libvirt has them now (its domains as
+        ``scanned``: :func:`engine.hypervisor.host.foreign.scan`), by uuid."""
         records = {}
-        for dom in self._conn().listAllDomains(0):
+        for dom, metadata in scan(self._conn()) if scanned is None else scanned:
             try:
-                if owned_by(dom, self.host):
+                if metadata.get("host") == self.host:
                     records[dom.UUIDString()] = vm_record(self.host, dom)
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
@@ -420,13 +421,13 @@ class VmPublisher:
         with self._lock:
             changed = 0
             for _ in range(_TRIES):
-                done, wanted = self._pass()
+                done, wanted, scanned = self._pass()
                 changed += done
                 if wanted is not None:
                     break
             else:
                 raise StoreUnavailable(f"{self.prefix}: reconcile refused {_TRIES} times")
-            self.publish_foreign()      # apart: the count is of VM records
+            self.publish_foreign(scanned=scanned)   # apart: the count is of VM records
             self.reconciles += 1
             self.awaiting_address = any(_awaits_address(r) for r in wanted.values())
             if changed:
@@ -439,12 +440,14 @@ class VmPublisher:
         Only records that exist are written: a domain without one is
         nobody's VM yet (a build or a move writes it); a record without a
         domain is ``missing`` (unless an automation holds the VM).
-        Returns (keys written, libvirt's records), the latter None when a
-        batch was refused because someone else wrote in between."""
+        Returns (keys written, libvirt's records, every domain with its
+        metadata as read once for them), the records None when a batch was
+        refused because someone else wrote in between."""
         kvs, _revision = self.store.range(self.prefix)
         present = {kv.key[len(self.prefix):]: kv for kv in kvs}
         seen_at = time.monotonic()
-        seen = self.records()
+        scanned = scan(self._conn())
+        seen = self.records(scanned)
         now = time.time()
         changes, after = [], []
         known = _known_of(self.store)
@@ -479,25 +482,26 @@ class VmPublisher:
             result = self.store.txn([*compares, *self.fence], [op for _uuid, op in batch])
             if not result.succeeded:
                 _check_fence(self.store, self.fence)
-                return written, None
+                return written, None, scanned
             for _uuid, op in batch:
                 _remember(self.store, op.key, result.revision, op.value, seen_at)
             written += len(batch)
         for record in after:
             _ask_restart(self.store, record, self.fence)
-        return written, seen
+        return written, seen, scanned
 
-    def publish_foreign(self, uuids=None) -> int:
+    def publish_foreign(self, uuids=None, scanned: list | None = None) -> int:
         """Make ``foreign/<host>/`` match the foreign domains libvirt has
-        (only ``uuids`` when given); how many keys changed.  A write refused
-        because someone wrote in between is left to the next pass."""
+        (only ``uuids`` when given; as ``scanned`` when given); how many
+        keys changed.  A write refused because someone wrote in between is
+        left to the next pass."""
         prefix = keys.foreign(self.host)
         kvs, _revision = self.store.range(prefix)
         present = {kv.key[len(prefix):]: kv for kv in kvs}
         conn = self._conn()
         if uuids is None:               # every one: one listing, no lookups
             seen = {}
-            for dom in foreign_domains(conn):
+            for dom in foreign_domains(conn, scanned):
                 try:
                     seen[dom.UUIDString()] = dom
                 except libvirt.libvirtError:
