@@ -6,12 +6,15 @@ level, an event and a timestamp, and the automation's id under
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from tests.support import wait_until
+from tests.support import ROOT, wait_until
 from tests.support.cluster import refused
 
 LEVELS = {"debug", "info", "warning", "error", "critical"}
@@ -57,6 +60,24 @@ def test_a_peer_with_log_format_json_writes_only_json_lines_naming_the_automatio
     assert {e.get("host") for e in started} == {"j1", "j2"}, events
     assert any(e.get("automation") == automation for host in events for e in events[host]), \
         f"no line names automation {automation}: {events}"
+
+
+def test_a_guard_started_by_a_json_peer_writes_json_too():
+    """The guard is started by the peer with its environment: with
+    log_format json ($PEERCTL_LOG_FORMAT, which the peer's logging sets),
+    its lines are JSON events as the peer's, so a journal holds one format."""
+    script = ("from engine.commandline.context import configure_logging\n"
+              "configure_logging('INFO', {'log_format': 'json'})\n"
+              "import subprocess, sys\n"
+              "subprocess.run([sys.executable, '-c', 'from engine.hypervisor.ha.guard "
+              "import _say; _say(\"vm_fenced\", vm=\"db\", host=\"h1\")'], check=True)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEERCTL_")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (event,) = json_lines(done.stdout)
+    assert (event["logger"], event["event"], event["vm"], event["host"]) == \
+        ("guard", "vm_fenced", "db", "h1")
 
 
 def test_log_level_warning_leaves_out_the_info_lines(cluster, store, tmp_path):

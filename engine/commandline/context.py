@@ -29,7 +29,8 @@ def configure_logging(level: str, settings: dict | None = None) -> None:
     ``console`` (one ``time [level] event key=value`` line) or ``json`` (one
     object per line: ``timestamp``, ``level``, ``event`` and the context).
     The standard library's ``logging`` (libraries' warnings) goes the same
-    way, so that every line on stderr has the chosen format."""
+    way, and the processes it starts inherit ``json`` ($PEERCTL_LOG_FORMAT),
+    so that every line on stderr has the chosen format."""
     if _LOGGING:
         return
     settings = settings or {}
@@ -39,6 +40,7 @@ def configure_logging(level: str, settings: dict | None = None) -> None:
     import logging
     import structlog
     if settings.get("log_format") == "json":
+        os.environ["PEERCTL_LOG_FORMAT"] = "json"   # processes it starts (the guard) too
         render = [structlog.processors.format_exc_info,
                   structlog.processors.JSONRenderer(default=repr)]
     else:

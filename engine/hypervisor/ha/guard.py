@@ -290,7 +290,14 @@ def _peer_alive(beat) -> bool:
 
 
 def _say(event: str, **fields) -> None:
+    """One log line: ``time guard event k=v``, or with $PEERCTL_LOG_FORMAT
+    json (the peer's ``log_format``), one object as the peer's lines are."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    if os.environ.get("PEERCTL_LOG_FORMAT") == "json":
+        import json
+        print(json.dumps({"timestamp": stamp + "Z", "level": "info", "logger": "guard",
+                          "event": event, **fields}, default=repr), flush=True)
+        return
     print(f"{stamp} guard {event} " + " ".join(f"{k}={v}" for k, v in fields.items()),
           flush=True)
 
