@@ -180,6 +180,18 @@ def test_a_peer_pings_its_watchdog_while_it_serves(cluster, listener):
     assert 3 <= pings <= 6, listener.messages[first:]      # every 0.5 s
 
 
+def test_a_peer_the_watchdog_aborts_leaves_every_threads_stack_in_its_log(cluster, listener):
+    """systemd's watchdog ends a stuck peer with SIGABRT: the log (the
+    journal) then holds where each thread was, to say why it was stuck."""
+    cluster.start_peer("host1", env=listener.env)
+    listener.wait(lambda f: "READY" in f, what="READY=1")
+    cluster.kill("host1", signal.SIGABRT)
+    cluster.peers["host1"].wait(30)
+    log = cluster.log("host1")
+    assert "Fatal Python error: Aborted" in log, log[-2000:]
+    assert re.search(r"Thread 0x[0-9a-f]+ \(most recent call first\)", log), log[-2000:]
+
+
 def test_a_peer_pings_no_watchdog_meant_for_another_process(cluster, listener):
     cluster.start_peer("host1", env={**listener.env, "WATCHDOG_USEC": "1000000",
                                      "WATCHDOG_PID": "1"})

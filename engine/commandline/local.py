@@ -15,6 +15,10 @@ from .settings import DEFAULTS
 
 def cmd_peer(ctx) -> int:
     args, settings = ctx.args, ctx.settings
+    import faulthandler
+    # a crash in native code (gRPC, OpenSSL, libvirt), or the watchdog's
+    # SIGABRT, leaves every thread's stack on stderr: the log or the journal
+    faulthandler.enable()
     from .peer_host import peer_host
     host = peer_host(args, settings)        # exit 2 before anything is made or runs
     args.host, args.libvirt = host.name, host.libvirt      # for the API too
