@@ -5,7 +5,6 @@ stdout carries the command's answer only (one JSON document with
 ``--format json``); messages, warnings and progress go to stderr."""
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -52,21 +51,26 @@ def configure_logging(level: str, settings: dict | None = None) -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True)
     root = logging.getLogger()
-    root.addHandler(_ToStructlog())
+    root.addHandler(_to_structlog())
     root.setLevel(max(getattr(logging, level), logging.WARNING))
 
 
-class _ToStructlog(logging.Handler):
-    """A standard-library record as a structlog event: its logger's name,
-    its message; the level structlog's filter then judges."""
+def _to_structlog():
+    """A standard-library handler passing each record on as a structlog
+    event: its logger's name, its message; the level structlog's filter
+    then judges.  (Made here: a command that never logs never imports
+    ``logging``.)"""
+    import logging
+    import structlog
 
-    def emit(self, record: logging.LogRecord) -> None:
-        import structlog
-        try:
-            structlog.get_logger().log(record.levelno, record.getMessage(),
-                                       logger=record.name)
-        except Exception:       # a library's badly formatted message: never crash logging
-            self.handleError(record)
+    class ToStructlog(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                structlog.get_logger().log(record.levelno, record.getMessage(),
+                                           logger=record.name)
+            except Exception:   # a library's badly formatted message: never crash logging
+                self.handleError(record)
+    return ToStructlog()
 
 
 class OneLine:
