@@ -131,6 +131,7 @@ class Peer:
         self.code = releases.running_code(state_dir)
         self.unreachable_since: float | None = None     # etcd, as systemd's status says
         self.said = ""                  # the last status line sent
+        self.memo = None                # the VM publisher's: each domain's metadata, kept
 
     def _status(self, text: str) -> None:
         """The line ``systemctl status`` shows (sent when it changed)."""
@@ -489,7 +490,7 @@ class Peer:
         placement = open_placement(None, self.store)
         try:
             with accounting.lock(self.name):
-                scanned = foreign.scan(self.host.conn)
+                scanned = foreign.scan(self.host.conn, self.memo)
                 accounting.refresh(self.host, placement, scanned=scanned)
             return scanned
         except StoreUnavailable:
@@ -593,6 +594,7 @@ class Peer:
         publisher = VmPublisher(self.store, self.name, conn, lease=session.lease,
                                 offer=self.host.offer)
         publisher.start()
+        self.memo = publisher.memo
         return publisher
 
 

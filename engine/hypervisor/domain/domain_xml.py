@@ -18,6 +18,7 @@ import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
+from engine.hypervisor.domain.metadata_memo import forget_everywhere
 from engine.hypervisor.domain.networks import interface_elements
 
 __all__ = ["NAMESPACE", "DomainSpec", "domain_xml", "pool_xml", "volume_xml",
@@ -166,12 +167,15 @@ def seed_source(root: ET.Element) -> ET.Element | None:
     return None
 
 
-def read_metadata(dom) -> dict:
-    """The peerctl metadata of a libvirt domain, or {} when it has none."""
+def read_metadata(dom, strict: bool = False) -> dict:
+    """The peerctl metadata of a libvirt domain, or {} when it has none
+    (or, unless ``strict``, when libvirt failed to say: strict raises then)."""
     import libvirt
     try:
         raw = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NAMESPACE, 0)
-    except libvirt.libvirtError:
+    except libvirt.libvirtError as exc:
+        if strict and exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN_METADATA:
+            raise
         return {}
     values = {}
     for child in ET.fromstring(raw):
@@ -197,8 +201,11 @@ def write_metadata(dom, changes: dict) -> dict:
     flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
     if dom.isActive():
         flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
-    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, ET.tostring(vm, encoding="unicode"),
-                    _PREFIX, NAMESPACE, flags)
+    try:
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, ET.tostring(vm, encoding="unicode"),
+                        _PREFIX, NAMESPACE, flags)
+    finally:
+        forget_everywhere(dom.UUIDString())
     return values
 
 

@@ -69,7 +69,7 @@ def state_reason(dom) -> tuple[str, str | None]:
     return _STATES.get(state, "error"), (why.get(reason, "unknown") if why is not None else None)
 
 
-def vm_record(host_name: str, dom) -> dict:
+def vm_record(host_name: str, dom, metadata: dict | None = None) -> dict:
     """What ``vms/<host>/<uuid>`` holds for a domain: with its HA policy
     (``ha``: restart or none) and, for a VM an HA restart rebuilt from its
     image or replica, ``recovered: {from, time, data_as_of?}``; for a VM rebuilt from a backup,
@@ -78,9 +78,11 @@ def vm_record(host_name: str, dom) -> dict:
     got and ``ip`` (the first IPv4, else IPv6, else None).  A paused or
     crashed VM has ``state_reason``, libvirt's reason in words (``user``,
     ``io-error``, ``crashed``, ``unknown``...), and on QEMU ``qemu_log``,
-    the path on this host of the guest's QEMU log that says more."""
+    the path on this host of the guest's QEMU log that says more.
+    ``metadata``: the domain's peerctl metadata as the caller read it a
+    moment ago (a reconcile's scan), else read now."""
     _state, max_kib, _mem, vcpus, _cpu = dom.info()
-    meta = read_metadata(dom)
+    meta = read_metadata(dom) if metadata is None else metadata
     state, reason = state_reason(dom)
     record = {"host": host_name, "name": dom.name(), "uuid": dom.UUIDString(),
               "state": state, "vcpus": vcpus, "memory_mb": max_kib // 1024,

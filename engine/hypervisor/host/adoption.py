@@ -39,6 +39,7 @@ from engine.hypervisor.domain.domain_xml import NAMESPACE, REBOOT_NAMESPACE, rea
     write_metadata
 from engine.hypervisor.domain.records import merged, vm_record, vm_state
 from engine.hypervisor.domain.lookup import libvirt_call, uuid_arg, vm_label, vm_lock
+from engine.hypervisor.domain.metadata_memo import forget_everywhere
 from engine.hypervisor.host.vm import ha_arg
 
 __all__ = ["survey", "take", "let_go"]
@@ -147,8 +148,11 @@ def _drop_metadata(dom, label: str) -> None:
     flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
     if dom.isActive():
         flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
-    libvirt_call(f"cannot remove the metadata of {label}", dom.setMetadata,
-                  libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None, NAMESPACE, flags)
+    try:
+        libvirt_call(f"cannot remove the metadata of {label}", dom.setMetadata,
+                     libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None, NAMESPACE, flags)
+    finally:
+        forget_everywhere(dom.UUIDString())
     if dom.isActive():
         try:
             dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None, REBOOT_NAMESPACE,

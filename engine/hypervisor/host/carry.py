@@ -39,6 +39,7 @@ import xml.etree.ElementTree as ET
 import libvirt
 
 from engine.errors import Failed
+from engine.hypervisor.domain.metadata_memo import forget_everywhere
 from engine.hypervisor.domain.records import vm_state
 
 __all__ = ["carries", "save", "restore", "FORMAT"]
@@ -259,8 +260,11 @@ def _live_metadata(dom, live: str) -> None:
         except libvirt.libvirtError as exc:
             if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN_METADATA:
                 raise
-        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, wanted, "peerctl", namespace,
-                        libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        try:
+            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, wanted, "peerctl", namespace,
+                            libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        finally:
+            forget_everywhere(dom.UUIDString())
 
 
 def _bare(element: ET.Element, namespace: str) -> str:

@@ -58,18 +58,37 @@ def is_foreign(dom) -> bool:
     return not read_metadata(dom)
 
 
-def scan(conn) -> list[tuple]:
+def scan(conn, memo=None) -> list[tuple]:
     """``[(dom, metadata)]`` for every domain of the connection, its peerctl
     metadata read once (``{}``: foreign); those undefined meanwhile are
-    skipped."""
-    found = []
+    skipped.  ``memo``: a :class:`~engine.hypervisor.domain.metadata_memo.MetadataMemo`
+    of this host, which answers for the domains no event said changed (the
+    dicts it gives are shared: not to be changed)."""
+    found, uuids = [], []
     for dom in conn.listAllDomains(0):
         try:
-            found.append((dom, read_metadata(dom)))
+            if memo is None:
+                found.append((dom, read_metadata(dom)))
+            else:
+                uuids.append(dom.UUIDString())
+                found.append((dom, _remembered(dom, uuids[-1], memo)))
         except libvirt.libvirtError as exc:
             if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                 raise
+    if memo is not None:
+        memo.known(uuids)
     return found
+
+
+def _remembered(dom, uuid: str, memo) -> dict:
+    """``dom``'s metadata from ``memo``; what libvirt failed to tell is {}
+    as :func:`read_metadata` has it, and not remembered."""
+    try:
+        return memo.read(uuid, lambda: read_metadata(dom, strict=True))
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            raise
+        return {}
 
 
 def foreign_domains(conn, scanned: list[tuple] | None = None) -> list:

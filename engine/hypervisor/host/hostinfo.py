@@ -103,7 +103,9 @@ def host_facts(conn, state_dir: str, host: str | None = None,
             if (metadata.get("host") == host if host else metadata)]
     strangers = foreign.foreign_domains(conn, scanned)
     held = foreign.usage(conn, _existing(state_dir), scanned=scanned)
-    promised_mb = sum(d.info()[1] // 1024 for d in ours if d.isActive()) + held["MEMORY_MB"]
+    # ID(): the domain's id as the listing had it, -1 when it was not
+    # running (no call to libvirt: the tick's view is the scan's moment).
+    promised_mb = sum(d.info()[1] // 1024 for d in ours if d.ID() != -1) + held["MEMORY_MB"]
     available_mb = psutil.virtual_memory().available // _MiB
     disk = psutil.disk_usage(_existing(state_dir))
     net = psutil.net_io_counters(pernic=True)

@@ -51,6 +51,10 @@ Promises:
   :data:`ADDRESS_INTERVAL` seconds until its guest has one (DHCP takes a
   few seconds after the start event), so ``boot --wait-ip`` is not held up
   by the period;
+- while it hears libvirt's lifecycle and metadata-change events, it keeps
+  each domain's metadata (:attr:`VmPublisher.memo`, see
+  :mod:`engine.hypervisor.domain.metadata_memo`): a reconcile, and the
+  peer's stats tick, read only the domains an event named since;
 - libvirt's event loop is registered once per process
   (:func:`ensure_event_loop`); each publisher listens on a connection of its
   own, opened after that registration, because a remote connection opened
@@ -71,6 +75,7 @@ from engine.core.store import Delete, Put, absent, lease_is, modified_at
 from engine.core.values import readable
 from engine.errors import RequestError, StoreUnavailable
 from engine.hypervisor.domain import shapes  # noqa: F401  (declares the vms/ record's shape)
+from engine.hypervisor.domain.metadata_memo import MetadataMemo
 from engine.hypervisor.host.foreign import foreign_domains, foreign_record, is_foreign, scan
 from engine.hypervisor.domain.records import merged, missing, owned_by, vm_record, wants_restart
 from engine.hypervisor.host.vm_home import arrive, leave
@@ -378,7 +383,7 @@ class VmPublisher:
         self.prefix = keys.vm(host)
         self._own_conn = None
         self._events_conn = None
-        self._callback_id = None
+        self._callback_id = self._metadata_callback_id = None
         self._wake = threading.Event()
         self._lock_events = threading.Lock()
         # uuids named by events, not yet published: when the last one came (monotonic)
@@ -390,6 +395,9 @@ class VmPublisher:
         self.reconciles = 0
         self.awaiting_address = False
         self._unrecorded: set[str] = set()     # domains without a record, reported once
+        # Each domain's metadata while events say it has not changed (armed
+        # while they are listened for): for the reconciles and the stats tick.
+        self.memo = MetadataMemo()
 
     # -- one pass ----------------------------------------------------------
 
@@ -405,10 +413,10 @@ class VmPublisher:
         """This host's VMs as libvirt has them now (its domains as
         ``scanned``: :func:`engine.hypervisor.host.foreign.scan`), by uuid."""
         records = {}
-        for dom, metadata in scan(self._conn()) if scanned is None else scanned:
+        for dom, metadata in scan(self._conn(), self.memo) if scanned is None else scanned:
             try:
                 if metadata.get("host") == self.host:
-                    records[dom.UUIDString()] = vm_record(self.host, dom)
+                    records[dom.UUIDString()] = vm_record(self.host, dom, metadata)
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                     raise
@@ -446,7 +454,7 @@ class VmPublisher:
         kvs, _revision = self.store.range(self.prefix)
         present = {kv.key[len(self.prefix):]: kv for kv in kvs}
         seen_at = time.monotonic()
-        scanned = scan(self._conn())
+        scanned = scan(self._conn(), self.memo)
         seen = self.records(scanned)
         now = time.time()
         changes, after = [], []
@@ -531,12 +539,19 @@ class VmPublisher:
             uuid = dom.UUIDString()
         except libvirt.libvirtError:
             uuid = None
+        self.memo.forget(uuid)
         if uuid is None:
             with self._lock_events:
                 self._due = True
             self._wake.set()
         else:
             self.named(uuid)
+
+    def _on_metadata(self, _conn, dom, _kind, _namespace, _opaque):
+        try:
+            self.memo.forget(dom.UUIDString())
+        except libvirt.libvirtError:
+            self.memo.forget()
 
     def named(self, uuid: str) -> None:
         """A lifecycle event named domain ``uuid``, now: publish it soon."""
@@ -580,7 +595,8 @@ class VmPublisher:
                     return
             except libvirt.libvirtError:
                 pass
-            self._events_conn = self._callback_id = None
+            self.memo.disarm()          # events may have been missed
+            self._events_conn = self._callback_id = self._metadata_callback_id = None
         try:
             # A test driver file gives each open a state of its own: listen
             # on the connection the requests use, or no event would come.
@@ -592,8 +608,22 @@ class VmPublisher:
             self._callback_id = conn.domainEventRegisterAny(
                 None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, self._on_lifecycle, None)
             self._events_conn = conn
+            self._remember_metadata(conn)
         except libvirt.libvirtError as exc:
             log.warning("vm_events_unavailable", host=self.host, error=str(exc))
+
+    def _remember_metadata(self, conn) -> None:
+        """Arm the memo once metadata changes are heard of too, and a closed
+        connection disarms it (no memo where either cannot be had)."""
+        try:
+            self._metadata_callback_id = conn.domainEventRegisterAny(
+                None, libvirt.VIR_DOMAIN_EVENT_ID_METADATA_CHANGE, self._on_metadata, None)
+            if not _own_state_per_open(self.uri):
+                conn.registerCloseCallback(lambda *_args: self.memo.disarm(), None)
+        except (libvirt.libvirtError, AttributeError) as exc:
+            log.info("vm_metadata_events_unavailable", host=self.host, error=str(exc))
+            return
+        self.memo.arm()
 
     def start(self) -> "VmPublisher":
         ensure_event_loop()
@@ -645,17 +675,19 @@ class VmPublisher:
     def stop(self) -> None:
         self._stopped.set()
         self._wake.set()
+        self.memo.disarm()
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self._events_conn is not None:
             try:
-                if self._callback_id is not None:
-                    self._events_conn.domainEventDeregisterAny(self._callback_id)
+                for callback_id in (self._callback_id, self._metadata_callback_id):
+                    if callback_id is not None:
+                        self._events_conn.domainEventDeregisterAny(callback_id)
                 if not _own_state_per_open(self.uri):
                     self._events_conn.close()
             except libvirt.libvirtError:
                 pass
-            self._events_conn = self._callback_id = None
+            self._events_conn = self._callback_id = self._metadata_callback_id = None
         if self._own_conn is not None:
             try:
                 self._own_conn.close()
