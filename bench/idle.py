@@ -1,7 +1,7 @@
 """Idle benchmark: what a peer costs while nothing happens, on the test
 driver, beside a bare etcd watch client.
 
-    python bench/idle.py [--sizes 0,200] [--window 60] [--smoke]
+    python bench/idle.py [--sizes 0,200] [--window 60] [--repeats 3] [--smoke]
 
 In one run, against its own etcd on loopback: one real peer (``i1``, the
 default TTL of 5 s, the default settings otherwise: no API) on a big test
@@ -14,7 +14,10 @@ the least any peer must pay to stay informed.  For each N of ``--sizes``,
 in increasing order: the VMs missing to make N are booted onto ``i1``
 through a ``boot`` automation (each 1 VCPU, 32 MiB, a 1 GiB disk), the run
 waits until the peer has published them all, lets it settle, then measures
-both processes over the same ``--window``:
+both processes over the same ``--window``, ``--repeats`` times in a row
+(each CPU figure is the median of those windows, all of them printed: one
+window on a shared 2-CPU machine moves by 0.1 % of one CPU, the bare watch
+as much as the peer):
 
 - CPU: user and system time of the process and of its children (alive,
   and reaped during the window), per minute of wall time, as % of one CPU;
@@ -43,6 +46,7 @@ import pathlib
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -207,14 +211,23 @@ def start_bare_watch(work: str, url: str) -> subprocess.Popen:
 
 
 def one_size(n: int, booted: int, store: Store, etcd_url: str, gauges: dict,
-             window: float, settle: float) -> dict:
+             window: float, settle: float, repeats: int) -> dict:
     """Boot what ``n`` needs beyond the ``booted`` VMs, let the peer settle,
-    measure."""
+    measure ``repeats`` windows in a row: each CPU figure is their median
+    (``cpu_runs`` keeps them all), memory the largest."""
     boot_s = boot(store, [f"idle-vm{i:04d}" for i in range(booted, n)]) if n > booted else 0.0
     wait_for(lambda: published(store) == n, timeout=300,
              what=f"the peer to publish its {n} VMs")
     time.sleep(settle)      # what a boot leaves (publication, accounting) is not idle
-    return {"n": n, "boot_s": boot_s, **measure(gauges, store, etcd_url, window)}
+    runs = [measure(gauges, store, etcd_url, window) for _ in range(repeats)]
+    row = {"n": n, "boot_s": boot_s, "repeats": repeats,
+           "writes": sum(r["writes"] for r in runs), "wall": sum(r["wall"] for r in runs),
+           "requests": statistics.median(r["requests"] for r in runs)}
+    for name in gauges:
+        row[name] = {"cpu_pct": statistics.median(r[name]["cpu_pct"] for r in runs),
+                     "cpu_runs": [r[name]["cpu_pct"] for r in runs],
+                     "rss": max(r[name]["rss"] for r in runs), "uss": runs[-1][name]["uss"]}
+    return row
 
 
 def mib(value: int | None) -> str:
@@ -225,16 +238,19 @@ def report(rows: list[dict], window: float, settle: float) -> None:
     for r in rows:
         peer, bare = r["peer"], r["bare watch"]
         booted = f", booted in {r['boot_s']:.1f} s" if r["boot_s"] else ""
-        print(f"\nN={r['n']} VMs on {HOST}{booted}: idle over {r['wall']:.1f} s, "
-              f"{settle:g} s after the last VM was published")
+        print(f"\nN={r['n']} VMs on {HOST}{booted}: idle over {r['wall']:.1f} s "
+              f"({r['repeats']} windows in a row), {settle:g} s after the last VM was published")
         print(f"  {'':<24} {'peer':>10} {'bare watch':>11}")
-        print(f"  {'CPU, % of one CPU':<24} {peer['cpu_pct']:10.3f} {bare['cpu_pct']:11.3f}")
+        print(f"  {'CPU, % of one CPU':<24} {peer['cpu_pct']:10.3f} {bare['cpu_pct']:11.3f}"
+              f"   (median; each window: peer "
+              f"{', '.join(f'{c:.3f}' for c in peer['cpu_runs'])}; bare watch "
+              f"{', '.join(f'{c:.3f}' for c in bare['cpu_runs'])})")
         print(f"  {'CPU s per minute':<24} {peer['cpu_pct'] * 0.6:10.3f} "
               f"{bare['cpu_pct'] * 0.6:11.3f}")
         print(f"  {'RSS MiB (peak)':<24} {mib(peer['rss']):>10} {mib(bare['rss']):>11}")
         print(f"  {'USS MiB (at the end)':<24} {mib(peer['uss']):>10} {mib(bare['uss']):>11}")
         print(f"  beside: etcd {r['etcd']['cpu_pct']:.3f} % of one CPU, serving "
-              f"{r['requests']:.1f} requests/s; {r['writes']} revisions written in the window")
+              f"{r['requests']:.1f} requests/s; {r['writes']} revisions written in the windows")
     print("\n(CPU: user + system of the process and its children over the window; the bare "
           "watch: one Store,\n one watch on the cluster's whole prefix, every event decoded)")
     judged = [r for r in rows if r["n"] == GOAL_N] or rows[-1:]
@@ -257,6 +273,9 @@ def main() -> int:
                                             f"(default 0,{GOAL_N})")
     parser.add_argument("--window", type=whole(1, 3600, "seconds"), default=60,
                         metavar="SECONDS", help="how long each size is measured (default 60)")
+    parser.add_argument("--repeats", type=whole(1, 20, "windows"), default=3,
+                        metavar="K", help="windows in a row per size; each CPU figure is "
+                                          "their median (default 3)")
     parser.add_argument("--smoke", action="store_true",
                         help=f"N={','.join(map(str, SMOKE['sizes']))}, a {SMOKE['window']} s "
                              "window: every path, in seconds")
@@ -264,6 +283,7 @@ def main() -> int:
     sizes = SMOKE["sizes"] if args.smoke else sorted(set(args.sizes))
     window = SMOKE["window"] if args.smoke else args.window
     settle = SMOKE["settle"] if args.smoke else SETTLE
+    repeats = 1 if args.smoke else args.repeats
     # SIGTERM ends the run as Ctrl-C does: through the cleanup.
     signal.signal(signal.SIGTERM, lambda _signo, _frame: sys.exit(
         "bench/idle.py: terminated (everything it started is gone)"))
@@ -287,7 +307,7 @@ def main() -> int:
                   "etcd": Gauge(etcd.process.pid)}
         rows, booted = [], 0
         for n in sizes:
-            rows.append(one_size(n, booted, store, etcd.url, gauges, window, settle))
+            rows.append(one_size(n, booted, store, etcd.url, gauges, window, settle, repeats))
             booted = n
             print(f"N={n}: peer {rows[-1]['peer']['cpu_pct']:.3f} % of one CPU, "
                   f"{mib(rows[-1]['peer']['rss'])} MiB", flush=True)

@@ -42,7 +42,7 @@ from engine.core.executor import Executor
 from engine.core.handlers import load_request_handlers
 from engine.core.registry import load_automations
 from engine.core.session import Session
-from engine.core.store import Put, Store, StoreUnavailable
+from engine.core.store import Put, Store, StoreUnavailable, wake_blocked_streams_every
 from engine.core.validate import parse_duration   # one check, shared with the command line
 from engine.placement.drains import align
 from engine.errors import Refused, RequestError, UsageError
@@ -79,9 +79,9 @@ def _offered(host: HostContext) -> tuple[dict, list[str]]:
         return {}, [str(exc)]
 
 
-def _host_record(host: HostContext, scanned: list | None = None) -> dict:
+def _host_record(host: HostContext, scanned: list | None = None, memo=None) -> dict:
     try:
-        facts = host_facts(host.conn, host.state_dir, host.host, scanned)
+        facts = host_facts(host.conn, host.state_dir, host.host, scanned, memo)
     except Exception as exc:    # the hypervisor is down: still be a live peer
         log.warning("host_facts_failed", error=str(exc))
         facts = {"kernel": platform.release(), "error": str(exc)}
@@ -352,7 +352,7 @@ class Peer:
             self.log.error("carry_restore_failed", error=str(exc))
 
     def _host_record(self, scanned: list | None = None) -> dict:
-        return {**_host_record(self.host, scanned), **self.identity()}
+        return {**_host_record(self.host, scanned, self.memo), **self.identity()}
 
     def _serve(self, session: Session):
         self.log.info("session_started", lease=f"{session.lease:x}", ttl=self.ttl,
@@ -628,4 +628,5 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
         peer.wake.set()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    wake_blocked_streams_every(1.0)     # its main thread never waits on a stream
     return peer.run()

@@ -56,7 +56,8 @@ def _set_behind_peerctls_back(uuid: str, **changes) -> None:
 def test_a_listening_publisher_reads_metadata_once_and_again_when_it_changed(store, host):
     vm = build(host)
     recorded(store, host, vm)
-    publisher = VmPublisher(store, host.host, lambda: host.conn, interval=0.2).start()
+    publisher = VmPublisher(store, host.host, lambda: host.conn, interval=0.2,
+                            heard_interval=0.2).start()
     try:
         wait_for(lambda: publisher.reconciles >= 2 and publisher.memo.armed,
                  what="two reconciles of a listening publisher")
@@ -115,3 +116,14 @@ def test_a_memo_that_hears_no_events_or_is_overtaken_by_one_keeps_nothing():
     memo.disarm()                                       # its event connection died
     assert memo.read("u2", lambda: {"host": "newer"}) == {"host": "newer"}
     assert memo.read("u2", lambda: {"host": "newest"}) == {"host": "newest"}
+
+
+def test_a_domains_other_facts_are_kept_apart_and_forgotten_with_its_metadata():
+    memo = MetadataMemo()
+    memo.arm()
+    assert memo.read("u1", lambda: 1048576, what="max_kib") == 1048576
+    assert memo.read("u1", lambda: {"host": "h1"}) == {"host": "h1"}, "the facts were mixed up"
+    assert memo.read("u1", lambda: 2097152, what="max_kib") == 1048576
+    memo.forget("u1")                                   # it stopped, or was defined anew
+    assert memo.read("u1", lambda: 2097152, what="max_kib") == 2097152
+    assert memo.read("u1", lambda: {"host": "h2"}) == {"host": "h2"}

@@ -420,3 +420,22 @@ def test_a_claim_made_after_an_undrain_returns_sees_the_host_open(small, monkeyp
     [done] = reader.claim_new_together([NewClaim(new_uuid(), "VCPU:1", None,
                                                  lambda host: True, owner_of(P))])
     assert done["host"] == "b"
+
+
+def test_a_provider_asked_by_name_is_one_read_and_never_a_stale_one(store):
+    placement = open_placement("etcd", store)
+    first = make_provider(placement, "h1", COMPUTE)
+    assert placement.provider("h1")["uuid"] == first["uuid"]
+    reads = []
+    original = store.get
+    store.get = lambda key: reads.append(key) or original(key)
+    assert open_placement("etcd", store).provider("h1")["uuid"] == first["uuid"]
+    assert len(reads) == 1, f"the name was looked up again: {reads}"
+
+    placement.delete_provider(first["uuid"])            # the name now names another provider
+    second = make_provider(placement, "h1", COMPUTE)
+    assert second["uuid"] != first["uuid"]
+    assert open_placement("etcd", store).provider("h1")["uuid"] == second["uuid"]
+    placement.delete_provider(second["uuid"])
+    with pytest.raises(placement_etcd.NotFound):
+        open_placement("etcd", store).provider("h1")

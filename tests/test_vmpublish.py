@@ -158,11 +158,29 @@ def test_lifecycle_events_reach_etcd_without_waiting_for_the_period(store, host)
 
 
 def test_the_period_repairs_what_events_cannot_see(store, host):
-    publisher = VmPublisher(store, host.host, host.conn, interval=0.2).start()
+    publisher = VmPublisher(store, host.host, host.conn, interval=0.2, heard_interval=0.2).start()
     try:
         args = build(host)
         recorded(store, host, args, state="paused")     # wrong behind our back
         wait_for(lambda: published(store, host)[args["uuid"]]["state"] == "running")
+    finally:
+        publisher.stop()
+        call(host, "destroy", uuid=args["uuid"])
+
+
+def test_while_events_are_heard_the_period_is_long_and_a_closed_connection_ends_it(store, host):
+    publisher = VmPublisher(store, host.host, host.conn, interval=0.2, heard_interval=3600).start()
+    try:
+        args = build(host)
+        wait_for(lambda: publisher.memo.armed and publisher.reconciles >= 1,
+                 what="a first reconcile while events are heard")
+        assert publisher.period == 3600
+        recorded(store, host, args, state="paused")     # wrong behind our back
+
+        publisher._connection_closed()                  # as libvirt calls it: events may be lost
+        wait_for(lambda: published(store, host)[args["uuid"]]["state"] == "running",
+                 what="the whole host reconciled at once")
+        assert publisher.period == 0.2, "events unheard, yet the long period"
     finally:
         publisher.stop()
         call(host, "destroy", uuid=args["uuid"])

@@ -2,9 +2,10 @@
 
 Everything a peer holds in etcd that must vanish when it dies (its host
 record, election candidacies, executor claims) is bound to this lease.  The
-refresh runs every TTL/3; the session counts as lost as soon as the lease may
-have expired on the server (no successful refresh for a TTL) or etcd says it
-has.  Holders of leadership must stop at once on ``lost``: etcd-side fencing
+refresh runs every TTL/3, each one message on a keep-alive stream kept open
+between renewals (:mod:`engine.core.lease_stream`); the session counts as
+lost as soon as the lease may have expired on the server (no successful
+refresh for a TTL) or etcd says it has.  Holders of leadership must stop at once on ``lost``: etcd-side fencing
 makes their writes fail anyway, this just makes them stop trying.
 """
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Session:
         self._closed = threading.Event()
         self._valid_until = sent + ttl_left
         self._renewed()
+        self._stream = store.keepalive_stream(self.lease)      # one gRPC stream, not one per renewal
         self._thread = threading.Thread(target=self._keepalive, daemon=True,
                                         name=f"lease:{self.lease:x}")
         self._thread.start()
@@ -63,7 +65,7 @@ class Session:
         while not self._closed.wait(interval):
             sent = time.monotonic()
             try:
-                remaining = self.store.keepalive(self.lease)
+                remaining = self._stream.renew()
             except StoreUnavailable:
                 remaining = None
             except Exception as exc:    # a refusal or a bug: the lease runs out, said so
@@ -76,6 +78,7 @@ class Session:
                 log.warning("lease_lost", lease=f"{self.lease:x}",
                             reason="expired" if remaining is not None else "etcd unreachable")
                 self.lost.set()
+                self._stream.close()
                 return
 
     def _renewed(self) -> None:
@@ -90,7 +93,7 @@ class Session:
         """Renew the lease now (a hand-over's last renewal): the wall-clock
         time it was renewed at."""
         sent = time.monotonic()
-        remaining = self.store.keepalive(self.lease)
+        remaining = self._stream.renew()
         if remaining:
             self._valid_until = sent + remaining
             self._renewed()
@@ -100,6 +103,7 @@ class Session:
         """End the session; revoking deletes every key bound to the lease now."""
         self._closed.set()
         self.lost.set()
+        self._stream.close()
         if revoke:
             try:
                 self.store.revoke(self.lease)

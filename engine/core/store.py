@@ -47,6 +47,7 @@ __all__ = [
     "Store", "WatchStream", "KV", "Event", "TxnResult", "StoreUnavailable", "StoreRefused",
     "WatchBroken", "Compacted", "Put", "Delete", "Get", "absent", "exists", "created_at",
     "modified_at", "value_is", "lease_is", "untouched_since", "parse_endpoints",
+    "wake_blocked_streams_every",
 ]
 
 
@@ -173,6 +174,21 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                     (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
 _WATCH = "/etcdserverpb.Watch/Watch"
 _DELETE = etcdrpc.kv_pb2.Event.DELETE
+
+
+def wake_blocked_streams_every(seconds: float) -> None:
+    """How often gRPC wakes a thread blocked on a stream's next message.
+
+    gRPC Python wakes every such thread each 0.1 s (its private
+    ``grpc._common.MAXIMUM_WAIT_TIMEOUT``), so that a main thread waiting
+    there still runs its signal handlers.  A peer keeps several threads
+    there for its whole life (its watches, its lease's keep-alive stream)
+    and its main thread never waits there, so it asks for 1 s: ten times
+    fewer wake-ups of an idle peer.  A gRPC without that knob is left as
+    it is (nothing but the idle cost depends on it)."""
+    common = getattr(grpc, "_common", None)
+    if common is not None and isinstance(getattr(common, "MAXIMUM_WAIT_TIMEOUT", None), float):
+        common.MAXIMUM_WAIT_TIMEOUT = seconds
 
 
 class Store:
@@ -425,6 +441,12 @@ class Store:
         except grpc.RpcError as exc:
             raise (self._failures.refusal(exc) or self._failures.unavailable(exc)) from None
         return 0
+
+    def keepalive_stream(self, lease: int) -> "KeepAliveStream":
+        """``lease`` renewed on one stream kept open between renewals
+        (:class:`engine.core.lease_stream.KeepAliveStream`): a session's."""
+        from .lease_stream import KeepAliveStream
+        return KeepAliveStream(self, lease)
 
     def revoke(self, lease: int) -> None:
         try:

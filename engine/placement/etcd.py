@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import threading
 import time
 import uuid as uuidlib
+import weakref
 from copy import deepcopy
 
 import structlog
@@ -54,6 +56,11 @@ from engine.core.values import Shape, declare, readable, shape
 __all__ = ["EtcdPlacement"]
 
 log = structlog.get_logger("placement")
+
+# Per store: provider name -> the uuid last found for it (checked on each use).
+_named: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_named_lock = threading.Lock()
+_NAMED_MAX = 4096
 
 RP, NAME, RC, CONSUMER, DRAINED = (keys.placement(part) for part in
                                    ("rp/", "name/", "rc/", "consumer/", "drained/"))
@@ -135,6 +142,18 @@ class EtcdPlacement(Placement):
     def _uuid_named(self, name: str) -> str | None:
         return readable(self.store.get(NAME + name))
 
+    def _remembered(self, ref: str) -> dict | None:
+        """The provider ``ref`` names when the uuid this store last found
+        for that name still holds a provider of that name (one read, not
+        two: the peer's stats tick asks for its own provider by name), else
+        None."""
+        with _named_lock:
+            uuid = _named.setdefault(self.store, {}).get(ref)
+        if uuid is None:
+            return None
+        doc = readable(self.store.get(RP + uuid))
+        return doc if isinstance(doc, dict) and doc.get("name") == ref else None
+
     def _read(self, uuid: str):
         kv = self.store.get(RP + uuid)
         if readable(kv) is None:
@@ -143,7 +162,18 @@ class EtcdPlacement(Placement):
         return kv
 
     def provider(self, ref: str) -> dict:
-        return self._read(self._resolve(ref)).value
+        doc = self._remembered(ref)
+        if doc is not None:
+            return doc
+        uuid = self._resolve(ref)
+        doc = self._read(uuid).value
+        if uuid != ref:
+            with _named_lock:
+                names = _named.setdefault(self.store, {})
+                if len(names) >= _NAMED_MAX:
+                    names.clear()
+                names[ref] = uuid
+        return doc
 
     def providers(self, name_glob: str | None = None) -> list[dict]:
         kvs, _ = self.store.range(RP)

@@ -1,6 +1,7 @@
-"""Each domain's peerctl metadata remembered per UUID while libvirt's
-events say it has not changed, so that the scans that look at every domain
-(each stats tick, each reconcile of the VM publisher) read only what changed.
+"""Each domain's peerctl metadata (and the running domain's maximum
+memory) remembered per UUID while libvirt's events say it has not changed,
+so that the scans that look at every domain (each stats tick, each
+reconcile of the VM publisher) read only what changed.
 
 Promises:
 
@@ -40,7 +41,7 @@ class MetadataMemo:
     def __init__(self):
         self._lock = threading.Lock()
         self._armed = False
-        self._kept: dict[str, dict] = {}
+        self._kept: dict[str, dict] = {}        # uuid -> {what: value}
         self._forgets: dict[str, int] = {}      # uuid -> forgets seen (a read's ticket)
         self._epoch = 0                         # bumped by each forget of everything
         self.reads = 0                          # libvirt reads made through this memo
@@ -75,20 +76,22 @@ class MetadataMemo:
                 self._kept.pop(uuid, None)
                 self._forgets[uuid] = self._forgets.get(uuid, 0) + 1
 
-    def read(self, uuid: str, reader) -> dict:
-        """Domain ``uuid``'s metadata: as remembered, else ``reader()``
-        (kept when no forget came meanwhile and the memo is armed)."""
+    def read(self, uuid: str, reader, what: str = "metadata"):
+        """Domain ``uuid``'s ``what`` (its metadata, or another fact only a
+        lifecycle or metadata event changes, such as a running domain's
+        maximum memory): as remembered, else ``reader()`` (kept when no
+        forget came meanwhile and the memo is armed)."""
         with self._lock:
             kept = self._kept.get(uuid)
-            if kept is not None:
-                return kept
+            if kept is not None and what in kept:
+                return kept[what]
             ticket = (self._armed, self._epoch, self._forgets.get(uuid, 0))
-        metadata = reader()
+        value = reader()
         self.reads += 1
         with self._lock:
             if ticket[0] and ticket == (self._armed, self._epoch, self._forgets.get(uuid, 0)):
-                self._kept[uuid] = metadata
-        return metadata
+                self._kept.setdefault(uuid, {})[what] = value
+        return value
 
     def known(self, uuids) -> None:
         """Forget the domains not in ``uuids`` (gone from a whole listing),

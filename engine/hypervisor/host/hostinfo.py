@@ -72,6 +72,16 @@ def hypervisor_version(conn) -> str:
     return f"{conn.getType()} {_version(conn.getVersion())}"
 
 
+def _max_kib(dom, memo) -> int:
+    """A running domain's maximum memory, remembered by ``memo`` (a
+    :class:`~engine.hypervisor.domain.metadata_memo.MetadataMemo`, or None):
+    only a start, a stop or a new definition changes it, and each is an
+    event that makes the memo forget."""
+    if memo is None:
+        return dom.info()[1]
+    return memo.read(dom.UUIDString(), lambda: dom.info()[1], what="max_kib")
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -91,12 +101,13 @@ def _existing(path: str) -> str:
 
 
 def host_facts(conn, state_dir: str, host: str | None = None,
-               scanned: list[tuple] | None = None) -> dict:
+               scanned: list[tuple] | None = None, memo=None) -> dict:
     """The host's numbers.  ``vms`` counts peerctl's domains (those of
     ``host`` when given: peers may share one libvirtd); ``domains`` counts
     every domain libvirt has; ``foreign_*`` the domains without peerctl
     metadata.  Every domain's metadata is read once, or taken from
-    ``scanned`` (:func:`engine.hypervisor.host.foreign.scan`)."""
+    ``scanned`` (:func:`engine.hypervisor.host.foreign.scan`); ``memo``
+    remembers each running domain's maximum memory (see :func:`_max_kib`)."""
     _arch, memory_mb, cpus, *_ = conn.getInfo()
     scanned = foreign.scan(conn) if scanned is None else scanned
     ours = [dom for dom, metadata in scanned
@@ -105,7 +116,8 @@ def host_facts(conn, state_dir: str, host: str | None = None,
     held = foreign.usage(conn, _existing(state_dir), scanned=scanned)
     # ID(): the domain's id as the listing had it, -1 when it was not
     # running (no call to libvirt: the tick's view is the scan's moment).
-    promised_mb = sum(d.info()[1] // 1024 for d in ours if d.ID() != -1) + held["MEMORY_MB"]
+    promised_mb = sum(_max_kib(d, memo) // 1024 for d in ours if d.ID() != -1) \
+        + held["MEMORY_MB"]
     available_mb = psutil.virtual_memory().available // _MiB
     disk = psutil.disk_usage(_existing(state_dir))
     net = psutil.net_io_counters(pernic=True)

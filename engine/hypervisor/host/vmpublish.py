@@ -30,7 +30,11 @@ Promises:
   reaches etcd within a reconcile's time (it waits :data:`EVENT_SETTLE` for
   the events that follow it, to publish them together), and a periodic
   reconcile repairs whatever an event could not (etcd away, libvirtd
-  restarted, events lost).
+  restarted, events lost, a record changed behind its back): every
+  ``interval`` seconds (:data:`DEFAULT_INTERVAL`), or every
+  ``heard_interval`` (:data:`HEARD_INTERVAL`, longer) while its memo is
+  armed, that is while both kinds of events are heard, which leaves the
+  period only records changed in etcd by others to repair.
   An event re-publishes only the domains it names (one read and at most
   one write each), not the whole host: a host booting its 250th VM does
   not read and compare the other 249 on each of its events.  Nor does it
@@ -76,16 +80,19 @@ from engine.core.values import readable
 from engine.errors import RequestError, StoreUnavailable
 from engine.hypervisor.domain import shapes  # noqa: F401  (declares the vms/ record's shape)
 from engine.hypervisor.domain.metadata_memo import MetadataMemo
+from engine.hypervisor.host.libvirt_events import ensure_event_loop, own_state_per_open
 from engine.hypervisor.host.foreign import foreign_domains, foreign_record, is_foreign, scan
 from engine.hypervisor.domain.records import merged, missing, owned_by, vm_record, wants_restart
 from engine.hypervisor.host.vm_home import arrive, leave
 
 __all__ = ["VmPublisher", "ensure_event_loop", "publish_domain", "publish_new", "forget",
-           "DEFAULT_INTERVAL"]
+           "DEFAULT_INTERVAL", "HEARD_INTERVAL"]
 
 log = structlog.get_logger("peerctl.vmpublish")
 
 DEFAULT_INTERVAL = float(os.environ.get("PEERCTL_PUBLISH_INTERVAL", "10"))
+# The period while lifecycle and metadata events are both heard (at least the above).
+HEARD_INTERVAL = float(os.environ.get("PEERCTL_PUBLISH_HEARD_INTERVAL", "60"))
 # "0": no lifecycle events, the period only (tests use it to show that a
 # finished boot does not depend on the publisher; see publish_domain).
 EVENTS = os.environ.get("PEERCTL_PUBLISH_EVENTS", "1") != "0"
@@ -93,9 +100,6 @@ ADDRESS_INTERVAL = 1.0
 EVENT_SETTLE = 0.05         # seconds an event waits for those that follow it
 _BATCH = 64                 # etcd allows 128 operations per transaction
 _TRIES = 20                 # fenced writes refused in a row before giving up
-
-_loop_guard = threading.Lock()
-_loop_thread: threading.Thread | None = None
 
 # Per store: {key: (mod revision, record, monotonic time of the libvirt view
 # it came from)}, the last record of each key this process wrote or read, so
@@ -121,29 +125,6 @@ def _remember(store, key: str, revision: int, record: dict | None,
             known.pop(key, None)
         elif revision >= known.get(key, (0,))[0]:
             known[key] = (revision, record, seen_at)
-
-
-def ensure_event_loop() -> None:
-    """Register libvirt's default event loop and run it in a daemon thread
-    (once per process).  Call it before opening connections that should
-    deliver events."""
-    global _loop_thread
-    with _loop_guard:
-        if _loop_thread is not None:
-            return
-        libvirt.virEventRegisterDefaultImpl()
-
-        def run():
-            while True:
-                libvirt.virEventRunDefaultImpl()
-        _loop_thread = threading.Thread(target=run, name="libvirt-events", daemon=True)
-        _loop_thread.start()
-
-
-def _own_state_per_open(uri: str) -> bool:
-    """A test driver file (``test:///path/host.xml``): each open is a fake
-    host of its own."""
-    return uri.startswith("test:///") and uri.rstrip("/") != "test:///default"
 
 
 def _awaits_address(record: dict) -> bool:
@@ -370,7 +351,8 @@ class VmPublisher:
     land (None: no such fence, for a publisher outside a peer)."""
 
     def __init__(self, store, host: str, conn, interval: float = DEFAULT_INTERVAL,
-                 events: bool = EVENTS, lease: int | None = None, offer: dict | None = None):
+                 events: bool = EVENTS, lease: int | None = None, offer: dict | None = None,
+                 heard_interval: float = HEARD_INTERVAL):
         self.store = store
         self.offer = offer or {}        # the networks the host offers (foreign domains' problems)
         self.fence = (lease_is(keys.host(host), lease),) if lease is not None else ()
@@ -380,6 +362,7 @@ class VmPublisher:
         self._conn_source = conn if callable(conn) else (lambda: conn)
         self.uri = self._conn_source().getURI()
         self.interval = interval
+        self.heard_interval = max(interval, heard_interval)
         self.prefix = keys.vm(host)
         self._own_conn = None
         self._events_conn = None
@@ -600,7 +583,7 @@ class VmPublisher:
         try:
             # A test driver file gives each open a state of its own: listen
             # on the connection the requests use, or no event would come.
-            conn = self._conn_source() if _own_state_per_open(self.uri) else libvirt.open(self.uri)
+            conn = self._conn_source() if own_state_per_open(self.uri) else libvirt.open(self.uri)
             try:
                 conn.setKeepAlive(5, 3)
             except libvirt.libvirtError:
@@ -618,12 +601,20 @@ class VmPublisher:
         try:
             self._metadata_callback_id = conn.domainEventRegisterAny(
                 None, libvirt.VIR_DOMAIN_EVENT_ID_METADATA_CHANGE, self._on_metadata, None)
-            if not _own_state_per_open(self.uri):
-                conn.registerCloseCallback(lambda *_args: self.memo.disarm(), None)
+            if not own_state_per_open(self.uri):
+                conn.registerCloseCallback(lambda *_args: self._connection_closed(), None)
         except (libvirt.libvirtError, AttributeError) as exc:
             log.info("vm_metadata_events_unavailable", host=self.host, error=str(exc))
             return
         self.memo.arm()
+
+    def _connection_closed(self) -> None:
+        """The event connection closed (libvirtd restarted, say): forget,
+        and reconcile the whole host now, reopening it; events may be lost."""
+        self.memo.disarm()
+        with self._lock_events:
+            self._due = True
+        self._wake.set()
 
     def start(self) -> "VmPublisher":
         ensure_event_loop()
@@ -654,7 +645,7 @@ class VmPublisher:
                     self.reconcile()
                     whole_at = time.monotonic() + (
                         min(ADDRESS_INTERVAL, self.interval) if self.awaiting_address
-                        else self.interval)
+                        else self.period)
                 else:
                     # Let the events of one request settle: a build's define
                     # and start come as it records the VM, from a later look.
@@ -672,6 +663,12 @@ class VmPublisher:
                 log.exception("vm_reconcile_crashed", host=self.host)
                 whole_at = time.monotonic() + self.interval
 
+    @property
+    def period(self) -> float:
+        """Seconds between two whole reconciles now: longer while events
+        are heard (the memo is armed then), see the module docstring."""
+        return self.heard_interval if self.memo.armed else self.interval
+
     def stop(self) -> None:
         self._stopped.set()
         self._wake.set()
@@ -683,7 +680,7 @@ class VmPublisher:
                 for callback_id in (self._callback_id, self._metadata_callback_id):
                     if callback_id is not None:
                         self._events_conn.domainEventDeregisterAny(callback_id)
-                if not _own_state_per_open(self.uri):
+                if not own_state_per_open(self.uri):
                     self._events_conn.close()
             except libvirt.libvirtError:
                 pass
