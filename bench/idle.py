@@ -238,19 +238,21 @@ def report(rows: list[dict], window: float, settle: float) -> None:
     for r in rows:
         peer, bare = r["peer"], r["bare watch"]
         booted = f", booted in {r['boot_s']:.1f} s" if r["boot_s"] else ""
+        windows = f"{r['repeats']} window{'s' if r['repeats'] > 1 else ''}"
         print(f"\nN={r['n']} VMs on {HOST}{booted}: idle over {r['wall']:.1f} s "
-              f"({r['repeats']} windows in a row), {settle:g} s after the last VM was published")
+              f"({windows}), {settle:g} s after the last VM was published")
         print(f"  {'':<24} {'peer':>10} {'bare watch':>11}")
-        print(f"  {'CPU, % of one CPU':<24} {peer['cpu_pct']:10.3f} {bare['cpu_pct']:11.3f}"
-              f"   (median; each window: peer "
-              f"{', '.join(f'{c:.3f}' for c in peer['cpu_runs'])}; bare watch "
-              f"{', '.join(f'{c:.3f}' for c in bare['cpu_runs'])})")
+        print(f"  {'CPU, % of one CPU':<24} {peer['cpu_pct']:10.3f} {bare['cpu_pct']:11.3f}")
         print(f"  {'CPU s per minute':<24} {peer['cpu_pct'] * 0.6:10.3f} "
               f"{bare['cpu_pct'] * 0.6:11.3f}")
         print(f"  {'RSS MiB (peak)':<24} {mib(peer['rss']):>10} {mib(bare['rss']):>11}")
         print(f"  {'USS MiB (at the end)':<24} {mib(peer['uss']):>10} {mib(bare['uss']):>11}")
+        print(f"  CPU in each window, % of one CPU (the median above): peer "
+              f"{', '.join(f'{c:.3f}' for c in peer['cpu_runs'])}; bare watch "
+              f"{', '.join(f'{c:.3f}' for c in bare['cpu_runs'])}")
         print(f"  beside: etcd {r['etcd']['cpu_pct']:.3f} % of one CPU, serving "
-              f"{r['requests']:.1f} requests/s; {r['writes']} revisions written in the windows")
+              f"{r['requests']:.1f} requests/s; {r['writes']} revisions written in the "
+              f"{windows.split(' ', 1)[1]}")
     print("\n(CPU: user + system of the process and its children over the window; the bare "
           "watch: one Store,\n one watch on the cluster's whole prefix, every event decoded)")
     judged = [r for r in rows if r["n"] == GOAL_N] or rows[-1:]

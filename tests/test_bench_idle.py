@@ -24,13 +24,16 @@ WORK = "peerctl-bidle-"         # the benchmark's work directory, under /var/tmp
 NUMBER = r"[0-9]+\.[0-9]+"
 BESIDE = rf" +{NUMBER} +{NUMBER}$"       # the peer's figure, then the bare watch's
 FIGURES = {
-    "N=0": r"^N=0 VMs on i1: idle over [0-9.]+ s, 1 s after the last VM was published$",
-    "N=5": r"^N=5 VMs on i1, booted in [0-9.]+ s: idle over [0-9.]+ s, 1 s after",
+    "N=0": r"^N=0 VMs on i1: idle over [0-9.]+ s \(1 window\), 1 s after the last VM was "
+           r"published$",
+    "N=5": r"^N=5 VMs on i1, booted in [0-9.]+ s: idle over [0-9.]+ s \(1 window\), 1 s after",
     "columns": r"^ +peer +bare watch$",
     "cpu": r"^  CPU, % of one CPU" + BESIDE,
     "cpu per minute": r"^  CPU s per minute" + BESIDE,
     "rss": r"^  RSS MiB \(peak\)" + BESIDE,
     "uss": r"^  USS MiB \(at the end\)" + BESIDE,
+    "windows": rf"^  CPU in each window, % of one CPU \(the median above\): peer {NUMBER}; "
+               rf"bare watch {NUMBER}$",
     "etcd": rf"^  beside: etcd {NUMBER} % of one CPU, serving {NUMBER} requests/s; [0-9]+ "
             r"revisions written in the window$",
     "goal": r"^goal \(issue 50\): a peer idle at N=200 VMs uses <= 0\.5 % of one CPU and "
@@ -54,6 +57,7 @@ def test_the_smoke_run_prints_every_figure_with_its_verdict_and_leaves_nothing_b
     (["--window", "0"], "bench/idle.py: argument --window: seconds from 1 to 3600: '0'"),
     (["--window", "a minute"], "bench/idle.py: argument --window: 'a minute' is not a whole "
                                "number"),
+    (["--repeats", "0"], "bench/idle.py: argument --repeats: windows from 1 to 20: '0'"),
     (["--smokes"], "bench/idle.py: unrecognized arguments: --smokes")])
 def test_bad_options_give_one_line_and_start_nothing(args, line):
     run_refused(BENCH, args, line, WORK)
