@@ -50,6 +50,7 @@ from engine.hypervisor.ha.guard import (Heartbeat, ensure_guard, fenced, forget_
                                lead_for, needs_guard)
 from engine.hypervisor.ha.recoverer import DEFAULT_MARGIN, recoverer
 from engine.hypervisor.host.hostctx import HostContext, check_libvirt_uri
+from engine.hypervisor.host.reachability import machine_id, remote_conflict
 from engine.hypervisor.host.hostinfo import Publication, host_facts
 from engine.hypervisor.data.backup_sweep import sweep_backups
 from engine.hypervisor.host.reconciler import GHOST_INTERVAL, reconciler, sweep_ghosts
@@ -86,7 +87,8 @@ def _host_record(host: HostContext, scanned: list | None = None, memo=None) -> d
         log.warning("host_facts_failed", error=str(exc))
         facts = {"kernel": platform.release(), "error": str(exc)}
     networks, missing = _offered(host)
-    return {"host": host.host, "libvirt_uri": host.libvirt_uri, "pid": os.getpid(),
+    return {"host": host.host, "libvirt_uri": host.libvirt_uri,
+            "libvirt_remote": host.remote_uri, "machine": machine_id(), "pid": os.getpid(),
             "state_dir": os.path.abspath(host.state_dir), "updated": time.time(), **facts, "networks": sorted(networks),
             **({"networks_missing": missing} if missing else {})}
 
@@ -97,7 +99,7 @@ class Peer:
                  retention: float = RETENTION, networks: str = "default",
                  etcd_history: float = 3600.0, ha_margin: float = DEFAULT_MARGIN,
                  backup_pool: str | None = None, reserved: dict | None = None,
-                 pause=None, resume=None):
+                 pause=None, resume=None, libvirt_remote: str = ""):
         self.store = store
         self.name = host
         self.ttl = ttl
@@ -111,7 +113,7 @@ class Peer:
                                 offer=parse_offer(networks, "in the peer's networks setting"),
                                 backup_pool=backup_pool or None,
                                 reserved=dict(reserved or {}),
-                                replace=self.replace)
+                                replace=self.replace, libvirt_remote=libvirt_remote)
         self.executor = Executor(store, self.host, hooks_dir, workers)
         # A hypervisor whose VMs outlive this process gets a guard that
         # fences its HA VMs when this peer's lease may lapse.
@@ -177,6 +179,16 @@ class Peer:
         self.wake.set()
         return True
 
+    def _check_reachable(self) -> None:
+        """Refused: another live host, on another machine, could not tell
+        this host's libvirt from its own, or not reach it at all
+        (engine/hypervisor/host/reachability.py)."""
+        from engine.core.hosts import live_hosts
+        why = remote_conflict(self.name, self.host.remote_uri, machine_id(),
+                              list(live_hosts(self.store).values()))
+        if why is not None:
+            raise Refused(why)
+
     def run(self) -> int:
         try:
             check_libvirt_uri(self.host.libvirt_uri)     # before any lease exists
@@ -193,6 +205,7 @@ class Peer:
             try:
                 features.found_cluster(self.store)
                 features.check_supported(self.store)
+                self._check_reachable()
             except Refused as exc:
                 sys.stderr.write(f"peerctl: {exc}\n")
                 return 2
@@ -603,7 +616,8 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
              state_dir: str | None = None, retention=RETENTION,
              networks: str = "default", etcd_history=ETCD_HISTORY,
              ha_margin=DEFAULT_MARGIN, backup_pool: str | None = None,
-             reserved: dict | None = None, pause=None, resume=None) -> int:
+             reserved: dict | None = None, pause=None, resume=None,
+             libvirt_remote: str = "") -> int:
     """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
     automations are kept for ``retention`` (seconds or ``7d``-style);
     ``networks`` is what the host offers (``default, lan=br0``: see
@@ -619,7 +633,7 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
                 parse_duration(retention if retention is not None else RETENTION), networks,
                 parse_duration(etcd_history if etcd_history is not None else ETCD_HISTORY),
                 parse_duration(ha_margin if ha_margin is not None else DEFAULT_MARGIN),
-                backup_pool, reserved, pause, resume)
+                backup_pool, reserved, pause, resume, libvirt_remote)
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)

@@ -76,7 +76,13 @@ def backup_plan(host, args: dict) -> dict:
             why_full = (f"the previous backup {newest['id']} is on {newest['target']}, "
                         "which cannot take this one (down, drained or not in --to)")
     return {"candidates": eligible, "parent": parent, "why_full": why_full,
-            "hosts": {name: alive[name].get("libvirt_uri") for name in eligible}}
+            "hosts": {name: _reached_at(alive[name]) for name in eligible}}
+
+
+def _reached_at(record: dict) -> str | None:
+    """The URI another host opens for this host's libvirt (a peer before
+    libvirt_remote published only its own)."""
+    return record.get("libvirt_remote") or record.get("libvirt_uri")
 
 
 @handler("restore_plan")
@@ -96,7 +102,7 @@ def restore_plan(host, args: dict) -> dict:
         if record["target"] not in alive:
             raise RequestError(f"backup {at} is on {record['target']}, which is down")
         chain.append({"id": record["id"], "host": record["target"],
-                      "libvirt_uri": alive[record["target"]].get("libvirt_uri"),
+                      "libvirt_uri": _reached_at(alive[record["target"]]),
                       "pool": record.get("pool"), "disks": record["disks"]})
         at = record.get("parent") if record.get("kind") == "incremental" else None
         if len(chain) > MAX_CHAIN:

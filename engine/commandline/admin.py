@@ -1,5 +1,6 @@
 """Keeping a cluster sound: scrub (keys nobody can read), tls (certificates
-and etcd roles for an etcd of one's own, docs/security.md)."""
+and etcd roles for an etcd of one's own, docs/security.md), etcd snapshot
+(a backup of etcd, docs/deploy.md)."""
 from __future__ import annotations
 
 import os
@@ -48,6 +49,7 @@ def cmd_tls(ctx) -> int:
     if args.tls_command == "certs":
         directory = os.path.abspath(args.dir)
         members = ops.etcd_members(args.member)
+        libvirts = ops.libvirt_hosts(args.libvirt)
         try:
             certs.authority(directory, ctx.settings["cluster"])
             if members:
@@ -58,12 +60,15 @@ def cmd_tls(ctx) -> int:
                 issued = {"etcd": certs.issue_server(directory, args.name or [])}
             issued.update({user: certs.issue(directory, user, role)
                            for user, role in users.items()})
+            issued.update({f"libvirt-{host}": certs.issue_libvirt(directory, host, address)
+                           for host, address in libvirts.items()})
         except OSError as exc:
             raise UsageError(f"cannot write certificates in {directory}: "
                              f"{exc.strerror or exc}") from None
         found = {entry["file"]: entry for entry in certs.certificates(directory)}
         doc = {"dir": directory, "ca": os.path.join(directory, "ca.pem"),
-               "certificates": [{"user": user, "role": users.get(user, "etcd server"),
+               "certificates": [{"user": user, "role": users.get(user) or (
+                                     "libvirt" if user.startswith("libvirt-") else "etcd server"),
                                  "cert": i.cert, "key": i.key, "status": i.status,
                                  **({"was": list(i.was)} if i.status == "reissued" else {}),
                                  "names": found.get(i.cert, {}).get("names", []),
@@ -76,6 +81,23 @@ def cmd_tls(ctx) -> int:
     ctx.emit(done, f"roles {', '.join(done['roles'])} on /peerctl/{ctx.settings['cluster']}/; "
                    f"users {', '.join(sorted(done['users']))}; authentication on")
     return 0
+
+
+def cmd_etcd(ctx) -> int:
+    from engine.operations.etcd_backup import save_snapshot
+    taken = save_snapshot(ctx.store(), ctx.args.file)
+    ctx.emit(taken, f"saved etcd's snapshot as {taken['file']}: {_size(taken['bytes'])}, "
+                    f"revision {taken['revision']} or later, checksum verified "
+                    f"(restore: docs/deploy.md)")
+    return 0
+
+
+def _size(count: int) -> str:
+    for unit in ("bytes", "KiB", "MiB"):
+        if count < 1024 or unit == "MiB":
+            return f"{count} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GiB"
 
 
 CERT_COLUMNS = [C("file", "File"), C("subject", "Subject"), C("role", "Role"),
@@ -91,10 +113,16 @@ def _certs_text(doc: dict) -> str:
     lines = [table.render(rows, CERT_COLUMNS)]
     for made in doc["certificates"]:
         name = os.path.basename(made["cert"])
+        libvirt = made["role"] == "libvirt"
         if made["status"] == "reissued":
             lines.append(f"re-issued {name} (same CA, new key): now names "
                          f"{', '.join(made['names'])} (named {', '.join(made['was'])}); "
-                         f"restart etcd with it")
+                         + ("copy it to its host again and restart its libvirtd" if libvirt
+                            else "restart etcd with it"))
+        if libvirt:
+            host = made["user"][len("libvirt-"):]
+            lines.append(f"libvirt's files for {host}: {short_path(doc['dir'])}/libvirt/{host}/ "
+                         f"(to /etc/pki on {host}: docs/deploy.md)")
     made = [os.path.basename(c["cert"]) for c in doc["certificates"] if c["status"] == "made"]
     if made:
         lines.append(f"made {', '.join(made)}")
@@ -130,6 +158,24 @@ def register(commands) -> None:
         "users, and turn "
         "etcd's authentication on (docs/security.md).")
     what = commands.verbs(sub, dest="tls_command", metavar="ACTION")
+    _register_tls(what)
+
+    sub = commands.add(
+        "etcd", "etcd itself: a snapshot of it, to restore the cluster from",
+        "python peerctl.py --cert tls/root.pem --key tls/root-key.pem "
+        "etcd snapshot /var/backups/peerctl-etcd.db",
+        cmd_etcd, "snapshot FILE: save etcd's whole backend (every cluster it holds) as "
+        "FILE, as etcdctl snapshot save does, checked against the checksum etcd sends; "
+        "it needs etcd's root identity. FILE appears only whole and is readable by its "
+        "owner only; an existing file is never written over. docs/deploy.md says how to "
+        "restore it.")
+    what = commands.verbs(sub, dest="etcd_command", metavar="ACTION")
+    part = what.add("snapshot", "save a snapshot of etcd as FILE",
+                    "python peerctl.py etcd snapshot ./etcd-backup.db")
+    part.add_argument("file", metavar="FILE", help="where the snapshot goes (a new file)")
+
+
+def _register_tls(what) -> None:
     for action, summary, example in (
             ("certs", "make the CA and certificates",
              "python peerctl.py tls certs ./tls --peer host1 --peer host2"),
@@ -146,6 +192,10 @@ def register(commands) -> None:
                               help="an etcd member and the address it is reached at: "
                                    "a certificate and key of its own, etcd-NAME.pem "
                                    "(repeatable)")
+            part.add_argument("--libvirt", action="append", metavar="HOST=ADDR",
+                              help="a host's libvirt, reached at ADDR by the other hosts: "
+                                   "libvirt-HOST.pem, and DIR/libvirt/HOST/ with libvirt's "
+                                   "file names (docs/deploy.md; repeatable)")
         part.add_argument("--peer", action="append", metavar="HOST",
                           help="a host whose peer gets an identity (repeatable)")
         part.add_argument("--user", action="append", metavar="NAME:ROLE",

@@ -59,7 +59,8 @@ def cmd_peer(ctx) -> int:
     api.start()
     try:
         return int(run_peer(ctx.store(), host.name, host.libvirt, pause=api.stop,
-                            resume=api.start, **kwargs) or 0)
+                            resume=api.start, libvirt_remote=host.libvirt_remote,
+                            **kwargs) or 0)
     finally:
         api.stop()
 
@@ -238,6 +239,11 @@ def register(commands) -> None:
                      help="the libvirt this peer drives: qemu:///system, or test:///default "
                           "for libvirt's test driver [$PEERCTL_LIBVIRT, the libvirt setting, "
                           "default test:///default]")
+    sub.add_argument("--libvirt-remote", metavar="URI",
+                     help="the URI other hosts reach this libvirt by, for migrations, "
+                          "copies and consoles: qemu+tls://ADDR/system (docs/deploy.md) "
+                          "[$PEERCTL_LIBVIRT_REMOTE, the libvirt_remote setting, default "
+                          "--libvirt itself, which only this machine reaches]")
     sub.add_argument("--ttl", type=positive, metavar="SECONDS",
                      help="etcd lease TTL bounding failure detection (default 5)")
     sub.add_argument("--hooks", metavar="DIR", help="directory of R.pre / R.post hooks")

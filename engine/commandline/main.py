@@ -35,7 +35,7 @@ NOUNS = {"vms": ("vmlist", "boot", "destroy", "start", "stop", "reboot", "suspen
          "placement": ("placement",),
          "aside": ("aside",),
          "tokens": ("token",),
-         "admin": ("scrub", "tls"), "local": ("peer", "up", "down"), "serve": ("serve",)}
+         "admin": ("scrub", "tls", "etcd"), "local": ("peer", "up", "down"), "serve": ("serve",)}
 NOUN_OF = {command: noun for noun, commands in NOUNS.items() for command in commands}
 # global options that take a value, to find the command after them
 _VALUED = ("--etcd", "--cluster", "--format", "--conf", *(f"--{name}" for name in TLS_FLAGS))

@@ -1,7 +1,9 @@
-"""Which host this machine's peer runs: its name, its libvirt and its state
-directory, each from a ``peer`` flag, else ``$PEERCTL_HOST`` /
-``$PEERCTL_LIBVIRT`` / ``$PEERCTL_STATE_DIR``, else the config file
-(``host``, ``libvirt``, ``state_dir``), else this machine.
+"""Which host this machine's peer runs: its name, its libvirt (and the URI
+other hosts reach it by) and its state directory, each from a ``peer``
+flag, else ``$PEERCTL_HOST`` / ``$PEERCTL_LIBVIRT`` /
+``$PEERCTL_LIBVIRT_REMOTE`` / ``$PEERCTL_STATE_DIR``, else the config file
+(``host``, ``libvirt``, ``libvirt_remote``, ``state_dir``), else this
+machine.
 
 So ``peerctl peer`` with no flags runs the host ``/etc/peerctl/peerctl.conf``
 describes.  The config file's ``state_dir`` is also ``up``'s (``state``,
@@ -28,6 +30,7 @@ anything is created, connects or starts:
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
 
@@ -37,6 +40,9 @@ from engine.operations.specs import check_name
 __all__ = ["PeerHost", "peer_host", "TMP"]
 
 TMP = "/tmp"
+# DRIVER[+TRANSPORT]://[USER@]HOST[:PORT]/PATH[?QUERY], or a local one (no host)
+_REMOTE = re.compile(r"[a-z][a-z0-9]*(\+(tls|tcp|ssh|libssh|libssh2|unix|ext))?://"
+                     r"([\w.-]+@)?(\[[0-9a-fA-F:]+\]|[\w.-]+)?(:\d+)?/[\w./-]*(\?\S*)?")
 # host names that name no one host: every machine could say so
 _NOT_A_NAME = frozenset(("", "localhost", "localhost.localdomain", "(none)"))
 
@@ -47,6 +53,7 @@ class PeerHost:
     libvirt: str
     state_dir: str          # absolute
     notice: str | None      # one warning line for the log, or None
+    libvirt_remote: str = ""    # how other hosts reach its libvirt ("" = as ``libvirt``)
 
 
 def peer_host(args, settings: dict) -> PeerHost:
@@ -60,7 +67,8 @@ def peer_host(args, settings: dict) -> PeerHost:
                          "this one explicitly with --state-dir")
     _check_writable(state_dir, where)
     notice = None if explicit else _old_state(settings["cluster"], name, state_dir)
-    return PeerHost(name, _libvirt(args, settings), state_dir, notice)
+    libvirt = _libvirt(args, settings)
+    return PeerHost(name, libvirt, state_dir, notice, _libvirt_remote(args, settings, libvirt))
 
 
 def _pick(args, settings: dict, key: str):
@@ -105,6 +113,20 @@ def _usable(name: str) -> bool:
 def _libvirt(args, settings: dict) -> str:
     uri, _ = _pick(args, settings, "libvirt")
     return uri if uri is not None else settings["libvirt"]
+
+
+def _libvirt_remote(args, settings: dict, libvirt: str) -> str:
+    """The URI other hosts reach this host's libvirt by (migrations, copies
+    of backups and replicas, consoles): ``libvirt_remote`` when named (a
+    ``qemu+tls://ADDR/system`` or ``qemu+ssh://...``), else the local URI
+    itself, which reaches it only from this machine."""
+    uri, where = _pick(args, settings, "libvirt_remote")
+    if uri is None:
+        return libvirt
+    if not _REMOTE.fullmatch(uri):
+        raise UsageError(f"bad libvirt_remote {uri!r} {where}: a libvirt URI such as "
+                         "qemu+tls://10.0.0.12/system or qemu+ssh://root@kvm2/system")
+    return uri
 
 
 def _state_dir(args, settings: dict, host: str) -> tuple[str, str, bool]:

@@ -8,6 +8,11 @@
   whatever names are asked for); or, one per member, ``etcd-<member>.pem`` /
   ``etcd-<member>-key.pem``, each with a key of its own and naming its
   member's address too;
+- ``libvirt-<host>.pem`` / ``libvirt-<host>-key.pem``: a host's libvirt
+  certificate, for its libvirtd's TLS port and for its libvirtd as the
+  client of another host's during a migration (server and client use; CN
+  the host, SANs its address and name), with ``libvirt/<host>/`` holding
+  the same under the names libvirt looks for (:func:`issue_libvirt`);
 - ``<user>.pem`` / ``<user>-key.pem``: one client certificate per identity.
   Its common name is the etcd user (etcd takes a client certificate's CN as
   the user name); its organizational unit is the user's role (``peer``,
@@ -33,8 +38,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["Issued", "authority", "issue", "issue_server", "identity", "describe",
-           "certificates", "ROOT_USER", "LOOPBACK"]
+__all__ = ["Issued", "authority", "issue", "issue_server", "issue_libvirt", "identity",
+           "describe", "certificates", "ROOT_USER", "LOOPBACK", "LIBVIRT_FILES"]
 
 ROOT_USER = "root"          # etcd's administrator: the one user that enables auth
 _LIFETIME = datetime.timedelta(days=3650)
@@ -170,6 +175,44 @@ def issue_server(directory: str, names: list[str] = (), member: str | None = Non
     return _sign(directory, f"etcd-{member}" if member else "etcd", subject,
                  [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
                  wanted, renames=bool(names or member))
+
+
+# What libvirt looks for (the ``pkipath`` of a URI holds the first three
+# under these names), and where it looks on a host by default.
+LIBVIRT_FILES = {"cacert.pem": "/etc/pki/CA/cacert.pem",
+                 "clientcert.pem": "/etc/pki/libvirt/clientcert.pem",
+                 "clientkey.pem": "/etc/pki/libvirt/private/clientkey.pem",
+                 "servercert.pem": "/etc/pki/libvirt/servercert.pem",
+                 "serverkey.pem": "/etc/pki/libvirt/private/serverkey.pem"}
+
+
+def issue_libvirt(directory: str, host: str, address: str) -> Issued:
+    """Host ``host``'s libvirt certificate, naming ``address`` (what other
+    hosts' ``libvirt_remote`` URIs use) and ``host``; kept when it names
+    exactly those, else issued again.  ``directory/libvirt/<host>/`` is
+    (re)written with it under libvirt's own file names
+    (:data:`LIBVIRT_FILES`): copied there on the host, or given as a URI's
+    ``pkipath``, it is both the server's and the client's."""
+    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "peerctl"),
+                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "libvirt"),
+                         x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    names = [address] + ([host] if host != address else [])
+    issued = _sign(directory, f"libvirt-{host}", subject,
+                   [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+                   names, renames=True)
+    layout = os.path.join(directory, "libvirt", host)
+    os.makedirs(layout, mode=0o700, exist_ok=True)
+    with open(issued.cacert, "rb") as f:
+        ca = f.read()
+    with open(issued.cert, "rb") as f:
+        cert = f.read()
+    with open(issued.key, "rb") as f:
+        key = f.read()
+    for name, data, private in (("cacert.pem", ca, False), ("clientcert.pem", cert, False),
+                                ("servercert.pem", cert, False), ("clientkey.pem", key, True),
+                                ("serverkey.pem", key, True)):
+        _write(os.path.join(layout, name), data, private)
+    return issued
 
 
 def issue(directory: str, user: str, role: str) -> Issued:

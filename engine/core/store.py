@@ -22,6 +22,7 @@ Promises:
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -173,6 +174,7 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                     # thread, not handed over by the channel's spin thread.
                     (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
 _WATCH = "/etcdserverpb.Watch/Watch"
+_SHA256 = 32        # bytes of the sum etcd appends to a snapshot
 _DELETE = etcdrpc.kv_pb2.Event.DELETE
 
 
@@ -476,6 +478,37 @@ class Store:
                 "revision": status.header.revision,
                 "alarms": sorted({names.get(a.alarm, str(a.alarm)) for a in alarms.alarms
                                   if a.alarm != etcdrpc.NONE})}
+
+    def snapshot(self, out, timeout: float = 600.0, on_chunk=None) -> dict:
+        """etcd's whole backend (every cluster it holds, as ``etcdctl
+        snapshot save`` takes it; etcd's root only) streamed into the binary
+        file ``out``: ``{bytes, revision}``, ``revision`` the cluster's just
+        before the snapshot began (it holds that one or a later one; etcd's
+        stream does not say which).  etcd ends the stream
+        with a SHA-256 of what came before; a stream that ends short or
+        whose sum is wrong raises :class:`StoreUnavailable`.  ``on_chunk(n)``
+        is called after each piece written, with the bytes so far."""
+        digest, tail, written = hashlib.sha256(), b"", 0
+        revision = self.revision()
+        try:
+            stream = self._client.maintenancestub.Snapshot(etcdrpc.SnapshotRequest(), timeout)
+            for piece in stream:
+                out.write(piece.blob)
+                written += len(piece.blob)
+                # all but the last 32 bytes are the data, those the sum of it
+                tail += piece.blob
+                digest.update(tail[:-_SHA256])
+                tail = tail[-_SHA256:]
+                if on_chunk is not None:
+                    on_chunk(written)
+        except grpc.RpcError as exc:
+            raise (self._failures.refusal(exc) or self._failures.unavailable(exc)) from None
+        except (etcd_exceptions.Etcd3Exception, ValueError) as exc:
+            raise self._failures.unavailable(exc) from None
+        if len(tail) < _SHA256 or digest.digest() != tail:
+            raise StoreUnavailable(f"etcd at {self.endpoints} sent a snapshot whose checksum "
+                                   f"does not match ({written} bytes): take it again")
+        return {"bytes": written, "revision": revision}
 
     def auth_setup(self, users: dict[str, str], roles: dict[str, list],
                    password: Callable[[], str]) -> None:

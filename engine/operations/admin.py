@@ -6,7 +6,8 @@ from engine.errors import UsageError
 
 from .specs import check_name
 
-__all__ = ["unreadable_keys", "delete_keys", "identities", "etcd_members", "setup_roles"]
+__all__ = ["unreadable_keys", "delete_keys", "identities", "etcd_members", "libvirt_hosts",
+           "setup_roles"]
 
 
 def unreadable_keys(ctx) -> list:
@@ -46,15 +47,24 @@ def identities(peers: list[str] = (), users: list[str] = ()) -> dict[str, str]:
 
 def etcd_members(texts: list[str] = ()) -> dict[str, str]:
     """``{member: address}`` from ``NAME=ADDR`` texts (``tls certs --member``)."""
+    return _named_addresses(texts, "--member", "member")
+
+
+def libvirt_hosts(texts: list[str] = ()) -> dict[str, str]:
+    """``{host: address}`` from ``HOST=ADDR`` texts (``tls certs --libvirt``)."""
+    return _named_addresses(texts, "--libvirt", "host")
+
+
+def _named_addresses(texts, flag: str, what: str) -> dict[str, str]:
     found = {}
     for text in texts or []:
         name, _, address = text.partition("=")
         try:
-            check_name(name, "member name")
+            check_name(name, f"{what} name")
         except UsageError:
             address = ""
         if not address.strip() or any(c.isspace() or c in "/,=" for c in address):
-            raise UsageError(f"bad --member {text!r} (want NAME=ADDR: the member's name "
+            raise UsageError(f"bad {flag} {text!r} (want NAME=ADDR: the {what}'s name "
                              "and the address or DNS name it is reached at)")
         found[name] = address
     return found

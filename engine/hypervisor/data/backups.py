@@ -160,7 +160,7 @@ def prepare_store(host, args: dict) -> dict:
     if free < needed:
         raise RequestError(f"host {host.host} has no room: {free >> 20} MiB free in pool "
                            f"{pool.name()}, the disks need up to {needed >> 20} MiB")
-    return {"host": host.host, "libvirt_uri": host.libvirt_uri, "pool": pool.name(),
+    return {"host": host.host, "libvirt_uri": host.remote_uri, "pool": pool.name(),
             "free": free}
 
 
@@ -519,7 +519,7 @@ def _send(host, disks, backup_id, pool, store) -> list[dict]:
     """The scratch volumes, copied into the target's pool through libvirt."""
     scratch = {d["dev"]: images.lookup(pool, scratch_name(backup_id, d["dev"])) for d in disks}
     ticker = Ticker("copying", sum(physical_size(v) for v in scratch.values()))
-    same = store["libvirt_uri"] == host.libvirt_uri
+    same = host.is_me(store["libvirt_uri"])
     try:
         target = host.conn if same else libvirt.open(store["libvirt_uri"])
     except libvirt.libvirtError as exc:

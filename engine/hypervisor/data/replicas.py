@@ -86,7 +86,7 @@ def prepare(host, args: dict) -> dict:
         raise RequestError(f"host {host.host} has no room for a replica: {free >> 20} MiB "
                            f"free in pool {pool.name()}, the disks need up to "
                            f"{needed >> 20} MiB")
-    return {"host": host.host, "libvirt_uri": host.libvirt_uri, "pool": pool.name(),
+    return {"host": host.host, "libvirt_uri": host.remote_uri, "pool": pool.name(),
             "free": free}
 
 

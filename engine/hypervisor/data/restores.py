@@ -76,7 +76,7 @@ def _blank(host, pool, uuid: str, full: dict) -> dict:
 
 
 def _source(host, link: dict):
-    if link["libvirt_uri"] == host.libvirt_uri:
+    if host.is_me(link["libvirt_uri"]):
         return host.conn, False
     try:
         return libvirt.open(link["libvirt_uri"]), True

@@ -41,8 +41,20 @@ class HostContext:
     # (engine/releases/handover.py): replace({choice, deadline, automation})
     # -> False if one is under way already.  None outside a peer.
     replace: object = field(default=None, repr=False)
+    # The URI other hosts reach this libvirt by (migrations, copies,
+    # consoles); "" = libvirt_uri, which only this machine reaches.
+    libvirt_remote: str = ""
     _conn: object = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def remote_uri(self) -> str:
+        """What another host opens to reach this host's libvirt."""
+        return self.libvirt_remote or self.libvirt_uri
+
+    def is_me(self, uri: str) -> bool:
+        """``uri``, as a record or a step gave it, names this host's libvirt."""
+        return uri in (self.libvirt_uri, self.remote_uri)
 
     @property
     def conn(self):

@@ -42,6 +42,11 @@ libvirtd and the domain lived on) drops the copy when it comes back:
 - its allocation is held on other providers only, no running automation
   names it (a migration in flight names it) and it is not locked (a move
   whose outcome nobody could tell leaves its lock held, both copies kept).
+  Nothing then says this copy was given up, and it may be the only one (an
+  etcd restored from a snapshot older than the VM's last move places it
+  where it was): a running copy is left alone and reported once
+  (``ghost_vm_running_left_alone``), a stopped one has its disks kept
+  aside, never deleted.
 
 A mark beside this host's own ``vms/`` record of the VM (no move or
 restart carrying it) is stale, left by an automation older than the VM's
@@ -321,6 +326,24 @@ def reconciler(store: Store, interval: float | None = None, host: str | None = N
     return duty
 
 
+_reported: set[tuple[str, str]] = set()     # (host, uuid) said left alone, once a process
+
+
+def _running_here(host, uuid: str) -> bool:
+    try:
+        return host.conn.lookupByUUIDString(uuid).isActive() == 1
+    except libvirt.libvirtError:
+        return False
+
+
+def _report_once(host_name: str, uuid: str) -> None:
+    if (host_name, uuid) not in _reported:
+        _reported.add((host_name, uuid))
+        log.warning("ghost_vm_running_left_alone", host=host_name, uuid=uuid,
+                    why="allocated on another host, and nothing says this copy was given up "
+                        "(etcd restored from an older snapshot?): docs/deploy.md")
+
+
 def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
     """Destroy ``host``'s (a :class:`~engine.hypervisor.host.hostctx.HostContext`) copies of
     VMs the cluster placed elsewhere; returns their uuids.  See the module
@@ -349,6 +372,7 @@ def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
     # left only volumes (libvirt drops an incoming domain whose copy failed).
     ghosts = {uuid: f"disowned by automation {marks[uuid].get('automation')}"
               for uuid in marks}
+    marks_for_aside: dict[str, dict] = {}
     rest = domains - set(marks)
     if rest:
         from engine.placement import open_placement
@@ -369,12 +393,22 @@ def sweep_ghosts(store: Store, host, placement=None) -> list[str]:
             busy = _referenced_consumers(store) | _locked_vms(store)
             ghosts.update({uuid: "allocated on another host" for uuid in elsewhere - busy})
     failed = set()
+    for uuid in [u for u in ghosts if u not in marks]:
+        # Allocated elsewhere, and nothing says this copy was given up: it
+        # may be the only one (an etcd restored from a snapshot older than
+        # the VM's last move places it where it was).  Running, it is left
+        # alone and reported; stopped, its disks are kept aside.
+        if _running_here(host, uuid):
+            del ghosts[uuid]
+            _report_once(host.host, uuid)
+        else:
+            marks_for_aside[uuid] = {"time": time.time()}
     for uuid, why in sorted(ghosts.items()):
         try:
-            if marks.get(uuid, {}).get("keep"):
+            if marks.get(uuid, {}).get("keep") or uuid in marks_for_aside:
                 # Restarted elsewhere from its image: this copy's disks may
                 # hold data someone needs.
-                keep_aside(host, uuid, marks[uuid])
+                keep_aside(host, uuid, marks.get(uuid) or marks_for_aside[uuid])
                 log.warning("ghost_vm_kept_aside", host=host.host, uuid=uuid, why=why)
             else:
                 lifecycle.destroy(host, {"uuid": uuid})

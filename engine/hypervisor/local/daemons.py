@@ -93,8 +93,15 @@ class PrivateLibvirtd:
     other daemon must be able to walk to it: the state directory's parents
     need ``o+x``)."""
 
-    def __init__(self, base_dir: str, name: str, netns: str | None = None):
+    def __init__(self, base_dir: str, name: str, netns: str | None = None,
+                 tls: tuple[str, str, int] | None = None):
+        """``tls``: ``(pki, address, port)``, to listen for libvirt's remote
+        protocol over TLS on ``address:port`` too, with the certificate, key
+        and authority in ``pki`` under libvirt's names (``servercert.pem``,
+        ``serverkey.pem``, ``cacert.pem``: ``tls certs --libvirt``); clients
+        must show a certificate of that authority."""
         self.name = name
+        self.tls = tls
         self.dir = os.path.abspath(os.path.join(base_dir, name))
         self.netns = netns
         self.host_uuid = str(uuidlib.uuid5(_UUID_NAMESPACE, self.dir))
@@ -110,13 +117,20 @@ class PrivateLibvirtd:
     def __repr__(self):
         return f"PrivateLibvirtd({self.dir!r}, netns={self.netns!r})"
 
+    def tls_uri(self, pkipath: str) -> str:
+        """The daemon over TLS (``tls`` given), as a client whose
+        certificate, key and authority are in ``pkipath`` reaches it."""
+        _pki, address, port = self.tls
+        return f"qemu+tls://{address}:{port}/system?pkipath={quote(pkipath, safe='/')}"
+
     # -- the command lines, which identify the processes in /proc ----------------
 
     def _command(self, what: str) -> list[str]:
         if what in self._commands:
             return self._commands[what]
         return [_binary(what), "--config", os.path.join(self.dir, "etc", f"{what}.conf"),
-                "--pid-file", os.path.join(self.dir, f"{what}.pid")]
+                "--pid-file", os.path.join(self.dir, f"{what}.pid"),
+                *(["--listen"] if what == "libvirtd" and self.tls else [])]
 
     def _launcher(self, what: str) -> list[str]:
         enter = [_binary("unshare"), "--mount", "--propagation", "private",
@@ -202,10 +216,18 @@ class PrivateLibvirtd:
         settings = {"libvirtd": {"host_uuid": self.host_uuid, "unix_sock_rw_perms": "0700",
                                  "unix_sock_ro_perms": "0700", "log_outputs": "3:stderr"},
                     "virtlogd": {"log_outputs": "3:stderr"}}
+        if self.tls:
+            pki, address, port = self.tls
+            settings["libvirtd"].update({
+                "listen_tls": 1, "listen_tcp": 0, "listen_addr": address, "tls_port": str(port),
+                "cert_file": os.path.join(pki, "servercert.pem"),
+                "key_file": os.path.join(pki, "serverkey.pem"),
+                "ca_file": os.path.join(pki, "cacert.pem")})
         for what, values in settings.items():
             _write(os.path.join(self.dir, "etc", f"{what}.conf"),
                    "# Written by peerctl (engine/hypervisor/local/daemons.py) at every start.\n"
-                   + "".join(f'{key} = "{value}"\n' for key, value in values.items()))
+                   + "".join(f'{key} = "{value}"\n' if isinstance(value, str)
+                             else f"{key} = {value}\n" for key, value in values.items()))
         cache = os.path.join(self.dir, "cache", "qemu", "capabilities")
         if not glob.glob(os.path.join(cache, "*.xml")):
             os.makedirs(cache, exist_ok=True)

@@ -158,6 +158,6 @@ def prepare(host, args: dict) -> dict:
         disks.append({"dev": disk["dev"], "path": vol.path(), "capacity": disk["capacity"]})
     xml = retargeted(host, uuid, source["xml"], pool, {d["dev"]: d["path"] for d in disks})
     log.info("handoff_prepared", uuid=uuid, seq=consumed["seq"], disks=len(disks))
-    return {"uuid": uuid, "host": host.host, "libvirt_uri": host.libvirt_uri, "xml": xml,
+    return {"uuid": uuid, "host": host.host, "libvirt_uri": host.remote_uri, "xml": xml,
             "disks": disks, "incremental": True,
             "replica": {"seq": consumed["seq"], "time": consumed["time"]}}

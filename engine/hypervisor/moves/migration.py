@@ -149,7 +149,7 @@ class _Move:
         self.label = vm_label(args, self.uuid)
         self.destination = _text(args, "destination")
         self.destination_uri = _text(args, "destination_uri")
-        if self.destination == host.host or self.destination_uri == host.libvirt_uri:
+        if self.destination == host.host or host.is_me(self.destination_uri):
             raise RequestError(f"cannot move {self.label} to its own host {host.host}")
         self.xml = _text(args, "xml")
         try:

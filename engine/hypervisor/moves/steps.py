@@ -57,7 +57,7 @@ def describe(host, args: dict) -> dict:
     meta = read_metadata(dom)
     _state, max_kib, _mem, vcpus, _cpu = dom.info()
     return {"uuid": uuid, "name": dom.name(), "host": host.host, "state": vm_state(dom),
-            "driver": host.conn.getType(), "libvirt_uri": host.libvirt_uri, "xml": xml,
+            "driver": host.conn.getType(), "libvirt_uri": host.remote_uri, "xml": xml,
             "image": meta.get("image") or None, "required": meta.get("required") or None,
             "vcpus": vcpus, "memory_mb": max_kib // 1024, "disk_gb": meta.get("disk_gb", 0),
             "disks": disks_of(host.conn, ET.fromstring(xml))}
@@ -104,7 +104,7 @@ def prepare(host, args: dict) -> dict:
             disks.append({"dev": disk["dev"], "path": vol.path(), "capacity": disk["capacity"]})
         xml = retargeted(host, uuid, root, pool, {d["dev"]: d["path"] for d in disks})
         log.info("move_prepared", uuid=uuid, disks=len(disks), incremental=incremental)
-        return {"uuid": uuid, "host": host.host, "libvirt_uri": host.libvirt_uri,
+        return {"uuid": uuid, "host": host.host, "libvirt_uri": host.remote_uri,
                 "xml": xml, "disks": disks, "incremental": incremental and bool(disks)}
 
 
