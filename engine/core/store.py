@@ -444,7 +444,7 @@ class Store:
             raise (self._failures.refusal(exc) or self._failures.unavailable(exc)) from None
         return 0
 
-    def keepalive_stream(self, lease: int) -> "KeepAliveStream":
+    def keepalive_stream(self, lease: int):
         """``lease`` renewed on one stream kept open between renewals
         (:class:`engine.core.lease_stream.KeepAliveStream`): a session's."""
         from .lease_stream import KeepAliveStream
