@@ -77,6 +77,21 @@ def cmd_feature_level(ctx) -> int:
     return 0
 
 
+def cmd_verify(ctx) -> int:
+    from engine.operations.verify import verify
+    found = verify(ctx)
+    problems = found["problems"]
+    if problems:
+        text = "\n".join(f"{p['check']}: {p['problem']}" for p in problems)
+        text += (f"\n{len(problems)} problem{'s' if len(problems) != 1 else ''} "
+                 f"({found['hosts']} hosts)")
+    else:
+        text = (f"no problem found: {found['hosts']} host{'s' if found['hosts'] != 1 else ''}; "
+                f"checked {', '.join(found['checked'])}")
+    ctx.emit(found, text)
+    return 1 if problems else 0
+
+
 def register(commands) -> None:
     sub = commands.add(
         "upgrade", "move hosts to another release of peerctl, one at a time, nothing stopped",
@@ -108,13 +123,24 @@ def register(commands) -> None:
     detach_option(sub)
 
     sub = commands.add(
-        "cluster", "cluster-wide settings of the code: the feature level",
+        "cluster", "the cluster as a whole: its feature level, and what is wrong with it",
+        "python peerctl.py cluster verify\n"
         "python peerctl.py cluster feature-level\n"
         "python peerctl.py cluster feature-level 2", None,
-        "The feature level says which shapes peers may write. New code keeps writing "
-        "the old shapes until the level is raised, so two releases run side by side "
-        "and a host can go back to its previous release until then.")
+        "verify: one line per problem (etcd's members, hosts down, mixed versions, hosts' "
+        "libvirt URIs, networks, disk space, certificates), exit 1 if any. "
+        "feature-level: the level says which shapes peers may write. New code keeps "
+        "writing the old shapes until the level is raised, so two releases run side by "
+        "side and a host can go back to its previous release until then.")
     what = commands.verbs(sub)
+    what.add("verify", "say what is wrong with the cluster, one line per problem",
+             "python peerctl.py cluster verify", cmd_verify,
+             "Checks etcd (every member answers, no alarm, at least 3 members), the hosts "
+             "(none down; one version and feature level; each host's libvirt_remote "
+             "reachable from the others' machines and its own; the same networks "
+             "offered everywhere; 10 % of disk free at least) and certificates (this "
+             "command's and etcd's, 30 days at least). One line per problem, exit 1 if "
+             "any; none: one line saying what was checked. Writes nothing.")
     p = what.add("feature-level", "show the cluster's feature level, or raise it to N",
                  "python peerctl.py cluster feature-level 2", cmd_feature_level,
                  "Without N: the level, and each live host's version and the highest level "

@@ -479,6 +479,14 @@ class Store:
                 "alarms": sorted({names.get(a.alarm, str(a.alarm)) for a in alarms.alarms
                                   if a.alarm != etcdrpc.NONE})}
 
+    def members(self) -> list[dict]:
+        """etcd's members as the answering one knows them: ``[{id, name,
+        client_urls, peer_urls}]`` (a member added but not started yet has
+        no name and no client URL)."""
+        answer = self._call("clusterstub", "MemberList", etcdrpc.MemberListRequest(), read=True)
+        return [{"id": m.ID, "name": m.name, "client_urls": list(m.clientURLs),
+                 "peer_urls": list(m.peerURLs)} for m in answer.members]
+
     def snapshot(self, out, timeout: float = 600.0, on_chunk=None) -> dict:
         """etcd's whole backend (every cluster it holds, as ``etcdctl
         snapshot save`` takes it; etcd's root only) streamed into the binary
