@@ -34,7 +34,9 @@ _MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 
 @functools.lru_cache(maxsize=1)
 def machine_id() -> str:
-    """This machine's id (systemd's machine-id), "" when it has none."""
+    """This machine's id: systemd's machine-id, else ``boot:`` and the
+    kernel's boot id (a machine without a machine-id is still told apart
+    from the others, for as long as it runs), else ""."""
     for path in _MACHINE_ID_FILES:
         try:
             with open(path) as f:
@@ -43,7 +45,11 @@ def machine_id() -> str:
             continue
         if found:
             return found
-    return ""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return "boot:" + f.read().strip()
+    except OSError:
+        return ""
 
 
 def reaches_other_machines(uri: str) -> bool:
