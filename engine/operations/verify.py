@@ -178,8 +178,11 @@ def _server_expiry(url: str, cacert: str | None) -> float | None:
         return None
     if not der:
         return None
-    not_after = x509.load_der_x509_certificate(der).not_valid_after
-    return not_after.replace(tzinfo=datetime.timezone.utc).timestamp()
+    cert = x509.load_der_x509_certificate(der)
+    not_after = getattr(cert, "not_valid_after_utc", None)     # cryptography 42 on
+    if not_after is None:
+        not_after = cert.not_valid_after.replace(tzinfo=datetime.timezone.utc)
+    return not_after.timestamp()
 
 
 def _day(epoch: float) -> str:
