@@ -384,12 +384,15 @@ API_PORTS = 8080         # host N's API on 127.0.0.1:8080+N when free
 
 def _api_port(peer: dict | None, index: int) -> int:
     """The port a host's API listens on: the one recorded, else 8080+N if
-    free, else any free one."""
+    free, else any free one.  With ``$PEERCTL_PORTS`` (a range of ports this
+    process may take: the test suite gives each parallel worker its own),
+    never 8080+N, which every worker would find free at once."""
+    from engine.core.etcd_server import PORTS_ENV, free_port
     recorded = (peer or {}).get("api_port")
-    for port in (recorded, API_PORTS + index):
+    conventional = None if os.environ.get(PORTS_ENV) else API_PORTS + index
+    for port in (recorded, conventional):
         if port and _port_free(port):
             return port
-    from engine.core.etcd_server import free_port
     return free_port()
 
 
