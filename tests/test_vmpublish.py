@@ -328,3 +328,25 @@ def test_an_event_on_a_vm_this_process_just_recorded_reads_only_libvirt(
     assert publisher.reconcile() == 1
     assert store.get(key).value["state"] == "paused"           # the reconcile reads etcd
     call(host, "destroy", uuid=args["uuid"])
+
+
+def test_an_ha_vm_missing_here_keeps_the_short_period_until_it_is_settled(store, host):
+    """While events are heard the period is long, but a missing HA VM (its
+    restart request may be served, refused or given up on, then gone) is
+    looked at again every short period, and asked again if its request went."""
+    vanished = {"uuid": str(uuidlib.uuid4()), "name": "ha1", "vcpus": 1, "memory_mb": 64,
+                "disk_gb": 1}
+    recorded(store, host, vanished, ha="restart")       # no domain: missing here
+    publisher = VmPublisher(store, host.host, host.conn, interval=0.2,
+                            heard_interval=3600).start()
+    try:
+        wait_for(lambda: store.get(keys.restart(vanished["uuid"])) is not None,
+                 what="the restart asked")
+        assert publisher.memo.armed and publisher.period == 0.2
+        store.delete(keys.restart(vanished["uuid"]))     # served, and gone
+        wait_for(lambda: store.get(keys.restart(vanished["uuid"])) is not None,
+                 what="the restart asked again at the next short period")
+        store.delete(keys.vm(host.host, vanished["uuid"]))
+        wait_for(lambda: publisher.period == 3600, what="the long period, once settled")
+    finally:
+        publisher.stop()

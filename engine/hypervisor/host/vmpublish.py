@@ -34,7 +34,11 @@ Promises:
   ``interval`` seconds (:data:`DEFAULT_INTERVAL`), or every
   ``heard_interval`` (:data:`HEARD_INTERVAL`, longer) while its memo is
   armed, that is while both kinds of events are heard, which leaves the
-  period only records changed in etcd by others to repair.
+  period only records changed in etcd by others to repair; but every
+  ``interval`` again while its last look left a VM unsettled (gone here
+  while an automation holds it, or an HA VM down or missing, whose restart
+  request the recoverer serves, refuses or gives up on), so that its fate
+  is looked at soon: the request is asked again if it went.
   An event re-publishes only the domains it names (one read and at most
   one write each), not the whole host: a host booting its 250th VM does
   not read and compare the other 249 on each of its events.  Nor does it
@@ -233,13 +237,17 @@ def _write_seen(store, key: str, seen, fence: tuple = (),
     raise StoreUnavailable(f"{key}: refused {_TRIES} times in a row (concurrent writers)")
 
 
-def _ask_restart(store, record: dict, fence: tuple = ()) -> None:
+def _ask_restart(store, record: dict, fence: tuple = ()) -> bool:
     """``restart/<uuid>`` for an HA VM that is missing or crashed here, if
     none is there yet (the ``recoverer`` acts on it, see
     :mod:`engine.hypervisor.ha.recoverer`).  Asked on every look, not only on the
-    change, so a publisher that died between the two writes asks next time."""
-    if not wants_restart(record) or _acted_on(store, record["uuid"]):
-        return
+    change, so a publisher that died between the two writes asks next time.
+    True when the VM wants one (asked now, already asked, or held by an
+    automation): until it is settled, the next look comes soon."""
+    if not wants_restart(record):
+        return False
+    if _acted_on(store, record["uuid"]):
+        return True
     key = keys.restart(record["uuid"])
     request = {"uuid": record["uuid"], "host": record["host"], "name": record.get("name"),
                "why": "missing" if record["state"] == "missing" else "crashed",
@@ -247,6 +255,7 @@ def _ask_restart(store, record: dict, fence: tuple = ()) -> None:
     if store.txn([absent(key), *fence], [Put(key, request)]).succeeded:
         log.warning("vm_restart_asked", host=record["host"], uuid=record["uuid"],
                     vm=record.get("name"), why=request["why"])
+    return True
 
 
 def _check_fence(store, fence: tuple) -> None:
@@ -377,6 +386,9 @@ class VmPublisher:
         self._lock = threading.Lock()
         self.reconciles = 0
         self.awaiting_address = False
+        # A VM the last whole look left unsettled (gone while an automation
+        # holds it, an HA VM down or missing): the short period applies.
+        self.held = False
         self._unrecorded: set[str] = set()     # domains without a record, reported once
         # Each domain's metadata while events say it has not changed (armed
         # while they are listened for): for the reconciles and the stats tick.
@@ -440,7 +452,7 @@ class VmPublisher:
         scanned = scan(self._conn(), self.memo)
         seen = self.records(scanned)
         now = time.time()
-        changes, after = [], []
+        changes, after, held = [], [], False
         known = _known_of(self.store)
         for key in [k for k in list(known) if k.startswith(self.prefix)
                     and k[len(self.prefix):] not in present]:
@@ -453,6 +465,7 @@ class VmPublisher:
             if uuid in seen:
                 record = merged(seen[uuid], previous)
             elif _acted_on(self.store, uuid):
+                held = True             # gone here while held: looked at again soon
                 continue
             else:
                 record = missing(previous, now)
@@ -478,7 +491,8 @@ class VmPublisher:
                 _remember(self.store, op.key, result.revision, op.value, seen_at)
             written += len(batch)
         for record in after:
-            _ask_restart(self.store, record, self.fence)
+            held = _ask_restart(self.store, record, self.fence) or held
+        self.held = held
         return written, seen, scanned
 
     def publish_foreign(self, uuids=None, scanned: list | None = None) -> int:
@@ -666,8 +680,9 @@ class VmPublisher:
     @property
     def period(self) -> float:
         """Seconds between two whole reconciles now: longer while events
-        are heard (the memo is armed then), see the module docstring."""
-        return self.heard_interval if self.memo.armed else self.interval
+        are heard (the memo is armed then) and no VM waits on an
+        automation, see the module docstring."""
+        return self.heard_interval if self.memo.armed and not self.held else self.interval
 
     def stop(self) -> None:
         self._stopped.set()
