@@ -73,7 +73,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import weakref
 
 import libvirt
 import structlog
@@ -84,6 +83,7 @@ from engine.core.values import readable
 from engine.errors import RequestError, StoreUnavailable
 from engine.hypervisor.domain import shapes  # noqa: F401  (declares the vms/ record's shape)
 from engine.hypervisor.domain.metadata_memo import MetadataMemo
+from engine.hypervisor.host.known_records import known_of as _known_of, remember as _remember
 from engine.hypervisor.host.libvirt_events import ensure_event_loop, own_state_per_open
 from engine.hypervisor.host.foreign import foreign_domains, foreign_record, is_foreign, scan
 from engine.hypervisor.domain.records import merged, missing, owned_by, vm_record, wants_restart
@@ -104,32 +104,6 @@ ADDRESS_INTERVAL = 1.0
 EVENT_SETTLE = 0.05         # seconds an event waits for those that follow it
 _BATCH = 64                 # etcd allows 128 operations per transaction
 _TRIES = 20                 # fenced writes refused in a row before giving up
-
-# Per store: {key: (mod revision, record, monotonic time of the libvirt view
-# it came from)}, the last record of each key this process wrote or read, so
-# that an event need not read etcd again to learn that nothing changed (see
-# _unchanged).
-_known: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_known_guard = threading.Lock()
-
-
-def _known_of(store) -> dict:
-    with _known_guard:
-        return _known.setdefault(store, {})
-
-
-def _remember(store, key: str, revision: int, record: dict | None,
-              seen_at: float = 0.0) -> None:
-    """``key`` held ``record`` at ``revision``, made from a look at libvirt
-    at ``seen_at`` (None: forget it); a revision older than the one
-    remembered is not kept."""
-    known = _known_of(store)
-    with _known_guard:
-        if record is None:
-            known.pop(key, None)
-        elif revision >= known.get(key, (0,))[0]:
-            known[key] = (revision, record, seen_at)
-
 
 def _awaits_address(record: dict) -> bool:
     return bool(record.get("networks")) and record["state"] == "running" \
