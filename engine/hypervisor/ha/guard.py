@@ -66,6 +66,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 __all__ = ["needs_guard", "Heartbeat", "ensure_guard", "stop_guard", "fenced",
@@ -132,25 +133,36 @@ def _start_time(pid: int):
 
 
 class Heartbeat:
-    """The peer's side: ``beat(until)`` after every lease renewal."""
+    """The peer's side: ``beat(until)`` after every lease renewal.  Beats
+    from several threads (the lease's keep-alive, a stop's or a hand-over's
+    last renewal) are written one at a time, and one whose ``until`` is
+    older than the last written is dropped: the file never goes back."""
 
     def __init__(self, state_dir: str):
         self.path = os.path.join(_dir(state_dir), "heartbeat")
         self.started = _start_time(os.getpid())
         self.until: float | None = None
+        self._lock = threading.Lock()
 
     def beat(self, until: float, stopping: bool = False) -> None:
-        self.until = until
-        _write_json(self.path, {"pid": os.getpid(), "started": self.started, "until": until,
-                                "written": time.monotonic(),
-                                **({"stopping": True} if stopping else {})})
+        with self._lock:
+            if self.until is not None and until < self.until:
+                return
+            self._write(until, stopping)
 
     def stopping(self) -> None:
         """The peer stops on purpose, leaving its lease to run out: the last
         beat again, marked so (the guard still fences at ``until - lead``
         unless a new peer beats first)."""
-        if self.until is not None:
-            self.beat(self.until, stopping=True)
+        with self._lock:
+            if self.until is not None:
+                self._write(self.until, True)
+
+    def _write(self, until: float, stopping: bool) -> None:
+        self.until = until
+        _write_json(self.path, {"pid": os.getpid(), "started": self.started, "until": until,
+                                "written": time.monotonic(),
+                                **({"stopping": True} if stopping else {})})
 
 
 def fenced(state_dir: str) -> list[str]:
