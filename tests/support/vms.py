@@ -17,8 +17,18 @@ def start(cluster, store, names, hooks=None, env=None, libvirt="test:///default"
         cluster.start_peer(name, libvirt=libvirt, extra_args=extra, env={**ENV, **(env or {})})
     wait_for(lambda: set(names) <= set(api.live_hosts(store)), what=f"{names} alive")
     placement = open_placement("etcd", store)
-    wait_for(lambda: {n for n in names} <= {p["name"] for p in placement.providers()},
-             what="providers registered")
+    wait_for(lambda: set(names) <= registered(store, placement),
+             what="providers registered, with the traits of the networks their hosts offer")
+
+
+def registered(store, placement) -> set[str]:
+    """Hosts whose provider holds inventory and a trait for each network
+    the host's record says it offers: a boot asking for one finds them."""
+    from engine.hypervisor.domain.networks import network_trait
+    offered = {name: record.get("networks") or [] for name, record in api.live_hosts(store).items()}
+    return {p["name"] for p in placement.providers()
+            if p.get("inventories") and p["name"] in offered
+            and {network_trait(n) for n in offered[p["name"]]} <= set(p.get("traits") or ())}
 
 
 def reconcile_every(seconds: float) -> dict:
