@@ -6,7 +6,6 @@ write at once); a memo that hears no events remembers nothing (the test
 driver in this process, a real etcd)."""
 from __future__ import annotations
 
-import uuid as uuidlib
 
 import libvirt
 
@@ -16,14 +15,7 @@ from engine.hypervisor.domain.metadata_memo import MetadataMemo
 from engine.hypervisor.host.foreign import scan
 from engine.hypervisor.host.vmpublish import VmPublisher
 from tests.support import wait_for
-from tests.support.handlers import TEST_URI, call, host  # noqa: F401  (host: a fixture)
-
-
-def build(host, **overrides):
-    args = {"uuid": str(uuidlib.uuid4()), "name": "vm-" + uuidlib.uuid4().hex[:8],
-            "vcpus": 1, "memory_mb": 64, "disk_gb": 1, "image": None, **overrides}
-    call(host, "build", **args)
-    return args
+from tests.support.handlers import TEST_URI, build, call, host  # noqa: F401  (host: a fixture)
 
 
 def published(store, host):

@@ -11,14 +11,7 @@ from engine.core import keys
 from engine.errors import StoreUnavailable
 from engine.hypervisor.host.vmpublish import VmPublisher, publish_domain
 from tests.support import last_write, wait_for
-from tests.support.handlers import call, host, new_host  # noqa: F401  (host: a fixture)
-
-
-def build(host, **overrides):
-    args = {"uuid": str(uuidlib.uuid4()), "name": "vm-" + uuidlib.uuid4().hex[:8],
-            "vcpus": 1, "memory_mb": 64, "disk_gb": 1, "image": None, **overrides}
-    call(host, "build", **args)
-    return args
+from tests.support.handlers import build, call, host, new_host  # noqa: F401  (host: a fixture)
 
 
 def published(store, host):

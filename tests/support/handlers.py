@@ -17,7 +17,7 @@ import pytest
 from engine.core.handlers import load_request_handlers
 from engine.hypervisor.host.hostctx import HostContext
 
-__all__ = ["HANDLERS", "TEST_URI", "call", "new_host", "host"]
+__all__ = ["HANDLERS", "TEST_URI", "call", "new_host", "host", "build"]
 
 HANDLERS = load_request_handlers()
 TEST_URI = "test:///default"
@@ -33,6 +33,15 @@ def new_host(state_dir, store=None, uri=TEST_URI, name=None) -> HostContext:
     """A host named ``name`` (else a fresh ``h<hex>``) on ``uri``, keeping its
     files in ``state_dir``; ``store`` is the etcd the handlers write to (None: none)."""
     return HostContext(name or "h" + uuidlib.uuid4().hex[:8], uri, store, str(state_dir))
+
+
+def build(host, **overrides) -> dict:
+    """A small VM built on ``host`` by its ``build`` handler (a fresh uuid
+    and name, no image, unless ``overrides`` say otherwise); its arguments."""
+    args = {"uuid": str(uuidlib.uuid4()), "name": "vm-" + uuidlib.uuid4().hex[:8],
+            "vcpus": 1, "memory_mb": 64, "disk_gb": 1, "image": None, **overrides}
+    call(host, "build", **args)
+    return args
 
 
 @pytest.fixture
