@@ -71,6 +71,7 @@ from engine.errors import Deposed, RequestError, StoreUnavailable
 from engine.placement.groups import leave_ops
 from engine.hypervisor.domain import shapes  # noqa: F401  (declares vms/, disowned/)
 from engine.hypervisor.host import vm as lifecycle
+from engine.hypervisor.domain.lookup import find_domain
 from engine.hypervisor.host.aside import keep_aside
 from engine.hypervisor.domain.records import owned_by
 from engine.hypervisor.host.vm_home import carried
@@ -330,10 +331,11 @@ _reported: set[tuple[str, str]] = set()     # (host, uuid) said left alone, once
 
 
 def _running_here(host, uuid: str) -> bool:
-    try:
-        return host.conn.lookupByUUIDString(uuid).isActive() == 1
-    except libvirt.libvirtError:
-        return False
+    """Whether this host's copy of ``uuid`` runs; a libvirt that fails to
+    say raises (the sweep tries again), never "not running", which would
+    set a running copy aside."""
+    dom = find_domain(host, uuid)
+    return dom is not None and dom.isActive() == 1
 
 
 def _report_once(host_name: str, uuid: str) -> None:
