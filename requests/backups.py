@@ -32,6 +32,7 @@ from engine.errors import Conflict, Failed, RequestError
 from engine.backups import records
 from engine.backups.records import recorded
 from engine.hypervisor.data import backups, restores
+from engine.hypervisor.host.reachability import reached_at
 from engine.natural import natural_key
 
 handler("backup_store")(backups.prepare_store)
@@ -76,13 +77,7 @@ def backup_plan(host, args: dict) -> dict:
             why_full = (f"the previous backup {newest['id']} is on {newest['target']}, "
                         "which cannot take this one (down, drained or not in --to)")
     return {"candidates": eligible, "parent": parent, "why_full": why_full,
-            "hosts": {name: _reached_at(alive[name]) for name in eligible}}
-
-
-def _reached_at(record: dict) -> str | None:
-    """The URI another host opens for this host's libvirt (a peer before
-    libvirt_remote published only its own)."""
-    return record.get("libvirt_remote") or record.get("libvirt_uri")
+            "hosts": {name: reached_at(alive[name]) for name in eligible}}
 
 
 @handler("restore_plan")
@@ -102,7 +97,7 @@ def restore_plan(host, args: dict) -> dict:
         if record["target"] not in alive:
             raise RequestError(f"backup {at} is on {record['target']}, which is down")
         chain.append({"id": record["id"], "host": record["target"],
-                      "libvirt_uri": _reached_at(alive[record["target"]]),
+                      "libvirt_uri": reached_at(alive[record["target"]]),
                       "pool": record.get("pool"), "disks": record["disks"]})
         at = record.get("parent") if record.get("kind") == "incremental" else None
         if len(chain) > MAX_CHAIN:

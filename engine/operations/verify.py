@@ -32,7 +32,7 @@ import time
 import urllib.parse
 
 from engine.cluster import read_hosts
-from engine.hypervisor.host.reachability import remote_conflict
+from engine.hypervisor.host.reachability import reached_at, remote_conflict
 
 __all__ = ["verify", "CHECKS", "EXPIRY_WARNING_DAYS", "DISK_FREE_MIN"]
 
@@ -108,7 +108,7 @@ def _versions(live: list[dict], say) -> None:
 
 def _libvirt(live: list[dict], say) -> None:
     for host in live:
-        remote = host.get("libvirt_remote") or host.get("libvirt_uri")
+        remote = reached_at(host)
         if remote and host.get("machine"):
             why = remote_conflict(host["host"], remote, host["machine"], live)
             if why is not None:

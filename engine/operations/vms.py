@@ -262,7 +262,8 @@ def console_target(ctx, pattern: str) -> tuple[dict, str]:
                          + (", ..." if len(vms) > 5 else "") + "): console needs one")
     vm = vms[0]
     record = {h["host"]: h for h in read_hosts(ctx.store())}.get(vm["host"]) or {}
-    uri = record.get("libvirt_remote") or record.get("libvirt_uri")
+    from engine.hypervisor.host.reachability import reached_at
+    uri = reached_at(record)
     if not uri:
         raise Failed(f"no host record for {vm['host']}, the host of VM {vm['name']}: "
                      "its libvirt URI is unknown")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import urllib.parse
 
-__all__ = ["machine_id", "reaches_other_machines", "remote_conflict"]
+__all__ = ["machine_id", "reached_at", "reaches_other_machines", "remote_conflict"]
 
 _MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 
@@ -52,6 +52,12 @@ def machine_id() -> str:
         return ""
 
 
+def reached_at(record: dict) -> str | None:
+    """The URI another host opens for the libvirt of the host whose record
+    this is (a peer older than ``libvirt_remote`` published only its own)."""
+    return record.get("libvirt_remote") or record.get("libvirt_uri")
+
+
 def reaches_other_machines(uri: str) -> bool:
     """Whether ``uri`` names a host another machine could connect to."""
     parsed = urllib.parse.urlsplit(uri)
@@ -71,7 +77,7 @@ def remote_conflict(name: str, remote: str, machine: str, live: list[dict]) -> s
         return None
     for record in live:
         other = record.get("host")
-        theirs = record.get("libvirt_remote") or record.get("libvirt_uri")
+        theirs = reached_at(record)
         if other == name or not isinstance(other, str) or not isinstance(theirs, str) \
                 or _driver(theirs) != driver:
             continue
