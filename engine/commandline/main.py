@@ -25,6 +25,7 @@ NOUNS = {"vms": ("vmlist", "boot", "destroy", "start", "stop", "reboot", "suspen
          "adoption": ("adopt", "unmanage"),
          "groups": ("group",),
          "hosts": ("hostlist", "hoststats", "ping"),
+         "membership": ("host", "join"),
          "moves": ("migrate", "drain", "undrain", "evacuate"),
          "balance": ("balance",),
          "images": ("images",),
