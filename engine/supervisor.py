@@ -5,15 +5,19 @@ Everything it knows lives in the state directory: ``up.json`` (the PID and
 command line of each process, etcd's ports and data directory), etcd's data,
 each peer's state and every process's log.
 
-``--libvirt qemu`` (:data:`QEMU`, a keyword, not a URI) makes each host a
-KVM host of its own: a private libvirtd per host
-(:mod:`engine.hypervisor.local.daemons`) in ``STATE_DIR/<host>/libvirtd``, all of
-them inside one network namespace for the cluster (``peerctl-<cluster>``),
-and the host's peer pointed at its daemon.  A peer's record keeps
-``libvirt: qemu`` (what was asked) and the daemon's URI as ``libvirt_uri``;
-the daemons are recorded under ``daemons``, the namespace under ``netns``.
-The daemons share one guest network, ``default``, inside the namespace
-(:mod:`engine.hypervisor.local.localnet`).
+``--libvirt qemu`` (:data:`QEMU`, a keyword, not a URI) makes a rack in a
+box (:mod:`engine.hypervisor.local.rack`): each host a machine of its own, a
+network namespace (``peerctl-<cluster>-<host>``) with its own address on one
+switch (``peerctl-<cluster>``) and a private libvirtd
+(:mod:`engine.hypervisor.local.daemons`, in ``STATE_DIR/<host>/libvirtd``)
+listening there on TLS with a certificate of the cluster's CA
+(``STATE_DIR/tls``).  The host's peer drives its daemon through its UNIX
+socket and publishes the TLS URI (``--libvirt-remote``), by which the other
+hosts migrate to it and copy to and from it, as between machines.  A peer's
+record keeps ``libvirt: qemu`` (what was asked) and the daemon's URI as
+``libvirt_uri``; the daemons are recorded under ``daemons``, the rack under
+``netns`` (the switch's name, the /24, the hosts).  The guests of all hosts
+share one network, ``default`` (:mod:`engine.hypervisor.local.localnet`).
 
 ``up.json`` also keeps ``config``: the host count and the libvirt (a URI
 or :data:`QEMU`) the directory was set up with (:func:`configuration`);
@@ -239,8 +243,9 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
             continue
         if i > hosts:
             continue
+        local, remote = uris.get(host, (asked[host], None))
         peers[host] = _start_peer(state_dir, urls, cluster, host, asked[host],
-                                  uris.get(host, asked[host]), ttl,
+                                  local, remote, ttl,
                                   client_tls(up, f"peer-{host}"),
                                   _api_port(peer, i), (up.get("tls") or {}).get("dir"))
         outcome.started.append(host)
@@ -339,24 +344,42 @@ def _start_etcd(state_dir: str, recorded: list[dict], running: list, tls,
 def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
                    outcome: Started) -> dict:
     """The private libvirtd of each of ``hosts`` running (started in
-    parallel: a daemon that must probe QEMU takes seconds), inside the
-    cluster's network namespace; ``{host: uri}``.  ``up.json`` records every
-    daemon that runs before a failure is raised, so ``down`` finds it."""
+    parallel: a daemon that must probe QEMU takes seconds), each in its
+    host's namespace of the cluster's rack, listening on TLS at its address
+    with a certificate of the cluster's CA (``STATE_DIR/tls``);
+    ``{host: (uri, remote_uri)}``.  ``up.json`` records the rack first and
+    every daemon that runs before a failure is raised, so ``down`` finds
+    them."""
     from concurrent.futures import ThreadPoolExecutor
-    from engine.hypervisor.local.daemons import PrivateLibvirtd, ensure_netns, netns_exists
+    from engine.core import certs
+    from engine.hypervisor.local.daemons import PrivateLibvirtd, netns_exists
+    from engine.hypervisor.local.rack import LIBVIRT_TLS_PORT, Rack
     recorded_ns = up.get("netns") or {}
     name = recorded_ns.get("name") or netns_name(cluster)
     existed = netns_exists(name)
-    created = ensure_netns(name)
-    # made by an earlier `up` and kept by `down` (guests ran in it): still ours
-    ours = created or (existed and recorded_ns.get("name") == name
-                       and recorded_ns.get("created", False))
-    up["netns"] = {"name": name, "created": ours}
+    rack = Rack.from_record({"name": name, **recorded_ns}) if recorded_ns.get("subnet") \
+        else Rack(name)
+    known = list(rack.hosts)
+    try:
+        rack.build(known + [host for host in hosts if host not in known])
+    finally:
+        # made by an earlier `up` and kept by `down` (guests ran in it): still ours
+        ours = not existed or (recorded_ns.get("name") == name
+                               and recorded_ns.get("created", False))
+        if rack.subnet:
+            up["netns"] = {**rack.record(), "created": ours}
+            _save_up(state_dir, up)
+    tls_dir = os.path.join(state_dir, "tls")
+    certs.authority(tls_dir, cluster)
     records = {d["host"]: d for d in up.get("daemons") or []}
     daemons = {}
     for host in hosts:
+        address = rack.address(host)
+        certs.issue_libvirt(tls_dir, host, address)
+        tls = (os.path.join(tls_dir, "libvirt", host), address, LIBVIRT_TLS_PORT)
         daemon = (PrivateLibvirtd.from_record(records[host]) if host in records
-                  else PrivateLibvirtd(os.path.join(state_dir, host), "libvirtd", name))
+                  else PrivateLibvirtd(os.path.join(state_dir, host), "libvirtd",
+                                       rack.netns(host), tls=tls))
         daemons[host] = (daemon, daemon.running())
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
         futures = {host: pool.submit(daemon.start) for host, (daemon, _) in daemons.items()}
@@ -372,11 +395,12 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
     for host in hosts:
         if futures[host].exception() is not None:
             raise futures[host].exception()
-    uris = {host: daemon.uri for host, (daemon, _) in daemons.items()}
-    # The VMs' "default" network: one bridge with DHCP inside the namespace.
-    from engine.hypervisor.local.localnet import ensure_local_network
-    ensure_local_network([uris[host] for host in sorted(uris, key=natural_key)])
-    return uris
+    # The VMs' "default" network: one layer 2 across the rack, with DHCP.
+    from engine.hypervisor.local.localnet import ensure_rack_network
+    ordered = sorted(daemons, key=natural_key)
+    ensure_rack_network(rack, {host: daemons[host][0].uri for host in ordered})
+    return {host: (daemon.uri, daemon.tls_uri(daemon.tls[0]))
+            for host, (daemon, _) in daemons.items()}
 
 
 API_PORTS = 8080         # host N's API on 127.0.0.1:8080+N when free
@@ -403,9 +427,11 @@ def api_urls(up: dict) -> list[str]:
 
 
 def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
-                libvirt: str, ttl, tls: dict, api_port: int, tls_dir: str | None) -> dict:
+                libvirt: str, remote: str | None, ttl, tls: dict, api_port: int,
+                tls_dir: str | None) -> dict:
     """``asked`` is what ``up`` was given (a URI, or :data:`QEMU`), ``libvirt``
-    the URI the peer uses, ``tls`` its ``{cacert, cert, key}`` (or {}); its
+    the URI the peer uses, ``remote`` the one other hosts reach its libvirt
+    by (None: ``libvirt``), ``tls`` its ``{cacert, cert, key}`` (or {}); its
     API on loopback at ``api_port``, HTTPS with etcd's certificate and the
     roles' certificates under TLS."""
     api = ["--api", f"127.0.0.1:{api_port}"]
@@ -414,7 +440,8 @@ def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
                 "--api-key", os.path.join(tls_dir, "etcd-key.pem")]
     cmd = [sys.executable, PEERCTL, "--etcd", url, "--cluster", cluster,
            *[arg for name, path in tls.items() for arg in (f"--{name}", path)], "peer",
-           "--host", host, "--libvirt", libvirt, "--ttl", str(ttl),
+           "--host", host, "--libvirt", libvirt,
+           *(["--libvirt-remote", remote] if remote else []), "--ttl", str(ttl),
            "--state-dir", os.path.join(state_dir, host), *api]
     log_path = os.path.join(state_dir, f"{host}.log")
     with open(log_path, "ab") as log:

@@ -45,7 +45,7 @@ def base():
 def test_a_hosts_libvirt_over_tls_answers_another_host_and_refuses_a_stranger(base):
     tls = os.path.join(base, "tls")
     tls_certs(tls, "kvm1", "kvm2")
-    assert sorted(os.listdir(os.path.join(tls, "libvirt", "kvm1"))) == sorted(LIBVIRT_FILES)
+    assert sorted(os.listdir(os.path.join(tls, "libvirt", "kvm1"))) == sorted([*LIBVIRT_FILES, "qemu"])
     daemon = PrivateLibvirtd(base, "kvm1", tls=(os.path.join(tls, "libvirt", "kvm1"),
                                                 "127.0.0.1", free_port()))
     daemon.start()

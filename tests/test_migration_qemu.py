@@ -15,7 +15,6 @@ button, with no boot in between.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -60,9 +59,11 @@ def guest(libvirtd_pair):
 def hosts(libvirtd_pair):
     """(source, destination): peer hosts on daemon 1 and daemon 2, no etcd."""
     pair = []
-    for name, uri in zip(("src", "dst"), libvirtd_pair.uris):
+    for name, uri, remote in zip(("src", "dst"), libvirtd_pair.uris,
+                                 libvirtd_pair.remote_uris):
         host = HostContext(f"{name}-{os.getpid()}", uri, None,
-                           os.path.join(libvirtd_pair.dir, f"state-{name}"))
+                           os.path.join(libvirtd_pair.dir, f"state-{name}"),
+                           libvirt_remote=remote)
         images.ensure_pool(host)
         pair.append(host)
     return tuple(pair)
@@ -100,7 +101,7 @@ def destination_xml(dom, dest, uuid, disk_path) -> str:
 
 def move_args(dom, dest, uuid, disk_path, **extra) -> dict:
     return {"uuid": uuid, "name": dom.name(), "destination": dest.host,
-            "destination_uri": dest.libvirt_uri,
+            "destination_uri": dest.remote_uri,
             "xml": destination_xml(dom, dest, uuid, disk_path), "disks": ["vda"],
             "incremental": False, "live": True, **extra}
 
@@ -303,11 +304,11 @@ def test_aborts_leave_the_guest_running_on_the_source(hosts, guest, store):
     # finds the move done instead of starting another.
     args = move_args(dom, dest, uuid, target, bandwidth_mib=16)
     move = migration._Move(source, args)
-    sockets, earlier = migration._socket_dir(source, dest.conn, move), {}
+    earlier = {}
 
     def earlier_run():
         try:
-            dom.migrateToURI3(dest.libvirt_uri, move.params(sockets), move.flags())
+            dom.migrateToURI3(move.destination_uri, move.params(None), move.flags())
         except libvirt.libvirtError as exc:
             earlier["error"] = exc
 
@@ -316,7 +317,6 @@ def test_aborts_leave_the_guest_running_on_the_source(hosts, guest, store):
     wait_for(lambda: migration._job_running(dom), timeout=30, what="the earlier run's job")
     result = migration.migrate(source, args)
     runner.join(60)
-    shutil.rmtree(sockets, ignore_errors=True)
     assert result["already"] is True and result["mode"] == "live", result
     assert earlier == {}
     assert vm_state(lookup(dest, uuid)) == "running" and lookup(source, uuid) is None

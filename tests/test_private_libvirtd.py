@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ipaddress
 import subprocess
 import sys
 import time
@@ -22,7 +23,8 @@ import libvirt
 import pytest
 
 from engine import supervisor
-from engine.hypervisor.local.daemons import PrivateLibvirtd, delete_netns, netns_exists, netns_pids
+from engine.hypervisor.local.daemons import PrivateLibvirtd, netns_exists, netns_pids
+from engine.hypervisor.local.rack import Rack
 from engine.hypervisor.domain.domain_xml import DomainSpec, domain_type, domain_xml
 from tests.support import PEERCTL, qemu_guest, wait_for
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture: skips saying why)
@@ -78,15 +80,15 @@ def test_each_daemon_is_a_host_of_its_own_and_runs_a_guest(libvirtd_pair, conns,
             dom.destroy()
 
 
-def test_a_running_guest_migrates_live_from_one_daemon_to_the_other(libvirtd_pair, conns,
+def test_a_running_guest_migrates_live_over_tls_from_one_host_to_the_other(libvirtd_pair, conns,
                                                                      kernel):
     source, destination = conns
     dom, _console = diskless_guest(source, kernel, libvirtd_pair.dir, "mover")
     uuid = dom.UUIDString()
-    target = libvirtd_pair.daemons[1]
-    params = {libvirt.VIR_MIGRATE_PARAM_URI: f"unix://{target.migration_dir}/mover.sock"}
+    # as between machines: libvirt over TLS to the other's address, QEMU's
+    # stream over TCP with TLS to the port it listens on there
     started = time.monotonic()
-    dom.migrateToURI3(target.uri, params, LIVE_MOVE)
+    dom.migrateToURI3(libvirtd_pair.remote_uris[1], {}, LIVE_MOVE | libvirt.VIR_MIGRATE_TLS)
     took = time.monotonic() - started
     moved = destination.lookupByUUIDString(uuid)
     try:
@@ -152,17 +154,32 @@ def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, 
         assert [d["host"] for d in daemons] == ["host1", "host2"]
         assert [p["libvirt_uri"] for p in peers] == [d["uri"] for d in daemons]
         assert all(d["dir"] == os.path.join(state, d["host"], "libvirtd") for d in daemons)
-        assert recorded["netns"] == {"name": namespace, "created": True}
-        assert {d["pid"] for d in daemons} <= set(netns_pids(namespace))
+        rack = recorded["netns"]
+        assert (rack["name"], rack["created"], rack["hosts"]) == \
+            (namespace, True, ["host1", "host2"])
+        addresses = [str(ipaddress.ip_network(rack["subnet"])[11 + i]) for i in range(2)]
+        for i, daemon in enumerate(daemons):      # each host a machine of its own
+            assert daemon["pid"] in netns_pids(f"{namespace}-host{i + 1}")
+            assert daemon["pid"] not in netns_pids(f"{namespace}-host{2 - i}")
         conns = [libvirt.open(d["uri"]) for d in daemons]
         assert host_uuid(conns[0]) != host_uuid(conns[1])
         assert [(p["name"], p["role"]) for p in first["processes"]] == \
             [("etcd", "etcd"), ("host1/libvirtd", "libvirtd"), ("host1/virtlogd", "virtlogd"),
              ("host2/libvirtd", "libvirtd"), ("host2/virtlogd", "virtlogd"),
              ("host1", "peer"), ("host2", "peer")]
-        hosts = cli("--etcd", first["etcd"][0], "hostlist")
+        hosts = cli("--etcd", first["etcd"][0], "hostlist", "-o",
+                    "host,alive,hypervisor,libvirt_remote")
         assert [(h["host"], h["alive"], h["hypervisor"].split()[0]) for h in hosts] == \
             [("host1", True, "QEMU"), ("host2", True, "QEMU")]
+        # the other hosts reach each daemon over TCP and TLS at its address
+        assert [h["libvirt_remote"].split("?")[0] for h in hosts] == \
+            [f"qemu+tls://{address}:16514/system" for address in addresses]
+        for h in hosts:
+            remote = libvirt.open(h["libvirt_remote"])
+            try:
+                assert host_uuid(remote) == host_uuid(conns[int(h["host"][-1]) - 1])
+            finally:
+                remote.close()
         print(f"up --hosts 2 --libvirt qemu: {took:.1f} s")
         # again: everything is found running, nothing started
         assert not any(p["started"] for p in up()["peers"])
@@ -178,14 +195,17 @@ def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, 
         assert list(what) == ["host1", "host2", "etcd", "host1/guard", "host2/guard",
                               "host1/stays", "host1/dnsmasq", "host1/libvirtd",
                               "host1/virtlogd", "host2/libvirtd", "host2/virtlogd",
+                              f"netns {namespace}-host1", f"netns {namespace}-host2",
                               f"netns {namespace}"]
         assert [(k["name"], k["role"], k["pid"]) for k in kept] == \
             [("host1/stays", "guest", qemu),
              ("host1/dnsmasq", "dnsmasq", kept[1]["pid"]),
              ("host1/virtlogd", "virtlogd", daemons[0]["virtlogd"]["pid"]),
+             (f"netns {namespace}-host1", "netns", None),
              (f"netns {namespace}", "netns", None)]
+        assert what[f"netns {namespace}-host2"] == "deleted"
         assert all(running(k["pid"]) for k in kept[:3])
-        assert all(w in ("stopped", "killed") for n, w in what.items()
+        assert all(w in ("stopped", "killed", "deleted") for n, w in what.items()
                    if n not in {k["name"] for k in kept}), what
         pids = [p["pid"] for p in peers] + [d["pid"] for d in daemons] \
             + [daemons[1]["virtlogd"]["pid"]]
@@ -221,7 +241,7 @@ def test_up_gives_each_host_a_private_daemon_and_down_stops_them(libvirtd_pair, 
                 _destroy_all(daemon.start())
                 daemon.stop()
         if supervisor.read_up(state).get("netns", {}).get("created"):
-            delete_netns(namespace)
+            Rack.from_record(supervisor.read_up(state)["netns"]).delete()
         shutil.rmtree(state, ignore_errors=True)
 
 

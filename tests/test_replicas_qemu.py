@@ -185,3 +185,70 @@ def test_a_live_move_to_the_replicas_host_copies_only_what_changed_since(kvm, st
                timeout=90, interval=0.2, what="a new replica on host1")
     kvm.cluster.cli_json("replicate", "db", "--stop")
     kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
+
+
+@pytest.fixture
+def cut_kvm(cluster, store, libvirtd_pair, guest_dir, tmp_path):  # noqa: F811
+    """``ha_kvm`` with host1 a machine of its own: its peer (and so its
+    guard) runs inside its daemon's namespace and reaches etcd over the
+    rack, at this machine's address there, as a real host reaches an etcd
+    member; pulling its cable (``rack.set_link``) partitions it."""
+    from engine.core import failpoints as fp
+    from tests.support.ha_kvm import MARGIN, start_member
+    from tests.support.kvm import Kvm
+    from tests.support.tcp_proxy import TcpProxy
+    armed = tmp_path / "failpoints"
+    armed.write_text("")
+    host, port = cluster.etcd_url.rsplit("//", 1)[1].split(":")
+    over_the_rack = TcpProxy(host, int(port), host=libvirtd_pair.rack.gateway).start()
+    common = {fp.ENV: str(armed), "PEERCTL_HA_RETRY": "2"}
+    kvm = Kvm(cluster, store, libvirtd_pair, guest_dir,
+              peer_env={"*": common, "host1": {"PEERCTL_ETCD": over_the_rack.url}},
+              peer_args=["--ha-margin", MARGIN], inside=["host1"])
+    kvm.armed = armed
+    for member in ("m1", "m2"):
+        start_member(kvm, member)
+    wait_for(lambda: {"m1", "m2"} <= set(api.live_hosts(store)), what="members alive")
+    kvm.cluster.cli_json("drain", "m*", "--yes")
+    try:
+        yield kvm
+    finally:
+        libvirtd_pair.rack.set_link("kvm1", True)
+        over_the_rack.cut()
+        kvm.close()
+
+
+def test_a_host_cut_from_the_rack_is_fenced_and_its_guest_comes_back_from_its_replica(
+        cut_kvm, store, libvirtd_pair):
+    """host1's link goes down with a replicated HA guest on it: its guard
+    powers the guest off before its lease can expire, and the guest comes
+    back on host2 from its replica; with the link back, host1 keeps its
+    copy aside and one copy runs."""
+    kvm = cut_kvm
+    vm = kvm.boot("db", "--ha", "restart")
+    uuid = vm["uuid"]
+    kvm.cluster.cli_json("replicate", "db", "--every", "10s")
+    updated_after(store, uuid, 0)
+    write_marker(kvm, "host1", uuid, SECTOR_A, "MARKER-A")
+    kept = updated_after(store, uuid, time.time())
+
+    libvirtd_pair.rack.set_link("kvm1", False)
+    cut = time.time()
+    # host1's daemon still answers this machine on its UNIX socket: the
+    # guard, cut off like its peer, powered the guest off there
+    wait_for(lambda: kvm.where(uuid).get("host1") != "running", timeout=60, interval=0.2,
+             what="host1's copy fenced")
+    fenced = time.time()
+    vm = restarted_on_host2(kvm, "db", uuid)
+    assert vm["recovered"]["data_as_of"] >= kept["time"]
+    assert read_marker(kvm, "host2", uuid, SECTOR_A) == "MARKER-A"
+    assert kvm.where(uuid).get("host1") != "running", "two copies ran"
+    print(f"\nfenced {fenced - cut:.1f} s after the cut; running on host2 "
+          f"{time.time() - cut:.1f} s after it")
+
+    libvirtd_pair.rack.set_link("kvm1", True)
+    wait_for(lambda: "host1" in api.live_hosts(store), timeout=90, what="host1 back")
+    wait_for(lambda: kvm.where(uuid) == {"host2": "running"}, timeout=60, interval=0.5,
+             what="host1's stale copy set aside, one copy left")
+    kvm.cluster.cli_json("replicate", "db", "--stop")
+    kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)

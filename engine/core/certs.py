@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import shutil
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -39,7 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = ["Issued", "authority", "issue", "issue_server", "issue_libvirt", "identity",
-           "describe", "certificates", "ROOT_USER", "LOOPBACK", "LIBVIRT_FILES"]
+           "describe", "certificates", "ROOT_USER", "LOOPBACK", "LIBVIRT_FILES", "QEMU_FILES"]
 
 ROOT_USER = "root"          # etcd's administrator: the one user that enables auth
 _LIFETIME = datetime.timedelta(days=3650)
@@ -184,6 +185,11 @@ LIBVIRT_FILES = {"cacert.pem": "/etc/pki/CA/cacert.pem",
                  "clientkey.pem": "/etc/pki/libvirt/private/clientkey.pem",
                  "servercert.pem": "/etc/pki/libvirt/servercert.pem",
                  "serverkey.pem": "/etc/pki/libvirt/private/serverkey.pem"}
+# QEMU's own names for the same certificate, for its migration and disk
+# streams over TLS (qemu.conf's migrate_tls_x509_cert_dir): in ``qemu/``.
+QEMU_FILES = {"ca-cert.pem": "cacert.pem", "server-cert.pem": "servercert.pem",
+              "server-key.pem": "serverkey.pem", "client-cert.pem": "clientcert.pem",
+              "client-key.pem": "clientkey.pem"}
 
 
 def issue_libvirt(directory: str, host: str, address: str) -> Issued:
@@ -192,7 +198,9 @@ def issue_libvirt(directory: str, host: str, address: str) -> Issued:
     exactly those, else issued again.  ``directory/libvirt/<host>/`` is
     (re)written with it under libvirt's own file names
     (:data:`LIBVIRT_FILES`): copied there on the host, or given as a URI's
-    ``pkipath``, it is both the server's and the client's."""
+    ``pkipath``, it is both the server's and the client's; and under QEMU's
+    names (:data:`QEMU_FILES`) in ``qemu/`` beside them, for the migration
+    streams (``/etc/pki/qemu`` on the host)."""
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "peerctl"),
                          x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "libvirt"),
                          x509.NameAttribute(NameOID.COMMON_NAME, host)])
@@ -212,6 +220,11 @@ def issue_libvirt(directory: str, host: str, address: str) -> Issued:
                                 ("servercert.pem", cert, False), ("clientkey.pem", key, True),
                                 ("serverkey.pem", key, True)):
         _write(os.path.join(layout, name), data, private)
+    os.makedirs(os.path.join(layout, "qemu"), mode=0o700, exist_ok=True)
+    for name, same in QEMU_FILES.items():
+        shutil.copyfile(os.path.join(layout, same), os.path.join(layout, "qemu", name))
+        os.chmod(os.path.join(layout, "qemu", name),
+                 0o600 if name.endswith("key.pem") else 0o644)
     return issued
 
 

@@ -44,15 +44,18 @@ class Cluster:
         return env
 
     def start_peer(self, host: str, libvirt: str = "test:///default", ttl: int = 2,
-                   extra_args=(), env=None) -> subprocess.Popen:
+                   extra_args=(), env=None, netns: str | None = None) -> subprocess.Popen:
+        """``netns``: run it inside that network namespace (a machine of a
+        rack in a box: ``ip netns exec`` execs the peer, same PID)."""
         log = open(self.tmp_path / f"{host}.log", "ab")
         args = ["peer", "--host", host, "--libvirt", libvirt, "--ttl", str(ttl),
                 "--state-dir", str(self.tmp_path / f"state-{host}"), *extra_args]
         # the last --state-dir given is the one the peer uses
         self.state_dirs[host] = [a for i, a in enumerate(args[1:], 1)
                                  if args[i - 1] == "--state-dir"][-1]
+        inside = ["ip", "netns", "exec", netns] if netns else []
         process = subprocess.Popen(
-            [sys.executable, PEERCTL, *args],
+            [*inside, sys.executable, PEERCTL, *args],
             stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})},
             cwd=ROOT, start_new_session=True)
         self.peers[host] = process

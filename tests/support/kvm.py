@@ -2,8 +2,9 @@
 ``kvm`` fixture.
 
 Peers host1 and host2 run on the two private daemons of ``libvirtd_pair``
-(one network namespace, one guest network ``default`` with DHCP), on a real
-etcd; ``kvm.boot(name)`` boots the tier's busybox guest on host1 from a disk
+(two machines of a rack in a box: each reaches the other's libvirt over TCP
+and TLS, its ``--libvirt-remote``; one guest network ``default`` with
+DHCP), on a real etcd; ``kvm.boot(name)`` boots the tier's busybox guest on host1 from a disk
 image through the image cache and waits for its ready marker; ``where``,
 ``volumes`` and ``assert_on`` read the hypervisors, pools and placement;
 ``shell`` runs a command in a guest through its serial console.
@@ -44,16 +45,22 @@ def kvm(cluster, store, libvirtd_pair, guest_dir):
 
 
 class Kvm:
-    def __init__(self, cluster, store, pair, guest_dir, peer_env=None, peer_args=()):
+    def __init__(self, cluster, store, pair, guest_dir, peer_env=None, peer_args=(),
+                 inside=()):
         """``peer_env``: host -> more environment for its peer (all hosts
-        under ``"*"``); ``peer_args``: more arguments for every peer."""
+        under ``"*"``); ``peer_args``: more arguments for every peer;
+        ``inside``: the hosts whose peer runs inside its daemon's network
+        namespace (it must reach etcd at an address of the rack: its
+        ``PEERCTL_ETCD`` in ``peer_env``), as on a machine of its own."""
         self.cluster, self.store, self.pair = cluster, store, pair
         self.peer_env, self.peer_args = peer_env or {}, list(peer_args)
+        self.inside = set(inside)
         self.work = qemu_guest.world_readable_tmpdir("peerctl-moves-")
         self.image = qemu_guest.build_disk_image(os.path.join(self.work, "guest.img"),
                                                  guest_dir, self.work)
         allow_images(store, self.image)     # an image source of its own, listed
         self.uri = dict(zip(HOSTS, pair.uris))
+        self.remote_uri = dict(zip(HOSTS, pair.remote_uris))
         self.state = {h: os.path.join(self.work, f"state-{h}") for h in HOSTS}
         for host in HOSTS:
             self.start_peer(host)
@@ -82,7 +89,11 @@ class Kvm:
                                 env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL,
                                      **self.peer_env.get("*", {}),
                                      **self.peer_env.get(host, {})},
-                                extra_args=["--state-dir", self.state[host], *self.peer_args])
+                                extra_args=["--state-dir", self.state[host],
+                                            "--libvirt-remote", self.remote_uri[host],
+                                            *self.peer_args],
+                                netns=self.pair.netns[HOSTS.index(host)]
+                                if host in self.inside else None)
 
     def boot(self, name, *flags):
         booted = self.cluster.cli_json(

@@ -123,11 +123,20 @@ def owned_by(dom, host_name: str) -> bool:
 def merged(observed: dict, previous: dict | None, want: str | None = None) -> dict:
     """The record to write for a domain libvirt shows as ``observed``: with
     the fields the cluster decided kept from ``previous`` (``want``
-    overriding), and ``crashed: true`` when it is down though it should run."""
+    overriding), and ``crashed: true`` when it is down though it should run.
+    A running VM none of whose addresses can be seen now keeps those of
+    ``previous`` (the last seen, on this host or, moved live, on the last)."""
     record = dict(observed)
     for field in KEPT:
         if previous and field in previous:
             record[field] = previous[field]
+    if (record.get("networks") and record["state"] in ("running", "paused")
+            and not record.get("addresses") and previous and previous.get("addresses")
+            and previous.get("state") in ("running", "paused")):
+        # Nothing here sees the guest's address now (its ARP entry aged out,
+        # or it just moved live to a host with no address on its network,
+        # where no ARP entry forms): a running guest keeps the last one seen.
+        record.update(addresses=previous["addresses"], ip=previous.get("ip"))
     if want:
         record["want"] = want
     if record.get("want") in ("running", "paused") and record["state"] in DOWN:

@@ -42,7 +42,9 @@ Promises:
 from __future__ import annotations
 
 import glob
+import ipaddress
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -53,7 +55,7 @@ from urllib.parse import quote
 
 from engine.errors import Failed
 
-__all__ = ["PrivateLibvirtd", "ensure_netns", "delete_netns", "netns_exists", "netns_pids",
+__all__ = ["PrivateLibvirtd", "ensure_netns", "delete_netns", "netns_exists", "netns_pids", "ip",
            "cmdline", "terminate"]
 
 # The directories a root libvirtd and virtlogd use, and what each is bound to.
@@ -67,6 +69,8 @@ _SUN_PATH_MAX = 107
 # daemon spends probing QEMU on its first connection; libvirt checks every
 # entry (QEMU's and libvirtd's ctime, kernel, microcode) and re-probes a stale one.
 _SYSTEM_CAPS_CACHE = "/var/cache/libvirt/qemu/capabilities"
+# The user Debian's libvirt runs QEMU as (qemu.conf's ``user`` default).
+QEMU_USER = "libvirt-qemu"
 
 # Run in the new mount namespace, then exec the daemon (same PID throughout:
 # unshare and ip netns exec exec too, so the PID recorded is the daemon's).
@@ -223,6 +227,19 @@ class PrivateLibvirtd:
                 "cert_file": os.path.join(pki, "servercert.pem"),
                 "key_file": os.path.join(pki, "serverkey.pem"),
                 "ca_file": os.path.join(pki, "cacert.pem")})
+            # QEMU's migration and disk streams: to and from this address,
+            # over TLS with the same certificate when ``pki/qemu`` has it
+            # (libvirt refuses a loopback migration_host: a daemon on
+            # 127.0.0.1 keeps the defaults)
+            if not ipaddress.ip_address(address).is_loopback:
+                settings["qemu"] = {"migration_host": address, "migration_address": address}
+            else:
+                settings["qemu"] = {}
+            if os.path.isdir(os.path.join(pki, "qemu")):
+                settings["qemu"]["migrate_tls_x509_cert_dir"] = self._qemu_pki(pki)
+        qemu_conf = os.path.join(self.dir, "etc", "qemu.conf")
+        if "qemu" not in settings and os.path.exists(qemu_conf):
+            os.unlink(qemu_conf)        # written for TLS by an earlier start
         for what, values in settings.items():
             _write(os.path.join(self.dir, "etc", f"{what}.conf"),
                    "# Written by peerctl (engine/hypervisor/local/daemons.py) at every start.\n"
@@ -236,6 +253,26 @@ class PrivateLibvirtd:
                     shutil.copy2(entry, cache)
                 except OSError:
                     pass            # only a head start: the daemon probes instead
+
+    def _qemu_pki(self, pki: str) -> str:
+        """A copy of ``pki/qemu`` QEMU's user can read (QEMU, not libvirtd,
+        opens the key), in this daemon's directory."""
+        copy = os.path.join(self.dir, "qemu-tls")
+        os.makedirs(copy, exist_ok=True)
+        try:
+            owner = pwd.getpwnam(QEMU_USER)
+            ids = (owner.pw_uid, owner.pw_gid)
+        except KeyError:
+            ids = None          # QEMU runs as root
+        for name in os.listdir(os.path.join(pki, "qemu")):
+            shutil.copyfile(os.path.join(pki, "qemu", name), os.path.join(copy, name))
+            os.chmod(os.path.join(copy, name), 0o600 if name.endswith("key.pem") else 0o644)
+            if ids:
+                os.chown(os.path.join(copy, name), *ids)
+        if ids:
+            os.chown(copy, *ids)
+        os.chmod(copy, 0o700)
+        return copy
 
     def _launch(self, what: str, log_path: str) -> None:
         with open(log_path, "ab") as log:
@@ -373,13 +410,14 @@ class PrivateLibvirtd:
         return {"name": self.name, "base_dir": os.path.dirname(self.dir), "dir": self.dir,
                 "netns": self.netns, "uri": self.uri, "host_uuid": self.host_uuid,
                 "pid": self._pid("libvirtd"), "cmd": self._command("libvirtd"),
-                "log": self.log,
+                "log": self.log, "tls": list(self.tls) if self.tls else None,
                 "virtlogd": {"pid": self._pid("virtlogd"), "cmd": self._command("virtlogd"),
                              "log": self._virtlogd_log}}
 
     @classmethod
     def from_record(cls, record: dict) -> "PrivateLibvirtd":
-        daemon = cls(record["base_dir"], record["name"], record.get("netns"))
+        daemon = cls(record["base_dir"], record["name"], record.get("netns"),
+                     tuple(record["tls"]) if record.get("tls") else None)
         for what, recorded in (("libvirtd", record), ("virtlogd", record.get("virtlogd") or {})):
             daemon._pids[what] = recorded.get("pid")
             if recorded.get("cmd"):
@@ -398,9 +436,9 @@ def ensure_netns(name: str) -> bool:
     call created it."""
     created = False
     if not netns_exists(name):
-        _ip("netns", "add", name)
+        ip("netns", "add", name)
         created = True
-    _ip("-n", name, "link", "set", "lo", "up")
+    ip("-n", name, "link", "set", "lo", "up")
     return created
 
 
@@ -408,7 +446,7 @@ def netns_pids(name: str) -> list[int]:
     """The processes inside the network namespace ``name``."""
     if not netns_exists(name):
         return []
-    return [int(p) for p in _ip("netns", "pids", name).split()]
+    return [int(p) for p in ip("netns", "pids", name).split()]
 
 
 def delete_netns(name: str, settle: float = 0.0) -> bool:
@@ -424,11 +462,12 @@ def delete_netns(name: str, settle: float = 0.0) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
-    _ip("netns", "delete", name)
+    ip("netns", "delete", name)
     return True
 
 
-def _ip(*args: str) -> str:
+def ip(*args: str) -> str:
+    """``ip ARGS``'s output; :class:`~engine.errors.Failed` with its error."""
     done = subprocess.run([_binary("ip"), *args], capture_output=True, text=True)
     if done.returncode != 0:
         raise Failed(f"ip {' '.join(args)}: {done.stderr.strip() or 'failed'}")

@@ -1,6 +1,7 @@
 """One guest network shared by libvirt daemons that run in one network
-namespace: the local KVM cluster of ``up --libvirt qemu`` and the tests'
-pair of daemons.
+namespace, or each in a namespace of its own on the switch of a rack in a
+box (:func:`ensure_rack_network`): the local KVM cluster of ``up --libvirt
+qemu`` and the tests' pair of daemons.
 
 The first daemon owns the network: a libvirt network with a bridge and
 DHCP (libvirt's dnsmasq) and no ``<forward>``, so nothing is routed or
@@ -24,7 +25,8 @@ import xml.etree.ElementTree as ET
 
 import libvirt
 
-__all__ = ["ensure_local_network", "stop_local_network", "DEFAULT_SUBNET", "DEFAULT_BRIDGE"]
+__all__ = ["ensure_local_network", "ensure_rack_network", "stop_local_network",
+           "DEFAULT_SUBNET", "DEFAULT_BRIDGE"]
 
 DEFAULT_SUBNET = "10.213.0.0/24"
 DEFAULT_BRIDGE = "pcbr0"
@@ -74,6 +76,19 @@ def ensure_local_network(uris: list[str], name: str = "default",
                     else _bridged_xml(name, bridge))
         finally:
             conn.close()
+
+
+def ensure_rack_network(rack, uris: dict[str, str], name: str = "default",
+                        bridge: str = DEFAULT_BRIDGE, subnet: str = DEFAULT_SUBNET) -> None:
+    """Network ``name`` on the daemons of ``uris`` ({host: uri}, the owner
+    first), each in its host's namespace of ``rack``
+    (:class:`~engine.hypervisor.local.rack.Rack`): every host's bridge
+    ``bridge`` joined to the rack's guest switch, so one DHCP serves all."""
+    hosts = list(uris)
+    for host in hosts[1:]:
+        rack.join_guests(host, bridge, make=True)
+    ensure_local_network([uris[host] for host in hosts], name, bridge, subnet)
+    rack.join_guests(hosts[0], bridge, make=False)
 
 
 def stop_local_network(uris: list[str], name: str = "default") -> None:

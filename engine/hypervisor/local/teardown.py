@@ -12,8 +12,9 @@ In this order:
   runs: its dnsmasq outlives libvirtd otherwise, and keeps the namespace;
 - each daemon's libvirtd, then its virtlogd (kept while a guest it logs
   runs: the guest's console goes through it);
-- the network namespace, when ``up`` made it and nothing runs in it any
-  more (the guests' bridge lives in it and goes with it).
+- the network namespaces, when ``up`` made them and nothing runs in them
+  any more: a rack's hosts' (with their guest bridges), then its switch,
+  which is kept while a host's is.
 
 Promises:
 - every process is stopped by a PID read from a record or from libvirt's
@@ -34,6 +35,7 @@ import time
 from engine.core import failpoints
 from engine.hypervisor.local.daemons import (PrivateLibvirtd, delete_netns, netns_exists, netns_pids,
                                        cmdline, terminate)
+from engine.hypervisor.local.rack import Rack
 
 __all__ = ["take_down", "GUEST_TIMEOUT"]
 
@@ -65,7 +67,17 @@ def take_down(records: list[dict], netns: dict, *, keep_guests: bool = False,
         for what in ("libvirtd", "virtlogd"):
             entries.append(_entry(f"{host}/{what}", what, pids[what], outcome[what]))
     if netns.get("created") and netns.get("name"):
-        entries.append(_delete_namespace(netns, settle=0.0 if guests_left else _SETTLE))
+        settle = 0.0 if guests_left else _SETTLE
+        rack = Rack.from_record(netns)
+        hosts = [{"name": rack.netns(host)} for host in rack.hosts]
+        for host in hosts:              # a rack's machines, then its switch
+            entries.append(_delete_namespace(host, settle))
+        if all(host["deleted"] for host in hosts):
+            entries.append(_delete_namespace(netns, settle))
+        else:
+            netns["deleted"] = False
+            entries.append(_entry(f"netns {netns['name']}", "netns", None, "kept",
+                                  inside=[h["name"] for h in hosts if not h["deleted"]]))
     return entries
 
 

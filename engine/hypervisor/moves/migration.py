@@ -61,7 +61,12 @@ sockets in a fresh directory under :data:`SOCKET_ROOT` that both QEMUs can
 reach (owned by QEMU's user, read from each daemon's DAC base label),
 named after the VM's uuid: removed when the copy ends, and those an earlier
 run left (its peer killed during the copy) once the move is decided.
-Otherwise libvirt picks its usual TCP ports on the destination.
+Otherwise libvirt picks its usual TCP ports on the destination (49152 and
+up), at the address its ``migration_host`` names (qemu.conf); and when the
+destination's URI is ``qemu+tls://``, QEMU's memory and disk streams go over
+TLS too (``VIR_MIGRATE_TLS``: both hosts need QEMU's certificates,
+``migrate_tls_x509_cert_dir``, which ``tls certs --libvirt`` writes in
+``qemu/``), so that nothing of a guest crosses the network in clear.
 """
 from __future__ import annotations
 
@@ -183,6 +188,8 @@ class _Move:
                 flags |= libvirt.VIR_MIGRATE_POSTCOPY
         else:
             flags |= libvirt.VIR_MIGRATE_PAUSED       # stays paused there: destroyed next
+        if _transport(self.destination_uri) == "tls":
+            flags |= libvirt.VIR_MIGRATE_TLS      # memory and disks as libvirt's own channel
         return flags
 
     def params(self, sockets: str | None) -> dict:
@@ -645,11 +652,15 @@ def _restore(host, move: _Move, was: str) -> None:
 
 # -- UNIX sockets between daemons on one machine -----------------------------
 
+def _transport(uri: str) -> str:
+    """``tls`` of ``qemu+tls://...``; "" for ``qemu:///system``."""
+    return urllib.parse.urlparse(uri).scheme.partition("+")[2]
+
+
 def _same_machine(uri: str) -> bool:
     """The URI names no remote host: a daemon on this machine."""
-    parsed = urllib.parse.urlparse(uri)
-    transport = parsed.scheme.partition("+")[2]
-    return transport in ("", "unix") and parsed.hostname in (None, "", "localhost")
+    return (_transport(uri) in ("", "unix")
+            and urllib.parse.urlparse(uri).hostname in (None, "", "localhost"))
 
 
 def _qemu_user(conn) -> tuple[int, int] | None:
