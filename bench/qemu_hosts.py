@@ -1,6 +1,9 @@
 """Two KVM hosts on this machine for the QEMU benchmarks: two private
-libvirtd daemons (engine.hypervisor.local.daemons.PrivateLibvirtd), a real etcd, a
-peerctl peer on each (host1, host2), and the tier's busybox guest image.
+libvirtd daemons (engine.hypervisor.local.daemons.PrivateLibvirtd), each a
+machine of a rack in a box (engine.hypervisor.local.rack: a network
+namespace of its own, libvirt on TLS at its address, migrations and copies
+over TCP with TLS), a real etcd, a peerctl peer on each (host1, host2), and
+the tier's busybox guest image.
 
     with two_qemu_hosts("peerctl-bbak-", "bbak") as hosts:
         hosts.cli_json("boot", ...)
@@ -43,7 +46,8 @@ class QemuHosts:
     cluster: str
     etcd_url: str
     store: Store
-    uris: dict          # host -> libvirt URI of its private daemon
+    uris: dict          # host -> libvirt URI of its private daemon (its UNIX socket)
+    remote_uris: dict   # host -> the same daemon over TCP and TLS, as other hosts reach it
     image: str          # the guest's bootable disk image (file)
     peers: dict = field(default_factory=dict)       # host -> its peer's process, the latest
     start: object = None                            # host -> a new peer process (start_peer)
@@ -80,18 +84,25 @@ def _stop_guards(work: str) -> None:
 @contextlib.contextmanager
 def two_qemu_hosts(prefix: str, cluster: str, peer_env: dict | None = None):
     import libvirt
-    from engine.hypervisor.local.daemons import PrivateLibvirtd
+    from engine.core import certs
+    from engine.hypervisor.local.rack import Rack
     from engine.placement import open_placement
     from tests.support import qemu_guest
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 
     work = qemu_guest.world_readable_tmpdir(prefix)
     daemons, peers, etcd = [], [], None
+    rack = Rack(f"pcbench{os.getpid()}")
     try:
-        daemons = [PrivateLibvirtd(work, name) for name in ("kvm1", "kvm2")]
+        rack.build(list(HOSTS))
+        tls = os.path.join(work, "tls")
+        certs.authority(tls, cluster)
+        daemons = [rack.libvirtd(host, work, name, tls)
+                   for host, name in zip(HOSTS, ("kvm1", "kvm2"))]
         for daemon in daemons:
             daemon.start()
         uris = dict(zip(HOSTS, (d.uri for d in daemons)))
+        remote_uris = dict(zip(HOSTS, (d.tls_uri(d.tls[0]) for d in daemons)))
         image = qemu_guest.build_disk_image(os.path.join(work, "guest.img"),
                                             qemu_guest.GUEST_DIR, work)
         etcd = EtcdServer(os.path.join(work, "etcd")).start()
@@ -101,6 +112,7 @@ def two_qemu_hosts(prefix: str, cluster: str, peer_env: dict | None = None):
 
         def start(host):
             peers.append(start_peer(etcd.url, cluster, work, host, uris[host],
+                                    remote=remote_uris[host],
                                     env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL,
                                          **(peer_env or {})}))
             return peers[-1]
@@ -109,7 +121,8 @@ def two_qemu_hosts(prefix: str, cluster: str, peer_env: dict | None = None):
         placement = open_placement("etcd", store)
         wait(lambda: set(HOSTS) <= {p["name"] for p in placement.providers()}, timeout=30,
              interval=0.2)
-        yield QemuHosts(work, cluster, etcd.url, store, uris, image, started, start)
+        yield QemuHosts(work, cluster, etcd.url, store, uris, remote_uris, image, started,
+                        start)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -118,6 +131,7 @@ def two_qemu_hosts(prefix: str, cluster: str, peer_env: dict | None = None):
         for daemon in daemons:
             daemon.clear_guests()       # the guests go with their daemon
             daemon.stop()
+        rack.delete(settle=5.0)
         if etcd is not None:
             etcd.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -353,7 +353,7 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
     from concurrent.futures import ThreadPoolExecutor
     from engine.core import certs
     from engine.hypervisor.local.daemons import PrivateLibvirtd, netns_exists
-    from engine.hypervisor.local.rack import LIBVIRT_TLS_PORT, Rack
+    from engine.hypervisor.local.rack import Rack
     recorded_ns = up.get("netns") or {}
     name = recorded_ns.get("name") or netns_name(cluster)
     existed = netns_exists(name)
@@ -374,12 +374,9 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
     records = {d["host"]: d for d in up.get("daemons") or []}
     daemons = {}
     for host in hosts:
-        address = rack.address(host)
-        certs.issue_libvirt(tls_dir, host, address)
-        tls = (os.path.join(tls_dir, "libvirt", host), address, LIBVIRT_TLS_PORT)
-        daemon = (PrivateLibvirtd.from_record(records[host]) if host in records
-                  else PrivateLibvirtd(os.path.join(state_dir, host), "libvirtd",
-                                       rack.netns(host), tls=tls))
+        daemon = rack.libvirtd(host, os.path.join(state_dir, host), "libvirtd", tls_dir)
+        if host in records:
+            daemon = PrivateLibvirtd.from_record(records[host])
         daemons[host] = (daemon, daemon.running())
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
         futures = {host: pool.submit(daemon.start) for host, (daemon, _) in daemons.items()}

@@ -40,9 +40,8 @@ from dataclasses import dataclass
 import pytest
 
 from engine.core import certs
-from engine.hypervisor.local.daemons import PrivateLibvirtd
 from engine.hypervisor.local.localnet import ensure_rack_network, stop_local_network
-from engine.hypervisor.local.rack import LIBVIRT_TLS_PORT, Rack
+from engine.hypervisor.local.rack import Rack
 from tests.support import qemu_guest
 
 __all__ = ["libvirtd_pair", "LibvirtdPair", "cannot_run_reason", "NAMES"]
@@ -105,12 +104,7 @@ def libvirtd_pair():
         rack.build(list(NAMES))
         tls = os.path.join(base, "tls")
         certs.authority(tls, "pair")
-        for name in NAMES:
-            certs.issue_libvirt(tls, name, rack.address(name))
-            daemons.append(PrivateLibvirtd(
-                base, name, rack.netns(name),
-                tls=(os.path.join(tls, "libvirt", name), rack.address(name),
-                     LIBVIRT_TLS_PORT)))
+        daemons += [rack.libvirtd(name, base, name, tls) for name in NAMES]
         for daemon in daemons:
             daemon.start()
         ensure_rack_network(rack, {daemon.name: daemon.uri for daemon in daemons}, NETWORK)

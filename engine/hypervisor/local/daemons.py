@@ -89,13 +89,8 @@ class PrivateLibvirtd:
     """A root libvirtd and its virtlogd living in ``base_dir/name``.
 
     ``netns`` names a network namespace (``ensure_netns``) to run both in.
-    Attributes: ``dir``, ``name``, ``netns``, ``host_uuid``, ``socket``,
-    ``uri``, ``log`` (libvirtd's), and ``migration_dir``: a directory owned
-    by the user this daemon runs QEMU as, for the UNIX sockets its QEMU
-    listens on as a migration destination (``migrate_uri`` and ``disks_uri``
-    ``unix://DIR/NAME.sock``; a path of at most 107 bytes, and the QEMU of the
-    other daemon must be able to walk to it: the state directory's parents
-    need ``o+x``)."""
+    Attributes: ``dir``, ``name``, ``netns``, ``tls``, ``host_uuid``,
+    ``socket``, ``uri`` and ``log`` (libvirtd's)."""
 
     def __init__(self, base_dir: str, name: str, netns: str | None = None,
                  tls: tuple[str, str, int] | None = None):
@@ -111,7 +106,6 @@ class PrivateLibvirtd:
         self.host_uuid = str(uuidlib.uuid5(_UUID_NAMESPACE, self.dir))
         self.socket = os.path.join(self.dir, "run", "libvirt-sock")
         self.uri = f"qemu+unix:///system?socket={quote(self.socket, safe='/')}"
-        self.migration_dir = os.path.join(self.dir, "migrate")
         self.log = os.path.join(self.dir, "libvirtd.log")
         self._virtlogd_log = os.path.join(self.dir, "virtlogd.log")
         self._pids = {"libvirtd": None, "virtlogd": None}     # from a record
@@ -213,8 +207,7 @@ class PrivateLibvirtd:
     def _prepare(self) -> None:
         for sub, _target in MOUNTS:
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
-        os.makedirs(self.migration_dir, exist_ok=True)
-        # The QEMU of a guest (not root) reaches the migration directory.
+        # The QEMU of a guest (not root) reaches its files under it.
         os.chmod(self.dir, 0o755)
         # Root only: no one else may drive (or read) a private daemon.
         settings = {"libvirtd": {"host_uuid": self.host_uuid, "unix_sock_rw_perms": "0700",
@@ -319,10 +312,6 @@ class PrivateLibvirtd:
             raise Failed(f"the daemon at {self.socket} reports host UUID "
                          f"{capabilities.findtext('host/uuid')}, not {self.host_uuid}: "
                          "another libvirtd owns that socket")
-        owner = _qemu_owner(capabilities)
-        if owner:
-            os.chown(self.migration_dir, *owner)
-            os.chmod(self.migration_dir, 0o750)
         return True
 
     # -- stop ---------------------------------------------------------------------
@@ -528,19 +517,6 @@ def _accepts(path: str) -> bool:
         except OSError:
             return False
     return True
-
-
-def _qemu_owner(capabilities: ET.Element) -> tuple[int, int] | None:
-    """The user and group the daemon runs QEMU as: its DAC base label."""
-    for model in capabilities.iterfind("host/secmodel"):
-        if model.findtext("model") == "dac":
-            label = model.findtext("baselabel") or ""
-            try:
-                user, group = (int(part.lstrip("+")) for part in label.split(":"))
-            except ValueError:
-                return None
-            return user, group
-    return None
 
 
 def _write(path: str, text: str) -> None:

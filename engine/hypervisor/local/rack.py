@@ -129,6 +129,18 @@ class Rack:
             ip("-n", ns, "link", "set", bridge, "up")
         ip("-n", ns, "link", "set", "vmlink", "master", bridge)
 
+    def libvirtd(self, host: str, base_dir: str, name: str, tls_dir: str):
+        """``host``'s private libvirtd (not started), in ``base_dir/name``
+        inside its namespace, listening on TLS at its address with a
+        certificate of the authority in ``tls_dir`` (issued there now, or
+        kept: ``tls certs --libvirt``)."""
+        from engine.core import certs
+        from .daemons import PrivateLibvirtd
+        certs.issue_libvirt(tls_dir, host, self.address(host))
+        return PrivateLibvirtd(base_dir, name, self.netns(host),
+                               tls=(os.path.join(tls_dir, "libvirt", host), self.address(host),
+                                    LIBVIRT_TLS_PORT))
+
     def set_link(self, host: str, up: bool) -> None:
         """``host``'s cable in or out: its ``eth0`` up or down."""
         ip("-n", self.netns(host), "link", "set", "eth0", "up" if up else "down")

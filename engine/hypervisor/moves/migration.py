@@ -54,27 +54,20 @@ Promises:
 - every libvirt failure is a :class:`~engine.errors.RequestError` of one
   line (libvirt's message), never a traceback.
 
-Same-machine daemons (tests, a one-box cluster) cannot reach each other's
-QEMU over TCP by host name: when the destination URI names no remote host
-(``qemu:///...`` or ``qemu+unix://``), memory and disks travel over UNIX
-sockets in a fresh directory under :data:`SOCKET_ROOT` that both QEMUs can
-reach (owned by QEMU's user, read from each daemon's DAC base label),
-named after the VM's uuid: removed when the copy ends, and those an earlier
-run left (its peer killed during the copy) once the move is decided.
-Otherwise libvirt picks its usual TCP ports on the destination (49152 and
-up), at the address its ``migration_host`` names (qemu.conf); and when the
-destination's URI is ``qemu+tls://``, QEMU's memory and disk streams go over
-TLS too (``VIR_MIGRATE_TLS``: both hosts need QEMU's certificates,
-``migrate_tls_x509_cert_dir``, which ``tls certs --libvirt`` writes in
-``qemu/``), so that nothing of a guest crosses the network in clear.
+Transport: libvirt's own (peer to peer: this host's libvirtd opens the
+destination's URI, ``qemu+tls://`` between machines), and QEMU's memory and
+disk streams over TCP to the address the destination's libvirtd names
+(qemu.conf's ``migration_host``; ports 49152 and up).  When the destination's
+URI is ``qemu+tls://``, those streams go over TLS too (``VIR_MIGRATE_TLS``:
+both hosts need QEMU's certificates, ``migrate_tls_x509_cert_dir``, which
+``tls certs --libvirt`` writes in ``qemu/``), so that nothing of a guest
+crosses the network in clear.  The rack in a box
+(:mod:`engine.hypervisor.local.rack`) moves guests this way between network
+namespaces, as between machines.
 """
 from __future__ import annotations
 
-import glob
 import math
-import os
-import shutil
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -92,14 +85,13 @@ from engine.hypervisor.domain.records import vm_state
 from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label, vm_lock
 
 __all__ = ["migrate", "downtime_limit", "DEFAULT_TIMEOUT_PER_GIB", "PEER_GONE_AFTER",
-           "SOCKET_ROOT", "FIRST_DOWNTIME_MS", "PASSES_AT_FIRST", "QEMU_DOWNTIME_MS"]
+           "FIRST_DOWNTIME_MS", "PASSES_AT_FIRST", "QEMU_DOWNTIME_MS"]
 
 log = structlog.get_logger("peerctl.migration")
 
 DEFAULT_TIMEOUT_PER_GIB = 120.0     # Nova's 800 is for real disks over real networks
 PEER_GONE_AFTER = 5.0               # seconds without hosts/<destination> before aborting
 POLL = 0.5
-SOCKET_ROOT = os.environ.get("PEERCTL_MIGRATION_SOCKET_DIR", tempfile.gettempdir())
 GiB = 1 << 30
 MiB = 1 << 20
 # The switch-over's pause is planned low first and raised only for a guest
@@ -192,17 +184,13 @@ class _Move:
             flags |= libvirt.VIR_MIGRATE_TLS      # memory and disks as libvirt's own channel
         return flags
 
-    def params(self, sockets: str | None) -> dict:
+    def params(self) -> dict:
         params = {libvirt.VIR_MIGRATE_PARAM_DEST_XML: self.xml,
                   libvirt.VIR_MIGRATE_PARAM_PERSIST_XML: self.xml}
         if self.disks:
             params[libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = self.disks
         if self.bandwidth_mib:
             params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = self.bandwidth_mib
-        if sockets:
-            params[libvirt.VIR_MIGRATE_PARAM_URI] = f"unix://{sockets}/memory.sock"
-            if self.disks:
-                params[libvirt.VIR_MIGRATE_PARAM_DISKS_URI] = f"unix://{sockets}/disks.sock"
         return params
 
 
@@ -247,7 +235,6 @@ def _move(host, dest, move: _Move) -> dict:
             # earlier run started just ended): look again.
             continue
         if result is not None:
-            _sweep_sockets(move)
             return result
     raise RequestError(f"{move.label}: a migration job keeps running on {host.host}")
 
@@ -327,8 +314,6 @@ def _copy(host, dest, dom, move: _Move) -> dict:
             # over from its first iteration on, and a small guest's first
             # may be its last.
             dom.migrateSetMaxDowntime(downtime_limit(move.downtime_ceiling_ms, 0), 0)
-        sockets = _socket_dir(host, dest, move) if _same_machine(move.destination_uri) \
-            else None
     except BaseException:
         _restore(host, move, state)
         raise
@@ -336,7 +321,7 @@ def _copy(host, dest, dom, move: _Move) -> dict:
 
     def run():
         try:
-            dom.migrateToURI3(move.destination_uri, move.params(sockets), move.flags())
+            dom.migrateToURI3(move.destination_uri, move.params(), move.flags())
             outcome["ok"] = True
         except libvirt.libvirtError as exc:
             outcome["error"] = _line(exc)
@@ -352,8 +337,6 @@ def _copy(host, dest, dom, move: _Move) -> dict:
         why, last = _watch(host, dom, move, thread, timeout)
     finally:
         thread.join()
-        if sockets:
-            shutil.rmtree(sockets, ignore_errors=True)
     seconds = time.monotonic() - started
 
     if "ok" not in outcome and not (find_domain(host, move.uuid) is None
@@ -650,62 +633,8 @@ def _restore(host, move: _Move, was: str) -> None:
         _try(dom.resume)
 
 
-# -- UNIX sockets between daemons on one machine -----------------------------
+# -- the transport ------------------------------------------------------------
 
 def _transport(uri: str) -> str:
     """``tls`` of ``qemu+tls://...``; "" for ``qemu:///system``."""
     return urllib.parse.urlparse(uri).scheme.partition("+")[2]
-
-
-def _same_machine(uri: str) -> bool:
-    """The URI names no remote host: a daemon on this machine."""
-    return (_transport(uri) in ("", "unix")
-            and urllib.parse.urlparse(uri).hostname in (None, "", "localhost"))
-
-
-def _qemu_user(conn) -> tuple[int, int] | None:
-    """(uid, gid) a daemon runs its QEMUs as: its DAC base label."""
-    try:
-        caps = ET.fromstring(conn.getCapabilities())
-    except libvirt.libvirtError:
-        return None
-    for model in caps.iterfind("host/secmodel"):
-        if model.findtext("model") == "dac":
-            try:
-                uid, gid = (int(part.lstrip("+"))
-                            for part in (model.findtext("baselabel") or "").split(":"))
-            except ValueError:
-                return None
-            return uid, gid
-    return None
-
-
-def _socket_prefix(move: _Move) -> str:
-    return f"peerctl-mig-{move.uuid}-"
-
-
-def _sweep_sockets(move: _Move) -> None:
-    """Remove the socket directories an earlier run of this move left (its
-    peer was killed during the copy): once the move is decided, no job of
-    this VM uses them (the VM's lock keeps a second run out meanwhile)."""
-    for path in glob.glob(os.path.join(SOCKET_ROOT, glob.escape(_socket_prefix(move)) + "*")):
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _socket_dir(host, dest, move: _Move) -> str:
-    """A fresh directory for the migration's two sockets: the destination's
-    QEMU creates them, the source's connects.  Owned by QEMU's user when
-    both daemons run QEMU as the same one (and this process may chown);
-    else world-writable with the sticky bit, so no one else can replace a
-    socket once made."""
-    path = tempfile.mkdtemp(prefix=_socket_prefix(move), dir=SOCKET_ROOT)
-    users = {_qemu_user(host.conn), _qemu_user(dest)}
-    owner = users.pop() if len(users) == 1 else None
-    try:
-        if owner is None:
-            raise PermissionError("QEMU users differ or are unknown")
-        os.chown(path, *owner)
-        os.chmod(path, 0o700)
-    except OSError:
-        os.chmod(path, 0o1777)
-    return path
