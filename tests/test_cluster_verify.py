@@ -42,8 +42,9 @@ def test_a_sound_cluster_verifies_clean_and_a_stopped_member_is_named(three):
     members, cluster = three
     start_peers(cluster, cluster.store, ["h1", "h2"])
     assert verified(cluster, 0) == [
+        "skipped (no TCP endpoint to probe): libvirt of h1, h2; migration port of h1, h2",
         "no problem found: 2 hosts; checked etcd, hosts, versions, libvirt, networks, disk, "
-        "certificates"]
+        "certificates, reach, clock, pools"]
 
     members.members[2].kill()
     lines = verified(cluster, 1)
@@ -71,13 +72,14 @@ def test_each_problem_is_one_line_and_the_exit_is_1(cluster, store):
     version = store.get(keys.host("h1")).value["version"]
     level = store.get(keys.host("h1")).value["feature_level"]
     far_host(store, "far1", version="9.9.9", feature_level=level, libvirt_remote="qemu:///system",
-             disk_gb=100.0, free_disk_gb=4.0, networks=["default", "lan"])
+             disk_gb=100.0, free_disk_gb=4.0, networks=["default", "lan"],
+             pool_free_gb=4.0, vm_disk_growth_gb=30.5)
     far_host(store, "far2", version=version, feature_level=level, machine=machine_id(),
              libvirt_remote="qemu:///system", networks=["default", "lan"],
              networks_missing=["storage"])
     lines = verified(cluster, 1)
     by_check = {}
-    for line in lines[:-1]:
+    for line in lines[:-2]:
         check, _, problem = line.partition(": ")
         by_check.setdefault(check, []).append(problem)
     assert by_check["etcd"] == ["etcd has 1 member: losing one stops the cluster (3 or 5 "
@@ -96,7 +98,14 @@ def test_each_problem_is_one_line_and_the_exit_is_1(cluster, store):
            "have" in by_check["networks"]
     assert by_check["disk"] == ["host far1: 4 GiB free of 100 GiB where its VMs' disks grow "
                                 "(under 10%)"]
-    assert lines[-1] == f"{len(lines) - 1} problems (5 hosts)"
+    assert by_check["pools"] == ["host far1: its VMs' thin disks may still grow by 30.5 GiB "
+                                 "and its storage pool has 4 GiB free"]
+    # records with no peer behind them: their requests time out
+    assert by_check["reach"] == [f"host {far} did not answer the reachability check: no "
+                                 f"answer from {far} within 5.0s" for far in ("far1", "far2")]
+    assert lines[-2] == ("skipped (no TCP endpoint to probe): libvirt of far1, far2, h1, h2; "
+                         "migration port of far1, far2, h1, h2")
+    assert lines[-1] == f"{len(lines) - 2} problems (5 hosts)"
 
 
 def short_lived(tls_dir: str, user: str, days: int) -> tuple[str, str]:

@@ -81,14 +81,21 @@ def cmd_verify(ctx) -> int:
     from engine.operations.verify import verify
     found = verify(ctx)
     problems = found["problems"]
+    lines = [f"{p['check']}: {p['problem']}" for p in problems]
+    skipped: dict[str, list[str]] = {}
+    for s in found["skipped"]:
+        skipped.setdefault(s["what"], []).append(s["host"])
+    if skipped:
+        lines.append("skipped (no TCP endpoint to probe): " + "; ".join(
+            f"{what} of {', '.join(hosts)}" for what, hosts in skipped.items()))
     if problems:
-        text = "\n".join(f"{p['check']}: {p['problem']}" for p in problems)
-        text += (f"\n{len(problems)} problem{'s' if len(problems) != 1 else ''} "
-                 f"({found['hosts']} hosts)")
+        lines.append(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} "
+                     f"({found['hosts']} hosts)")
     else:
-        text = (f"no problem found: {found['hosts']} host{'s' if found['hosts'] != 1 else ''}; "
-                f"checked {', '.join(found['checked'])}")
-    ctx.emit(found, text)
+        lines.append(f"no problem found: {found['hosts']} host"
+                     f"{'s' if found['hosts'] != 1 else ''}; checked "
+                     f"{', '.join(found['checked'])}")
+    ctx.emit(found, "\n".join(lines))
     return 1 if problems else 0
 
 

@@ -1,0 +1,55 @@
+"""``verify_reach``: ``cluster verify``'s pair checks and clock readings,
+run by every live host at once.
+
+1. ``reach_listen`` on every host: it reads its clock, then opens its
+   migration port to the others' probes for ``hold`` seconds (nothing
+   listens there between migrations, and a probe must meet a listener);
+2. ``reach`` on every host that answered: it TCP-connects to the endpoints
+   ``targets`` names for it (the others' libvirt and migration ports), all
+   at once, ``timeout`` seconds each.
+
+Two rounds, each a round trip whatever the number of hosts.  Nothing fails
+the automation: a host that did not answer is in the result with its
+status, and ``cluster verify`` says so.  Every step is idempotent, so a new
+initiator resumes from the log.
+
+The result: ``{hosts: {host: {status, error, clock, sent, listen_error,
+results: [{address, port, ok, error}]}}, received}``.  ``sent`` (when the
+host was asked its clock) and ``received`` (when the last answer of round 1
+was in: the moment round 2 was asked) are the initiator's clock, so each
+host's clock was read between its ``sent`` and ``received``.
+"""
+from engine.core.registry import automation
+from engine.core.replay import Request
+
+HOLD = 15.0         # seconds a migration port stays open to the probes
+DEADLINE = 5.0      # seconds a host has to answer round 1
+
+
+@automation("verify_reach", version=1)
+def verify_reach(ctx, hosts, listen, targets, timeout=1.0, hold=HOLD, deadline=DEADLINE):
+    opened = yield ctx.all([Request("reach_listen", {"address": (listen.get(h) or [None])[0],
+                                                     "port": (listen.get(h) or [None, None])[1],
+                                                     "hold": hold},
+                                    target=h, deadline=deadline, label=h) for h in hosts])
+    found = {}
+    for host, answer in zip(hosts, opened):
+        found[host] = {"status": answer.status, "error": answer.error, "results": None}
+        if answer.ok:
+            found[host].update(clock=answer.value.get("clock"), sent=answer.requested,
+                               listen_error=answer.value.get("listen_error"))
+    answered = [h for h in hosts if found[h]["status"] == "ok"]
+    received = None
+    if answered:
+        reached = yield ctx.all([Request("reach", {"targets": targets.get(h) or [],
+                                                   "timeout": timeout},
+                                         target=h, deadline=deadline + timeout, label=h)
+                                 for h in answered])
+        asked = [a.requested for a in reached if a.requested]
+        received = min(asked) if asked else None
+        for host, answer in zip(answered, reached):
+            if answer.ok:
+                found[host]["results"] = answer.value.get("results") or []
+            else:
+                found[host].update(status=answer.status, error=answer.error)
+    return {"hosts": found, "received": received}
