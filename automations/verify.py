@@ -13,11 +13,11 @@ the automation: a host that did not answer is in the result with its
 status, and ``cluster verify`` says so.  Every step is idempotent, so a new
 initiator resumes from the log.
 
-The result: ``{hosts: {host: {status, error, clock, sent, listen_error,
-results: [{address, port, ok, error}]}}, received}``.  ``sent`` (when the
-host was asked its clock) and ``received`` (when the last answer of round 1
-was in: the moment round 2 was asked) are the initiator's clock, so each
-host's clock was read between its ``sent`` and ``received``.
+The result: ``{hosts: {host: {status, error, clock, sent, received,
+listen_error, results: [{address, port, ok, error}]}}}``.  ``sent`` (when
+the host was asked its clock) and ``received`` (a local ``ping`` as soon as
+its answer was in) are the initiator's clock, so each host's clock was read
+between its ``sent`` and ``received``.
 """
 from engine.core.registry import automation
 from engine.core.replay import Request
@@ -26,30 +26,35 @@ HOLD = 15.0         # seconds a migration port stays open to the probes
 DEADLINE = 5.0      # seconds a host has to answer round 1
 
 
+def _opened(ctx, host, listen, hold, deadline):
+    """Round 1 on one host: its clock and its migration port opened, then
+    the initiator's own clock (a local ``ping``) as soon as it answered."""
+    address, port = listen or (None, None)
+    answer = yield Request("reach_listen", {"address": address, "port": port, "hold": hold},
+                           target=host, deadline=deadline, label=host)
+    if not answer.ok:
+        return {"status": answer.status, "error": answer.error, "results": None}
+    stamp = yield Request("ping", {"round": 0}, label=host)
+    return {"status": "ok", "error": None, "results": None,
+            "clock": answer.value.get("clock"), "sent": answer.requested,
+            "received": (stamp.value or {}).get("time") if stamp.ok else None,
+            "listen_error": answer.value.get("listen_error")}
+
+
 @automation("verify_reach", version=1)
 def verify_reach(ctx, hosts, listen, targets, timeout=1.0, hold=HOLD, deadline=DEADLINE):
-    opened = yield ctx.all([Request("reach_listen", {"address": (listen.get(h) or [None])[0],
-                                                     "port": (listen.get(h) or [None, None])[1],
-                                                     "hold": hold},
-                                    target=h, deadline=deadline, label=h) for h in hosts])
-    found = {}
-    for host, answer in zip(hosts, opened):
-        found[host] = {"status": answer.status, "error": answer.error, "results": None}
-        if answer.ok:
-            found[host].update(clock=answer.value.get("clock"), sent=answer.requested,
-                               listen_error=answer.value.get("listen_error"))
+    opened = yield ctx.all([ctx.worker(_opened, h, listen.get(h), hold, deadline, label=h)
+                            for h in hosts])
+    found = dict(zip(hosts, opened))
     answered = [h for h in hosts if found[h]["status"] == "ok"]
-    received = None
     if answered:
         reached = yield ctx.all([Request("reach", {"targets": targets.get(h) or [],
                                                    "timeout": timeout},
                                          target=h, deadline=deadline + timeout, label=h)
                                  for h in answered])
-        asked = [a.requested for a in reached if a.requested]
-        received = min(asked) if asked else None
         for host, answer in zip(answered, reached):
             if answer.ok:
                 found[host]["results"] = answer.value.get("results") or []
             else:
                 found[host].update(status=answer.status, error=answer.error)
-    return {"hosts": found, "received": received}
+    return {"hosts": found}

@@ -1,6 +1,7 @@
 """``verify_reach`` in the "history in, requests out" style: round 1 asks
-every host at once, round 2 only those that answered, each its own
-targets; a host that did not answer is in the result, never a failure."""
+every host at once, stamping each answer with the initiator's clock (a
+local ping), round 2 only those that answered, each its own targets; a
+host that did not answer is in the result, never a failure."""
 from engine.core.replay import Response
 from tests.support.history import History
 
@@ -17,6 +18,8 @@ def answer(request):
         return Response("timeout", error="no answer from h2 within 5.0s")
     if request.name == "reach_listen":
         return Response("ok", {"clock": 1000.0, "listen_error": None})
+    if request.name == "ping":          # the initiator's clock, a local step
+        return Response("ok", {"time": 1000.5})
     return Response("ok", {"results": [dict(t, ok=True, error=None)
                                        for t in request.args["targets"]]})
 
@@ -29,7 +32,8 @@ def test_round_two_asks_only_the_hosts_that_answered_round_one_and_nothing_fails
     assert asked[:3] == [("reach_listen", h, {"address": (LISTEN[h] or [None])[0],
                                               "port": (LISTEN[h] or [None, None])[1],
                                               "hold": 15.0}) for h in HOSTS]
-    assert asked[3:] == [("reach", h, {"targets": TARGETS[h], "timeout": 1.0})
+    assert sorted(asked[3:5]) == [("ping", None, {"round": 0})] * 2
+    assert asked[5:] == [("reach", h, {"targets": TARGETS[h], "timeout": 1.0})
                          for h in ("h1", "h3")]
     found = live.result["hosts"]
     assert found["h2"] == {"status": "timeout", "error": "no answer from h2 within 5.0s",
@@ -37,6 +41,7 @@ def test_round_two_asks_only_the_hosts_that_answered_round_one_and_nothing_fails
     assert found["h1"]["results"] == [{"address": "10.0.0.13", "port": 16514, "ok": True,
                                        "error": None}]
     assert found["h3"]["results"] == [] and found["h3"]["clock"] == 1000.0
+    assert found["h3"]["received"] == 1000.5
 
 
 def test_every_prefix_of_the_history_replays_to_the_same_requests():

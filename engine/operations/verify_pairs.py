@@ -11,8 +11,8 @@ Promises:
   socket; no migration address published) is *skipped*, listed apart, never
   a problem;
 - ``clock``: each host's clock is read between two moments of the
-  automation's initiator (when the host was asked, and when the last host
-  had answered), so its offset from the initiator is known within half that
+  automation's initiator (when the host was asked, and as soon as its
+  answer was in), so its offset from the initiator is known within half that
   window (NTP's midpoint).  The reference is the median of the hosts'
   offsets (the lower middle one: always one host's clock), so one wrong
   clock, the initiator's included, cannot move it.  etcd offers no clock of
@@ -97,7 +97,7 @@ def check_from_hosts(ctx, live: list[dict], say, only: str | None = None) -> dic
         return done
     found = (task.get("result") or {}).get("hosts") or {}
     _reach(found, pairs, only, say)
-    _clocks(found, (task.get("result") or {}).get("received"), only, say, done)
+    _clocks(found, only, say, done)
     return done
 
 
@@ -122,13 +122,11 @@ def _at(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
-def _clocks(found: dict, received, only, say, done: dict) -> None:
-    if not isinstance(received, (int, float)):
-        return
+def _clocks(found: dict, only, say, done: dict) -> None:
     readings = {}
     for host, answer in found.items():
-        clock, sent = answer.get("clock"), answer.get("sent")
-        if isinstance(clock, (int, float)) and isinstance(sent, (int, float)) and sent:
+        clock, sent, received = answer.get("clock"), answer.get("sent"), answer.get("received")
+        if all(isinstance(v, (int, float)) and v for v in (clock, sent, received)):
             readings[host] = (clock - (sent + received) / 2, max(received - sent, 0) / 2)
     if not readings:
         return

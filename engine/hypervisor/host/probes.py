@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import errno
+import ipaddress
 import os
 import socket
 import threading
@@ -94,6 +95,18 @@ def _serve(sock: socket.socket, key: tuple[str, int]) -> None:
         sock.close()
 
 
+def _bound(address: str) -> str:
+    """Where to listen: the address itself when it is one (an address that
+    is not this host's then says so), every address for a name (which this
+    host may resolve to another address than the others do: Debian's
+    ``127.0.1.1``)."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return ""
+    return address
+
+
 def listen(address: str, port: int, hold: float) -> str | None:
     """Keep ``address:port`` open to probes for ``hold`` seconds from now;
     None, or why it cannot be opened (one line)."""
@@ -106,7 +119,7 @@ def listen(address: str, port: int, hold: float) -> str | None:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(key)
+            sock.bind((_bound(address), int(port)))
             sock.listen(16)
         except OSError as exc:
             sock.close()
