@@ -4,9 +4,10 @@ run by every live host at once.
 1. ``reach_listen`` on every host: it reads its clock, then opens its
    migration port to the others' probes for ``hold`` seconds (nothing
    listens there between migrations, and a probe must meet a listener);
-2. ``reach`` on every host that answered: it TCP-connects to the endpoints
-   ``targets`` names for it (the others' libvirt and migration ports), all
-   at once, ``timeout`` seconds each.
+2. ``reach`` on every host that answered: it TCP-connects to the others'
+   ``endpoints`` (``{host: [{what, address, port}]}``: their libvirt and
+   migration ports; with ``only``, a host other than ``only`` probes
+   ``only``'s alone), all at once, ``timeout`` seconds each.
 
 Two rounds, each a round trip whatever the number of hosts.  Nothing fails
 the automation: a host that did not answer is in the result with its
@@ -14,7 +15,7 @@ status, and ``cluster verify`` says so.  Every step is idempotent, so a new
 initiator resumes from the log.
 
 The result: ``{hosts: {host: {status, error, clock, sent, received,
-listen_error, results: [{address, port, ok, error}]}}}``.  ``sent`` (when
+listen_error, results: [{host, what, address, port, ok, error}]}}}``.  ``sent`` (when
 the host was asked its clock) and ``received`` (a local ``ping`` as soon as
 its answer was in) are the initiator's clock, so each host's clock was read
 between its ``sent`` and ``received``.
@@ -41,14 +42,22 @@ def _opened(ctx, host, listen, hold, deadline):
             "listen_error": answer.value.get("listen_error")}
 
 
+def targets_of(host, endpoints, only=None):
+    """The endpoints ``host`` probes: every other host's (only ``only``'s
+    when named and ``host`` is not ``only``), each naming whose it is."""
+    return [dict(endpoint, host=there) for there, theirs in sorted(endpoints.items())
+            if there != host and only in (None, host, there) for endpoint in theirs]
+
+
 @automation("verify_reach", version=1)
-def verify_reach(ctx, hosts, listen, targets, timeout=1.0, hold=HOLD, deadline=DEADLINE):
+def verify_reach(ctx, hosts, listen, endpoints, only=None, timeout=1.0, hold=HOLD,
+                 deadline=DEADLINE):
     opened = yield ctx.all([ctx.worker(_opened, h, listen.get(h), hold, deadline, label=h)
                             for h in hosts])
     found = dict(zip(hosts, opened))
     answered = [h for h in hosts if found[h]["status"] == "ok"]
     if answered:
-        reached = yield ctx.all([Request("reach", {"targets": targets.get(h) or [],
+        reached = yield ctx.all([Request("reach", {"targets": targets_of(h, endpoints, only),
                                                    "timeout": timeout},
                                          target=h, deadline=deadline + timeout, label=h)
                                  for h in answered])

@@ -18,7 +18,7 @@ def reach_listen(host, args):
 
 @handler("reach")
 def reach(host, args):
-    """TCP-connect to each of ``targets`` (``[{address, port}]``) at once."""
+    """TCP-connect to each of ``targets`` (``[{address, port, ...}]``) at once."""
     return {"host": host.host,
             "results": probes.probe(args.get("targets") or [],
                                     float(args.get("timeout") or probes.CONNECT_TIMEOUT))}

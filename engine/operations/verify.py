@@ -6,8 +6,9 @@ host through one automation: :mod:`engine.operations.verify_pairs`), and
 says each problem in one line naming what to look at.  What it found is
 recorded per host (``verified/<host>``: time, problem count, first lines,
 the automation), which ``hostlist`` shows as ``verify``; nothing else is
-written.  The record is one transaction: a verify killed before it leaves
-each host's previous outcome whole.
+written.  Each host's record is written whole (:data:`RECORD_BATCH` hosts a
+transaction, etcd allowing 128 operations): a verify killed before it
+leaves each host's previous outcome.
 
 Checks (each problem is ``{check, host, problem}``, ``host`` None when the
 problem is the cluster's, and ``peer``, the other host of a pair):
@@ -54,13 +55,14 @@ from engine.hypervisor.host.reachability import reached_at, remote_conflict
 from .verify_pairs import check_from_hosts
 
 __all__ = ["verify", "verify_host", "CHECKS", "EXPIRY_WARNING_DAYS", "DISK_FREE_MIN",
-           "RECORDED_LINES"]
+           "RECORDED_LINES", "RECORD_BATCH"]
 
 CHECKS = ("etcd", "hosts", "versions", "libvirt", "networks", "disk", "certificates",
           "reach", "clock", "pools")
 EXPIRY_WARNING_DAYS = 30
 DISK_FREE_MIN = 0.10
 RECORDED_LINES = 3      # a host's first problems kept in its verify record
+RECORD_BATCH = 100      # hosts' records per transaction (etcd allows 128 operations)
 _MEMBER_TIMEOUT = 2.0
 _ABOUT_EVERY_HOST = ("versions", "certificates")    # cluster-wide lines join shows too
 
@@ -115,8 +117,8 @@ def _verify(ctx, only: str | None) -> dict:
 
 
 def _record(store, names: list[str], found: dict) -> bool:
-    """Each host's outcome, in one transaction (see the module's docstring);
-    False when etcd refuses it (a viewer's verify still answers)."""
+    """Each host's outcome (see the module's docstring); False when etcd
+    refuses it (a viewer's verify still answers)."""
     from engine.errors import StoreRefused
     if not names:
         return False
@@ -128,7 +130,8 @@ def _record(store, names: list[str], found: dict) -> bool:
                                               "lines": mine[:RECORDED_LINES],
                                               "automation": found["automation"]}))
     try:
-        store.txn([], puts)
+        for start in range(0, len(puts), RECORD_BATCH):
+            store.txn([], puts[start:start + RECORD_BATCH])
     except StoreRefused:
         return False
     return True

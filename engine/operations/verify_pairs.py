@@ -40,27 +40,22 @@ WAIT = 30.0             # seconds verify follows the automation (its rounds: 5 s
 _ENDPOINTS = (("libvirt", libvirt_endpoint), ("migration port", migration_endpoint))
 
 
-def _plan(live: list[dict], only: str | None):
-    """(listen, targets, pairs, skipped) for the automation and the verdicts."""
+def _plan(live: list[dict]):
+    """(listen, endpoints, skipped): each host's migration endpoint it opens,
+    each host's endpoints the others probe, and those it has not."""
     listen = {h["host"]: list(migration_endpoint(h) or ()) or None for h in live}
-    targets: dict[str, list[dict]] = {h["host"]: [] for h in live}
-    pairs: dict[str, list[tuple]] = {h["host"]: [] for h in live}
+    endpoints: dict[str, list[dict]] = {h["host"]: [] for h in live}
     skipped = []
     for there in live:
         for what, endpoint_of in _ENDPOINTS:
             endpoint = endpoint_of(there)
-            if endpoint is None:
-                if len(live) > 1:
-                    skipped.append({"host": there["host"], "what": what,
-                                    "why": _no_endpoint(there, what)})
-                continue
-            for here in live:
-                if here is there or (only is not None and only not in (here["host"],
-                                                                         there["host"])):
-                    continue
-                targets[here["host"]].append({"address": endpoint[0], "port": endpoint[1]})
-                pairs[here["host"]].append((there["host"], what) + endpoint)
-    return listen, targets, pairs, skipped
+            if endpoint is not None:
+                endpoints[there["host"]].append({"what": what, "address": endpoint[0],
+                                                 "port": endpoint[1]})
+            elif len(live) > 1:
+                skipped.append({"host": there["host"], "what": what,
+                                "why": _no_endpoint(there, what)})
+    return listen, endpoints, skipped
 
 
 def _no_endpoint(record: dict, what: str) -> str:
@@ -75,14 +70,15 @@ def check_from_hosts(ctx, live: list[dict], say, only: str | None = None) -> dic
     clocks: [{host, offset_s, within_s}], reference, automation}``."""
     from engine.errors import Failed
     from .tasks import follow, start
-    listen, targets, pairs, skipped = _plan(live, only)
+    listen, endpoints, skipped = _plan(live)
     done = {"skipped": skipped, "clocks": [], "reference": None, "automation": None}
-    hosts = sorted(targets)
+    hosts = sorted(endpoints)
     if not hosts:
         return done
     try:
         automation = start(ctx, Plan("verify_reach", {"hosts": hosts, "listen": listen,
-                                                      "targets": targets}, [], key="hosts"))
+                                                      "endpoints": endpoints, "only": only},
+                                     [], key="hosts"))
     except Failed as exc:
         say("reach", only, f"the hosts' reachability and clocks were not checked: {exc}")
         return done
@@ -96,12 +92,12 @@ def check_from_hosts(ctx, live: list[dict], say, only: str | None = None) -> dic
                            + (f" ({task['error']})" if task.get("error") else ""))
         return done
     found = (task.get("result") or {}).get("hosts") or {}
-    _reach(found, pairs, only, say)
+    _reach(found, only, say)
     _clocks(found, only, say, done)
     return done
 
 
-def _reach(found: dict, pairs: dict, only, say) -> None:
+def _reach(found: dict, only, say) -> None:
     for here, answer in sorted(found.items()):
         if answer.get("status") != "ok":
             if only in (None, here):
@@ -111,11 +107,11 @@ def _reach(found: dict, pairs: dict, only, say) -> None:
         if answer.get("listen_error") and only in (None, here):
             say("reach", here, f"host {here} cannot open its migration port to the probes: "
                                f"{answer['listen_error']}")
-        for (there, what, address, port), result in zip(pairs.get(here, ()),
-                                                         answer.get("results") or ()):
+        for result in answer.get("results") or ():
             if not result.get("ok"):
-                say("reach", here, f"{here} cannot reach {there}'s {what} at "
-                                   f"{_at(address, port)}: {result.get('error')}", peer=there)
+                there, at = result.get("host"), _at(result["address"], result["port"])
+                say("reach", here, f"{here} cannot reach {there}'s {result.get('what')} at "
+                                   f"{at}: {result.get('error')}", peer=there)
 
 
 def _at(address: str, port: int) -> str:

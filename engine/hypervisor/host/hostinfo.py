@@ -129,7 +129,8 @@ def pool_space(conn, host: str | None, uuids: set[str]) -> dict:
                 growth += max(capacity - allocation, 0)
     except libvirt.libvirtError:        # no pool yet, or a volume deleted meanwhile
         return {}
-    return {"pool_free_gb": round(available / _GiB, 1), "vm_disk_growth_gb": round(growth / _GiB, 1)}
+    return {"pool_free_gb": round(available / _GiB, 1),
+            "vm_disk_growth_gb": round(growth / _GiB, 1)}
 
 
 def host_facts(conn, state_dir: str, host: str | None = None,

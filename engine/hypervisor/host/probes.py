@@ -6,7 +6,8 @@ Promises:
 - :func:`probe` connects to every target at once (one thread each, up to
   :data:`PARALLEL`), each with ``timeout`` seconds, so a host's answer takes
   about one timeout however many hosts the cluster has; each target's
-  result is ``{address, port, ok, error}``, ``error`` in words an operator
+  result is the target itself (``{address, port, ...}``, whatever else it
+  names kept) with ``ok`` and ``error``, ``error`` in words an operator
   reads ("connection refused", "no answer within 1 s");
 - :func:`listen` opens a listener on ``address:port`` that accepts and
   closes connections for ``hold`` seconds, then closes itself.  Asked again
@@ -56,7 +57,7 @@ def _why(exc: OSError, timeout: float) -> str:
 
 
 def _connect(target: dict, timeout: float) -> dict:
-    result = {"address": target["address"], "port": target["port"], "ok": True, "error": None}
+    result = dict(target, ok=True, error=None)
     try:
         with socket.create_connection((target["address"], int(target["port"])), timeout=timeout):
             pass
@@ -66,8 +67,8 @@ def _connect(target: dict, timeout: float) -> dict:
 
 
 def probe(targets: list[dict], timeout: float = CONNECT_TIMEOUT) -> list[dict]:
-    """``[{address, port, ok, error}]`` for ``targets`` (``[{address, port}]``),
-    in their order."""
+    """``[{address, port, ..., ok, error}]`` for ``targets`` (``[{address,
+    port, ...}]``), in their order."""
     if not targets:
         return []
     with concurrent.futures.ThreadPoolExecutor(min(PARALLEL, len(targets))) as pool:
