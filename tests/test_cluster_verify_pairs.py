@@ -75,6 +75,11 @@ def test_a_closed_libvirt_port_is_one_line_per_host_that_cannot_reach_it(cluster
     assert [line for line in verified(cluster, 1) if not line.startswith("etcd:")] == [
         "1 problem (3 hosts)"]     # a 1-member etcd is the only problem
     assert verdicts(cluster) == {"h1": "ok", "h2": "ok", "h3": "ok"}
+    found = cluster.cli_json("cluster", "verify", expect_rc=1)
+    assert set(found) == {"problems", "checked", "hosts", "skipped", "clocks",
+                          "clock_reference", "automation", "recorded", "time"}
+    assert found["skipped"] == [] and found["recorded"] is True
+    assert found["clock_reference"] in NAMES and len(found["clocks"]) == 3
 
     port = endpoints["h3"].getsockname()[1]
     endpoints["h3"].close()
@@ -141,6 +146,8 @@ def test_verify_host_says_only_what_concerns_that_host(cluster, store, endpoints
         f"h1 cannot reach h3's libvirt at 127.0.0.1:{port}: connection refused",
         f"h2 cannot reach h3's libvirt at 127.0.0.1:{port}: connection refused"]
     assert verdicts(cluster) == {"h1": "1 problem", "h2": None, "h3": "2 problems"}
+    assert [p["problem"] for p in verify_host(Ctx(), "h9")] == [
+        "host h9 has no record in this cluster: its peer never registered"]
 
 
 def test_a_verify_killed_before_its_record_leaves_every_host_s_last_outcome(

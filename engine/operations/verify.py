@@ -96,6 +96,9 @@ def _verify(ctx, only: str | None) -> dict:
 
     if only is None:
         _etcd(ctx, say)
+    elif only not in {h["host"] for h in hosts}:
+        say("hosts", only, f"host {only} has no record in this cluster: its peer never "
+                           "registered")
     for host in hosts:
         if not host.get("alive"):
             say("hosts", host["host"], f"host {host['host']} is down (its peer holds no "
