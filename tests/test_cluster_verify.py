@@ -4,6 +4,7 @@ other machines are stood in for by host records under a lease."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 
 import pytest
@@ -12,6 +13,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from engine.cluster import read_hosts
 from engine.core import keys
 from engine.core.etcd_server import EtcdCluster
 from engine.hypervisor.host.reachability import machine_id
@@ -151,5 +153,27 @@ def test_a_certificate_expiring_within_30_days_is_a_problem(tmp_path):
         fine = secured.cli("operator", "cluster", "verify")
         assert not [line for line in fine.stdout.splitlines()
                     if line.startswith("certificates:")], fine.stdout
+    finally:
+        secured.close()
+
+
+def test_a_viewer_s_verify_still_answers_and_writes_nothing(tmp_path):
+    secured = SecuredEtcd(tmp_path, peers=["h1", "h2"])
+    try:
+        for host in ("h1", "h2"):
+            secured.cluster.start_peer(host, env=secured.env(f"peer-{host}"))
+        viewer = secured.store("viewer")
+        wait_for(lambda: len([h for h in read_hosts(viewer) if h["alive"]]) == 2,
+                 what="two peers alive")
+        done = secured.cli("viewer", "--format", "json", "cluster", "verify")
+        assert done.returncode == 1 and done.stderr == "", done.stderr
+        found = json.loads(done.stdout)
+        (line,) = [p["problem"] for p in found["problems"] if p["check"] == "reach"]
+        assert line.startswith("the hosts' reachability and clocks were not checked: "), line
+        assert found["recorded"] is False and found["automation"] is None
+        assert viewer.range(keys.verified())[0] == [] and viewer.range(keys.auto())[0] == []
+        assert secured.cli("operator", "cluster", "verify").returncode == 1   # 1 etcd member
+        assert {h["host"]: h["verify"] for h in read_hosts(viewer)} == {"h1": "ok", "h2": "ok"}
+        viewer.close()
     finally:
         secured.close()

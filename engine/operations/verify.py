@@ -122,7 +122,7 @@ def _verify(ctx, only: str | None) -> dict:
 def _record(store, names: list[str], found: dict) -> bool:
     """Each host's outcome (see the module's docstring); False when etcd
     refuses it (a viewer's verify still answers)."""
-    from engine.errors import StoreRefused
+    from engine.errors import PermissionDenied, StoreRefused
     if not names:
         return False
     failpoints.crash("verify record")
@@ -135,7 +135,7 @@ def _record(store, names: list[str], found: dict) -> bool:
     try:
         for start in range(0, len(puts), RECORD_BATCH):
             store.txn([], puts[start:start + RECORD_BATCH])
-    except StoreRefused:
+    except (PermissionDenied, StoreRefused):      # a viewer, or a full etcd
         return False
     return True
 

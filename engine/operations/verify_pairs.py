@@ -68,7 +68,7 @@ def check_from_hosts(ctx, live: list[dict], say, only: str | None = None) -> dic
     """Run the checks on the ``live`` host records; ``say(check, host,
     problem, peer=None)`` each problem.  ``{skipped: [{host, what, why}],
     clocks: [{host, offset_s, within_s}], reference, automation}``."""
-    from engine.errors import Failed
+    from engine.errors import Failed, PermissionDenied
     from .tasks import follow, start
     listen, endpoints, skipped = _plan(live)
     done = {"skipped": skipped, "clocks": [], "reference": None, "automation": None}
@@ -79,8 +79,9 @@ def check_from_hosts(ctx, live: list[dict], say, only: str | None = None) -> dic
         automation = start(ctx, Plan("verify_reach", {"hosts": hosts, "listen": listen,
                                                       "endpoints": endpoints, "only": only},
                                      [], key="hosts"))
-    except Failed as exc:
-        say("reach", only, f"the hosts' reachability and clocks were not checked: {exc}")
+    except (Failed, PermissionDenied) as exc:     # no live peer; a viewer starts nothing
+        say("reach", only, f"the hosts' reachability and clocks were not checked: "
+                           f"{str(exc).splitlines()[0]}")
         return done
     done["automation"] = automation
     task = {}
