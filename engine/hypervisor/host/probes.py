@@ -35,7 +35,17 @@ __all__ = ["probe", "listen", "clock", "CONNECT_TIMEOUT", "CLOCK_OFFSET_ENV", "P
 CONNECT_TIMEOUT = 1.0
 PARALLEL = 64
 CLOCK_OFFSET_ENV = "PEERCTL_TEST_CLOCK_OFFSET"
-_OFFSET = float(os.environ.get(CLOCK_OFFSET_ENV) or 0.0)    # read once
+
+
+def _offset() -> float:
+    """The test hook's seconds, read once (not a number: none)."""
+    try:
+        return float(os.environ.get(CLOCK_OFFSET_ENV) or 0.0)
+    except ValueError:
+        return 0.0
+
+
+_OFFSET = _offset()
 _ACCEPT_WAKE = 0.2          # how often an open listener looks at its end
 _listeners: dict[tuple[str, int], float] = {}     # (address, port) -> monotonic end
 _lock = threading.Lock()
