@@ -4,7 +4,11 @@
 
 Against a 3-member etcd of its own on loopback, for each size N (in
 increasing order) the run starts the peers missing to make N (test driver,
-TTL 5 s), waits until every one is alive with its inventory, then times
+TTL 5 s), each publishing a libvirt endpoint on loopback where the run
+listens (``test+tcp://127.0.0.1:PORT/default``) and a migration port of its
+own, so that verify's pair checks probe every pair (N x (N-1) x 2
+connections, every host's at once); waits until every one is alive with
+its inventory, then times
 ``peerctl cluster verify`` (a fresh process each time, as a user runs it)
 ``--runs`` times, and beside it, in the same run and interleaved with it,
 ``peerctl hostlist``: the listing an operator reads instead, which reads the
@@ -21,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +46,21 @@ CLUSTER, TTL = "bverify", 5
 GOAL_N, GOAL_S = 20, 5.0
 SMOKE = {"sizes": [3], "runs": 2}
 WORK = "peerctl-bverify-"
+
+
+def endpoint() -> socket.socket:
+    """A TCP listener on loopback standing in for a host's libvirtd (the
+    kernel completes the probes' connections to it)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def timed(urls: str, *args: str) -> tuple[float, int]:
@@ -102,6 +122,7 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix=WORK, dir="/var/tmp")
     members = store = None
     peers: list = []
+    listeners: list[socket.socket] = []
     try:
         members = EtcdCluster(os.path.join(work, "etcd"), 3).start()
         store = Store(members.urls, CLUSTER)
@@ -109,8 +130,13 @@ def main() -> int:
         for n in sizes:
             names = [f"v{i:02d}" for i in range(1, n + 1)]
             for name in names[len(peers):]:
+                listeners.append(endpoint())
+                remote = f"test+tcp://127.0.0.1:{listeners[-1].getsockname()[1]}/default"
                 peers.append(start_peer(members.urls, CLUSTER, work, name, "test:///default",
-                                        env={"PEERCTL_CONF": os.devnull}, ttl=TTL))
+                                        env={"PEERCTL_CONF": os.devnull,
+                                             "PEERCTL_LIBVIRT_REMOTE": remote,
+                                             "PEERCTL_MIGRATION_PORTS": str(free_port())},
+                                        ttl=TTL))
             wait_for(lambda: ready_hosts(store, names) == set(names)
                      or any(p.poll() is not None for p in peers), timeout=300,
                      what=f"{n} peers alive with their inventories")
@@ -126,6 +152,8 @@ def main() -> int:
         raise SystemExit(f"bench/verify.py: {exc}") from None
     finally:
         stop_processes(peers)
+        for sock in listeners:
+            sock.close()
         if store is not None:
             store.close()
         if members is not None:

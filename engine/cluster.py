@@ -40,10 +40,13 @@ def read_hosts(store) -> list[dict]:
     from ``vms/`` in the same read; ``foreign_vms``, ``foreign_vcpus``,
     ``foreign_memory_mb`` and ``foreign_disk_gb``: the domains peerctl did not
     make there and what they hold, as the host's record says (None when it
-    says nothing); by host name, naturally sorted."""
-    cfg, live, drained, reserved, vms, held = store.txn([], [
+    says nothing); ``verify``: what the last ``cluster verify`` found about
+    it (``ok``, ``N problems``, None: never verified); by host name,
+    naturally sorted."""
+    cfg, live, drained, reserved, vms, held, verified = store.txn([], [
         Get(keys.host_config(), True), Get(keys.host(), True), Get(keys.drained(), True),
-        Get(keys.reserved(), True), Get(keys.vm(), True), Get(keys.lock("vm/"), True)]).ranges
+        Get(keys.reserved(), True), Get(keys.vm(), True), Get(keys.lock("vm/"), True),
+        Get(keys.verified(), True)]).ranges
     drained = {keys.suffix(kv.key, keys.drained()) for kv in drained
                if readable(kv) is not None}
     reserved = {keys.suffix(kv.key, keys.reserved()): kv.value["lease"] for kv in reserved
@@ -68,8 +71,10 @@ def read_hosts(store) -> list[dict]:
     # Not the host's own figure, published every few seconds: a VM booted a
     # moment ago is counted as soon as vmlist lists it.
     counts = _vm_counts(vms, held)
+    verdicts = _verdicts(verified)
     for name, record in records.items():
         record["vms"] = counts.get(name, 0)
+        record["verify"] = verdicts.get(name)
         for field in _FOREIGN:
             record.setdefault(field, None)
         record.setdefault("enabled", True)
@@ -80,6 +85,19 @@ def read_hosts(store) -> list[dict]:
                             else "reserved" if record["reserved_by"]
                             else "up" if record["enabled"] else "disabled")
     return sorted(records.values(), key=lambda r: natural_key(r["host"]))
+
+
+def _verdicts(verified) -> dict[str, str]:
+    """``{host: "ok" | "N problems"}``: what its last ``cluster verify`` found
+    (``verified/<host>``)."""
+    verdicts = {}
+    for kv in verified:
+        outcome = readable(kv)
+        count = outcome.get("problems") if isinstance(outcome, dict) else None
+        if isinstance(count, int) and not isinstance(count, bool):
+            verdicts[keys.suffix(kv.key, keys.verified())] = (
+                "ok" if count == 0 else f"{count} problem{'s' if count != 1 else ''}")
+    return verdicts
 
 
 def _vm_counts(records, held) -> dict[str, int]:

@@ -88,7 +88,8 @@ def _host_record(host: HostContext, scanned: list | None = None, memo=None) -> d
         facts = {"kernel": platform.release(), "error": str(exc)}
     networks, missing = _offered(host)
     return {"host": host.host, "libvirt_uri": host.libvirt_uri,
-            "libvirt_remote": host.remote_uri, "machine": machine_id(), "pid": os.getpid(),
+            "libvirt_remote": host.remote_uri, **(host.migration or {}),
+            "machine": machine_id(), "pid": os.getpid(),
             "state_dir": os.path.abspath(host.state_dir), "updated": time.time(), **facts, "networks": sorted(networks),
             **({"networks_missing": missing} if missing else {})}
 
@@ -99,7 +100,8 @@ class Peer:
                  retention: float = RETENTION, networks: str = "default",
                  etcd_history: float = 3600.0, ha_margin: float = DEFAULT_MARGIN,
                  backup_pool: str | None = None, reserved: dict | None = None,
-                 pause=None, resume=None, libvirt_remote: str = ""):
+                 pause=None, resume=None, libvirt_remote: str = "",
+                 migration: dict | None = None):
         self.store = store
         self.name = host
         self.ttl = ttl
@@ -113,7 +115,8 @@ class Peer:
                                 offer=parse_offer(networks, "in the peer's networks setting"),
                                 backup_pool=backup_pool or None,
                                 reserved=dict(reserved or {}),
-                                replace=self.replace, libvirt_remote=libvirt_remote)
+                                replace=self.replace, libvirt_remote=libvirt_remote,
+                                migration=migration)
         self.executor = Executor(store, self.host, hooks_dir, workers)
         # A hypervisor whose VMs outlive this process gets a guard that
         # fences its HA VMs when this peer's lease may lapse.
@@ -617,7 +620,7 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
              networks: str = "default", etcd_history=ETCD_HISTORY,
              ha_margin=DEFAULT_MARGIN, backup_pool: str | None = None,
              reserved: dict | None = None, pause=None, resume=None,
-             libvirt_remote: str = "") -> int:
+             libvirt_remote: str = "", migration: dict | None = None) -> int:
     """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
     automations are kept for ``retention`` (seconds or ``7d``-style);
     ``networks`` is what the host offers (``default, lan=br0``: see
@@ -628,12 +631,13 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
     under the state directory); placement keeps ``reserved`` ``{RC: amount}``
     back on this host, on top of what its foreign domains hold.  ``pause``
     and ``resume`` stop and start what else the process serves (its API)
-    around a hand-over to another release."""
+    around a hand-over to another release.  ``migration`` (``{migration_address,
+    migration_ports}``) is published in the host record for ``cluster verify``."""
     peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir,
                 parse_duration(retention if retention is not None else RETENTION), networks,
                 parse_duration(etcd_history if etcd_history is not None else ETCD_HISTORY),
                 parse_duration(ha_margin if ha_margin is not None else DEFAULT_MARGIN),
-                backup_pool, reserved, pause, resume, libvirt_remote)
+                backup_pool, reserved, pause, resume, libvirt_remote, migration)
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)

@@ -18,7 +18,7 @@ from tests.support.cluster import start_peers
 HOSTLIST_KEYS = {"host", "alive", "enabled", "drained", "reserved_by", "vcpus", "memory_mb",
                  "free_memory_mb", "disk_gb", "free_disk_gb", "vms", "foreign_vms", "foreign_vcpus",
                  "foreign_memory_mb", "foreign_disk_gb", "hypervisor", "kernel", "cpu_model",
-                 "networks", "version", "feature_level"}
+                 "networks", "version", "feature_level", "verify"}
 HOSTSTATS_KEYS = {"host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb",
                   "free_memory_mb", "vms", "disk_gb", "free_disk_gb"}
 VMLIST_KEYS = {"host", "name", "uuid", "state", "vcpus", "memory_mb", "disk_gb", "ip",

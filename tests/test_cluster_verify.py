@@ -4,6 +4,7 @@ other machines are stood in for by host records under a lease."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 
 import pytest
@@ -12,6 +13,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from engine.cluster import read_hosts
 from engine.core import keys
 from engine.core.etcd_server import EtcdCluster
 from engine.hypervisor.host.reachability import machine_id
@@ -42,8 +44,9 @@ def test_a_sound_cluster_verifies_clean_and_a_stopped_member_is_named(three):
     members, cluster = three
     start_peers(cluster, cluster.store, ["h1", "h2"])
     assert verified(cluster, 0) == [
+        "skipped (no TCP endpoint to probe): libvirt of h1, h2; migration port of h1, h2",
         "no problem found: 2 hosts; checked etcd, hosts, versions, libvirt, networks, disk, "
-        "certificates"]
+        "certificates, reach, clock, pools"]
 
     members.members[2].kill()
     lines = verified(cluster, 1)
@@ -71,13 +74,14 @@ def test_each_problem_is_one_line_and_the_exit_is_1(cluster, store):
     version = store.get(keys.host("h1")).value["version"]
     level = store.get(keys.host("h1")).value["feature_level"]
     far_host(store, "far1", version="9.9.9", feature_level=level, libvirt_remote="qemu:///system",
-             disk_gb=100.0, free_disk_gb=4.0, networks=["default", "lan"])
+             disk_gb=100.0, free_disk_gb=4.0, networks=["default", "lan"],
+             pool_free_gb=4.0, vm_disk_growth_gb=30.5)
     far_host(store, "far2", version=version, feature_level=level, machine=machine_id(),
              libvirt_remote="qemu:///system", networks=["default", "lan"],
              networks_missing=["storage"])
     lines = verified(cluster, 1)
     by_check = {}
-    for line in lines[:-1]:
+    for line in lines[:-2]:
         check, _, problem = line.partition(": ")
         by_check.setdefault(check, []).append(problem)
     assert by_check["etcd"] == ["etcd has 1 member: losing one stops the cluster (3 or 5 "
@@ -96,7 +100,14 @@ def test_each_problem_is_one_line_and_the_exit_is_1(cluster, store):
            "have" in by_check["networks"]
     assert by_check["disk"] == ["host far1: 4 GiB free of 100 GiB where its VMs' disks grow "
                                 "(under 10%)"]
-    assert lines[-1] == f"{len(lines) - 1} problems (5 hosts)"
+    assert by_check["pools"] == ["host far1: its VMs' thin disks may still grow by 30.5 GiB "
+                                 "and its storage pool has 4 GiB free"]
+    # records with no peer behind them: their requests time out
+    assert by_check["reach"] == [f"host {far} did not answer the reachability check: no "
+                                 f"answer from {far} within 5.0s" for far in ("far1", "far2")]
+    assert lines[-2] == ("skipped (no TCP endpoint to probe): libvirt of far1, far2, h1, h2; "
+                         "migration port of far1, far2, h1, h2")
+    assert lines[-1] == f"{len(lines) - 2} problems (5 hosts)"
 
 
 def short_lived(tls_dir: str, user: str, days: int) -> tuple[str, str]:
@@ -142,5 +153,27 @@ def test_a_certificate_expiring_within_30_days_is_a_problem(tmp_path):
         fine = secured.cli("operator", "cluster", "verify")
         assert not [line for line in fine.stdout.splitlines()
                     if line.startswith("certificates:")], fine.stdout
+    finally:
+        secured.close()
+
+
+def test_a_viewer_s_verify_still_answers_and_writes_nothing(tmp_path):
+    secured = SecuredEtcd(tmp_path, peers=["h1", "h2"])
+    try:
+        for host in ("h1", "h2"):
+            secured.cluster.start_peer(host, env=secured.env(f"peer-{host}"))
+        viewer = secured.store("viewer")
+        wait_for(lambda: len([h for h in read_hosts(viewer) if h["alive"]]) == 2,
+                 what="two peers alive")
+        done = secured.cli("viewer", "--format", "json", "cluster", "verify")
+        assert done.returncode == 1 and done.stderr == "", done.stderr
+        found = json.loads(done.stdout)
+        (line,) = [p["problem"] for p in found["problems"] if p["check"] == "reach"]
+        assert line.startswith("the hosts' reachability and clocks were not checked: "), line
+        assert found["recorded"] is False and found["automation"] is None
+        assert viewer.range(keys.verified())[0] == [] and viewer.range(keys.auto())[0] == []
+        assert secured.cli("operator", "cluster", "verify").returncode == 1   # 1 etcd member
+        assert {h["host"]: h["verify"] for h in read_hosts(viewer)} == {"h1": "ok", "h2": "ok"}
+        viewer.close()
     finally:
         secured.close()

@@ -150,3 +150,18 @@ def test_a_gauge_past_its_step_on_every_tick_is_written_once_a_minute():
             publication.written(record, now)
             writes += 1
     assert writes == 3600 / MOVED_EVERY
+
+
+def test_the_record_says_what_the_pool_has_free_and_what_its_vms_disks_may_grow_into(host):
+    assert "vm_disk_growth_gb" not in host_facts(host.conn, host.state_dir, host.host)  # no pool
+    args = {"uuid": str(uuidlib.uuid4()), "name": "f-" + uuidlib.uuid4().hex[:8],
+            "vcpus": 1, "memory_mb": 512, "disk_gb": 4, "image": None}
+    call(host, "build", **args)
+    facts = host_facts(host.conn, host.state_dir, host.host)
+    pool = host.conn.storagePoolLookupByName("peerctl-" + host.host)
+    (vol,) = pool.listAllVolumes(0)
+    _kind, capacity, allocation = vol.info()
+    assert facts["vm_disk_growth_gb"] == round((capacity - allocation) / 2 ** 30, 1) == 4.0
+    assert facts["pool_free_gb"] == round(pool.info()[3] / 2 ** 30, 1)
+    call(host, "destroy", uuid=args["uuid"])
+    assert host_facts(host.conn, host.state_dir, host.host)["vm_disk_growth_gb"] == 0.0

@@ -2,13 +2,15 @@
 another machine's peer could not tell from its own, or not reach at all,
 is refused at start in one line (engine/hypervisor/host/reachability.py).
 Other machines are stood in for by host records in a real etcd."""
+import os
 import subprocess
 import sys
 
 import pytest
 
 from engine.core import keys
-from engine.hypervisor.host.reachability import machine_id, remote_conflict
+from engine.hypervisor.host.reachability import (libvirt_endpoint, machine_id, migration_endpoint,
+                                                 migration_of, remote_conflict)
 from tests.support import PEERCTL, ROOT, wait_for
 from tests.support.cluster import start_peers
 
@@ -73,3 +75,37 @@ def test_a_bad_remote_uri_is_one_line_and_starts_nothing(tmp_path):
                            "libvirt URI such as qemu+tls://10.0.0.12/system or "
                            "qemu+ssh://root@kvm2/system\n")
     assert not (tmp_path / "s").exists()
+
+
+def test_bad_migration_ports_are_one_line_and_start_nothing(tmp_path):
+    done = subprocess.run([sys.executable, PEERCTL, "--etcd", "http://127.0.0.1:1", "peer",
+                           "--host", "h1", "--state-dir", str(tmp_path / "s")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          env={**os.environ, "PEERCTL_MIGRATION_PORTS": "49215-49152"})
+    assert done.returncode == 2
+    assert done.stderr == ("peerctl: bad migration_ports '49215-49152': ports from 1 to 65535, "
+                           "the first one not above the last from $PEERCTL_MIGRATION_PORTS\n")
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("record, libvirt, migration", [
+    ({"libvirt_remote": "qemu+tls://10.0.0.12/system"}, ("10.0.0.12", 16514), None),
+    ({"libvirt_remote": "qemu+tcp://10.0.0.12:1234/system", "migration_address": "10.0.1.12",
+      "migration_ports": [49200, 49215]}, ("10.0.0.12", 1234), ("10.0.1.12", 49200)),
+    ({"libvirt_remote": "qemu+ssh://root@kvm2/system"}, ("kvm2", 22), None),
+    ({"libvirt_uri": "qemu:///system"}, None, None),
+    ({"libvirt_remote": "qemu+unix:///system"}, None, None),
+    ({"libvirt_uri": "test:///default", "migration_address": "10.0.1.12"}, None,
+     ("10.0.1.12", 49152))])
+def test_where_a_host_is_probed(record, libvirt, migration):
+    assert libvirt_endpoint(record) == libvirt
+    assert migration_endpoint(record) == migration
+
+
+def test_what_a_peer_publishes_about_its_migration_streams():
+    assert migration_of("qemu+tls://10.0.0.12/system") == {
+        "migration_address": "10.0.0.12", "migration_ports": [49152, 49215]}
+    assert migration_of("qemu:///system", "", "49160") == {
+        "migration_address": None, "migration_ports": [49160, 49160]}
+    with pytest.raises(ValueError, match="bad migration_ports 'x'"):
+        migration_of("qemu:///system", "", "x")

@@ -35,11 +35,15 @@ HOST_COLUMNS = [
     C("net_tx_bytes", "NetTx", table.human_bytes, True),
     C("libvirt_uri", "Libvirt"), C("libvirt_remote", "Reached at", lambda v: v or "-"),
     C("machine", "Machine", lambda v: (v or "-")[:12]), C("provider_uuid", "Provider"),
+    C("migration_address", "Migration", lambda v: v or "-"),
+    C("migration_ports", "MigrationPorts",
+      lambda v: "-".join(str(p) for p in dict.fromkeys(v)) if isinstance(v, list) and v else "-"),
     C("networks", "Networks", lambda names: ",".join(names) or "-"),
     C("version", "Version"), C("feature_level", "Level", right=True),
+    C("verify", "Verify", lambda v: v or "-"),
 ]
 HOSTLIST_DEFAULT = ["host", "status", "hypervisor", "vcpus", "memory_mb", "free_memory_mb",
-                    "vms", "foreign_vms", "free_disk_gb", "kernel", "cpu_model"]
+                    "vms", "foreign_vms", "free_disk_gb", "kernel", "cpu_model", "verify"]
 HOSTLIST_JSON = ops.LISTED
 HOSTSTATS_DEFAULT = ["host", "status", "vcpus", "cpu_usage", "memory_mb", "used_memory_mb",
                      "memory_usage", "vms", "disk_gb", "used_disk_gb", "disk_usage",

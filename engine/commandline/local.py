@@ -60,6 +60,7 @@ def cmd_peer(ctx) -> int:
     try:
         return int(run_peer(ctx.store(), host.name, host.libvirt, pause=api.stop,
                             resume=api.start, libvirt_remote=host.libvirt_remote,
+                            migration=host.migration,
                             **kwargs) or 0)
     finally:
         api.stop()

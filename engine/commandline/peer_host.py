@@ -3,7 +3,10 @@ other hosts reach it by) and its state directory, each from a ``peer``
 flag, else ``$PEERCTL_HOST`` / ``$PEERCTL_LIBVIRT`` /
 ``$PEERCTL_LIBVIRT_REMOTE`` / ``$PEERCTL_STATE_DIR``, else the config file
 (``host``, ``libvirt``, ``libvirt_remote``, ``state_dir``), else this
-machine.
+machine; and where its QEMU migration streams arrive (``migration_address``,
+``migration_ports``: ``$PEERCTL_MIGRATION_ADDRESS``,
+``$PEERCTL_MIGRATION_PORTS`` or the config file, see
+:func:`~engine.hypervisor.host.reachability.migration_of`).
 
 So ``peerctl peer`` with no flags runs the host ``/etc/peerctl/peerctl.conf``
 describes.  The config file's ``state_dir`` is also ``up``'s (``state``,
@@ -54,6 +57,7 @@ class PeerHost:
     state_dir: str          # absolute
     notice: str | None      # one warning line for the log, or None
     libvirt_remote: str = ""    # how other hosts reach its libvirt ("" = as ``libvirt``)
+    migration: dict | None = None   # {migration_address, migration_ports}, published
 
 
 def peer_host(args, settings: dict) -> PeerHost:
@@ -68,7 +72,19 @@ def peer_host(args, settings: dict) -> PeerHost:
     _check_writable(state_dir, where)
     notice = None if explicit else _old_state(settings["cluster"], name, state_dir)
     libvirt = _libvirt(args, settings)
-    return PeerHost(name, libvirt, state_dir, notice, _libvirt_remote(args, settings, libvirt))
+    remote = _libvirt_remote(args, settings, libvirt)
+    return PeerHost(name, libvirt, state_dir, notice, remote,
+                    _migration(args, settings, remote or libvirt))
+
+
+def _migration(args, settings: dict, remote: str) -> dict:
+    from engine.hypervisor.host.reachability import migration_of
+    address, _ = _pick(args, settings, "migration_address")
+    ports, where = _pick(args, settings, "migration_ports")
+    try:
+        return migration_of(remote, address or "", ports or "")
+    except ValueError as exc:
+        raise UsageError(f"{exc} {where}") from None
 
 
 def _pick(args, settings: dict, key: str):

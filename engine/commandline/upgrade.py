@@ -81,14 +81,21 @@ def cmd_verify(ctx) -> int:
     from engine.operations.verify import verify
     found = verify(ctx)
     problems = found["problems"]
+    lines = [f"{p['check']}: {p['problem']}" for p in problems]
+    skipped: dict[str, list[str]] = {}
+    for s in found["skipped"]:
+        skipped.setdefault(s["what"], []).append(s["host"])
+    if skipped:
+        lines.append("skipped (no TCP endpoint to probe): " + "; ".join(
+            f"{what} of {', '.join(hosts)}" for what, hosts in skipped.items()))
     if problems:
-        text = "\n".join(f"{p['check']}: {p['problem']}" for p in problems)
-        text += (f"\n{len(problems)} problem{'s' if len(problems) != 1 else ''} "
-                 f"({found['hosts']} hosts)")
+        lines.append(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} "
+                     f"({found['hosts']} hosts)")
     else:
-        text = (f"no problem found: {found['hosts']} host{'s' if found['hosts'] != 1 else ''}; "
-                f"checked {', '.join(found['checked'])}")
-    ctx.emit(found, text)
+        lines.append(f"no problem found: {found['hosts']} host"
+                     f"{'s' if found['hosts'] != 1 else ''}; checked "
+                     f"{', '.join(found['checked'])}")
+    ctx.emit(found, "\n".join(lines))
     return 1 if problems else 0
 
 
@@ -128,7 +135,8 @@ def register(commands) -> None:
         "python peerctl.py cluster feature-level\n"
         "python peerctl.py cluster feature-level 2", None,
         "verify: one line per problem (etcd's members, hosts down, mixed versions, hosts' "
-        "libvirt URIs, networks, disk space, certificates), exit 1 if any. "
+        "libvirt URIs, networks, disk space, storage pools, certificates, and from the "
+        "hosts every pair's libvirt and migration ports and clocks), exit 1 if any. "
         "feature-level: the level says which shapes peers may write. New code keeps "
         "writing the old shapes until the level is raised, so two releases run side by "
         "side and a host can go back to its previous release until then.")
@@ -138,9 +146,15 @@ def register(commands) -> None:
              "Checks etcd (every member answers, no alarm, at least 3 members), the hosts "
              "(none down; one version and feature level; each host's libvirt_remote "
              "reachable from the others' machines and its own; the same networks "
-             "offered everywhere; 10 % of disk free at least) and certificates (this "
-             "command's and etcd's, 30 days at least). One line per problem, exit 1 if "
-             "any; none: one line saying what was checked. Writes nothing.")
+             "offered everywhere; 10 % of disk free at least; each storage pool's free "
+             "space covering what its VMs' thin disks may still grow into) and "
+             "certificates (this command's and etcd's, 30 days at least). Then every live "
+             "host, through one automation, connects to every other host's libvirt and "
+             "migration port and reads its clock: a pair that cannot connect, or a clock "
+             "more than 0.5 s off the hosts' median, is a problem; an endpoint with no TCP "
+             "port (test:///default, qemu:///system) is listed as skipped. One line per "
+             "problem, exit 1 if any; none: one line saying what was checked. Records each "
+             "host's outcome, which hostlist shows as verify.")
     p = what.add("feature-level", "show the cluster's feature level, or raise it to N",
                  "python peerctl.py cluster feature-level 2", cmd_feature_level,
                  "Without N: the level, and each live host's version and the highest level "

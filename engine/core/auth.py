@@ -9,7 +9,8 @@ Three roles, each granted on key ranges under ``/peerctl/<cluster>/``:
   ``leasecal/``, ``leaseactive/``, ``leasevm/``, ``reserved/``), takes
   VM locks (``locks/``), mints and deletes API tokens (``tokens/``) and
   the page's sessions made from them (``sessions/``, which ``serve --api``
-  writes as its own identity).
+  writes as its own identity), and records what ``cluster verify`` found
+  (``verified/``).
   It cannot write what only hosts know: host records, VM records, a
   host's inbox, elections of singletons;
 - ``peer`` reads and writes everything of the cluster: a host's peer runs
@@ -37,7 +38,7 @@ ROLES = ("peer", "operator", "viewer")
 OPERATOR_WRITES = (keys.auto(), keys.task(), keys.member(), keys.drained(),
                    keys.placement(), keys.lease(), keys.lease_calendar(),
                    keys.lease_active(), keys.lease_vm(), keys.reserved(), keys.lock(),
-                   keys.token(), keys.session())
+                   keys.token(), keys.session(), keys.verified())
 
 
 def _end(prefix: bytes) -> bytes:

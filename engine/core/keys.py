@@ -99,6 +99,12 @@ def host(name: str = "") -> str:
     return f"hosts/{name}"
 
 
+def verified(host: str = "") -> str:
+    """A host's last ``cluster verify`` outcome: ``{time, problems, lines,
+    automation}`` (engine/operations/verify.py), shown by hostlist."""
+    return f"verified/{host}"
+
+
 def split_step(key: str) -> tuple[str, int]:
     """``auto/<id>/resp/00000007`` -> ("resp", 7)."""
     parts = key.split("/")

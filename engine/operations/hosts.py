@@ -14,7 +14,7 @@ MAX_ROUNDS = 10000
 LISTED = ["host", "alive", "enabled", "drained", "reserved_by", "vcpus", "memory_mb",
           "free_memory_mb", "disk_gb", "free_disk_gb", "vms", "foreign_vms", "foreign_vcpus",
           "foreign_memory_mb", "foreign_disk_gb", "hypervisor", "kernel", "cpu_model",
-          "networks", "version", "feature_level"]
+          "networks", "version", "feature_level", "verify"]
 STATS = ["host", "alive", "enabled", "vcpus", "cpu_usage", "memory_mb", "free_memory_mb",
          "vms", "disk_gb", "free_disk_gb", "net_rx_bytes", "net_tx_bytes"]
 ORDER = "host"

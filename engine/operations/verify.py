@@ -1,11 +1,17 @@
 """``cluster verify``: what is wrong with a cluster, seen from outside.
 
 Each check reads what etcd and the hosts' records hold (and, for etcd itself,
-asks every member), and says each problem in one line naming what to look
-at; nothing is written.
+asks every member; for the pairs of hosts and their clocks, asks every live
+host through one automation: :mod:`engine.operations.verify_pairs`), and
+says each problem in one line naming what to look at.  What it found is
+recorded per host (``verified/<host>``: time, problem count, first lines,
+the automation), which ``hostlist`` shows as ``verify``; nothing else is
+written.  Each host's record is written whole (:data:`RECORD_BATCH` hosts a
+transaction, etcd allowing 128 operations): a verify killed before it
+leaves each host's previous outcome.
 
 Checks (each problem is ``{check, host, problem}``, ``host`` None when the
-problem is the cluster's):
+problem is the cluster's, and ``peer``, the other host of a pair):
 - ``etcd``: a member that does not answer, an alarm (``NOSPACE``), fewer
   than 3 members (losing the one or two there are stops the cluster);
 - ``hosts``: a host the cluster knows that is down;
@@ -21,7 +27,17 @@ problem is the cluster's):
 - ``disk``: a host whose state directory's file system has less than 10 %
   free (its VMs' thin disks grow there);
 - ``certificates``: this command's etcd client certificate, and etcd's own,
-  expiring within 30 days.
+  expiring within 30 days;
+- ``reach``: a live host that cannot reach another's libvirt or migration
+  port (skipped pairs, whose endpoint is no TCP one, are listed apart);
+- ``clock``: a live host whose clock is more than 0.5 s off the hosts'
+  median (see :mod:`engine.operations.verify_pairs` for how it is measured);
+- ``pools``: a host whose storage pool has less free space than its VMs'
+  thin disks may still grow into (``pool_free_gb``, ``vm_disk_growth_gb``
+  of its record).
+
+:func:`verify_host` is the same for one host (``join`` runs it): the checks
+that concern it, its pairs both ways, its clock.
 """
 from __future__ import annotations
 
@@ -32,27 +48,57 @@ import time
 import urllib.parse
 
 from engine.cluster import read_hosts
+from engine.core import failpoints, keys
+from engine.core.store import Put
 from engine.hypervisor.host.reachability import reached_at, remote_conflict
 
-__all__ = ["verify", "CHECKS", "EXPIRY_WARNING_DAYS", "DISK_FREE_MIN"]
+from .verify_pairs import check_from_hosts
 
-CHECKS = ("etcd", "hosts", "versions", "libvirt", "networks", "disk", "certificates")
+__all__ = ["verify", "verify_host", "CHECKS", "EXPIRY_WARNING_DAYS", "DISK_FREE_MIN",
+           "RECORDED_LINES", "RECORD_BATCH"]
+
+CHECKS = ("etcd", "hosts", "versions", "libvirt", "networks", "disk", "certificates",
+          "reach", "clock", "pools")
 EXPIRY_WARNING_DAYS = 30
 DISK_FREE_MIN = 0.10
+RECORDED_LINES = 3      # a host's first problems kept in its verify record
+RECORD_BATCH = 100      # hosts' records per transaction (etcd allows 128 operations)
 _MEMBER_TIMEOUT = 2.0
+_ABOUT_EVERY_HOST = ("versions", "certificates")    # cluster-wide lines join shows too
 
 
 def verify(ctx) -> dict:
-    """``{problems: [{check, host, problem}], checked: [...], hosts: N, time}``."""
+    """``{problems: [{check, host, peer?, problem}], checked: [...], hosts: N,
+    skipped: [{host, what, why}], clocks: [{host, offset_s, within_s}],
+    clock_reference, automation, time}``; each host's outcome recorded."""
+    return _verify(ctx, None)
+
+
+def verify_host(ctx, name: str) -> list[dict]:
+    """The problems ``cluster verify`` finds about host ``name``
+    (``[{check, host, peer?, problem}]``, empty: none): its pairs with every
+    other live host both ways, its clock, its libvirt, networks, disk and
+    pool, the cluster's versions and certificates; recorded as its outcome."""
+    return _verify(ctx, name)["problems"]
+
+
+def _verify(ctx, only: str | None) -> dict:
     store = ctx.store()
     hosts = read_hosts(store)
     live = [h for h in hosts if h.get("alive")]
     problems: list[dict] = []
 
-    def say(check: str, host: str | None, problem: str) -> None:
-        problems.append({"check": check, "host": host, "problem": problem})
+    def say(check: str, host: str | None, problem: str, peer: str | None = None) -> None:
+        if only is None or only in (host, peer) or (host is None and
+                                                   check in _ABOUT_EVERY_HOST):
+            problems.append({"check": check, "host": host, "problem": problem,
+                             **({"peer": peer} if peer else {})})
 
-    _etcd(ctx, say)
+    if only is None:
+        _etcd(ctx, say)
+    elif only not in {h["host"] for h in hosts}:
+        say("hosts", only, f"host {only} has no record in this cluster: its peer never "
+                           "registered")
     for host in hosts:
         if not host.get("alive"):
             say("hosts", host["host"], f"host {host['host']} is down (its peer holds no "
@@ -61,9 +107,37 @@ def verify(ctx) -> dict:
     _libvirt(live, say)
     _networks(live, say)
     _disk(live, say)
+    _pools(live, say)
     _certificates(ctx, say)
-    return {"problems": problems, "checked": list(CHECKS), "hosts": len(hosts),
-            "time": time.time()}
+    pairs = check_from_hosts(ctx, live, say, only)
+    found = {"problems": problems, "checked": list(CHECKS), "hosts": len(hosts),
+             "skipped": pairs["skipped"], "clocks": pairs["clocks"],
+             "clock_reference": pairs["reference"], "automation": pairs["automation"],
+             "time": time.time()}
+    found["recorded"] = _record(store, [h["host"] for h in hosts if only in (None, h["host"])],
+                                found)
+    return found
+
+
+def _record(store, names: list[str], found: dict) -> bool:
+    """Each host's outcome (see the module's docstring); False when etcd
+    refuses it (a viewer's verify still answers)."""
+    from engine.errors import PermissionDenied, StoreRefused
+    if not names:
+        return False
+    failpoints.crash("verify record")
+    puts = []
+    for name in names:
+        mine = [p["problem"] for p in found["problems"] if name in (p["host"], p.get("peer"))]
+        puts.append(Put(keys.verified(name), {"time": found["time"], "problems": len(mine),
+                                              "lines": mine[:RECORDED_LINES],
+                                              "automation": found["automation"]}))
+    try:
+        for start in range(0, len(puts), RECORD_BATCH):
+            store.txn([], puts[start:start + RECORD_BATCH])
+    except (PermissionDenied, StoreRefused):      # a viewer, or a full etcd
+        return False
+    return True
 
 
 def _etcd(ctx, say) -> None:
@@ -143,6 +217,15 @@ def _disk(live: list[dict], say) -> None:
             say("disk", host["host"], f"host {host['host']}: {free:g} GiB free of {total:g} GiB "
                                       f"where its VMs' disks grow (under "
                                       f"{DISK_FREE_MIN:.0%})")
+
+
+def _pools(live: list[dict], say) -> None:
+    for host in live:
+        growth, free = host.get("vm_disk_growth_gb"), host.get("pool_free_gb")
+        if isinstance(growth, (int, float)) and isinstance(free, (int, float)) and growth > free:
+            say("pools", host["host"], f"host {host['host']}: its VMs' thin disks may still "
+                                       f"grow by {growth:g} GiB and its storage pool has "
+                                       f"{free:g} GiB free")
 
 
 def _certificates(ctx, say) -> None:

@@ -67,7 +67,7 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 
 
 TASKS, VMS, PROVIDERS = keys.task(), keys.vm(), keys.placement("rp/")
 WATCHED = (TASKS, keys.host(), keys.host_config(), keys.drained(), keys.reserved(), VMS,
-           keys.lock("vm/"), PROVIDERS)
+           keys.lock("vm/"), PROVIDERS, keys.verified())   # verified/: read_hosts reads it
 
 AUTOMATION_STATES = ("running", *keys.TERMINAL_STATES)
 HOST_STATUSES = ("up", "drained", "reserved", "disabled", "down")

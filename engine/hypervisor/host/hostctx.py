@@ -44,6 +44,9 @@ class HostContext:
     # The URI other hosts reach this libvirt by (migrations, copies,
     # consoles); "" = libvirt_uri, which only this machine reaches.
     libvirt_remote: str = ""
+    # Where QEMU's incoming migration streams arrive, as published:
+    # {migration_address, migration_ports: [first, last]} (reachability.migration_of).
+    migration: dict | None = None
     _conn: object = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

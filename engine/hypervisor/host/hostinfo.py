@@ -13,6 +13,12 @@ foreign ones, and ``foreign_vcpus``, ``foreign_memory_mb`` (current memory
 of the running ones) and ``foreign_disk_gb`` are what they hold, from
 which placement's reserved is made (:mod:`engine.hypervisor.host.accounting`).
 
+``pool_free_gb`` is what the peer's storage pool (where its VMs' disks
+live) has free, and ``vm_disk_growth_gb`` what those disks may still grow
+into: their capacity minus their allocation, summed over the pool's volumes
+of this host's VMs (thin qcow2 overlays grow as guests write).  Both are
+absent until the pool exists; ``cluster verify`` compares them.
+
 When a record is worth writing again (:class:`Publication`, the one rule
 the peer and ``bench/scale.py``'s light peers share): the lease, not the
 record, proves that the host is alive, so an unchanged record is never
@@ -32,11 +38,13 @@ from __future__ import annotations
 import os
 import platform
 
+import libvirt
 import psutil
 
 from engine.hypervisor.host import foreign
+from engine.hypervisor.storage.images import POOL_NAME
 
-__all__ = ["host_facts", "hypervisor_version", "cpu_model", "Publication", "GAUGES",
+__all__ = ["host_facts", "pool_space", "hypervisor_version", "cpu_model", "Publication", "GAUGES",
            "MOVED_EVERY", "DRIFT_EVERY"]
 
 _MiB = 1 << 20
@@ -44,7 +52,8 @@ _GiB = 1 << 30
 
 psutil.cpu_percent(interval=None)   # the first reading only starts the clock
 
-GAUGES = ("cpu_usage", "free_memory_mb", "free_disk_gb", "net_rx_bytes", "net_tx_bytes")
+GAUGES = ("cpu_usage", "free_memory_mb", "free_disk_gb", "net_rx_bytes", "net_tx_bytes",
+          "pool_free_gb", "vm_disk_growth_gb")
 # A move worth publishing soon: percentage points, or a share of the field
 # named (with no such field, any change).  The network counters only ever
 # grow: they drift.  hostlist shows free memory and disk, hoststats CPU
@@ -52,7 +61,9 @@ GAUGES = ("cpu_usage", "free_memory_mb", "free_disk_gb", "net_rx_bytes", "net_tx
 # person reads them.
 STEPS = {"cpu_usage": (10.0, None),
          "free_memory_mb": (0.05, "memory_mb"),
-         "free_disk_gb": (0.02, "disk_gb")}
+         "free_disk_gb": (0.02, "disk_gb"),
+         "pool_free_gb": (0.02, "disk_gb"),
+         "vm_disk_growth_gb": (0.02, "disk_gb")}
 MOVED_EVERY = 60.0
 DRIFT_EVERY = 300.0
 _NOT_COMPARED = ("updated",) + GAUGES
@@ -100,6 +111,28 @@ def _existing(path: str) -> str:
     return path
 
 
+def pool_space(conn, host: str | None, uuids: set[str]) -> dict:
+    """``{pool_free_gb, vm_disk_growth_gb}`` of ``host``'s pool, the growth
+    over the volumes of the VMs ``uuids`` (named ``<uuid>...``); ``{}`` when
+    the pool does not exist or is not running."""
+    if not host:
+        return {}
+    try:
+        pool = conn.storagePoolLookupByName(f"{POOL_NAME}-{host}")
+        if not pool.isActive():
+            return {}
+        available = pool.info()[3]
+        growth = 0
+        for vol in pool.listAllVolumes(0):
+            if vol.name()[:36] in uuids:
+                _kind, capacity, allocation = vol.info()
+                growth += max(capacity - allocation, 0)
+    except libvirt.libvirtError:        # no pool yet, or a volume deleted meanwhile
+        return {}
+    return {"pool_free_gb": round(available / _GiB, 1),
+            "vm_disk_growth_gb": round(growth / _GiB, 1)}
+
+
 def host_facts(conn, state_dir: str, host: str | None = None,
                scanned: list[tuple] | None = None, memo=None) -> dict:
     """The host's numbers.  ``vms`` counts peerctl's domains (those of
@@ -142,6 +175,7 @@ def host_facts(conn, state_dir: str, host: str | None = None,
         "libvirt": _version(conn.getLibVersion()),
         "kernel": platform.release(),
         "cpu_model": cpu_model(),
+        **pool_space(conn, host, {dom.UUIDString() for dom in ours}),
     }
 
 

@@ -21,15 +21,29 @@ through the peers, never through libvirt, so they are never refused):
   local URIs (the private daemons of ``up --libvirt qemu``); "one machine"
   is one ``/etc/machine-id``, so a container with a machine id of its own
   counts as another machine.
+
+Where a host is probed from the others (``cluster verify``): its libvirt's
+TCP endpoint (:func:`libvirt_endpoint`, from the URI it is reached at) and
+its migration port (:func:`migration_endpoint`: ``migration_address``, the
+first port of ``migration_ports``, both published in its record, see
+:func:`migration_of`).  A host reached by a URI with no TCP endpoint
+(``test:///default``, ``qemu:///system``, ``qemu+unix://``) has none: its
+pairs are skipped, not failed.
 """
 from __future__ import annotations
 
 import functools
 import urllib.parse
 
-__all__ = ["machine_id", "reached_at", "reaches_other_machines", "remote_conflict"]
+__all__ = ["machine_id", "reached_at", "reaches_other_machines", "remote_conflict",
+           "libvirt_endpoint", "migration_endpoint", "migration_of", "MIGRATION_PORTS"]
 
 _MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+# libvirtd's TCP ports by transport (a URI with a host and no transport is TLS)
+_LIBVIRT_PORTS = {"tls": 16514, "tcp": 16509, "ssh": 22, "libssh": 22, "libssh2": 22}
+# libvirt's default range for QEMU's incoming migration streams (qemu.conf's
+# migration_port_min and migration_port_max)
+MIGRATION_PORTS = (49152, 49215)
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,3 +106,55 @@ def remote_conflict(name: str, remote: str, machine: str, live: list[dict]) -> s
             return (f"host {other}, on another machine, already publishes libvirt_remote "
                     f"{remote}: each host needs a URI of its own (docs/deploy.md)")
     return None
+
+
+def libvirt_endpoint(record: dict) -> tuple[str, int] | None:
+    """``(address, port)`` another host connects to for the libvirt of the
+    host whose record this is, or None when its URI has no TCP endpoint."""
+    uri = reached_at(record)
+    if not isinstance(uri, str):
+        return None
+    parsed = urllib.parse.urlsplit(uri)
+    transport = parsed.scheme.partition("+")[2] or "tls"
+    try:
+        port = parsed.port
+    except ValueError:
+        return None
+    if not parsed.hostname or transport not in _LIBVIRT_PORTS:
+        return None
+    return parsed.hostname, port or _LIBVIRT_PORTS[transport]
+
+
+def migration_endpoint(record: dict) -> tuple[str, int] | None:
+    """``(address, port)`` QEMU's migration stream to the host whose record
+    this is connects to (the first port of its range: the one QEMU takes
+    while no other migration runs), or None when it publishes no address."""
+    address, ports = record.get("migration_address"), record.get("migration_ports")
+    if not isinstance(address, str) or not address:
+        return None
+    if isinstance(ports, list) and ports and isinstance(ports[0], int):
+        return address, ports[0]
+    return address, MIGRATION_PORTS[0]
+
+
+def migration_of(remote: str, address: str = "", ports: str = "") -> dict:
+    """What a peer publishes about its migration streams: ``{migration_address,
+    migration_ports: [first, last]}``.  ``address`` (the ``migration_address``
+    setting) defaults to the host part of ``remote`` (its ``libvirt_remote``)
+    when that has one, else None (nothing to probe); ``ports`` (the
+    ``migration_ports`` setting, ``PORT`` or ``FIRST-LAST``) to libvirt's
+    49152-49215.  ValueError, saying why, for ports that are none."""
+    first, last = MIGRATION_PORTS
+    if ports:
+        low, _, high = ports.partition("-")
+        try:
+            first, last = int(low), int(high or low)
+        except ValueError:
+            raise ValueError(f"bad migration_ports {ports!r}: a port or a range such as "
+                             "49152-49215") from None
+        if not 1 <= first <= last <= 65535:
+            raise ValueError(f"bad migration_ports {ports!r}: ports from 1 to 65535, the "
+                             "first one not above the last")
+    if not address:
+        address = urllib.parse.urlsplit(remote).hostname or None
+    return {"migration_address": address, "migration_ports": [first, last]}
