@@ -20,6 +20,7 @@ from engine.operations.consoles import TOKEN_TTL
 from tests.support import PEERCTL, ROOT, wait_for
 from tests.support.api_client import api_peer_args, free_port
 from tests.support.api_server import served_api
+from tests.support.secured_etcd import SecuredEtcd
 from tests.support.silent_libvirt import SilentLibvirt
 
 RUNNING = "11111111-2222-3333-4444-000000000001"
@@ -226,3 +227,57 @@ def test_a_killed_consoles_token_expires_with_its_lease(cluster, store, silent_a
         if console.poll() is None:
             console.kill()
             console.wait()
+
+
+# -- HTTPS, on a cluster whose etcd checks roles ------------------------------------------------
+
+@pytest.fixture
+def https_api(tmp_path):
+    """An API over HTTPS (a certificate of the cluster's CA) on a cluster
+    whose etcd checks roles, host ``hfile`` running ``run1`` as above."""
+    from engine.web.app import Api
+    from engine.web.server import ApiServer
+    secured = SecuredEtcd(tmp_path)
+    path = tmp_path / "host.xml"
+    path.write_text("<node>" + DOMAIN.format("run1", RUNNING, "") + "</node>")
+    root = secured.root
+    root.put(keys.host("hfile"), {"host": "hfile", "libvirt_uri": f"test://{path}"},
+             root.grant(600))
+    root.put(keys.vm("hfile", RUNNING), {"host": "hfile", "name": "run1", "uuid": RUNNING,
+                                         "state": "running"})
+    files = secured.files("root")
+    api = Api(secured.server.url, secured.name, root.credentials, {"backend": "etcd"}, tls=True)
+    server = ApiServer(api, "127.0.0.1:0", tls={"cert": f"{secured.tls}/etcd.pem",
+                                                "key": f"{secured.tls}/etcd-key.pem",
+                                                "cacert": files["cacert"]}).start()
+    server.libvirt_uri = f"test://{path}"
+    yield secured, server
+    server.stop()
+    secured.close()
+
+
+def test_an_operator_reaches_an_https_api_verified_by_the_clusters_ca(https_api):
+    """The operator role may mint, renew and revoke the console's token; the
+    API's certificate is checked against --cacert."""
+    secured, server = https_api
+    done = secured.cli("operator", "console", "run1", "--no-tty", "--via", "api", "--api",
+                       server.url, input="")
+    assert done.returncode == 1
+    assert one_line(done) == (f"peerctl: the hypervisor of hfile ({server.libvirt_uri}) "
+                              "does not offer a console")
+    assert tokens.list_tokens(secured.root) == []
+
+
+def test_an_api_whose_certificate_another_ca_signed_is_exit_3(https_api, tmp_path):
+    from engine.core import certs
+    secured, server = https_api
+    certs.authority(str(tmp_path / "other"))
+    secret = tmp_path / "token"
+    secret.write_text(tokens.create(secured.root, "operator")["secret"])
+    done = secured.cluster.cli("--cacert", str(tmp_path / "other" / "ca.pem"), "console",
+                               "run1", "--no-tty", "--via", "api", "--api", server.url,
+                               "--token-file", str(secret), env=secured.env("operator"),
+                               input="")
+    assert done.returncode == 3
+    assert one_line(done).startswith(f"peerctl: cannot reach the API at {server.url}: its "
+                                     "certificate does not verify")

@@ -106,8 +106,7 @@ class ApiConsole:
         except aiohttp.WSServerHandshakeError as exc:
             raise await self._refused(where, headers, exc.status, url) from None
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise Unavailable(f"cannot reach the API at {url}: "
-                              f"{_first_line(exc) or 'no answer'}") from None
+            raise Unavailable(f"cannot reach the API at {url}: {_why(exc)}") from None
         self.url = url
 
     def _ssl(self, url: str):
@@ -252,5 +251,12 @@ def _json(text: str) -> dict:
     return said if isinstance(said, dict) else {}
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [""])[0]
+def _why(exc: BaseException) -> str:
+    """What went wrong reaching an API, in a few words: the socket's own
+    (``Connection refused``, a certificate that does not verify)."""
+    cause = getattr(exc, "os_error", None) or exc
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return f"its certificate does not verify: {cause.verify_message}"
+    errno = getattr(cause, "errno", None)
+    text = os.strerror(errno) if isinstance(errno, int) and errno > 0 else str(cause)
+    return (text.splitlines() or [""])[0] or "no answer"
