@@ -281,3 +281,31 @@ def test_an_api_whose_certificate_another_ca_signed_is_exit_3(https_api, tmp_pat
     assert done.returncode == 3
     assert one_line(done).startswith(f"peerctl: cannot reach the API at {server.url}: its "
                                      "certificate does not verify")
+
+
+def test_ctrl_c_while_it_attaches_leaves_and_deletes_its_token(cluster, store, silent_api):
+    console = console_process(cluster, silent_api.url)
+    try:
+        minted(store)
+        console.send_signal(signal.SIGINT)
+        assert console.wait(30) == 130
+        assert "Traceback" not in console.stderr.read()
+        assert no_tokens_left(store)
+    finally:
+        if console.poll() is None:
+            console.kill()
+            console.wait()
+
+
+def test_a_renewal_moves_the_expiry_on_and_never_brings_a_deleted_token_back(store):
+    lease = store.grant(TOKEN_TTL)
+    made = tokens.create(store, "operator", 5, lease=lease)
+    before = store.get(keys.token(made["id"])).value["expires"]
+    assert tokens.renew(store, made["id"], TOKEN_TTL)
+    after = store.get(keys.token(made["id"]))
+    assert after.value["expires"] >= before + TOKEN_TTL - 5 - 1
+    assert after.lease == lease
+    tokens.delete(store, [made["id"]])
+    assert not tokens.renew(store, made["id"], TOKEN_TTL)
+    assert store.get(keys.token(made["id"])) is None
+    store.revoke(lease)
