@@ -101,8 +101,9 @@ class Peer:
                  etcd_history: float = 3600.0, ha_margin: float = DEFAULT_MARGIN,
                  backup_pool: str | None = None, reserved: dict | None = None,
                  pause=None, resume=None, libvirt_remote: str = "",
-                 migration: dict | None = None):
+                 migration: dict | None = None, api_url: str = ""):
         self.store = store
+        self.api_url = api_url          # the URL of the API this process serves, or ""
         self.name = host
         self.ttl = ttl
         self.retention = retention
@@ -368,7 +369,8 @@ class Peer:
             self.log.error("carry_restore_failed", error=str(exc))
 
     def _host_record(self, scanned: list | None = None) -> dict:
-        return {**_host_record(self.host, scanned, self.memo), **self.identity()}
+        return {**_host_record(self.host, scanned, self.memo), **self.identity(),
+                **({"api": self.api_url} if self.api_url else {})}
 
     def _serve(self, session: Session):
         self.log.info("session_started", lease=f"{session.lease:x}", ttl=self.ttl,
@@ -620,7 +622,8 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
              networks: str = "default", etcd_history=ETCD_HISTORY,
              ha_margin=DEFAULT_MARGIN, backup_pool: str | None = None,
              reserved: dict | None = None, pause=None, resume=None,
-             libvirt_remote: str = "", migration: dict | None = None) -> int:
+             libvirt_remote: str = "", migration: dict | None = None,
+             api_url: str = "") -> int:
     """Run a peer in the foreground until SIGTERM or SIGINT.  Finished
     automations are kept for ``retention`` (seconds or ``7d``-style);
     ``networks`` is what the host offers (``default, lan=br0``: see
@@ -631,13 +634,15 @@ def run_peer(store: Store, host: str, libvirt_uri: str, ttl: int = 5,
     under the state directory); placement keeps ``reserved`` ``{RC: amount}``
     back on this host, on top of what its foreign domains hold.  ``pause``
     and ``resume`` stop and start what else the process serves (its API)
-    around a hand-over to another release.  ``migration`` (``{migration_address,
-    migration_ports}``) is published in the host record for ``cluster verify``."""
+    around a hand-over to another release; ``api_url`` is the URL of that
+    API, published in the host record (``api``) for consoles.  ``migration``
+    (``{migration_address, migration_ports}``) is published in the host
+    record for ``cluster verify``."""
     peer = Peer(store, host, libvirt_uri, ttl, hooks_dir, workers, state_dir,
                 parse_duration(retention if retention is not None else RETENTION), networks,
                 parse_duration(etcd_history if etcd_history is not None else ETCD_HISTORY),
                 parse_duration(ha_margin if ha_margin is not None else DEFAULT_MARGIN),
-                backup_pool, reserved, pause, resume, libvirt_remote, migration)
+                backup_pool, reserved, pause, resume, libvirt_remote, migration, api_url)
 
     def stop(signum, frame):
         peer.log.info("peer_stopping", signal=signum)

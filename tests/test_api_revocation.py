@@ -3,8 +3,6 @@ expiry passing ends every event stream and console websocket it opened, on
 every peer's API, within a second; a stream of another token goes on."""
 from __future__ import annotations
 
-import socket
-import threading
 import time
 import uuid
 
@@ -16,6 +14,7 @@ from engine.core import keys, tokens
 from tests.support import wait_for
 from tests.support.api_client import ApiClient, OpenStream, answers, api_peer_args, free_port
 from tests.support.api_server import in_own_loop, served_api
+from tests.support.silent_libvirt import SilentLibvirt
 
 PROMISE = 1.0                   # seconds: what docs/api.md promises
 DEADLINE = PROMISE + 0.5        # what the test allows, polling included
@@ -69,29 +68,6 @@ def test_a_token_whose_expiry_passes_ends_its_stream(cluster, store, two_apis):
 
 
 # -- the console ---------------------------------------------------------------------------
-
-class SilentLibvirt:
-    """A TCP listener that takes connections and never answers: a libvirt
-    that is slow to attach, so that a console's websocket stays open."""
-
-    def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                self.held.append(self.listener.accept()[0])
-            except OSError:
-                return
-
-    def close(self):
-        self.listener.close()
-        for conn in self.held:
-            conn.close()
-
 
 @pytest.fixture
 def slow_console_api(store, etcd, cluster_name):

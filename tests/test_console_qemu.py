@@ -1,7 +1,9 @@
 """`console NAME` on a real guest: a real peer on this machine's libvirtd
 (``qemu:///system``) boots the busybox guest of :mod:`tests.support.qemu_guest`
 through the command line, then the command line attaches to its serial
-console, through a pipe (``--no-tty``) and on a pty of its own.
+console, through a pipe (``--no-tty``) and on a pty of its own, directly
+and through the peer's API (``--via api``: the websocket, with a token the
+command mints for itself).
 
 One guest for the module (it boots in tens of seconds under TCG); the tests
 run in file order and the last one shuts it down.  Skipped, saying why,
@@ -21,7 +23,10 @@ import time
 
 import pytest
 
+from engine.core import tokens
+from engine.core.store import Store
 from tests.support import PEERCTL, ROOT, qemu_guest, wait_for
+from tests.support.api_client import api_peer_args, free_port
 from tests.support.console_guest import booted_guest
 from tests.support.qemu_guest import guest_dir  # noqa: F401  (a fixture: skips saying why)
 
@@ -31,9 +36,16 @@ ANSWER_TIMEOUT = 30.0
 
 
 class Guest:
-    def __init__(self, cluster, name, host, uuid, console_log):
+    def __init__(self, cluster, name, host, uuid, console_log, api):
         self.cluster, self.name, self.host, self.uuid = cluster, name, host, uuid
-        self.console_log = console_log
+        self.console_log, self.api = console_log, api
+
+    def tokens(self) -> list[dict]:
+        store = Store(self.cluster.etcd_url, self.cluster.name)
+        try:
+            return tokens.list_tokens(store)
+        finally:
+            store.close()
 
     def console(self, *args, **popen) -> subprocess.Popen:
         """``python peerctl.py console NAME ARGS`` on pipes (unless ``popen`` says else)."""
@@ -45,10 +57,12 @@ class Guest:
 
 @pytest.fixture(scope="module")
 def guest(guest_dir, etcd, tmp_path_factory):
-    """A running guest booted by `boot` on peer ``qc<pid>``, its shell up."""
+    """A running guest booted by `boot` on peer ``qc<pid>``, its shell up;
+    the peer serves its API."""
+    port = free_port()
     with booted_guest(guest_dir, etcd.url, tmp_path_factory.mktemp("console"),
-                      "console") as booted:
-        yield Guest(*booted)
+                      "console", peer_args=api_peer_args(port)) as booted:
+        yield Guest(*booted, api=f"http://127.0.0.1:{port}")
 
 
 def read_until(fd, wanted: bytes, timeout: float, seen: bytearray) -> bytes:
@@ -142,6 +156,76 @@ def test_a_second_console_takes_over_and_the_first_says_so(guest):
         assert stderr_lines(first) == [
             f"peerctl: the console of VM {guest.name} on {guest.host} closed while the VM "
             "runs (another client may have taken it over)"]
+        assert second.wait(30) == 0
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_through_the_peers_api_a_piped_command_gets_its_answer(guest):
+    console = guest.console("--no-tty", "--via", "api")
+    try:
+        said = read_until(console.stderr.fileno(), b"Plain byte stream", ANSWER_TIMEOUT,
+                          bytearray()).decode()
+        assert said.startswith(f"Connected to VM {guest.name} on {guest.host} (through the "
+                               f"API at {guest.api}). Plain byte stream")
+        console.stdin.write(b"echo api-$((6*7))\n")
+        console.stdin.close()
+        out = read_until(console.stdout.fileno(), b"api-42", ANSWER_TIMEOUT, bytearray())
+        assert b"echo api-$((6*7))" in out          # the guest's tty echoed the line
+        assert [token["role"] for token in guest.tokens()] == ["operator"]   # its own
+        console.send_signal(signal.SIGINT)
+        assert console.wait(30) == 128 + signal.SIGINT
+        assert stderr_lines(console)[-1] == \
+            f"Left the console on signal {int(signal.SIGINT)} (VM {guest.name} on {guest.host})"
+        assert guest.tokens() == []                 # deleted as the console ended
+    finally:
+        if console.poll() is None:
+            console.kill()
+            console.wait()
+
+
+def test_through_the_api_on_a_terminal_ctrl_bracket_leaves_restoring_it(guest):
+    master, slave = pty.openpty()
+    cooked = termios.tcgetattr(slave)
+
+    def controlling_terminal():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    console = guest.console("--via", "api", stdin=slave, stdout=slave, stderr=slave,
+                            preexec_fn=controlling_terminal)
+    os.close(slave)
+    seen = bytearray()
+    try:
+        read_until(master, b"Escape character is ^]", ANSWER_TIMEOUT, seen)
+        wait_for(lambda: not termios.tcgetattr(master)[3] & (
+            termios.ICANON | termios.ECHO | termios.ISIG), timeout=10, what="a raw terminal")
+        os.write(master, b"echo apipty-$((6*7))\r")
+        read_until(master, b"apipty-42", ANSWER_TIMEOUT, seen)
+        os.write(master, b"\x1d")
+        assert console.wait(30) == 0
+        read_until(master, b"Left the console", ANSWER_TIMEOUT, seen)
+        assert termios.tcgetattr(master) == cooked
+    finally:
+        if console.poll() is None:
+            console.kill()
+            console.wait()
+        os.close(master)
+
+
+def test_a_direct_console_takes_over_one_through_the_api_which_says_so(guest):
+    first = guest.console("--no-tty", "--via", "api")
+    second = None
+    try:
+        read_until(first.stderr.fileno(), b"Connected to VM", ANSWER_TIMEOUT, bytearray())
+        second = guest.console("--no-tty", "--timeout", "3", stdin=subprocess.DEVNULL)
+        assert first.wait(30) == 1
+        assert stderr_lines(first)[-1] == (
+            f"peerctl: the console of VM {guest.name} on {guest.host} closed while the VM "
+            "runs (another client may have taken it over)")
         assert second.wait(30) == 0
     finally:
         for process in (first, second):

@@ -34,6 +34,7 @@ HOST_COLUMNS = [
     C("net_rx_bytes", "NetRx", table.human_bytes, True),
     C("net_tx_bytes", "NetTx", table.human_bytes, True),
     C("libvirt_uri", "Libvirt"), C("libvirt_remote", "Reached at", lambda v: v or "-"),
+    C("api", "API", lambda v: v or "-"),
     C("machine", "Machine", lambda v: (v or "-")[:12]), C("provider_uuid", "Provider"),
     C("migration_address", "Migration", lambda v: v or "-"),
     C("migration_ports", "MigrationPorts",

@@ -61,7 +61,7 @@ def cmd_peer(ctx) -> int:
         return int(run_peer(ctx.store(), host.name, host.libvirt, pause=api.stop,
                             resume=api.start, libvirt_remote=host.libvirt_remote,
                             migration=host.migration,
-                            **kwargs) or 0)
+                            api_url=api.published(), **kwargs) or 0)
     finally:
         api.stop()
 
@@ -90,6 +90,19 @@ class _Api:
         if self.server is not None:
             server, self.server = self.server, None
             server.stop()
+
+    def published(self) -> str:
+        """The URL the host record publishes (``console`` goes through it):
+        the server's, a wildcard address (0.0.0.0, ::) replaced by this
+        machine's name; "" when the peer serves no API."""
+        if self.server is None:
+            return ""
+        url = self.server.url
+        for wildcard in ("//0.0.0.0:", "//[::]:"):
+            if wildcard in url:
+                import socket
+                url = url.replace(wildcard, f"//{socket.getfqdn()}:")
+        return url
 
 
 def cmd_up(ctx) -> int:

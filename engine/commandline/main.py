@@ -21,7 +21,8 @@ __all__ = ["build_parser", "run", "main"]
 # registers: a command loads only its own noun (as pip's commands_dict does),
 # --help and an unknown command load them all.
 NOUNS = {"vms": ("vmlist", "boot", "destroy", "start", "stop", "reboot", "suspend", "resume",
-                 "console", "ha"),
+                 "ha"),
+         "console": ("console",),
          "adoption": ("adopt", "unmanage"),
          "groups": ("group",),
          "hosts": ("hostlist", "hoststats", "ping"),

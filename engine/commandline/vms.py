@@ -1,10 +1,8 @@
-"""VMs: vmlist, boot, destroy/start/stop/reboot/suspend/resume, ha, console."""
+"""VMs: vmlist, boot, destroy/start/stop/reboot/suspend/resume, ha."""
 from __future__ import annotations
 
 import functools
-import os
 
-from engine.core.validate import parse_duration
 from engine.errors import Failed, UsageError
 from engine.operations import vms as ops
 
@@ -197,25 +195,6 @@ def cmd_ha(ctx) -> int:
     return act(ctx, ops.plan_ha(ctx, ctx.args.patterns, ctx.args.policy), outcome)
 
 
-def cmd_console(ctx) -> int:
-    args = ctx.args
-    vm, uri = ops.console_target(ctx, args.name)
-    from engine.hypervisor.host import console
-    tty = not args.no_tty and os.isatty(0)
-    attached = console.attach(uri, vm["uuid"], vm["name"], vm["host"])
-    say(f"Connected to VM {vm['name']} on {vm['host']} ({attached.uri}). "
-        + ("Escape character is ^]" if tty else
-           "Plain byte stream: it ends with the console, a signal"
-           + (f" or --timeout {args.timeout:g}" if args.timeout is not None else "")))
-    ended = attached.run(tty=tty, timeout=args.timeout)
-    say({"escape": "\nLeft the console", "closed": "Console closed: the VM stopped",
-         "timeout": "Left the console: --timeout reached",
-         "stdin": "Left the console: the terminal closed"}.get(
-        ended.reason, f"Left the console on signal {ended.signum}")
-        + f" (VM {vm['name']} on {vm['host']})")
-    return ended.exit_code
-
-
 def register(commands) -> None:
     sub = commands.add("vmlist", "list VMs: host, name, vcpus, memory, state",
                        "python peerctl.py vmlist 'host1/*web*' -o name,state,uuid --sort -memory_mb",
@@ -302,31 +281,6 @@ def register(commands) -> None:
         yes_option(sub)
         dry_run_option(sub)
         detach_option(sub)
-
-    sub = commands.add(
-        "console", "an interactive serial console to a VM",
-        "python peerctl.py console web1\n"
-        "printf 'uname -a\\n' | python peerctl.py console web1 --no-tty --timeout 5",
-        cmd_console,
-        "Attach this terminal to the serial console of one VM, through its host's "
-        "libvirt (the URI in the host's record), from any machine that reaches it. "
-        "The console is forced: a client holding it already is cut off. On a "
-        "terminal, the terminal is raw and Ctrl-] leaves (exit 0). With --no-tty, or "
-        "when stdin is not a terminal, stdin is passed to the guest byte for byte "
-        "(Ctrl-] too) and its end does not leave: the session ends when the console "
-        "closes, on SIGINT/SIGTERM (exit 128+signal) or after --timeout (exit 0). "
-        "The guest's output is on stdout, peerctl's lines on stderr. The session "
-        "ends with exit 0 when the VM stops; a VM that is not running, a host that "
-        "does not answer (exit 3) or a hypervisor offering no console fail with one "
-        "line.")
-    sub.add_argument("name", metavar="NAME", help="the VM: VMGLOB or HOSTGLOB/VMGLOB, "
-                                                  "matching exactly one VM")
-    sub.add_argument("--no-tty", action="store_true",
-                     help="a plain byte stream even on a terminal: no raw mode, no escape")
-    sub.add_argument("--timeout", metavar="SECONDS",
-                     type=lambda text: parse_duration(text, "--timeout"),
-                     help="leave after this long (exit 0); for scripts that pipe a command "
-                          "in and read its output")
 
     sub = commands.add("ha", "set the HA policy of VMs",
                        "python peerctl.py ha 'db*' restart\npython peerctl.py ha 'host3/*' none",

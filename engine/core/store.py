@@ -457,8 +457,12 @@ class Store:
             pass    # already gone
 
     def lease_alive(self, lease: int) -> bool:
+        return self.lease_ttl(lease) > 0
+
+    def lease_ttl(self, lease: int) -> int:
+        """The seconds ``lease`` has left; 0 or less once it has ended."""
         request = etcdrpc.LeaseTimeToLiveRequest(ID=lease)
-        return self._call("leasestub", "LeaseTimeToLive", request).TTL > 0
+        return self._call("leasestub", "LeaseTimeToLive", request).TTL
 
     def compact(self, revision: int) -> None:
         """Drop history before ``revision`` (the whole etcd, not just this cluster)."""

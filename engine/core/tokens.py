@@ -11,7 +11,10 @@ A token gives whoever holds its secret one role of :mod:`engine.core.auth`,
 - :func:`verify` never raises for a bad secret (malformed, unknown, wrong,
   expired, deleted, or a garbled record): it answers None.  Only etcd being
   unreachable or refusing raises, as for every read;
-- :func:`delete` deletes every token named, or none of them.
+- :func:`delete` deletes every token named, or none of them;
+- a token made with a ``lease`` (a console's, :mod:`engine.operations.consoles`)
+  is deleted by etcd when its lease ends; :func:`renew` moves its expiry
+  on, and never brings back a token deleted meanwhile.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from .store import Delete, Put, absent, modified_at
 from .values import declare, readable, shape
 
 __all__ = ["TOKEN_ROLES", "TOKEN", "MAX_EXPIRY", "check_role", "check_expiry", "create",
-           "list_tokens", "delete", "verify", "live"]
+           "renew", "list_tokens", "delete", "verify", "live"]
 
 TOKEN_ROLES = ("viewer", "operator")
 MAX_EXPIRY = 100 * 365 * 86400.0        # longer is a typo, not an expiry: use none
@@ -87,10 +90,11 @@ def check_expiry(expires_in) -> float | None:
     return float(expires_in)
 
 
-def create(store, role: str, expires_in: float | None = None) -> dict:
+def create(store, role: str, expires_in: float | None = None, lease: int = 0) -> dict:
     """A new token of ``role`` expiring ``expires_in`` seconds from now (None:
-    never): ``{id, role, created, expires, secret}``, times ISO 8601 UTC.
-    The only place its secret is ever seen."""
+    never), bound to etcd lease ``lease`` when given: ``{id, role, created,
+    expires, secret}``, times ISO 8601 UTC.  The only place its secret is
+    ever seen."""
     role, expires_in = check_role(role), check_expiry(expires_in)
     for _ in range(10):         # 48 random bits: a clash is rare, and refused
         token_id = secrets.token_hex(6)
@@ -98,9 +102,25 @@ def create(store, role: str, expires_in: float | None = None) -> dict:
         now = time.time()
         record = {"id": token_id, "role": role, "hash": _hash(secret), "created": now,
                   "expires": None if expires_in is None else now + expires_in}
-        if store.txn([absent(keys.token(token_id))], [Put(keys.token(token_id), record)]).succeeded:
+        if store.txn([absent(keys.token(token_id))],
+                     [Put(keys.token(token_id), record, lease)]).succeeded:
             return dict(_shown(record), secret=secret)
     raise Conflict("no free token id after 10 tries: try again")
+
+
+def renew(store, token_id: str, expires_in: float) -> bool:
+    """Move token ``token_id``'s expiry to ``expires_in`` seconds from now,
+    keeping its lease; False when it is gone (deleted, expired, garbled)."""
+    for _ in range(10):
+        kv = store.get(keys.token(token_id))
+        record = live(kv, token_id)
+        if record is None:
+            return False
+        record = dict(record, expires=time.time() + check_expiry(expires_in))
+        if store.txn([modified_at(kv.key, kv.mod_revision)],
+                     [Put(kv.key, record, kv.lease)]).succeeded:
+            return True
+    raise Conflict(f"token {token_id} kept changing under its renewal: try again")
 
 
 def list_tokens(store) -> list[dict]:

@@ -27,6 +27,7 @@ Modules:
 - :mod:`.events`: ``/v1/events``, server-sent events keyed by etcd revision;
 - :mod:`.openapi`: the OpenAPI document, made from the route table;
 - :mod:`.console`: a VM's serial console in the page, through a websocket;
+  :mod:`.console_client` the command line's side of it (``console --via api``);
 - :mod:`.metrics`: ``/metrics``, a Prometheus exposition from :mod:`.watched`
   (keys of etcd kept current by watches) and :mod:`.domain_metrics` (this
   host's domains, from libvirt).

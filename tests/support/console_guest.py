@@ -22,10 +22,11 @@ BOOT_TIMEOUT = 120.0
 
 
 @contextlib.contextmanager
-def booted_guest(guest_dir, etcd_url: str, base, tag: str):
+def booted_guest(guest_dir, etcd_url: str, base, tag: str, peer_args=()):
     """``(cluster, name, host, uuid, console_log)`` of a running guest named
     ``<tag><pid>`` on peer ``q<tag[0]><pid>`` (unique: the libvirtd is
-    shared); destroyed, and whatever it left in libvirtd removed, after."""
+    shared), the peer started with ``peer_args`` too (``--api ...``);
+    destroyed, and whatever it left in libvirtd removed, after."""
     workdir = qemu_guest.world_readable_tmpdir(f"peerctl-{tag}-")
     pid = os.getpid()
     host, name = f"q{tag[0]}{pid}", f"{tag}{pid}"
@@ -37,7 +38,7 @@ def booted_guest(guest_dir, etcd_url: str, base, tag: str):
                                             workdir)
         cluster.start_peer(host, libvirt=qemu_guest.QEMU_URI,
                            env={"PEERCTL_QEMU_ACCEL": qemu_guest.LINUX_ACCEL},
-                           extra_args=["--state-dir", state_dir])
+                           extra_args=["--state-dir", state_dir, *peer_args])
         store = Store(etcd_url, cluster.name)
         try:
             wait_for(lambda: host in api.live_hosts(store), timeout=60, interval=0.2,

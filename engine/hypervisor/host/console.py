@@ -16,31 +16,23 @@ Promises:
   not there, is not running, or the hypervisor offers no console (libvirt's
   test driver never does: a domain another process's ``test:///`` holds is
   said so, not "not defined");
-- on a terminal (``tty=True``) stdin is put in raw mode for the session and
-  restored whatever ends it (escape, console closed, error, SIGTERM, SIGHUP);
-  Ctrl-] (``ESCAPE``) leaves, every other byte goes to the guest;
-- without a terminal every byte of stdin goes to the guest, Ctrl-] too, and
-  the end of stdin does not end the session: the console closing, a signal
-  (SIGINT, SIGTERM, SIGHUP) or ``timeout`` does;
-- the guest's bytes go to stdout unchanged; nothing else is written there.
+- the terminal's side (raw mode, Ctrl-], the end of stdin, signals,
+  ``timeout``, the guest's bytes on stdout) is :mod:`engine.terminal`'s,
+  which the API's websocket transport (``console --via api``) shares.
 """
 from __future__ import annotations
 
 import os
-import signal
-import termios
 import threading
 import time
-import tty as ttymode
-from dataclasses import dataclass
 
 import libvirt
 
 from engine.errors import Failed, Unavailable
+from engine.terminal import ESCAPE, Ended, Session
 
 __all__ = ["ESCAPE", "Console", "Ended", "attach"]
 
-ESCAPE = b"\x1d"                # Ctrl-], as telnet and virsh
 _CHUNK = 65536
 _SETTLE = 3.0                   # seconds for libvirt to see a stopped guest stopped
 _BACKLOG = 1 << 20              # stop reading stdin while this much waits for the guest
@@ -48,20 +40,6 @@ _STATES = {libvirt.VIR_DOMAIN_NOSTATE: "in no state", libvirt.VIR_DOMAIN_RUNNING
            libvirt.VIR_DOMAIN_BLOCKED: "blocked", libvirt.VIR_DOMAIN_PAUSED: "paused",
            libvirt.VIR_DOMAIN_SHUTDOWN: "shutting down", libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
            libvirt.VIR_DOMAIN_CRASHED: "crashed", libvirt.VIR_DOMAIN_PMSUSPENDED: "pmsuspended"}
-
-
-@dataclass
-class Ended:
-    """How a session ended: ``reason`` is ``escape``, ``closed`` (the guest's
-    console stream ended), ``timeout``, ``stdin`` (the terminal went away) or
-    ``signal`` (``signum`` says which); ``exit_code`` is what the command
-    line exits with."""
-    reason: str
-    signum: int = 0
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum if self.reason == "signal" else 0
 
 
 _loop_lock = threading.Lock()
@@ -157,12 +135,15 @@ class Console:
     def __init__(self, conn, dom, stream, name: str, host: str, uri: str):
         self.conn, self.dom, self.stream = conn, dom, stream
         self.name, self.host, self.uri = name, host, uri
-        self._done = threading.Event()
-        self._ended: Ended | None = None
-        self._error: str | None = None
+        self.session = Session()        # the terminal's side, made again by run
         self._pending = b""             # stdin bytes the stream did not take yet
         self._stdin_watch = None
         self._stdin_paused = False
+
+    @property
+    def where(self) -> str:
+        """How the console is reached, for the line saying it attached."""
+        return self.uri
 
     # -- the session -----------------------------------------------------------
 
@@ -170,34 +151,21 @@ class Console:
             timeout: float | None = None) -> Ended:
         """Pump until the session ends; raise :class:`Failed` if it ends by
         an error (the connection lost, the console taken by another client)."""
-        self.stdin, self.stdout, self.tty = stdin, stdout, tty
-        saved_tty = termios.tcgetattr(stdin) if tty else None
-        saved_signals = {}
-        try:
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-                saved_signals[signum] = signal.signal(
-                    signum, signal.SIG_IGN if signum == signal.SIGPIPE else self._on_signal)
-            if tty:
-                ttymode.setraw(stdin, termios.TCSANOW)
-            self.stream.eventAddCallback(self._stream_events(), self._on_stream, None)
-            self._stdin_watch = libvirt.virEventAddHandle(
-                stdin, libvirt.VIR_EVENT_HANDLE_READABLE, self._on_stdin, None)
-            _quietly(self.conn.registerCloseCallback, self._on_conn_closed, None)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while not self._done.wait(0.2):         # a short wait lets signals in
-                if deadline is not None and time.monotonic() >= deadline:
-                    self._end(Ended("timeout"))
-            if self._ended is not None and self._ended.reason == "closed":
-                self._error = self._why_closed()
-        finally:
-            self._close()
-            if saved_tty is not None:
-                termios.tcsetattr(stdin, termios.TCSADRAIN, saved_tty)
-            for signum, handler in saved_signals.items():
-                signal.signal(signum, handler)
-        if self._error is not None:
-            raise Failed(self._error)
-        return self._ended
+        self.session = session = Session(stdin, stdout, tty, timeout)
+        with session:
+            try:
+                self.stream.eventAddCallback(self._stream_events(), self._on_stream, None)
+                self._stdin_watch = libvirt.virEventAddHandle(
+                    stdin, libvirt.VIR_EVENT_HANDLE_READABLE, self._on_stdin, None)
+                _quietly(self.conn.registerCloseCallback, self._on_conn_closed, None)
+                ended = session.wait()
+                if ended.reason == "closed":
+                    why = self._why_closed()
+                    if why is not None:
+                        raise Failed(why)
+                return ended
+            finally:
+                self._close()
 
     def _why_closed(self) -> str | None:
         """None when the stream ended because the guest stopped (libvirt
@@ -219,16 +187,8 @@ class Console:
                         "runs (another client may have taken it over)")
             time.sleep(0.1)
 
-    def _end(self, ended: Ended | None = None, error: str | None = None) -> None:
-        if not self._done.is_set():
-            self._ended, self._error = ended, error
-            self._done.set()
-
-    def _on_signal(self, signum, _frame) -> None:
-        self._end(Ended("signal", signum))
-
     def _close(self) -> None:
-        self._done.set()
+        self.session.done.set()         # the event loop's callbacks do nothing more
         if self._stdin_watch is not None:
             _quietly(libvirt.virEventRemoveHandle, self._stdin_watch)
         _quietly(self.stream.eventRemoveCallback)
@@ -244,7 +204,7 @@ class Console:
         return events | (libvirt.VIR_STREAM_EVENT_WRITABLE if self._pending else 0)
 
     def _on_stream(self, _stream, events, _opaque) -> None:
-        if self._done.is_set():
+        if self.session.done.is_set():
             return
         try:
             if events & libvirt.VIR_STREAM_EVENT_READABLE and not self._from_guest():
@@ -256,11 +216,10 @@ class Console:
                 self._closed_by_host()
         except libvirt.libvirtError:
             self._closed_by_host()
-        except OSError as exc:          # stdout gone (EPIPE): nobody reads the guest
-            self._end(error=f"cannot write the console's output: {exc.strerror}")
 
     def _from_guest(self) -> bool:
-        """Copy what the guest sent to stdout; False once the stream ended."""
+        """Copy what the guest sent to stdout; False once the stream ended
+        (or stdout did)."""
         while True:
             data = self.stream.recv(_CHUNK)
             if isinstance(data, int):       # -2: nothing more for now
@@ -268,39 +227,31 @@ class Console:
             if not data:
                 self._closed_by_host()
                 return False
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.stdout, view):]
+            if not self.session.show(data):
+                return False
 
     def _closed_by_host(self) -> None:
         """The stream ended or failed; :meth:`_why_closed` tells why, in the
         main thread (no libvirt call is made from the event loop's)."""
-        self._end(Ended("closed"))
+        self.session.end(Ended("closed"))
 
     def _on_stdin(self, _watch, fd, _events, _opaque) -> None:
-        if self._done.is_set():
+        if self.session.done.is_set():
             return
         try:
             data = os.read(fd, _CHUNK)
         except OSError as exc:
+            self.session.unreadable(exc)
             data = b""
-            if self.tty:
-                self._end(error=f"cannot read the terminal: {exc.strerror}")
-                return
         if not data:
-            libvirt.virEventRemoveHandle(self._stdin_watch)
+            _quietly(libvirt.virEventRemoveHandle, self._stdin_watch)
             self._stdin_watch = None
-            if self.tty:                    # the terminal went away
-                self._end(Ended("stdin"))
-            return                          # a pipe ended: wait for the guest's answer
-        if self.tty and ESCAPE in data:
-            self._to_guest(data[:data.index(ESCAPE)])
-            self._end(Ended("escape"))
-            return
-        try:
-            self._to_guest(data)
-        except libvirt.libvirtError:
-            self._closed_by_host()
+        to_guest = self.session.typed(data)
+        if to_guest:
+            try:
+                self._to_guest(to_guest)
+            except libvirt.libvirtError:
+                self._closed_by_host()
 
     def _to_guest(self, data: bytes) -> None:
         """Send ``data`` after what still waits; keep what the stream does
@@ -320,4 +271,4 @@ class Console:
 
     def _on_conn_closed(self, _conn, reason, _opaque) -> None:
         if reason != libvirt.VIR_CONNECT_CLOSE_REASON_CLIENT:
-            self._end(error=f"lost {self.host}'s libvirt at {self.uri}")
+            self.session.end(error=f"lost {self.host}'s libvirt at {self.uri}")
