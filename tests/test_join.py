@@ -80,21 +80,37 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_a_joined_machine_registers_is_undrained_after_the_checks_and_takes_a_vm(secured,
-                                                                                tmp_path):
+@pytest.fixture
+def h1_serving(secured):
+    """Peer h1 running, its API over HTTPS with the cluster's CA: its URL."""
     port = free_port()
     secured.cluster.start_peer("h1", env=secured.env("peer-h1"), extra_args=[
         "--api", f"127.0.0.1:{port}", "--api-cert", f"{secured.tls}/etcd.pem",
         "--api-key", f"{secured.tls}/etcd-key.pem"])
     wait_for(lambda: "h1" in api.live_hosts(secured.root), timeout=30, what="h1 alive")
-    added = host_add(secured, "h4", "--api", f"https://127.0.0.1:{port}")
+    return f"https://127.0.0.1:{port}"
+
+
+def stop_joined(doc: dict, where) -> None:
+    """Stop the peer join started, by its PID, and its guard."""
+    pid = ((doc or {}).get("peer") or {}).get("pid")
+    if pid:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}") or
+                 open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
+                 what="the joined peer to end")
+    stop_guard(where / "state")
+
+
+def test_a_joined_machine_registers_is_undrained_after_the_checks_and_takes_a_vm(
+        secured, h1_serving, tmp_path):
+    added = host_add(secured, "h4", "--api", h1_serving)
     assert added["token"].startswith("pcj1_") and added["host"] == "h4"
     record = secured.root.range(keys.join())[0][0].value
     assert added["token"] not in json.dumps(record) and "BEGIN" not in record["sealed"]
     where = tmp_path / "h4"
     done = join(secured, added["token"], where, "--wait", "60")
     doc = json.loads(done.stdout) if done.stdout else {}
-    pid = (doc.get("peer") or {}).get("pid")
     try:
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert doc["state"] == "serving" and doc["problems"] == [] and "hosts" in doc["verified"]
@@ -110,12 +126,24 @@ def test_a_joined_machine_registers_is_undrained_after_the_checks_and_takes_a_vm
         assert booted["state"] == "done" and booted["vms"][0]["host"] == "h4"
         assert secured.root.range(keys.join())[0] == []         # used up
     finally:
-        if pid:
-            os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: not os.path.exists(f"/proc/{pid}") or
-                     open(f"/proc/{pid}/stat").read().split()[2] == "Z",
-                     what="h4's peer to end")
-            stop_guard(where / "state")
+        stop_joined(doc, where)
+
+
+def test_a_joined_host_whose_checks_fail_stays_drained_and_says_why(secured, h1_serving,
+                                                                   tmp_path):
+    token = host_add(secured, "h4", "--api", h1_serving)["token"]
+    where = tmp_path / "h4"
+    done = join(secured, token, where, "--wait", "60", env={"PEERCTL_NETWORKS": ""})
+    doc = json.loads(done.stdout) if done.stdout else {}
+    try:
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        assert doc["state"] == "drained"
+        assert any("h4 does not offer network default" in line for line in doc["problems"])
+        listed = {h["host"]: h for h in json.loads(secured.cli(
+            "operator", "--format", "json", "hostlist").stdout)}
+        assert listed["h4"]["alive"] and listed["h4"]["drained"]
+    finally:
+        stop_joined(doc, where)
 
 
 def test_a_used_token_is_refused_and_writes_nothing(secured, https_api, tmp_path):
