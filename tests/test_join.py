@@ -250,3 +250,40 @@ def test_a_second_host_add_replaces_the_first_token(secured, https_api, tmp_path
     second = host_add(secured, "h4", "--api", https_api.url)["token"]
     one_line(join(secured, first, tmp_path / "first", "--no-start"), 1, "already used")
     assert join(secured, second, tmp_path / "second", "--no-start").returncode == 0
+
+
+def test_host_add_as_an_operator_is_refused_and_writes_nothing(secured, https_api):
+    revision, before = secured.root.revision(), sorted(os.listdir(secured.tls))
+    one_line(secured.cli("operator", "host", "add", "h4", "--api", https_api.url), 4,
+             "permission denied for role operator")
+    assert secured.root.revision() == revision and sorted(os.listdir(secured.tls)) == before
+
+
+def test_the_join_route_wants_its_fields_and_https(secured, https_api):
+    import requests
+    from tests.support.api_server import served_api
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = secured.files("root")["cacert"]
+    assert session.get(https_api.url + "/v1/join").json()["ca"].startswith("-----BEGIN")
+    answer = session.post(https_api.url + "/v1/join", json={"id": "x"})
+    assert answer.status_code == 400 and "proof" in answer.json()["error"]
+    answer = session.post(https_api.url + "/v1/join", json={"id": "x", "proof": "y"})
+    assert answer.status_code == 404 and "unknown or already used" in answer.json()["error"]
+    with served_api(secured.server.url, secured.name) as plain:
+        assert requests.get(plain.url + "/v1/join").status_code == 404
+
+
+def test_a_token_reads_back_and_seals_for_itself_only():
+    token = join_tokens.new("prod", "https://10.0.0.11:2379", ["https://10.0.0.11:8443"],
+                            "ab" * 32)
+    assert join_tokens.parse(token.text()) == token
+    other = join_tokens.new("prod", token.etcd, list(token.via), token.ca)
+    sealed = join_tokens.seal(token, {"host": "h4"})
+    assert join_tokens.unseal(token, sealed) == {"host": "h4"}
+    with pytest.raises(join_tokens.Unsealable):
+        join_tokens.unseal(other, sealed)
+    assert join_tokens.proof_matches(join_tokens.proof_of(token),
+                                     join_tokens.check_of(join_tokens.proof_of(token)))
+    assert not join_tokens.proof_matches(join_tokens.proof_of(other),
+                                         join_tokens.check_of(join_tokens.proof_of(token)))
