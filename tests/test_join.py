@@ -287,3 +287,25 @@ def test_a_token_reads_back_and_seals_for_itself_only():
                                      join_tokens.check_of(join_tokens.proof_of(token)))
     assert not join_tokens.proof_matches(join_tokens.proof_of(other),
                                          join_tokens.check_of(join_tokens.proof_of(token)))
+
+
+def test_a_server_showing_the_clusters_ca_without_its_certificate_never_sees_the_proof(
+        secured, https_api, tmp_path):
+    """A machine in the way may copy the cluster's CA (it is public), not
+    hold a certificate the CA signed: the proof never reaches it."""
+    other = str(tmp_path / "impostor")
+    certs.authority(other, "impostor")
+    issued = certs.issue_server(other)
+    impostor = ApiServer(Api(secured.server.url, secured.name, None, {"backend": "etcd"},
+                             tls=True), "127.0.0.1:0",
+                         tls={"cert": issued.cert, "key": issued.key,
+                              "cacert": secured.files("root")["cacert"]}).start()
+    try:
+        token = host_add(secured, "h4", "--api", https_api.url)["token"]
+        revision = secured.root.revision()
+        one_line(join(secured, _altered(token, v=[impostor.url]), tmp_path / "h4",
+                      "--no-start"), 1, "certificate verify failed")
+        nothing_written(secured, tmp_path / "h4", revision)
+    finally:
+        impostor.stop()
+    assert join(secured, token, tmp_path / "h4", "--no-start").returncode == 0
