@@ -275,6 +275,13 @@ def token(token_id: str = "") -> str:
     return f"tokens/{token_id}"
 
 
+def join(token_id: str = "") -> str:
+    """``joins/<id>``: a join token ``host add`` made and ``join`` has not
+    redeemed (``engine/operations/join.py``): the host it admits, its expiry,
+    the sha256 of its proof and the sealed bundle, never the secret."""
+    return f"joins/{token_id}"
+
+
 def session(token_id: str = "", digest: str = "") -> str:
     """``sessions/<token id>/<sha256 of the cookie>``: a login of the page
     (``engine/core/sessions.py``), under the token it came from, so that a

@@ -69,6 +69,7 @@ class Api:
         self.tls = tls
         self.session_idle = session_idle or sessions.IDLE
         self.session_lifetime = session_lifetime or sessions.LIFETIME
+        self.cacert = None      # the CA file of the HTTPS certificate (ApiServer sets it)
         self._contexts: dict = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(pool_size, "api")
         self.waits = concurrent.futures.ThreadPoolExecutor(waiters, "api-wait")
@@ -322,6 +323,27 @@ async def session(request):
     return response
 
 
+async def join(request):
+    """``GET``: the CA the server's HTTPS certificate chains to (a joining
+    machine checks it against its token's fingerprint before it sends
+    anything); ``POST {id, proof}``: redeem a join token, once
+    (:func:`engine.operations.admit.redeem`).  Neither needs an identity:
+    the token is the new machine's only credential."""
+    api: Api = request.app[API]
+    if not api.tls or not api.cacert:
+        raise Refusal(404, "this server takes no joins: it serves no HTTPS with the "
+                           "cluster's CA (api_cert, api_key and cacert)")
+    if request.method == "GET":
+        with open(api.cacert) as f:
+            return web.json_response({"ca": f.read()})
+    body = await _body(request, {"type": "object", "properties": {
+        "id": {"type": "string", "maxLength": 64}, "proof": {"type": "string", "maxLength": 128}},
+        "required": ["id", "proof"], "additionalProperties": False})
+    from engine.operations.admit import redeem
+    return web.json_response(await api.run(redeem, api.context().store(), body["id"],
+                                           body["proof"]))
+
+
 async def page(request):
     response = web.FileResponse(os.path.join(STATIC, "index.html"))
     response.headers["Cache-Control"] = "no-store"
@@ -351,6 +373,8 @@ def make_app(api: Api) -> web.Application:
     app.router.add_get("/v1/events", event_stream)
     for method in ("GET", "POST", "DELETE"):
         app.router.add_route(method, "/v1/session", session)
+    for method in ("GET", "POST"):
+        app.router.add_route(method, "/v1/join", join)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/", page)
     if os.path.isdir(STATIC):

@@ -48,6 +48,7 @@ class ApiServer:
                              "(127.0.0.1, ::1); give the cluster's TLS files, or "
                              "--api-insecure to serve tokens in the clear anyway")
         self.tls = tls
+        api.cacert = (tls or {}).get("cacert")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="api",
                                         daemon=True)
