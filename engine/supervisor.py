@@ -211,10 +211,21 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
     tls = tls or bool((up.get("tls") or {}).get("dir"))
     if tls and not up.get("tls"):
         up["tls"] = {"dir": os.path.join(state_dir, "tls"), "auth": False}
+    peers = {p["host"]: p for p in up.get("peers") or []}
+    names = [f"host{i}" for i in range(1, max(hosts, len(peers)) + 1)]
+    # what each host was set up with; a running peer or one asked for keeps
+    # its private daemon running
+    asked = {host: (peers.get(host) or {}).get("libvirt") or libvirt for host in names}
+    wanted = [host for i, host in enumerate(names, 1)
+              if asked[host] == QEMU
+              and (i <= hosts or live_peer(state_dir, peers.get(host) or {}))]
+    # the rack first: etcd listens on it too, for the peers in its machines
+    rack = _rack(state_dir, cluster, up, wanted) if wanted else None
+    gateway = rack.gateway if rack else None
     recorded = etcd_members(up)
     running = [member if is_ours(member) else None for member in recorded] or [None] * members
-    issued = _certificates(up) if tls else None
-    started = _start_etcd(state_dir, recorded, running, issued, history)
+    issued = _certificates(up, gateway) if tls else None
+    started = _start_etcd(state_dir, recorded, running, issued, history, gateway)
     for i, member in enumerate(started):
         outcome.report.append((member.get("name", "etcd"),
                                "already running" if running[i] else "started", member))
@@ -225,15 +236,7 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
         _grant(up, cluster, urls, hosts)
         _save_up(state_dir, up)
 
-    peers = {p["host"]: p for p in up.get("peers") or []}
-    names = [f"host{i}" for i in range(1, max(hosts, len(peers)) + 1)]
-    # what each host was set up with; a running peer or one asked for keeps
-    # its private daemon running
-    asked = {host: (peers.get(host) or {}).get("libvirt") or libvirt for host in names}
-    wanted = [host for i, host in enumerate(names, 1)
-              if asked[host] == QEMU
-              and (i <= hosts or live_peer(state_dir, peers.get(host) or {}))]
-    uris = _start_daemons(state_dir, cluster, up, wanted, outcome) if wanted else {}
+    uris = _start_daemons(state_dir, cluster, up, rack, wanted, outcome) if wanted else {}
     for i, host in enumerate(names, 1):
         peer = peers.get(host)
         serving = live_peer(state_dir, peer) if peer else None
@@ -244,10 +247,12 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
         if i > hosts:
             continue
         local, remote = uris.get(host, (asked[host], None))
-        peers[host] = _start_peer(state_dir, urls, cluster, host, asked[host],
-                                  local, remote, ttl,
-                                  client_tls(up, f"peer-{host}"),
-                                  _api_port(peer, i), (up.get("tls") or {}).get("dir"))
+        machine = (rack.netns(host), rack.address(host)) if host in uris else None
+        peers[host] = _start_peer(state_dir, urls.replace("127.0.0.1", gateway)
+                                  if machine else urls, cluster, host, asked[host],
+                                  local, remote, ttl, client_tls(up, f"peer-{host}"),
+                                  API_PORTS if machine else _api_port(peer, i),
+                                  (up.get("tls") or {}).get("dir"), machine)
         outcome.started.append(host)
         outcome.report.append((host, "started", peers[host]))
     up["peers"] = sorted(peers.values(), key=lambda p: natural_key(p["host"]))
@@ -257,15 +262,17 @@ def start(state_dir: str, cluster: str, libvirt: str, hosts: int, ttl,
     return outcome
 
 
-def _certificates(up: dict):
-    """The cluster's authority, etcd's certificate and the people's (made
-    once, in ``up``'s tls directory); etcd's :class:`~engine.core.certs.Issued`."""
+def _certificates(up: dict, gateway: str | None = None):
+    """The cluster's authority, etcd's certificate (naming ``gateway`` too,
+    this machine's address in the rack, when there is one) and the people's
+    (made once, in ``up``'s tls directory); etcd's
+    :class:`~engine.core.certs.Issued`."""
     from engine.core import certs
     directory = up["tls"]["dir"]
     certs.authority(directory, up.get("cluster") or "default")
     for user in ("root", "operator", "viewer"):
         certs.issue(directory, user, user)
-    return certs.issue_server(directory)
+    return certs.issue_server(directory, [gateway] if gateway else [])
 
 
 def _grant(up: dict, cluster: str, urls: str, hosts: int) -> None:
@@ -295,10 +302,11 @@ def _grant(up: dict, cluster: str, urls: str, hosts: int) -> None:
 
 
 def _start_etcd(state_dir: str, recorded: list[dict], running: list, tls,
-                history: str) -> list[dict]:
+                history: str, also_on: str | None = None) -> list[dict]:
     """Every etcd member running: those in ``running`` as they are, the
     others started on their recorded ports when free (2379/2380 the first
-    time for a single member), else on free ones; their records for
+    time for a single member), else on free ones, serving clients on
+    ``also_on`` too (this machine's address in the rack); their records for
     ``up.json``."""
     from engine.core.etcd_server import EtcdServer, free_port, initial_cluster
     size = len(running)
@@ -319,7 +327,7 @@ def _start_etcd(state_dir: str, recorded: list[dict], running: list, tls,
         suffix = "" if size == 1 else f"-{name}"
         server = EtcdServer(os.path.join(state_dir, f"etcd-data{suffix}"), *ports[i],
                             log_path=os.path.join(state_dir, f"etcd{suffix}.log"), name=name,
-                            tls=tls, initial_cluster=initial,
+                            tls=tls, initial_cluster=initial, also_on=also_on,
                             compaction=None if history in ("", "0s") else history)
         servers.append(server)
         if running[i] is None:
@@ -341,18 +349,11 @@ def _start_etcd(state_dir: str, recorded: list[dict], running: list, tls,
             for i, server in enumerate(servers)]
 
 
-def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
-                   outcome: Started) -> dict:
-    """The private libvirtd of each of ``hosts`` running (started in
-    parallel: a daemon that must probe QEMU takes seconds), each in its
-    host's namespace of the cluster's rack, listening on TLS at its address
-    with a certificate of the cluster's CA (``STATE_DIR/tls``);
-    ``{host: (uri, remote_uri)}``.  ``up.json`` records the rack first and
-    every daemon that runs before a failure is raised, so ``down`` finds
-    them."""
-    from concurrent.futures import ThreadPoolExecutor
-    from engine.core import certs
-    from engine.hypervisor.local.daemons import PrivateLibvirtd, netns_exists
+def _rack(state_dir: str, cluster: str, up: dict, hosts: list[str]):
+    """The cluster's rack (:class:`~engine.hypervisor.local.rack.Rack`) with
+    a machine for each of ``hosts`` (and those it had), recorded in
+    ``up.json`` as ``netns`` before anything runs in it."""
+    from engine.hypervisor.local.daemons import netns_exists
     from engine.hypervisor.local.rack import Rack
     recorded_ns = up.get("netns") or {}
     name = recorded_ns.get("name") or netns_name(cluster)
@@ -369,6 +370,20 @@ def _start_daemons(state_dir: str, cluster: str, up: dict, hosts: list[str],
         if rack.subnet:
             up["netns"] = {**rack.record(), "created": ours}
             _save_up(state_dir, up)
+    return rack
+
+
+def _start_daemons(state_dir: str, cluster: str, up: dict, rack, hosts: list[str],
+                   outcome: Started) -> dict:
+    """The private libvirtd of each of ``hosts`` running (started in
+    parallel: a daemon that must probe QEMU takes seconds), each in its
+    machine of ``rack``, listening on TLS at its address with a certificate
+    of the cluster's CA (``STATE_DIR/tls``); ``{host: (uri, remote_uri)}``.
+    ``up.json`` records every daemon that runs before a failure is raised,
+    so ``down`` finds it."""
+    from concurrent.futures import ThreadPoolExecutor
+    from engine.core import certs
+    from engine.hypervisor.local.daemons import PrivateLibvirtd
     tls_dir = os.path.join(state_dir, "tls")
     certs.authority(tls_dir, cluster)
     records = {d["host"]: d for d in up.get("daemons") or []}
@@ -425,15 +440,25 @@ def api_urls(up: dict) -> list[str]:
 
 def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
                 libvirt: str, remote: str | None, ttl, tls: dict, api_port: int,
-                tls_dir: str | None) -> dict:
+                tls_dir: str | None, machine: tuple[str, str] | None = None) -> dict:
     """``asked`` is what ``up`` was given (a URI, or :data:`QEMU`), ``libvirt``
     the URI the peer uses, ``remote`` the one other hosts reach its libvirt
-    by (None: ``libvirt``), ``tls`` its ``{cacert, cert, key}`` (or {}); its
+    by (None: ``libvirt``), ``tls`` its ``{cacert, cert, key}`` (or {});
+    ``machine``: ``(netns, address)`` of its machine in the rack, where it
+    runs (``url`` then the rack's way to etcd), its API over HTTPS at that
+    address with the host's certificate (``tls certs --libvirt``); else its
     API on loopback at ``api_port``, HTTPS with etcd's certificate and the
     roles' certificates under TLS."""
-    api = ["--api", f"127.0.0.1:{api_port}"]
+    address = machine[1] if machine else "127.0.0.1"
+    api = ["--api", f"{address}:{api_port}"]
     if tls_dir:
-        api += ["--api-roles", tls_dir, "--api-cert", os.path.join(tls_dir, "etcd.pem"),
+        api += ["--api-roles", tls_dir]
+    if machine:
+        rack_tls = os.path.join(state_dir, "tls")
+        api += ["--api-cert", os.path.join(rack_tls, f"libvirt-{host}.pem"),
+                "--api-key", os.path.join(rack_tls, f"libvirt-{host}-key.pem")]
+    elif tls_dir:
+        api += ["--api-cert", os.path.join(tls_dir, "etcd.pem"),
                 "--api-key", os.path.join(tls_dir, "etcd-key.pem")]
     cmd = [sys.executable, PEERCTL, "--etcd", url, "--cluster", cluster,
            *[arg for name, path in tls.items() for arg in (f"--{name}", path)], "peer",
@@ -441,14 +466,17 @@ def _start_peer(state_dir: str, url: str, cluster: str, host: str, asked: str,
            *(["--libvirt-remote", remote] if remote else []), "--ttl", str(ttl),
            "--state-dir", os.path.join(state_dir, host), *api]
     log_path = os.path.join(state_dir, f"{host}.log")
+    inside = ["ip", "netns", "exec", machine[0]] if machine else []   # it execs: same PID
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(inside + cmd, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, cwd=ROOT,
                                    start_new_session=True)
     # ``cmd`` is what /proc shows for it: the interpreter path as exec'd
     record = {"host": host, "pid": process.pid, "cmd": cmd, "libvirt": asked,
               "log": log_path, "api_port": api_port,
-              "api": f"{'https' if tls_dir else 'http'}://127.0.0.1:{api_port}"}
+              "api": f"{'https' if tls_dir or machine else 'http'}://{address}:{api_port}"}
+    if machine:
+        record["netns"] = machine[0]
     if libvirt != asked:
         record["libvirt_uri"] = libvirt
     return record

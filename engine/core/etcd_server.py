@@ -80,8 +80,12 @@ class EtcdServer:
     def __init__(self, data_dir: str, client_port: int | None = None,
                  peer_port: int | None = None, log_path: str | None = None, *,
                  name: str = "peerctl", tls=None, initial_cluster: str | None = None,
-                 compaction: str | None = None, quota_bytes: int | None = None):
+                 compaction: str | None = None, quota_bytes: int | None = None,
+                 also_on: str | None = None):
+        """``also_on``: one more address clients reach it at (beside
+        loopback), on the same port."""
         self.data_dir = data_dir
+        self.also_on = also_on
         self.quota_bytes = quota_bytes
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
@@ -101,6 +105,11 @@ class EtcdServer:
         return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
+    def client_urls(self) -> str:
+        also = f",{self.scheme}://{self.also_on}:{self.client_port}" if self.also_on else ""
+        return self.url + also
+
+    @property
     def peer_url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.peer_port}"
 
@@ -109,7 +118,8 @@ class EtcdServer:
         if not binary:
             raise FileNotFoundError("etcd not found: apt-get install etcd-server")
         command = [binary, "--name", self.name, "--data-dir", self.data_dir,
-                   "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                   "--listen-client-urls", self.client_urls,
+                   "--advertise-client-urls", self.client_urls,
                    "--listen-peer-urls", self.peer_url,
                    "--initial-advertise-peer-urls", self.peer_url,
                    "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}",
