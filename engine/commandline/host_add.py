@@ -46,6 +46,7 @@ def cmd_join(ctx) -> int:
     args = ctx.args
     done = join(args.token, conf=args.join_conf, state_dir=args.state_dir,
                 libvirt=args.libvirt, start=not args.no_start,
+                libvirt_remote=args.libvirt_remote,
                 wait=args.wait, progress=lambda line: None if ctx.json else say(line))
     peer = done["peer"] or {}
     lines = [f"joined cluster {done['cluster']} as {done['host']}: {done['conf']} and its "
@@ -118,6 +119,10 @@ def register_join(commands) -> None:
                      help="the peer's state directory (default /var/lib/peerctl/CLUSTER)")
     sub.add_argument("--libvirt", metavar="URI", default="qemu:///system",
                      help="the hypervisor the peer drives (default qemu:///system)")
+    sub.add_argument("--libvirt-remote", metavar="URI",
+                     help="how the other hosts reach that libvirt (default: "
+                          "qemu+tls://ADDR/system from host add --address), e.g. "
+                          "qemu+ssh://root@ADDR/system")
     sub.add_argument("--no-start", action="store_true",
                      help="only write the files (and drain the host): start nothing")
     sub.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",

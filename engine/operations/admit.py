@@ -86,8 +86,11 @@ def add_host(ctx, name: str, *, address: str | None = None,
                          f"{exc.strerror or exc}") from None
     bundle = {"host": name, "cluster": store.cluster, "etcd": store.endpoints,
               "ca": _read(issued.cacert), "cert": _read(issued.cert), "key": _read(issued.key),
+              # libvirt's files, and QEMU's for the migration streams' TLS
               "libvirt": ({file: _read(os.path.join(ca_dir, "libvirt", name, file))
-                           for file in certs.LIBVIRT_FILES} if libvirt else {}),
+                           for file in [*certs.LIBVIRT_FILES,
+                                        *(f"qemu/{q}" for q in certs.QEMU_FILES)]}
+                          if libvirt else {}),
               "libvirt_remote": libvirt_remote_of(address) if address else ""}
     token = join_tokens.new(store.cluster, store.endpoints, via,
                             join_tokens.fingerprint(bundle["ca"].encode()))

@@ -111,8 +111,11 @@ def _write(path: str, text: str, private: bool = False) -> None:
     os.replace(tmp, path)
 
 
-def write_files(bundle: dict, conf: str, state_dir: str | None, libvirt: str) -> dict:
-    """The TLS files in ``<conf's directory>/tls``, then ``conf``: the paths."""
+def write_files(bundle: dict, conf: str, state_dir: str | None, libvirt: str,
+                libvirt_remote: str | None = None) -> dict:
+    """The TLS files in ``<conf's directory>/tls``, then ``conf``: the paths.
+    ``libvirt_remote``: how the other hosts reach this libvirt, instead of
+    the URI ``host add --address`` gave."""
     host = bundle["host"]
     tls = os.path.join(os.path.dirname(os.path.abspath(conf)), "tls")
     os.makedirs(tls, mode=0o700, exist_ok=True)
@@ -125,14 +128,15 @@ def write_files(bundle: dict, conf: str, state_dir: str | None, libvirt: str) ->
     if bundle.get("libvirt"):
         where = os.path.join(tls, "libvirt")
         os.makedirs(where, mode=0o700, exist_ok=True)
+        os.makedirs(os.path.join(where, "qemu"), mode=0o700, exist_ok=True)
         for name, text in bundle["libvirt"].items():
             _write(os.path.join(where, name), text, private="key" in name)
         files["libvirt"] = where
     lines = ["# written by peerctl join: this host's peer (docs/deploy.md)", "[peerctl]",
              f"etcd = {bundle['etcd']}", f"cluster = {bundle['cluster']}", f"host = {host}",
              f"libvirt = {libvirt}"]
-    if bundle.get("libvirt_remote"):
-        lines.append(f"libvirt_remote = {bundle['libvirt_remote']}")
+    if libvirt_remote or bundle.get("libvirt_remote"):
+        lines.append(f"libvirt_remote = {libvirt_remote or bundle['libvirt_remote']}")
     if state_dir:
         lines.append(f"state_dir = {os.path.abspath(state_dir)}")
     lines += [f"{name} = {files[name]}" for name in ("cacert", "cert", "key")]
@@ -180,7 +184,7 @@ def _registered(store, host: str, started: dict, deadline: float, progress) -> N
 
 def join(text: str, *, conf: str = SYSTEM_CONF, state_dir: str | None = None,
          libvirt: str = "qemu:///system", start: bool = True, wait: float = 120.0,
-         progress=lambda line: None) -> dict:
+         progress=lambda line: None, libvirt_remote: str | None = None) -> dict:
     """Redeem ``text`` and become a host: ``{host, cluster, etcd, verified,
     state, problems, notes, conf, peer}``."""
     token = join_tokens.parse(text)
@@ -196,7 +200,7 @@ def join(text: str, *, conf: str = SYSTEM_CONF, state_dir: str | None = None,
     bundle = fetch_bundle(token)
     failpoints.crash("join redeemed")
     host = bundle["host"]
-    files = write_files(bundle, conf, state_dir, libvirt)
+    files = write_files(bundle, conf, state_dir, libvirt, libvirt_remote)
     from engine.core.credentials import Credentials
     from . import Context
     ctx = Context(bundle["etcd"], bundle["cluster"],
