@@ -37,7 +37,7 @@ from engine.core.values import declare, readable, shape
 from engine.errors import Conflict, Failed
 
 __all__ = ["BACKUP", "recorded", "live_holds", "hold", "release", "set_protected",
-           "begin_delete", "why_kept", "Kept"]
+           "begin_delete", "why_kept", "mark_lost", "Kept"]
 
 BACKUP = shape("backup record", id=str, vm=str, uuid=str, target=str, kind=str, disks=list,
                time=(int, float))
@@ -89,6 +89,17 @@ def _change(store, backup_id: str, change):
         if store.txn([modified_at(key, kv.mod_revision)], [Put(key, changed)]).succeeded:
             return changed
     raise Conflict("concurrent_update", f"backup {backup_id} kept changing: try again")
+
+
+def mark_lost(store, backup_id: str, lost: dict) -> None:
+    """The backup's data went with its host (``host remove``): its record
+    stays, saying so in ``lost`` ``{host, time, why}``; gone already:
+    nothing to say."""
+    try:
+        _change(store, backup_id, lambda record: None if record.get("lost")
+                else {**record, "lost": lost})
+    except Failed:
+        pass
 
 
 def hold(store, backup_ids: list[str], owner: str) -> None:

@@ -1,0 +1,198 @@
+"""``host remove NAME`` (issue 51, item 5) on a real etcd and real peers on
+libvirt's test driver: a stopped host goes from every listing; a host with
+VMs is refused unless ``--evacuate`` moves them first; a dry run writes
+nothing; a backup stored there is kept, marked lost; a live peer is fenced
+(it exits 2 and never registers again); a removal killed half-way is
+finished by running it again; on a TLS etcd, the host's etcd user goes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.core import api, keys
+from engine.core.failpoints import arm, fired
+from engine.core.values import readable
+from engine.placement import open_placement
+from tests.support import wait_for
+from tests.support.cluster import boot_vms, finished, listed_vms, ready_hosts, refused
+
+
+def _hosts(cluster) -> set[str]:
+    return {h["host"] for h in cluster.cli_json("hostlist")}
+
+
+def _providers(cluster) -> set[str]:
+    return {p["name"] for p in cluster.cli_json("placement", "providers")}
+
+
+def _stop(cluster, host) -> None:
+    """Stop ``host``'s peer as systemctl would, and wait until it is down."""
+    cluster.peers[host].terminate()
+    assert cluster.peers[host].wait(30) == 0
+    wait_for(lambda: host not in api.live_hosts(cluster.store), what=f"{host} down")
+
+
+def _left_with(store, host) -> list[str]:
+    """Every key still named after ``host`` (its tombstone aside)."""
+    prefixes = [keys.host(host), keys.host_config(host), keys.drained(host),
+                keys.vm(host), keys.member(host), keys.inbox(host), keys.disowned(host)]
+    return [kv.key for prefix in prefixes for kv in store.range(prefix, keys_only=True)[0]
+            if kv.key == prefix or prefix.endswith("/")]
+
+
+def _gone_everywhere(cluster, store, host) -> None:
+    assert host not in _hosts(cluster)
+    assert host not in _providers(cluster)
+    assert all(vm["host"] != host for vm in cluster.cli_json("vmlist"))
+    verify = cluster.cli("cluster", "verify")
+    assert host not in verify.stdout + verify.stderr, verify
+    assert _left_with(store, host) == []
+
+
+def _peer_refused_at_start(cluster, host) -> None:
+    """A peer of a removed host started again exits 2 with one line."""
+    process = cluster.start_peer(host)
+    assert process.wait(60) == 2
+    assert f"host {host} was removed from the cluster" in cluster.log(host)
+    assert host not in api.live_hosts(cluster.store)
+
+
+def test_a_stopped_host_with_no_vms_is_removed_from_every_listing(cluster, store):
+    ready_hosts(cluster, store, ["host1", "host2"])
+    _stop(cluster, "host2")
+    refused(cluster, ["host", "remove", "nosuch", "--yes"], 1, "no host 'nosuch'")
+    # no terminal to ask on, no --yes: the list, exit 2, nothing written
+    asked = refused(cluster, ["host", "remove", "host2"], 2, "add --yes")
+    assert "hostcfg/host2" in asked.stderr
+    assert store.get(keys.removed("host2")) is None and "host2" in _providers(cluster)
+
+    doc = cluster.cli_json("host", "remove", "host2", "--yes")
+    assert (doc["host"], doc["state"], doc["automation"], doc["moved"], doc["kept"]) == \
+        ("host2", "done", None, [], [])
+    assert {"hostcfg/host2", "drained/host2"} <= set(doc["removed"])
+    assert any(r.startswith("placement/provider/host2 ") for r in doc["removed"])
+    _gone_everywhere(cluster, store, "host2")
+    assert "host1" in _hosts(cluster)
+
+    again = cluster.cli_json("host", "remove", "host2", "--yes")
+    assert (again["state"], again["removed"]) == ("done", [])
+    _peer_refused_at_start(cluster, "host2")
+
+
+def test_a_host_with_vms_is_refused_and_evacuate_moves_them_then_removes_it(cluster, store):
+    ready_hosts(cluster, store, ["host1", "host2"])
+    booted = boot_vms(cluster, "web1", "web2", on="host2")
+    refused(cluster, ["host", "remove", "host2", "--yes"], 1,
+            "host host2 has 2 VMs (web1, web2): move them first, or remove it with --evacuate")
+    assert store.get(keys.removed("host2")) is None and store.get(keys.drained("host2")) is None
+
+    # a dry run lists what would move, be removed and be kept; writes nothing
+    before = {kv.key: kv.mod_revision for kv in store.range("")[0]
+              if not kv.key.startswith((keys.host(), "placement/"))}
+    dry = cluster.cli_json("host", "remove", "host2", "--evacuate", "--dry-run")
+    assert dry["state"] == "dry-run" and dry["automation"] is None
+    assert {(m["name"], m["from"], m["host"]) for m in dry["moved"]} == \
+        {("web1", "host2", "host1"), ("web2", "host2", "host1")}
+    assert "hostcfg/host2" in dry["removed"]
+    after = {kv.key: kv.mod_revision for kv in store.range("")[0]
+             if not kv.key.startswith((keys.host(), "placement/"))}
+    assert after == before
+    assert "host2" in api.live_hosts(store) and "host2" in _providers(cluster)
+
+    doc = cluster.cli_json("host", "remove", "host2", "--evacuate", "--yes")
+    assert doc["state"] == "done" and doc["automation"]
+    assert {(m["name"], m["host"]) for m in doc["moved"]} == {("web1", "host1"),
+                                                              ("web2", "host1")}
+    listed = listed_vms(cluster)
+    assert {listed[n]["host"] for n in booted} == {"host1"}
+    # the live peer was fenced: it stopped by itself, exit 2, one line
+    assert cluster.peers["host2"].wait(30) == 2
+    assert "host host2 was removed from the cluster" in cluster.log("host2")
+    _gone_everywhere(cluster, store, "host2")
+
+
+def test_a_live_peer_is_fenced_and_never_registers_again(cluster, store):
+    ready_hosts(cluster, store, ["host1", "host2"])
+    doc = cluster.cli_json("host", "remove", "host2", "--yes")
+    assert doc["state"] == "done"
+    assert cluster.peers["host2"].wait(30) == 2
+    tombstone = readable(store.get(keys.removed("host2")))
+    assert tombstone["state"] == "removed" and tombstone["by"]
+    _gone_everywhere(cluster, store, "host2")
+    _peer_refused_at_start(cluster, "host2")
+    assert "host1" in api.live_hosts(store)
+
+
+def test_a_backup_stored_on_the_removed_host_is_kept_and_listed_as_lost(cluster, store):
+    ready_hosts(cluster, store, ["host1", "host2"])
+    (vm,) = cluster.cli_json("boot", "db1", "--on", "host1", "--network", "none",
+                             "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1")["vms"]
+    task = finished(store, api.start_automation(store, "backup", {
+        "vms": [{"name": "db1", "uuid": vm["uuid"], "host": "host1", "state": "running"}]}))
+    assert task["state"] == "done", task
+    (row,) = task["result"]["vms"]
+    assert row["target"] == "host2", row
+    _stop(cluster, "host2")
+
+    dry = cluster.cli_json("host", "remove", "host2", "--dry-run")
+    lost = {"kind": "backup", "id": row["backup"], "vm": "db1", "uuid": vm["uuid"],
+            "state": "lost"}
+    assert [{k: r[k] for k in lost} for r in dry["kept"]] == [lost]
+    text = cluster.cli("host", "remove", "host2", "--yes")
+    assert text.returncode == 0, text.stderr
+    assert f"kept backup {row['backup']} of db1: lost" in text.stdout
+    record = readable(store.get(keys.backup(row["backup"])))
+    assert record["lost"]["host"] == "host2"
+    assert readable(store.get(keys.removed("host2")))["kept"][0]["id"] == row["backup"]
+    _gone_everywhere(cluster, store, "host2")
+
+
+@pytest.mark.parametrize("point", ["host remove fenced", "host remove provider"])
+def test_a_removal_killed_half_way_is_finished_by_running_it_again(cluster, store, tmp_path,
+                                                                    point):
+    ready_hosts(cluster, store, ["host1", "host2"])
+    _stop(cluster, "host2")
+    armed = str(tmp_path / "failpoints")
+    arm(armed, [point])
+    killed = cluster.cli("host", "remove", "host2", "--yes", env={"PEERCTL_FAILPOINTS": armed})
+    assert killed.returncode == -9 and [p for p, *_ in fired(armed)] == [point]
+    assert readable(store.get(keys.removed("host2")))["state"] == "removing"
+    # nothing orphaned: the host is still listed (down) until the rerun ends it
+    assert "host2" in _hosts(cluster)
+    placement = open_placement("etcd", store)
+    assert ("host2" in {p["name"] for p in placement.providers()}) == \
+        (point == "host remove fenced")
+    done = cluster.cli_json("host", "remove", "host2", "--yes")
+    assert done["state"] == "done"
+    assert readable(store.get(keys.removed("host2")))["state"] == "removed"
+    _gone_everywhere(cluster, store, "host2")
+
+
+def test_on_a_tls_etcd_the_hosts_etcd_user_goes_too(tmp_path):
+    from tests.support.secured_etcd import SecuredEtcd
+    secured = SecuredEtcd(tmp_path, peers=["host1", "host2"])
+    try:
+        for host in ("host1", "host2"):
+            secured.cluster.start_peer(host, env=secured.env(f"peer-{host}"))
+        root = secured.root
+        wait_for(lambda: {"host1", "host2"} <= set(api.live_hosts(root)), timeout=30,
+                 what="both peers serving")
+        secured.cluster.peers["host2"].terminate()
+        assert secured.cluster.peers["host2"].wait(30) == 0
+        wait_for(lambda: "host2" not in api.live_hosts(root), what="host2 down")
+
+        # an operator cannot delete an etcd user: refused, nothing written
+        denied = secured.cli("operator", "host", "remove", "host2", "--yes")
+        assert denied.returncode == 4 and "needs etcd's root" in denied.stderr, denied.stderr
+        assert root.get(keys.removed("host2")) is None
+
+        done = secured.cli("root", "--format", "json", "host", "remove", "host2", "--yes")
+        assert done.returncode == 0, done.stderr
+        assert "etcd user peer-host2" in json.loads(done.stdout)["removed"]
+        assert root.auth_user_delete("peer-host2", dry_run=True) is False
+        assert root.auth_user_delete("peer-host1", dry_run=True) is True
+        assert "host2" not in {h["host"] for h in json.loads(
+            secured.cli("root", "--format", "json", "hostlist").stdout)}
+    finally:
+        secured.close()
