@@ -144,6 +144,10 @@ def test_a_backup_stored_on_the_removed_host_is_kept_and_listed_as_lost(cluster,
     assert f"kept backup {row['backup']} of db1: lost" in text.stdout
     record = readable(store.get(keys.backup(row["backup"])))
     assert record["lost"]["host"] == "host2"
+    (listed,) = cluster.cli_json("backup", "list")
+    assert (listed["id"], listed["lost"]["host"]) == (row["backup"], "host2")
+    shown = cluster.cli("backup", "list", "-o", "id,lost", "--no-headers")
+    assert shown.stdout.split() == [row["backup"], "with", "host2"]
     assert readable(store.get(keys.removed("host2")))["kept"][0]["id"] == row["backup"]
     _gone_everywhere(cluster, store, "host2")
 

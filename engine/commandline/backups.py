@@ -37,7 +37,8 @@ BACKUP_COLUMNS = [C("id", "Id"), C("vm", "VM"), C("uuid", "UUID"), C("host", "Ho
                   C("consistency", "Consistency"), C("reason", "Reason"),
                   C("newest", "Newest", lambda n: "*" if n else ""),
                   C("schedule", "Schedule", lambda s: s or "-"),
-                  C("protected", "Protected", lambda p: "yes" if p else "")]
+                  C("protected", "Protected", lambda p: "yes" if p else ""),
+                  C("lost", "Lost", lambda lost: f"with {lost['host']}" if lost else "")]
 BACKUP_DEFAULT = ["id", "vm", "host", "target", "age_s", "kind", "bytes", "consistency",
                   "schedule", "protected", "newest"]
 BACKUP_JSON = ops.LISTED

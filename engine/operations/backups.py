@@ -34,7 +34,7 @@ __all__ = ["LISTED", "ORDER", "list_backups", "newest_by_uuid", "count_backups",
 
 # backup list's JSON: each row's fields, and the order of the rows
 LISTED = ["id", "vm", "uuid", "host", "target", "time", "age_s", "kind", "parent", "bytes",
-          "consistency", "reason", "newest", "schedule", "protected"]
+          "consistency", "reason", "newest", "schedule", "protected", "lost"]
 ORDER = "vm,time"
 
 
@@ -105,7 +105,16 @@ def _row(record: dict, newest: bool, now: float) -> dict:
             "consistency": _text(record.get("consistency")),
             "reason": _text(record.get("reason")), "newest": newest,
             "schedule": _text(record.get("schedule")),
-            "protected": record.get("protected") is True}
+            "protected": record.get("protected") is True,
+            "lost": _lost(record.get("lost"))}
+
+
+def _lost(lost) -> dict | None:
+    """``{host, time}``: the host keeping the backup was removed (``host remove``)."""
+    if not isinstance(lost, dict) or not isinstance(lost.get("host"), str):
+        return None
+    when = lost.get("time")
+    return {"host": lost["host"], "time": iso(when) if isinstance(when, (int, float)) else None}
 
 
 def _rows(ctx) -> list[dict]:
@@ -117,12 +126,13 @@ def _rows(ctx) -> list[dict]:
 
 def list_backups(ctx, pattern: str | None = None) -> list[dict]:
     """``[{id, vm, uuid, host, target, time, age_s, kind, parent, bytes,
-    consistency, reason, newest, schedule, protected}]``: every backup, or
+    consistency, reason, newest, schedule, protected, lost}]``: every backup, or
     those of the VMs ``pattern`` matches (``HOSTGLOB/VMGLOB`` or ``VMGLOB``,
     on the VM's name or uuid and the host it was on); ``newest``: the VM's
     newest backup; ``schedule``: the id of the schedule that made it (None:
     taken by hand, or by a schedule before backups recorded theirs);
-    ``protected``: kept from every prune and from backup delete."""
+    ``protected``: kept from every prune and from backup delete; ``lost``:
+    ``{host, time}`` once its target was removed (``host remove``), else None."""
     if pattern is None:
         return _rows(ctx)
     named = select_vms(lambda: [dict(row, name=row["vm"]) for row in _rows(ctx)], [pattern],
