@@ -152,6 +152,25 @@ def test_a_backup_stored_on_the_removed_host_is_kept_and_listed_as_lost(cluster,
     _gone_everywhere(cluster, store, "host2")
 
 
+def test_a_replica_kept_on_the_removed_host_is_listed_lost(
+        cluster, store, tmp_path):
+    from engine.backups import replicas
+    from tests.support.ha_hosts import boot, start_hosts
+    start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])
+    uuid = boot(cluster, ["db1"], "h1")["db1"]
+    cluster.cli_json("replicate", "db1", "--every", "10s", "--to", "h2")
+    wait_for(lambda: ((replicas.read(store, uuid) or {}).get("replica") or {}).get("host")
+             == "h2", timeout=60, what="a replica on h2")
+    _stop(cluster, "h2")
+
+    doc = cluster.cli_json("host", "remove", "h2", "--yes")
+    assert [(r["kind"], r["id"], r["vm"], r["state"]) for r in doc["kept"]] == \
+        [("replica", uuid, "db1", "lost")]
+    record = replicas.read(store, uuid)
+    assert record["lost"]["host"] == "h2" and (record["replica"] or {}).get("host") != "h2"
+    _gone_everywhere(cluster, store, "h2")
+
+
 @pytest.mark.parametrize("point", ["host remove fenced", "host remove provider"])
 def test_a_removal_killed_half_way_is_finished_by_running_it_again(cluster, store, tmp_path,
                                                                     point):
