@@ -186,6 +186,9 @@ def test_a_removal_killed_half_way_is_finished_by_running_it_again(cluster, stor
     placement = open_placement("etcd", store)
     assert ("host2" in {p["name"] for p in placement.providers()}) == \
         (point == "host remove fenced")
+    verify = cluster.cli("cluster", "verify")
+    assert "host host2's removal did not finish: host remove host2 finishes it" in \
+        verify.stdout, verify.stdout
     done = cluster.cli_json("host", "remove", "host2", "--yes")
     assert done["state"] == "done"
     assert readable(store.get(keys.removed("host2")))["state"] == "removed"

@@ -8,7 +8,8 @@ Checks (each problem is ``{check, host, problem}``, ``host`` None when the
 problem is the cluster's):
 - ``etcd``: a member that does not answer, an alarm (``NOSPACE``), fewer
   than 3 members (losing the one or two there are stops the cluster);
-- ``hosts``: a host the cluster knows that is down;
+- ``hosts``: a host the cluster knows that is down, or whose removal
+  (``host remove``) was cut short;
 - ``versions``: live hosts running different versions, or supporting
   different feature levels (an upgrade left half done);
 - ``libvirt``: two hosts on different machines publishing the same
@@ -53,8 +54,12 @@ def verify(ctx) -> dict:
         problems.append({"check": check, "host": host, "problem": problem})
 
     _etcd(ctx, say)
+    removing = _removing(store)
     for host in hosts:
-        if not host.get("alive"):
+        if host["host"] in removing:
+            say("hosts", host["host"], f"host {host['host']}'s removal did not finish: "
+                                       f"host remove {host['host']} finishes it")
+        elif not host.get("alive"):
             say("hosts", host["host"], f"host {host['host']} is down (its peer holds no "
                                        "lease): its VMs are not served")
     _versions(live, say)
@@ -64,6 +69,14 @@ def verify(ctx) -> dict:
     _certificates(ctx, say)
     return {"problems": problems, "checked": list(CHECKS), "hosts": len(hosts),
             "time": time.time()}
+
+
+def _removing(store) -> set[str]:
+    """Hosts whose ``host remove`` was cut short (their tombstone says removing)."""
+    from engine.core import keys
+    from engine.core.values import readable
+    return {keys.suffix(kv.key, keys.removed()) for kv in store.range(keys.removed())[0]
+            if (readable(kv) or {}).get("state") == "removing"}
 
 
 def _etcd(ctx, say) -> None:
