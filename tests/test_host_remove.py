@@ -150,6 +150,14 @@ def test_a_backup_stored_on_the_removed_host_is_kept_and_listed_as_lost(cluster,
     assert shown.stdout.split() == [row["backup"], "with", "host2"]
     assert readable(store.get(keys.removed("host2")))["kept"][0]["id"] == row["backup"]
     _gone_everywhere(cluster, store, "host2")
+    # its record goes once an operator says so; no host step (the data is gone)
+    dry = cluster.cli_json("backup", "delete", row["backup"], "--dry-run")
+    assert (dry["state"], dry["backups"][0]["id"]) == ("dry-run", row["backup"])
+    assert store.get(keys.backup(row["backup"])) is not None
+    gone = cluster.cli_json("backup", "delete", row["backup"])
+    assert (gone["automation"], gone["state"], gone["backups"][0]["state"]) == \
+        (None, "done", "deleted")
+    assert store.get(keys.backup(row["backup"])) is None
 
 
 def test_a_replica_kept_on_the_removed_host_is_listed_lost(

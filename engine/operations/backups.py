@@ -259,6 +259,38 @@ def plan_delete(ctx, ids: list[str]) -> Plan:
                 rows, ask=len(rows) > 1, what="backups", key="backups")
 
 
+def delete_lost(ctx, ids: list[str], *, dry_run: bool = False) -> list[dict] | None:
+    """Backups whose target host was removed (``lost`` in their record, see
+    ``host remove``): their data went with it, so only the records go, here
+    and now, each guarded by its revision; ``[{id, vm, target, state,
+    error}]``, or None unless every one of ``ids`` is such a backup (the
+    others are deleted by ``backup_delete`` on their hosts)."""
+    from engine.backups.records import why_kept
+    from engine.core import keys
+    from engine.core.store import Delete, modified_at
+    ids = list(dict.fromkeys(check_id(i) for i in ids))
+    store = ctx.store()
+    by_id = {record["id"]: record for record in _records(store)[0]}
+    if not ids or any(not (by_id.get(i) or {}).get("lost") for i in ids):
+        return None
+    for backup_id in ids:
+        why = why_kept(store, by_id[backup_id])
+        if why:
+            raise Failed(why, result=failed_doc("backups"))
+    rows = []
+    for backup_id in ids:
+        record = by_id[backup_id]
+        if not dry_run:
+            kv = store.get(keys.backup(backup_id))
+            if kv is not None and not store.txn([modified_at(kv.key, kv.mod_revision)],
+                                                [Delete(kv.key)]).succeeded:
+                raise Failed(f"backup {backup_id} changed meanwhile: try again",
+                             result={"automation": None, "state": "failed", "backups": rows})
+        rows.append({"id": backup_id, "vm": record["vm"], "target": record["target"],
+                     "state": "dry-run" if dry_run else "deleted", "error": None})
+    return rows
+
+
 # -- backup protect, backup unprotect ----------------------------------------------
 
 def set_protected(ctx, ids: list[str], protected: bool) -> list[dict]:
