@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from engine.core import api, keys
+from engine.core import api, keys, removed
 from engine.core.failpoints import arm, fired
 from engine.core.values import readable
 from engine.placement import open_placement
@@ -122,6 +122,12 @@ def test_a_live_peer_is_fenced_and_never_registers_again(cluster, store):
     _gone_everywhere(cluster, store, "host2")
     _peer_refused_at_start(cluster, "host2")
     assert "host1" in api.live_hosts(store)
+    # added again (host add clears the tombstone): it serves as a new host
+    assert removed.clear(store, "host2") is True
+    assert removed.clear(store, "host2") is False
+    cluster.start_peer("host2")
+    wait_for(lambda: "host2" in _providers(cluster) and "host2" in _hosts(cluster),
+             what="host2 back")
 
 
 def test_a_backup_stored_on_the_removed_host_is_kept_and_listed_as_lost(cluster, store):

@@ -12,6 +12,8 @@ removal does not race it; it fences it.  Promises:
 - a fenced peer stops serving, gives its lease back and exits 2 with one
   line (:func:`refusal`): the packaged service does not restart it
   (``RestartPreventExitStatus=2``);
+- :func:`clear` (``host add`` of that name again) deletes a finished
+  removal's tombstone, never one under way;
 - the tombstone is also removal's journal: ``state`` is ``removing`` until
   every record of the host is gone, then ``removed`` (in the transaction
   that deletes the last of them), so a removal cut short is finished by
@@ -27,7 +29,7 @@ from . import keys
 from .store import absent
 from .values import declare, readable, shape
 
-__all__ = ["TOMBSTONE", "read", "not_removed", "refusal", "RemovalWatch"]
+__all__ = ["TOMBSTONE", "read", "not_removed", "refusal", "clear", "RemovalWatch"]
 
 TOMBSTONE = shape("removed host", host=str, state=str, time=(int, float))
 declare(keys.removed() + "*", TOMBSTONE)
@@ -51,6 +53,17 @@ def refusal(record: dict) -> str:
     return (f"host {record['host']} was removed from the cluster at {when}{by} "
             f"(host remove): its peer does not serve; add the host again (host add "
             f"{record['host']}) to bring it back")
+
+
+def clear(store, host: str) -> bool:
+    """Let ``host`` join again (``host add``): its tombstone deleted, only
+    once its removal finished (a removal under way is finished first, by
+    running ``host remove`` again).  False when it has no finished one."""
+    from .store import Delete, modified_at
+    kv = store.get(keys.removed(host))
+    if kv is None or (readable(kv) or {}).get("state") != "removed":
+        return False
+    return store.txn([modified_at(kv.key, kv.mod_revision)], [Delete(kv.key)]).succeeded
 
 
 class RemovalWatch:
