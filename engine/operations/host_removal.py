@@ -41,10 +41,12 @@ PEER_LEAVES = 60.0      # how long a serving peer has to stop once fenced (its
                         # running requests finish first, up to 30 s)
 
 # Every key named after a host, besides hosts/ and hostcfg/: single keys,
-# then prefixes holding one key per VM or automation.
+# then prefixes holding one key per VM or automation (deleted as prefixes:
+# one transaction, however many).  vms/<host>/ is listed, never deleted
+# here: a VM's record goes only with the VM (docs/keyspace.md), and a host
+# with VMs is refused.
 _SINGLE = (keys.drained, keys.reserved, keys.recovery)
-_PREFIXES = (keys.vm, keys.member, keys.inbox, keys.disowned, keys.foreign, keys.own_volumes,
-             keys.aside)
+_PREFIXES = (keys.member, keys.inbox, keys.disowned, keys.foreign, keys.own_volumes, keys.aside)
 
 
 @dataclass
@@ -78,7 +80,7 @@ class Removal:
                 and not self.keys and not self.provider and not self.user and not self.vms)
 
 
-def plan_removal(ctx, host: str, *, unknown_ok: bool = False) -> Removal:
+def plan_removal(ctx, host: str) -> Removal:
     """What removing ``host`` would do, read now; :class:`NoSuch` when the
     cluster never had it."""
     check_name(host, "host name")
@@ -92,7 +94,7 @@ def plan_removal(ctx, host: str, *, unknown_ok: bool = False) -> Removal:
     for key in (keys.host(host), keys.host_config(host), *(f(host) for f in _SINGLE)):
         if store.get(key) is not None:
             found.append(key)
-    for prefix in _PREFIXES:            # each spelled with its trailing /
+    for prefix in (keys.vm, *_PREFIXES):    # each spelled with its trailing /
         found += [kv.key for kv in store.range(prefix(host), keys_only=True)[0]]
     provider, allocations = _provider(ctx, host)
     try:
@@ -101,7 +103,7 @@ def plan_removal(ctx, host: str, *, unknown_ok: bool = False) -> Removal:
         raise PermissionDenied(f"host remove deletes {host}'s etcd user {peer_user(host)}: "
                                f"that needs etcd's root ({exc})", exc.role) from None
     tombstone = removal.read(store, host)
-    if not found and provider is None and user is None and tombstone is None and not unknown_ok:
+    if not found and provider is None and user is None and tombstone is None:
         raise NoSuch(f"no host {host!r} in cluster {store.cluster}", result=_doc(host, "failed"))
     from engine.natural import natural_key
     vms = sorted((vm for vm in read_vms(store) if vm["host"] == host),
@@ -131,8 +133,9 @@ def _stored_there(store, host: str) -> list[dict]:
              "state": "lost", "why": f"stored on {host}: the record is kept, marked lost"}
             for b in records.recorded(store) if b.get("target") == host]
     for record in replicas.read_all(store):
-        replica = record.get("replica") or {}
-        if replica.get("host") == host:
+        replica, lost = record.get("replica") or {}, record.get("lost") or {}
+        # lost: marked so by an attempt that this one finishes
+        if host in (replica.get("host"), lost.get("host")):
             kept.append({"kind": "replica", "id": record["uuid"], "vm": record.get("vm"),
                          "uuid": record["uuid"], "state": "lost",
                          "why": f"stored on {host}: the next update makes a new one elsewhere"})
@@ -185,8 +188,10 @@ def remove_host(ctx, host: str, *, by: str, leave_within: float = PEER_LEAVES,
     _drop_provider(ctx, removal)
     crash("host remove provider")
     kept = removal.kept
+    singles = [keys.host(host), keys.host_config(host), *(f(host) for f in _SINGLE)]
     done = store.txn([absent(keys.host(host))] if keys.host(host) not in removal.keys else [],
-                     [*(Delete(key) for key in removal.keys),
+                     [*(Delete(key) for key in singles),
+                      *(Delete(prefix(host), prefix=True) for prefix in _PREFIXES),
                       Put(keys.removed(host), {**removal.tombstone, "state": "removed",
                                                 "finished": time.time(), "kept": kept})])
     if not done.succeeded:
