@@ -22,12 +22,12 @@ def _moving(rows: list[dict]) -> list[dict]:
 
 
 def _lines(doc: dict, would: bool) -> list[str]:
-    verb = "would " if would else ""
+    move, remove = ("would move", "would remove") if would else ("moved", "removed")
     lines = []
     for row in doc["moved"]:
-        lines.append(f"{verb}move {row['name']} to {row.get('host') or '?'}"
+        lines.append(f"{move} {row['name']} to {row.get('host') or '?'}"
                      + (f" ({row['error']})" if row.get("error") else ""))
-    lines += [f"{verb}remove {what}" for what in doc["removed"]]
+    lines += [f"{remove} {what}" for what in doc["removed"]]
     lines += [f"{'would keep' if would else 'kept'} {row['kind']} {row['id']}"
               f"{' of ' + row['vm'] if row.get('vm') else ''}: {row['state']} ({row['why']})"
               for row in doc["kept"]]

@@ -64,9 +64,11 @@ class Removal:
 
     @property
     def removed(self) -> list[str]:
-        """Everything the removal deletes, one line each (the JSON's ``removed``)."""
-        found = list(self.keys)
-        found += [f"placement/allocation/{c}" for c in self.allocations]
+        """Everything the removal deletes, one line each (the JSON's ``removed``):
+        not its VMs' records and allocations, which their moves carry away."""
+        moving = {vm["uuid"] for vm in self.vms}
+        found = [key for key in self.keys if not key.startswith(keys.vm(self.host))]
+        found += [f"placement/allocation/{c}" for c in self.allocations if c not in moving]
         if self.provider:
             found.append(f"placement/provider/{self.provider['name']} ({self.provider['uuid']})")
         if self.user:
