@@ -7,6 +7,7 @@ finished by running it again; on a TLS etcd, the host's etcd user goes."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -14,8 +15,9 @@ from engine.core import api, keys, removed
 from engine.core.failpoints import arm, fired
 from engine.core.values import readable
 from engine.placement import open_placement
-from tests.support import wait_for
+from tests.support import PEERCTL, wait_for
 from tests.support.cluster import boot_vms, finished, listed_vms, ready_hosts, refused
+from tests.support.terminal import Terminal
 
 
 def _hosts(cluster) -> set[str]:
@@ -66,6 +68,13 @@ def test_a_stopped_host_with_no_vms_is_removed_from_every_listing(cluster, store
     asked = refused(cluster, ["host", "remove", "host2"], 2, "add --yes")
     assert "hostcfg/host2" in asked.stderr
     assert store.get(keys.removed("host2")) is None and "host2" in _providers(cluster)
+    # on a terminal: the list, the question; anything but yes changes nothing
+    terminal = Terminal([sys.executable, PEERCTL, "host", "remove", "host2"], cluster.env)
+    terminal.wait_for_text(r"Remove host host2 from the cluster for good\? \[y/N\]")
+    assert "would remove hostcfg/host2" in terminal.text()
+    terminal.type(b"n\n")
+    assert terminal.finish() == 1 and "peerctl: nothing done" in terminal.text()
+    assert store.get(keys.removed("host2")) is None and store.get(keys.drained("host2")) is None
 
     doc = cluster.cli_json("host", "remove", "host2", "--yes")
     assert (doc["host"], doc["state"], doc["automation"], doc["moved"], doc["kept"]) == \
