@@ -123,6 +123,13 @@ def test_a_host_with_vms_is_refused_and_evacuate_moves_them_then_removes_it(clus
 
 def test_a_live_peer_is_fenced_and_never_registers_again(cluster, store):
     ready_hosts(cluster, store, ["host1", "host2"])
+    # a host lease to come names it: refused until the lease goes
+    cluster.cli_json("lease", "create", "maint", "--hosts", "1", "--on", "host2",
+                     "--start", "+1h", "--end", "+2h")
+    refused(cluster, ["host", "remove", "host2", "--yes"], 1,
+            "host host2 is in host lease maint (pending or active): delete the lease first")
+    assert store.get(keys.removed("host2")) is None
+    cluster.cli_json("lease", "delete", "maint", "--yes")
     doc = cluster.cli_json("host", "remove", "host2", "--yes")
     assert doc["state"] == "done"
     assert cluster.peers["host2"].wait(30) == 2

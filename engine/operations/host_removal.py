@@ -59,6 +59,7 @@ class Removal:
     provider: dict | None               # its placement provider {uuid, name}
     allocations: list[str]              # consumers holding resources on that provider
     user: str | None                    # its etcd user, when etcd has one
+    leases: list[str]                   # host leases not ended that name it
     kept: list[dict] = field(default_factory=list)     # stored there for others
     tombstone: dict | None = None       # a removal begun before
 
@@ -110,8 +111,12 @@ def plan_removal(ctx, host: str) -> Removal:
     from engine.natural import natural_key
     vms = sorted((vm for vm in read_vms(store) if vm["host"] == host),
                  key=lambda vm: natural_key(vm["name"]))
+    from engine.leases.model import LIVE_STATES
+    from engine.leases.records import all_leases
+    leases = [lease["lease"] for lease in all_leases(store)
+              if lease.get("state") in LIVE_STATES and host in (lease.get("hosts") or [])]
     return Removal(host, live is not None and is_live_record(live), vms, sorted(found),
-                   provider, allocations, user, _stored_there(store, host), tombstone)
+                   provider, allocations, user, leases, _stored_there(store, host), tombstone)
 
 
 def _provider(ctx, host: str) -> tuple[dict | None, list[str]]:
@@ -159,9 +164,10 @@ def refuse_what_blocks(removal: Removal, evacuate: bool) -> None:
         raise Refused(f"host {host} has {len(removal.vms)} VM"
                       f"{'s' if len(removal.vms) != 1 else ''} ({names}{more}): move them "
                       f"first, or remove it with --evacuate", result=_doc(host, "failed"))
-    if keys.reserved(host) in removal.keys:
-        raise Refused(f"host {host} is held by a host lease (reserved/{host}): end the lease "
-                      f"first", result=_doc(host, "failed"))
+    if removal.leases or keys.reserved(host) in removal.keys:
+        named = f" {removal.leases[0]}" if removal.leases else ""
+        raise Refused(f"host {host} is in host lease{named} (pending or active): delete the "
+                      f"lease first (lease delete{named})", result=_doc(host, "failed"))
 
 
 def remove_host(ctx, host: str, *, by: str, leave_within: float = PEER_LEAVES,
