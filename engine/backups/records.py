@@ -23,7 +23,10 @@ written before issue 48, and read as its default):
   automation cannot be read counts (it may be running);
 - ``deleting``: set, in a transaction that finds it neither protected nor
   held by a running restore, before the first volume is deleted
-  (:func:`begin_delete`); a restore never holds such a backup.
+  (:func:`begin_delete`); a restore never holds such a backup;
+- ``lost``: ``{host, time, why}``, its target host was removed (``host
+  remove``) and its data with it (:func:`mark_lost`): the record stays, so
+  that nothing disappears unsaid, until ``backup delete`` drops it.
 
 Every change of a record is one transaction guarded by its revision, so a
 hold and a delete never both win."""

@@ -49,8 +49,10 @@ def cmd_remove(ctx) -> int:
     moving = _moving(plan.targets) if plan else []
     if args.dry_run:
         doc = ops.dry_run(removal, moving)
-        ctx.emit(doc, "\n".join(_lines(doc, True) + [f"host remove {args.host}: dry run, "
-                                                      "nothing written"]))
+        fence = [f"would stop {args.host}'s peer (it serves now): it exits 2"] \
+            if removal.alive else []
+        ctx.emit(doc, "\n".join(_lines(doc, True) + fence
+                                + [f"host remove {args.host}: dry run, nothing written"]))
         stuck = [row for row in moving if row.get("error")]
         if stuck:
             raise Failed(f"host remove would fail: {stuck[0]['name']}: {stuck[0]['error']}")

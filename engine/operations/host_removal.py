@@ -3,9 +3,13 @@
 :func:`plan_removal` reads what the host leaves behind, writing nothing:
 its VMs (which must be moved first: ``evacuate``), every key named after
 it, its placement provider and the allocations on it, its etcd user, and
-what was stored there for other VMs (backups, replicas, disks kept aside).
+what was stored there for other VMs (backups, replicas, disks kept aside);
+:func:`refuse_what_blocks` refuses, in one line and before any write, a
+host with VMs (unless they are to be evacuated first) or in a host lease.
 :func:`remove_host` then removes it, in an order a crash cannot spoil:
 
+0. the host is drained (nothing new lands there) and its VMs looked for
+   again;
 1. the tombstone ``removed/<host>`` (``engine/core/removed.py``), state
    ``removing``: from here on the host's peer cannot register, and a peer
    serving now stops and exits;
@@ -35,7 +39,8 @@ from engine.errors import Failed, NoSuch, PermissionDenied, Refused
 
 from .specs import check_name
 
-__all__ = ["Removal", "plan_removal", "remove_host", "PEER_LEAVES"]
+__all__ = ["Removal", "plan_removal", "refuse_what_blocks", "remove_host", "dry_run",
+           "PEER_LEAVES"]
 
 PEER_LEAVES = 60.0      # how long a serving peer has to stop once fenced (its
                         # running requests finish first, up to 30 s)
