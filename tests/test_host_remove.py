@@ -257,3 +257,32 @@ def test_on_a_tls_etcd_the_hosts_etcd_user_goes_too(tmp_path):
             secured.cli("root", "--format", "json", "hostlist").stdout)}
     finally:
         secured.close()
+
+
+def test_over_http_a_host_is_removed_as_the_command_line_removes_it(cluster, store):
+    from tests.support.api_client import ApiClient, answers, api_peer_args, free_port
+    port = free_port()
+    cluster.start_peer("host1", extra_args=api_peer_args(port))
+    ready_hosts(cluster, store, ["host2"])
+    wait_for(lambda: {"host1", "host2"} <= _providers(cluster), what="providers")
+    secret = cluster.cli_json("token", "create", "--role", "operator")["secret"]
+    client = ApiClient(f"http://127.0.0.1:{port}", secret)
+    wait_for(lambda: answers(client), what="the API of host1")
+    boot_vms(cluster, "web1", on="host2")
+
+    status, doc, _ = client.post("/v1/hosts/host2/remove", {"yes": True})
+    assert status == 409 and "has 1 VM (web1)" in doc["error"], doc
+    status, doc, _ = client.post("/v1/hosts/host2/evacuate", {"yes": True})
+    assert status == 202, doc
+    assert finished(store, doc["automation"])["state"] == "done"
+    status, dry, _ = client.post("/v1/hosts/host2/remove", {"dry_run": True})
+    assert status == 200 and dry["state"] == "dry-run" and "hostcfg/host2" in dry["removed"]
+    status, doc, _ = client.post("/v1/hosts/host2/remove", {})
+    assert status == 409 and "send" in doc["error"], doc
+    assert store.get(keys.removed("host2")) is None
+    status, doc, _ = client.post("/v1/hosts/host2/remove", {"yes": True})
+    assert status == 200 and doc["state"] == "done", doc
+    assert cluster.peers["host2"].wait(30) == 2
+    _gone_everywhere(cluster, store, "host2")
+    status, doc, _ = client.post("/v1/hosts/nosuch/remove", {"yes": True})
+    assert status == 404, doc
