@@ -253,6 +253,14 @@ def test_on_a_tls_etcd_the_hosts_etcd_user_goes_too(tmp_path):
         assert "etcd user peer-host2" in json.loads(done.stdout)["removed"]
         assert root.auth_user_delete("peer-host2", dry_run=True) is False
         assert root.auth_user_delete("peer-host1", dry_run=True) is True
+        # its certificate names no user now: it opens nothing
+        from engine.errors import PermissionDenied
+        former = secured.store("peer-host2")
+        with pytest.raises(PermissionDenied):
+            former.get(keys.host_config("host1"))
+        former.close()
+        restarted = secured.cluster.start_peer("host2", env=secured.env("peer-host2"))
+        assert restarted.wait(60) != 0
         assert "host2" not in {h["host"] for h in json.loads(
             secured.cli("root", "--format", "json", "hostlist").stdout)}
     finally:
