@@ -38,6 +38,7 @@ from engine.core import features
 from engine.core import service_notify as notify
 from engine.core.duties import Duties, Singleton, janitor
 from engine.core.maintenance import compactor
+from engine.core import removed as removal
 from engine.core.executor import Executor
 from engine.core.handlers import load_request_handlers
 from engine.core.registry import load_automations
@@ -138,6 +139,7 @@ class Peer:
         self.unreachable_since: float | None = None     # etcd, as systemd's status says
         self.said = ""                  # the last status line sent
         self.memo = None                # the VM publisher's: each domain's metadata, kept
+        self.removed: dict | None = None    # this host's tombstone, once seen (host remove)
 
     def _status(self, text: str) -> None:
         """The line ``systemctl status`` shows (sent when it changed)."""
@@ -215,6 +217,8 @@ class Peer:
                 return 2
             except StoreUnavailable:
                 pass                    # checked again once etcd answers
+            if self._found_removed():
+                break
             try:
                 session = Session(self.store, self.ttl, adopt=self.adopt,
                                   on_renewed=self.heartbeat.beat if self.heartbeat else None)
@@ -259,8 +263,28 @@ class Peer:
             if self.replacing is not None:
                 if self._hand_over(session.lease, last_renewal):
                     return 0
+        if self.removed is not None:
+            self.log.warning("host_removed", by=self.removed.get("by"))
+            self._status(removal.refusal(self.removed))
+            sys.stderr.write(f"peerctl: {removal.refusal(self.removed)}\n")
+            return 2
         self.log.info("peer_stopped")
         return 0
+
+    def _found_removed(self) -> bool:
+        """This host's tombstone is there (``host remove``): it must not serve."""
+        try:
+            self.removed = self.removed or removal.read(self.store, self.name)
+        except StoreUnavailable:
+            pass                        # the registration's own compare fences it
+        return self.removed is not None
+
+    def _fenced_by_removal(self, record: dict) -> None:
+        """The tombstone was written while this peer served: stop as for
+        SIGTERM (running requests finish, the lease is given back)."""
+        self.removed = record
+        self.stopping.set()
+        self.wake.set()
 
     def _leave_to_guard(self, session: Session) -> None:
         """A planned stop of a host running HA VMs keeps its lease: renewed
@@ -378,8 +402,14 @@ class Peer:
         cfg = self.store.get(keys.host_config(self.name))
         enabled = (cfg.value or {}).get("enabled", True) if cfg else True
         record = {**self._host_record(), "enabled": enabled}
-        self.store.txn([], [Put(keys.host(self.name), record, session.lease),
-                            Put(keys.host_config(self.name), record)])
+        # registered only while no tombstone says the host was removed
+        joined = self.store.txn([removal.not_removed(self.name)],
+                                [Put(keys.host(self.name), record, session.lease),
+                                 Put(keys.host_config(self.name), record)])
+        if not joined.succeeded:        # removed meanwhile: never registered
+            self._fenced_by_removal(removal.read(self.store, self.name)
+                                    or {"host": self.name, "state": "removing", "time": 0})
+            return
         # The lease proves that this host is alive: its record is written
         # again when it says something new (engine/hypervisor/host/hostinfo.py).
         published = Publication()
@@ -431,6 +461,9 @@ class Peer:
         # loop, as a stop and a hand-over do.
         threading.Thread(target=lambda: (session.lost.wait(), self.wake.set()), daemon=True,
                          name="session-lost").start()
+        # from the registration on: a tombstone written since is seen
+        watch = removal.RemovalWatch(self.store, self.name, joined.revision,
+                                     self._fenced_by_removal).start()
         try:
             while not self.stopping.is_set() and not session.lost.is_set() \
                     and self.replacing is None:
@@ -462,6 +495,7 @@ class Peer:
                     self._sweep_ghosts()
                     swept = time.monotonic()
         finally:
+            watch.stop()
             duties.stop()
             for singleton in singletons:
                 singleton.stop()

@@ -28,7 +28,7 @@ from tests.support.records import listed_hosts, put_vm
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 LIST_KEYS = {"id", "vm", "uuid", "host", "target", "time", "age_s", "kind", "parent",
-             "bytes", "consistency", "reason", "newest", "schedule", "protected"}
+             "bytes", "consistency", "reason", "newest", "schedule", "protected", "lost"}
 BACKUP_KEYS = {"name", "uuid", "host", "state", "backup", "kind", "bytes", "consistency",
                "target", "reason", "error"}
 RESTORE_KEYS = {"name", "uuid", "host", "state", "restored_from", "error"}

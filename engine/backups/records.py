@@ -23,7 +23,10 @@ written before issue 48, and read as its default):
   automation cannot be read counts (it may be running);
 - ``deleting``: set, in a transaction that finds it neither protected nor
   held by a running restore, before the first volume is deleted
-  (:func:`begin_delete`); a restore never holds such a backup.
+  (:func:`begin_delete`); a restore never holds such a backup;
+- ``lost``: ``{host, time, why}``, its target host was removed (``host
+  remove``) and its data with it (:func:`mark_lost`): the record stays, so
+  that nothing disappears unsaid, until ``backup delete`` drops it.
 
 Every change of a record is one transaction guarded by its revision, so a
 hold and a delete never both win."""
@@ -37,7 +40,7 @@ from engine.core.values import declare, readable, shape
 from engine.errors import Conflict, Failed
 
 __all__ = ["BACKUP", "recorded", "live_holds", "hold", "release", "set_protected",
-           "begin_delete", "why_kept", "Kept"]
+           "begin_delete", "why_kept", "mark_lost", "Kept"]
 
 BACKUP = shape("backup record", id=str, vm=str, uuid=str, target=str, kind=str, disks=list,
                time=(int, float))
@@ -89,6 +92,17 @@ def _change(store, backup_id: str, change):
         if store.txn([modified_at(key, kv.mod_revision)], [Put(key, changed)]).succeeded:
             return changed
     raise Conflict("concurrent_update", f"backup {backup_id} kept changing: try again")
+
+
+def mark_lost(store, backup_id: str, lost: dict) -> None:
+    """The backup's data went with its host (``host remove``): its record
+    stays, saying so in ``lost`` ``{host, time, why}``; gone already:
+    nothing to say."""
+    try:
+        _change(store, backup_id, lambda record: None if record.get("lost")
+                else {**record, "lost": lost})
+    except Failed:
+        pass
 
 
 def hold(store, backup_ids: list[str], owner: str) -> None:

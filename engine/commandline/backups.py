@@ -37,7 +37,8 @@ BACKUP_COLUMNS = [C("id", "Id"), C("vm", "VM"), C("uuid", "UUID"), C("host", "Ho
                   C("consistency", "Consistency"), C("reason", "Reason"),
                   C("newest", "Newest", lambda n: "*" if n else ""),
                   C("schedule", "Schedule", lambda s: s or "-"),
-                  C("protected", "Protected", lambda p: "yes" if p else "")]
+                  C("protected", "Protected", lambda p: "yes" if p else ""),
+                  C("lost", "Lost", lambda lost: f"with {lost['host']}" if lost else "")]
 BACKUP_DEFAULT = ["id", "vm", "host", "target", "age_s", "kind", "bytes", "consistency",
                   "schedule", "protected", "newest"]
 BACKUP_JSON = ops.LISTED
@@ -109,6 +110,9 @@ def deleted(ctx, automation: str, task: dict) -> int:
 def cmd_delete(ctx) -> int:
     args = ctx.args
     not_of(args, "delete", ("to", "full", "protect"))
+    lost = ops.delete_lost(ctx, args.ids, dry_run=True)
+    if lost is not None:
+        return _delete_lost(ctx, lost)
     plan = ops.plan_delete(ctx, args.ids)
     if plan.ask and not args.yes and not args.dry_run:
         confirm("backup delete", [f"{row['id']} ({row['vm']}, {row['kind']}, on "
@@ -116,6 +120,23 @@ def cmd_delete(ctx) -> int:
                 cancelled={"automation": None, "state": "cancelled", "backups": []})
         plan.ask = False        # asked above
     return act(ctx, plan, deleted, "backup delete", PLANNED_DELETE_COLUMNS)
+
+
+def _delete_lost(ctx, rows: list[dict]) -> int:
+    """Backups lost with their removed host: only their records go, no automation."""
+    args = ctx.args
+    if not args.dry_run:
+        if len(rows) > 1 and not args.yes:
+            confirm("backup delete", [f"{row['id']} ({row['vm']}, lost with {row['target']})"
+                                      for row in rows], "backups",
+                    cancelled={"automation": None, "state": "cancelled", "backups": []})
+        rows = ops.delete_lost(ctx, [row["id"] for row in rows]) or []
+    state = "dry-run" if args.dry_run else "done"
+    ctx.emit({"automation": None, "state": state, "backups": rows},
+             table.render(rows, DELETE_COLUMNS) + f"\n{len(rows)} backup records "
+             + ("would be " if args.dry_run else "") + "deleted (their data went with "
+             "their removed host)")
+    return 0
 
 
 # -- backup protect, backup unprotect ----------------------------------------------

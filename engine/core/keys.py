@@ -111,6 +111,12 @@ def split_step(key: str) -> tuple[str, int]:
     return parts[2], int(parts[3])
 
 
+def removed(name: str = "") -> str:
+    """``removed/<host>``: the host was taken out of the cluster (``host
+    remove``): its peer must not serve (``engine/core/removed.py``)."""
+    return f"removed/{name}"
+
+
 def host_config(name: str = "") -> str:
     """The host record kept across restarts (not lease-bound)."""
     return f"hostcfg/{name}"

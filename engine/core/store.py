@@ -551,6 +551,18 @@ class Store:
                        etcdrpc.AuthUserGrantRoleRequest(user=user, role=role))
         self._call("authstub", "AuthEnable", etcdrpc.AuthEnableRequest())
 
+    def auth_user_delete(self, user: str, *, dry_run: bool = False) -> bool:
+        """Delete etcd user ``user`` (``dry_run``: look only); False: none (needs root)."""
+        for method in ("UserGet",) if dry_run else ("UserGet", "UserDelete"):
+            request = getattr(etcdrpc, f"Auth{method}Request")(name=user)
+            try:
+                getattr(self._client.authstub, method)(request, self._timeout)
+            except grpc.RpcError as exc:
+                if "user name not found" in (exc.details() or ""):  # that user's, not ours
+                    return False
+                raise (self._failures.refusal(exc) or self._failures.unavailable(exc)) from None
+        return True
+
     # -- watches -----------------------------------------------------------
 
     def watch(self, prefix: str, start_revision: int,

@@ -34,7 +34,7 @@ __all__ = ["LISTED", "ORDER", "list_backups", "newest_by_uuid", "count_backups",
 
 # backup list's JSON: each row's fields, and the order of the rows
 LISTED = ["id", "vm", "uuid", "host", "target", "time", "age_s", "kind", "parent", "bytes",
-          "consistency", "reason", "newest", "schedule", "protected"]
+          "consistency", "reason", "newest", "schedule", "protected", "lost"]
 ORDER = "vm,time"
 
 
@@ -105,7 +105,16 @@ def _row(record: dict, newest: bool, now: float) -> dict:
             "consistency": _text(record.get("consistency")),
             "reason": _text(record.get("reason")), "newest": newest,
             "schedule": _text(record.get("schedule")),
-            "protected": record.get("protected") is True}
+            "protected": record.get("protected") is True,
+            "lost": _lost(record.get("lost"))}
+
+
+def _lost(lost) -> dict | None:
+    """``{host, time}``: the host keeping the backup was removed (``host remove``)."""
+    if not isinstance(lost, dict) or not isinstance(lost.get("host"), str):
+        return None
+    when = lost.get("time")
+    return {"host": lost["host"], "time": iso(when) if isinstance(when, (int, float)) else None}
 
 
 def _rows(ctx) -> list[dict]:
@@ -117,12 +126,13 @@ def _rows(ctx) -> list[dict]:
 
 def list_backups(ctx, pattern: str | None = None) -> list[dict]:
     """``[{id, vm, uuid, host, target, time, age_s, kind, parent, bytes,
-    consistency, reason, newest, schedule, protected}]``: every backup, or
+    consistency, reason, newest, schedule, protected, lost}]``: every backup, or
     those of the VMs ``pattern`` matches (``HOSTGLOB/VMGLOB`` or ``VMGLOB``,
     on the VM's name or uuid and the host it was on); ``newest``: the VM's
     newest backup; ``schedule``: the id of the schedule that made it (None:
     taken by hand, or by a schedule before backups recorded theirs);
-    ``protected``: kept from every prune and from backup delete."""
+    ``protected``: kept from every prune and from backup delete; ``lost``:
+    ``{host, time}`` once its target was removed (``host remove``), else None."""
     if pattern is None:
         return _rows(ctx)
     named = select_vms(lambda: [dict(row, name=row["vm"]) for row in _rows(ctx)], [pattern],
@@ -247,6 +257,38 @@ def plan_delete(ctx, ids: list[str]) -> Plan:
                 {"backups": [{k: row[k] for k in ("id", "vm", "uuid", "target")}
                              for row in rows]},
                 rows, ask=len(rows) > 1, what="backups", key="backups")
+
+
+def delete_lost(ctx, ids: list[str], *, dry_run: bool = False) -> list[dict] | None:
+    """Backups whose target host was removed (``lost`` in their record, see
+    ``host remove``): their data went with it, so only the records go, here
+    and now, each guarded by its revision; ``[{id, vm, target, state,
+    error}]``, or None unless every one of ``ids`` is such a backup (the
+    others are deleted by ``backup_delete`` on their hosts)."""
+    from engine.backups.records import why_kept
+    from engine.core import keys
+    from engine.core.store import Delete, modified_at
+    ids = list(dict.fromkeys(check_id(i) for i in ids))
+    store = ctx.store()
+    by_id = {record["id"]: record for record in _records(store)[0]}
+    if not ids or any(not (by_id.get(i) or {}).get("lost") for i in ids):
+        return None
+    for backup_id in ids:
+        why = why_kept(store, by_id[backup_id])
+        if why:
+            raise Failed(why, result=failed_doc("backups"))
+    rows = []
+    for backup_id in ids:
+        record = by_id[backup_id]
+        if not dry_run:
+            kv = store.get(keys.backup(backup_id))
+            if kv is not None and not store.txn([modified_at(kv.key, kv.mod_revision)],
+                                                [Delete(kv.key)]).succeeded:
+                raise Failed(f"backup {backup_id} changed meanwhile: try again",
+                             result={"automation": None, "state": "failed", "backups": rows})
+        rows.append({"id": backup_id, "vm": record["vm"], "target": record["target"],
+                     "state": "dry-run" if dry_run else "deleted", "error": None})
+    return rows
 
 
 # -- backup protect, backup unprotect ----------------------------------------------

@@ -22,6 +22,7 @@ import engine.placement.groups  # noqa: F401  (declares groups/, groupof/)
 import engine.planning.holds  # noqa: F401  (declares balanced/, settings/balance, balancer/status)
 import engine.releases.catalog  # noqa: F401  (declares code/)
 import engine.core.features  # noqa: F401  (declares cluster/feature_level)
+import engine.core.removed  # noqa: F401  (declares removed/)
 
 __all__ = ["find_unreadable", "delete_unreadable"]
 

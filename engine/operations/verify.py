@@ -14,7 +14,8 @@ Checks (each problem is ``{check, host, problem}``, ``host`` None when the
 problem is the cluster's, and ``peer``, the other host of a pair):
 - ``etcd``: a member that does not answer, an alarm (``NOSPACE``), fewer
   than 3 members (losing the one or two there are stops the cluster);
-- ``hosts``: a host the cluster knows that is down;
+- ``hosts``: a host the cluster knows that is down, or whose removal
+  (``host remove``) was cut short;
 - ``versions``: live hosts running different versions, or supporting
   different feature levels (an upgrade left half done);
 - ``libvirt``: two hosts on different machines publishing the same
@@ -99,8 +100,12 @@ def _verify(ctx, only: str | None) -> dict:
     elif only not in {h["host"] for h in hosts}:
         say("hosts", only, f"host {only} has no record in this cluster: its peer never "
                            "registered")
+    removing = _removing(store)
     for host in hosts:
-        if not host.get("alive"):
+        if host["host"] in removing:
+            say("hosts", host["host"], f"host {host['host']}'s removal did not finish: "
+                                       f"host remove {host['host']} finishes it")
+        elif not host.get("alive"):
             say("hosts", host["host"], f"host {host['host']} is down (its peer holds no "
                                        "lease): its VMs are not served")
     _versions(live, say)
@@ -138,6 +143,14 @@ def _record(store, names: list[str], found: dict) -> bool:
     except (PermissionDenied, StoreRefused):      # a viewer, or a full etcd
         return False
     return True
+
+
+def _removing(store) -> set[str]:
+    """Hosts whose ``host remove`` was cut short (their tombstone says removing)."""
+    from engine.core import keys
+    from engine.core.values import readable
+    return {keys.suffix(kv.key, keys.removed()) for kv in store.range(keys.removed())[0]
+            if (readable(kv) or {}).get("state") == "removing"}
 
 
 def _etcd(ctx, say) -> None:

@@ -355,6 +355,23 @@ def evacuate(ctx, call: Call) -> Answer:
     return _started(ctx, planned, body)
 
 
+@route("POST", "/v1/hosts/{name}/remove", "take a host out of the cluster for good",
+       "host remove NAME --yes", write=True, body=_obj(CONFIRM))
+def remove_host(ctx, call: Call) -> Answer:
+    """No evacuation here (``POST /v1/hosts/{name}/evacuate`` first): a host
+    with VMs is refused, as the command line refuses it without --evacuate."""
+    from engine.operations import host_removal
+    removal = host_removal.plan_removal(ctx, call.path["name"])
+    if removal.done:
+        return Answer({**host_removal.dry_run(removal, []), "state": "done"})
+    host_removal.refuse_what_blocks(removal, evacuate=False)
+    if call.body.get("dry_run"):
+        return Answer(host_removal.dry_run(removal, []))
+    if not call.body.get("yes"):
+        raise unconfirmed(f"host remove {removal.host}", removal.removed, "changes")
+    return Answer(host_removal.remove_host(ctx, removal.host, by=call.user))
+
+
 # -- automations --------------------------------------------------------------------
 
 @route("GET", "/v1/tasks", "list automations", "tasks [--all]",
