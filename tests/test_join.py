@@ -309,3 +309,20 @@ def test_a_server_showing_the_clusters_ca_without_its_certificate_never_sees_the
     finally:
         impostor.stop()
     assert join(secured, token, tmp_path / "h4", "--no-start").returncode == 0
+
+
+def test_removing_a_host_takes_its_unused_token_and_the_name_may_join_again(
+        secured, https_api, tmp_path):
+    """``host remove`` of a host added but never joined deletes its token
+    (nothing of it may admit a machine later); ``host add`` of that name
+    again clears its tombstone, and the new token joins."""
+    stale = host_add(secured, "h4", "--api", https_api.url)["token"]
+    root = secured.store("root")
+    assert len(root.range(keys.join())[0]) == 1
+    done = secured.cli("root", "--format", "json", "host", "remove", "h4", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert root.range(keys.join())[0] == []
+    one_line(join(secured, stale, tmp_path / "stale", "--no-start"), 1, "already used")
+    fresh = host_add(secured, "h4", "--api", https_api.url)["token"]
+    assert root.get(keys.removed("h4")) is None
+    assert join(secured, fresh, tmp_path / "fresh", "--no-start").returncode == 0

@@ -78,6 +78,8 @@ def add_host(ctx, name: str, *, address: str | None = None,
                          f"host remove {name} first to add a machine under that name again)")
     user = peer_user(name)
     auth.setup(store, {user: "peer"})    # as root: refused here before any file is made
+    from engine.core import removed
+    removed.clear(store, name)          # a name removed before may join again
     try:
         issued = certs.issue(ca_dir, user, "peer")
         libvirt = certs.issue_libvirt(ca_dir, name, address) if address else None
