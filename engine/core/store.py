@@ -461,8 +461,8 @@ class Store:
 
     def lease_ttl(self, lease: int) -> int:
         """The seconds ``lease`` has left; 0 or less once it has ended."""
-        request = etcdrpc.LeaseTimeToLiveRequest(ID=lease)
-        return self._call("leasestub", "LeaseTimeToLive", request).TTL
+        return self._call("leasestub", "LeaseTimeToLive",
+                          etcdrpc.LeaseTimeToLiveRequest(ID=lease)).TTL
 
     def compact(self, revision: int) -> None:
         """Drop history before ``revision`` (the whole etcd, not just this cluster)."""
@@ -492,14 +492,11 @@ class Store:
                  "peer_urls": list(m.peerURLs)} for m in answer.members]
 
     def snapshot(self, out, timeout: float = 600.0, on_chunk=None) -> dict:
-        """etcd's whole backend (every cluster it holds, as ``etcdctl
-        snapshot save`` takes it; etcd's root only) streamed into the binary
-        file ``out``: ``{bytes, revision}``, ``revision`` the cluster's just
-        before the snapshot began (it holds that one or a later one; etcd's
-        stream does not say which).  etcd ends the stream
-        with a SHA-256 of what came before; a stream that ends short or
-        whose sum is wrong raises :class:`StoreUnavailable`.  ``on_chunk(n)``
-        is called after each piece written, with the bytes so far."""
+        """etcd's whole backend (as ``etcdctl snapshot save``; root only)
+        streamed into the binary file ``out``: ``{bytes, revision}`` (the
+        revision just before it began: it holds that one or a later one).  A
+        stream short of, or not matching, its closing SHA-256 raises
+        :class:`StoreUnavailable`.  ``on_chunk(n)``: after each piece, bytes so far."""
         digest, tail, written = hashlib.sha256(), b"", 0
         revision = self.revision()
         try:
@@ -537,7 +534,6 @@ class Store:
             except StoreRefused as exc:
                 if not any(text in str(exc) for text in already):
                     raise
-
         for role, grants in roles.items():
             tolerate("RoleAdd", etcdrpc.AuthRoleAddRequest(name=role), "already exists")
             for perm, key, range_end in grants:
