@@ -28,7 +28,7 @@ FIGURES = {
     "hop": r"^hop 1 -> host2: peerctl [\d.]+s .* \d+ ms down, .* \| direct [\d.]+s \d+ ms down"
            r".* \| direct at the ceiling \d+ ms down",
     "total time": r"^  total time: peerctl [\d.]+ s vs direct libvirt [\d.]+ s = x[\d.]+ "
-                  r"\(target <= x1\.2\): " + VERDICT,
+                  r"\(target <= x1\.1\): " + VERDICT,
     "downtime": r"^  downtime: peerctl \d+ ms with --max-downtime 100 .*"
                 r"\(target <= 50 ms\): " + VERDICT,
     "downtime against direct": r"^  downtime against direct: peerctl \d+ ms vs direct "
