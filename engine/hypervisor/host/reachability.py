@@ -27,9 +27,9 @@ TCP endpoint (:func:`libvirt_endpoint`, from the URI it is reached at) and
 its migration port (:func:`migration_endpoint`: ``migration_address``, the
 first port of ``migration_ports``, both published in its record, see
 :func:`migration_of`; the address may be found on this machine's interfaces
-inside the ``migration_network`` CIDR, :func:`address_in`).  A host reached by a URI with no TCP endpoint
-(``test:///default``, ``qemu:///system``, ``qemu+unix://``) has none: its
-pairs are skipped, not failed.
+inside the ``migration_network`` CIDR, :func:`address_in`).  A host reached
+by a URI with no TCP endpoint (``test:///default``, ``qemu:///system``,
+``qemu+unix://``) has none: its pairs are skipped, not failed.
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ import socket
 import urllib.parse
 
 __all__ = ["machine_id", "reached_at", "reaches_other_machines", "remote_conflict",
-           "libvirt_endpoint", "migration_endpoint", "migration_of", "migration_network", "address_in",
-           "MIGRATION_PORTS"]
+           "libvirt_endpoint", "migration_endpoint", "migration_of", "migration_network",
+           "address_in", "MIGRATION_PORTS"]
 
 _MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 # libvirtd's TCP ports by transport (a URI with a host and no transport is TLS)

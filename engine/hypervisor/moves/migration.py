@@ -90,7 +90,8 @@ from engine.hypervisor.domain.domain_xml import read_metadata
 from engine.hypervisor.domain.records import vm_state
 from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label, vm_lock
 
-__all__ = ["migrate", "planned", "published_migration_uri", "downtime_limit", "DEFAULT_TIMEOUT_PER_GIB", "PEER_GONE_AFTER",
+__all__ = ["migrate", "planned", "published_migration_uri", "downtime_limit",
+           "DEFAULT_TIMEOUT_PER_GIB", "PEER_GONE_AFTER",
            "FIRST_DOWNTIME_MS", "PASSES_AT_FIRST", "QEMU_DOWNTIME_MS"]
 
 log = structlog.get_logger("peerctl.migration")
@@ -383,7 +384,8 @@ def _copy(host, dest, dom, move: _Move) -> dict:
 
     started = time.monotonic()
     log.info("migration_started", uuid=move.uuid, destination=move.destination,
-             migration_uri=move.migration_uri, mode=move.mode, disks=move.disks, incremental=move.incremental)
+             migration_uri=move.migration_uri, mode=move.mode, disks=move.disks,
+             incremental=move.incremental)
     thread = threading.Thread(target=run, name=f"migrate-{move.uuid}", daemon=True)
     thread.start()
     try:
