@@ -60,8 +60,8 @@ def cmd_tls(ctx) -> int:
                 issued = {"etcd": certs.issue_server(directory, args.name or [])}
             issued.update({user: certs.issue(directory, user, role)
                            for user, role in users.items()})
-            issued.update({f"libvirt-{host}": certs.issue_libvirt(directory, host, address)
-                           for host, address in libvirts.items()})
+            issued.update({f"libvirt-{host}": certs.issue_libvirt(directory, host, *addresses)
+                           for host, addresses in libvirts.items()})
         except OSError as exc:
             raise UsageError(f"cannot write certificates in {directory}: "
                              f"{exc.strerror or exc}") from None
@@ -192,10 +192,11 @@ def _register_tls(what) -> None:
                               help="an etcd member and the address it is reached at: "
                                    "a certificate and key of its own, etcd-NAME.pem "
                                    "(repeatable)")
-            part.add_argument("--libvirt", action="append", metavar="HOST=ADDR",
+            part.add_argument("--libvirt", action="append", metavar="HOST=ADDR[,ADDR2]",
                               help="a host's libvirt, reached at ADDR by the other hosts: "
                                    "libvirt-HOST.pem, and DIR/libvirt/HOST/ with libvirt's "
-                                   "file names (docs/deploy.md; repeatable)")
+                                   "file names; ADDR2...: other addresses it names, such as "
+                                   "its migration address (docs/deploy.md; repeatable)")
         part.add_argument("--peer", action="append", metavar="HOST",
                           help="a host whose peer gets an identity (repeatable)")
         part.add_argument("--user", action="append", metavar="NAME:ROLE",

@@ -258,6 +258,13 @@ def register(commands) -> None:
                           "copies and consoles: qemu+tls://ADDR/system (docs/deploy.md) "
                           "[$PEERCTL_LIBVIRT_REMOTE, the libvirt_remote setting, default "
                           "--libvirt itself, which only this machine reaches]")
+    sub.add_argument("--migration-network", metavar="CIDR",
+                     help="the network QEMU's migration streams to this host use: its "
+                          "address inside it (on one of this machine's interfaces) is "
+                          "published as migration_address, which the other hosts migrate "
+                          "to (docs/deploy.md) [$PEERCTL_MIGRATION_NETWORK, the "
+                          "migration_network setting; an explicit migration_address wins; "
+                          "default the host part of the libvirt remote URI]")
     sub.add_argument("--ttl", type=positive, metavar="SECONDS",
                      help="etcd lease TTL bounding failure detection (default 5)")
     sub.add_argument("--hooks", metavar="DIR", help="directory of R.pre / R.post hooks")

@@ -6,7 +6,11 @@ flag, else ``$PEERCTL_HOST`` / ``$PEERCTL_LIBVIRT`` /
 machine; and where its QEMU migration streams arrive (``migration_address``,
 ``migration_ports``: ``$PEERCTL_MIGRATION_ADDRESS``,
 ``$PEERCTL_MIGRATION_PORTS`` or the config file, see
-:func:`~engine.hypervisor.host.reachability.migration_of`).
+:func:`~engine.hypervisor.host.reachability.migration_of`; or
+``migration_network``, ``--migration-network`` or
+``$PEERCTL_MIGRATION_NETWORK``: a CIDR, this machine's address inside it,
+:func:`~engine.hypervisor.host.reachability.address_in`, unless
+``migration_address`` names one).
 
 So ``peerctl peer`` with no flags runs the host ``/etc/peerctl/peerctl.conf``
 describes.  The config file's ``state_dir`` is also ``up``'s (``state``,
@@ -23,6 +27,8 @@ anything is created, connects or starts:
 - it is never under ``/tmp`` (emptied at boot, and with it the VMs'
   disks) unless ``--state-dir`` or ``$PEERCTL_STATE_DIR`` names it;
 - it is writable (or can be made: its nearest existing parent is);
+- a ``migration_network`` that is no CIDR, or that none of this machine's
+  addresses is in, is refused (even when ``migration_address`` wins);
 - state left under the old default ``/tmp/peerctl/<cluster>/<host>`` is
   never silently abandoned: with nothing yet in the new directory the peer
   refuses to start and gives the ``mv`` that carries it over (starting
@@ -78,8 +84,23 @@ def peer_host(args, settings: dict) -> PeerHost:
 
 
 def _migration(args, settings: dict, remote: str) -> dict:
-    from engine.hypervisor.host.reachability import migration_of
+    """Where QEMU's migration streams arrive: ``migration_address`` when
+    named, else this machine's address inside ``migration_network`` when
+    that is named, else the host part of ``remote``."""
+    from engine.hypervisor.host.reachability import address_in, migration_network, migration_of
     address, _ = _pick(args, settings, "migration_address")
+    value, in_network = _pick(args, settings, "migration_network")
+    if value is not None:
+        try:
+            network = migration_network(value)
+        except ValueError as exc:
+            raise UsageError(f"{exc} ({in_network})") from None
+        found = address_in(network)
+        if found is None:
+            raise UsageError(f"no address of this machine is in migration_network {network} "
+                             f"({in_network}): name a network one of its interfaces has an "
+                             "address in, or set migration_address")
+        address = address or found
     ports, where = _pick(args, settings, "migration_ports")
     try:
         return migration_of(remote, address or "", ports or "")

@@ -36,6 +36,7 @@ DEFAULTS = {"etcd": "http://127.0.0.1:2379", "cluster": "default", "format": "ta
             "session_idle": "12h", "session_max": "7d",
             # the peer's own (engine/commandline/peer_host.py): "" = derived
             "host": "", "libvirt_remote": "", "migration_address": "", "migration_ports": "",
+            "migration_network": "",
             # "" = the command's own level: info for peer and serve, else warning
             "log_format": "console", "log_level": ""}
 

@@ -192,10 +192,12 @@ QEMU_FILES = {"ca-cert.pem": "cacert.pem", "server-cert.pem": "servercert.pem",
               "client-key.pem": "clientkey.pem"}
 
 
-def issue_libvirt(directory: str, host: str, address: str) -> Issued:
+def issue_libvirt(directory: str, host: str, address: str, *also: str) -> Issued:
     """Host ``host``'s libvirt certificate, naming ``address`` (what other
-    hosts' ``libvirt_remote`` URIs use) and ``host``; kept when it names
-    exactly those, else issued again.  ``directory/libvirt/<host>/`` is
+    hosts' ``libvirt_remote`` URIs use), ``also`` (other addresses it is
+    reached at: its ``migration_address`` on a network of its own, which
+    QEMU's TLS checks the certificate against) and ``host``; kept when it
+    names exactly those, else issued again.  ``directory/libvirt/<host>/`` is
     (re)written with it under libvirt's own file names
     (:data:`LIBVIRT_FILES`): copied there on the host, or given as a URI's
     ``pkipath``, it is both the server's and the client's; and under QEMU's
@@ -204,7 +206,7 @@ def issue_libvirt(directory: str, host: str, address: str) -> Issued:
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "peerctl"),
                          x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "libvirt"),
                          x509.NameAttribute(NameOID.COMMON_NAME, host)])
-    names = [address] + ([host] if host != address else [])
+    names = list(dict.fromkeys([address, *also, host]))
     issued = _sign(directory, f"libvirt-{host}", subject,
                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
                    names, renames=True)

@@ -50,12 +50,19 @@ def etcd_members(texts: list[str] = ()) -> dict[str, str]:
     return _named_addresses(texts, "--member", "member")
 
 
-def libvirt_hosts(texts: list[str] = ()) -> dict[str, str]:
-    """``{host: address}`` from ``HOST=ADDR`` texts (``tls certs --libvirt``)."""
-    return _named_addresses(texts, "--libvirt", "host")
+def libvirt_hosts(texts: list[str] = ()) -> dict[str, list[str]]:
+    """``{host: [address, ...]}`` from ``HOST=ADDR[,ADDR2...]`` texts (``tls
+    certs --libvirt``): the address its libvirt is reached at, then any
+    other it is also reached at (its migration address on another network)."""
+    found = {}
+    for text in texts or []:
+        name, _, addresses = text.partition("=")
+        found[name] = [_named_addresses([f"{name}={address}"], "--libvirt", "host",
+                                        text)[name] for address in addresses.split(",")]
+    return found
 
 
-def _named_addresses(texts, flag: str, what: str) -> dict[str, str]:
+def _named_addresses(texts, flag: str, what: str, given: str | None = None) -> dict[str, str]:
     found = {}
     for text in texts or []:
         name, _, address = text.partition("=")
@@ -64,7 +71,8 @@ def _named_addresses(texts, flag: str, what: str) -> dict[str, str]:
         except UsageError:
             address = ""
         if not address.strip() or any(c.isspace() or c in "/,=" for c in address):
-            raise UsageError(f"bad {flag} {text!r} (want NAME=ADDR: the {what}'s name "
+            want = "NAME=ADDR[,ADDR2]" if flag == "--libvirt" else "NAME=ADDR"
+            raise UsageError(f"bad {flag} {given or text!r} (want {want}: the {what}'s name "
                              "and the address or DNS name it is reached at)")
         found[name] = address
     return found

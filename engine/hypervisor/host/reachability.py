@@ -26,17 +26,21 @@ Where a host is probed from the others (``cluster verify``): its libvirt's
 TCP endpoint (:func:`libvirt_endpoint`, from the URI it is reached at) and
 its migration port (:func:`migration_endpoint`: ``migration_address``, the
 first port of ``migration_ports``, both published in its record, see
-:func:`migration_of`).  A host reached by a URI with no TCP endpoint
-(``test:///default``, ``qemu:///system``, ``qemu+unix://``) has none: its
-pairs are skipped, not failed.
+:func:`migration_of`; the address may be found on this machine's interfaces
+inside the ``migration_network`` CIDR, :func:`address_in`).  A host reached
+by a URI with no TCP endpoint (``test:///default``, ``qemu:///system``,
+``qemu+unix://``) has none: its pairs are skipped, not failed.
 """
 from __future__ import annotations
 
 import functools
+import ipaddress
+import socket
 import urllib.parse
 
 __all__ = ["machine_id", "reached_at", "reaches_other_machines", "remote_conflict",
-           "libvirt_endpoint", "migration_endpoint", "migration_of", "MIGRATION_PORTS"]
+           "libvirt_endpoint", "migration_endpoint", "migration_of", "migration_network",
+           "address_in", "MIGRATION_PORTS"]
 
 _MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 # libvirtd's TCP ports by transport (a URI with a host and no transport is TLS)
@@ -158,3 +162,35 @@ def migration_of(remote: str, address: str = "", ports: str = "") -> dict:
     if not address:
         address = urllib.parse.urlsplit(remote).hostname or None
     return {"migration_address": address, "migration_ports": [first, last]}
+
+
+
+def migration_network(value: str):
+    """The ``migration_network`` setting as an ``ipaddress`` network (a CIDR
+    such as ``10.0.1.0/24``, as Proxmox's ``migration: network=``; host bits
+    ignored).  ValueError, saying why, for one that is none."""
+    try:
+        return ipaddress.ip_network(value.strip(), strict=False)
+    except ValueError:
+        raise ValueError(f"bad migration_network {value!r}: a network such as "
+                         "10.0.1.0/24 or fd00:1::/64") from None
+
+
+def address_in(network) -> str | None:
+    """This machine's address inside ``network`` (see
+    :func:`migration_network`), from its interfaces (those of the network
+    namespace the peer runs in): the lowest one when several are; None
+    when none is."""
+    import psutil           # only a peer that names a migration network needs it
+    found = set()
+    for addresses in psutil.net_if_addrs().values():
+        for entry in addresses:
+            if entry.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                address = ipaddress.ip_address(entry.address.partition("%")[0])
+            except ValueError:
+                continue
+            if address in network:
+                found.add(address)
+    return str(min(found)) if found else None

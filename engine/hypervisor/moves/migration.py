@@ -56,8 +56,14 @@ Promises:
 
 Transport: libvirt's own (peer to peer: this host's libvirtd opens the
 destination's URI, ``qemu+tls://`` between machines), and QEMU's memory and
-disk streams over TCP to the address the destination's libvirtd names
-(qemu.conf's ``migration_host``; ports 49152 and up).  When the destination's
+disk streams over TCP (ports 49152 and up) to the destination's migration
+address: ``migration_uri`` (``tcp://ADDR``) when the request names one, else
+``tcp://`` the ``migration_address`` the destination publishes in its host
+record (its ``migration_network`` address, docs/deploy.md) when it publishes
+one, else the address the destination's libvirtd names (qemu.conf's
+``migration_host``), as before.  The URI is libvirt's
+``VIR_MIGRATE_PARAM_URI``; the disks' NBD stream follows its host (libvirt's
+default when ``VIR_MIGRATE_PARAM_DISKS_URI`` is not set).  When the destination's
 URI is ``qemu+tls://``, those streams go over TLS too (``VIR_MIGRATE_TLS``:
 both hosts need QEMU's certificates, ``migrate_tls_x509_cert_dir``, which
 ``tls certs --libvirt`` writes in ``qemu/``), so that nothing of a guest
@@ -84,7 +90,8 @@ from engine.hypervisor.domain.domain_xml import read_metadata
 from engine.hypervisor.domain.records import vm_state
 from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label, vm_lock
 
-__all__ = ["migrate", "downtime_limit", "DEFAULT_TIMEOUT_PER_GIB", "PEER_GONE_AFTER",
+__all__ = ["migrate", "planned", "published_migration_uri", "downtime_limit",
+           "DEFAULT_TIMEOUT_PER_GIB", "PEER_GONE_AFTER",
            "FIRST_DOWNTIME_MS", "PASSES_AT_FIRST", "QEMU_DOWNTIME_MS"]
 
 log = structlog.get_logger("peerctl.migration")
@@ -166,6 +173,7 @@ class _Move:
         self.max_downtime_ms = _optional_positive(args, "max_downtime_ms")
         self.downtime_ceiling_ms = self.max_downtime_ms or QEMU_DOWNTIME_MS
         self.bandwidth_mib = _optional_positive(args, "bandwidth_mib")
+        self.migration_uri = _migration_uri(args)
         self.mode = "live" if self.live else "cold"
 
     def flags(self) -> int:
@@ -191,7 +199,51 @@ class _Move:
             params[libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = self.disks
         if self.bandwidth_mib:
             params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = self.bandwidth_mib
+        if self.migration_uri:
+            params[libvirt.VIR_MIGRATE_PARAM_URI] = self.migration_uri
         return params
+
+
+def _migration_uri(args: dict) -> str | None:
+    """``migration_uri``: ``tcp://HOST[:PORT]``, where QEMU's streams go;
+    None when the request names none."""
+    value = args.get("migration_uri")
+    if value is None:
+        return None
+    parsed = urllib.parse.urlsplit(value) if isinstance(value, str) else None
+    try:
+        ok = parsed is not None and parsed.scheme == "tcp" and bool(parsed.hostname) \
+            and parsed.path in ("", "/") and (parsed.port is None or parsed.port > 0)
+    except ValueError:          # a port that is none
+        ok = False
+    if not ok:
+        raise RequestError(f"migration_uri must be tcp://ADDRESS[:PORT], got {value!r}")
+    return value
+
+
+def planned(host, args: dict) -> _Move:
+    """The move a request asks, checked, its migration URI the request's
+    ``migration_uri``, else the one the destination publishes
+    (:func:`published_migration_uri`)."""
+    move = _Move(host, args)
+    move.migration_uri = move.migration_uri or published_migration_uri(host.store,
+                                                                       move.destination)
+    return move
+
+
+def published_migration_uri(store, destination: str) -> str | None:
+    """``tcp://`` the ``migration_address`` host ``destination`` publishes
+    in its record (``[ADDR]`` for IPv6), or None when it publishes none or
+    etcd cannot tell (libvirt then uses the destination's own choice)."""
+    try:
+        kv = store.get(keys.host(destination)) if store is not None else None
+    except StoreUnavailable:
+        return None
+    address = kv.value.get("migration_address") if kv is not None \
+        and isinstance(kv.value, dict) else None
+    if not isinstance(address, str) or not address:
+        return None
+    return f"tcp://[{address}]" if ":" in address else f"tcp://{address}"
 
 
 # -- the handler -------------------------------------------------------------
@@ -202,10 +254,12 @@ def migrate(host, args: dict) -> dict:
     Args: ``uuid``, ``name``, ``destination``, ``destination_uri``, ``xml``
     (the destination's domain XML), ``disks`` (target devs to copy),
     ``incremental``, ``live``, and optionally ``timeout_per_gib``,
-    ``postcopy``, ``max_downtime_ms``, ``bandwidth_mib`` (MiB/s).
+    ``postcopy``, ``max_downtime_ms``, ``bandwidth_mib`` (MiB/s),
+    ``migration_uri`` (``tcp://ADDR``: else the destination's published
+    ``migration_address``, see the module's Transport).
     Returns ``{mode, downtime_ms, bytes, seconds, disk_bytes, memory_bytes}``
     and ``already: true`` when an earlier run had done the move."""
-    move = _Move(host, args)
+    move = planned(host, args)
     with vm_lock(host, move.uuid):
         try:
             dest = libvirt.open(move.destination_uri)
@@ -330,7 +384,8 @@ def _copy(host, dest, dom, move: _Move) -> dict:
 
     started = time.monotonic()
     log.info("migration_started", uuid=move.uuid, destination=move.destination,
-             mode=move.mode, disks=move.disks, incremental=move.incremental)
+             migration_uri=move.migration_uri, mode=move.mode, disks=move.disks,
+             incremental=move.incremental)
     thread = threading.Thread(target=run, name=f"migrate-{move.uuid}", daemon=True)
     thread.start()
     try:
