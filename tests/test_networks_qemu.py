@@ -112,12 +112,13 @@ def test_a_guest_gets_an_address_reads_its_seed_and_keeps_both_across_a_migratio
     # Live to host2: the same MAC, the same address, the seed came along.
     moved = kvm.cluster.cli_json("migrate", "reach", "--to", "host2", "--yes", timeout=300)
     assert moved["state"] == "done" and moved["vms"][0]["mode"] == "live", moved
+    seen = []
     try:
-        after = wait_until(lambda: listed(kvm, "reach"), lambda r: r["host"] == "host2" and r["ip"],
-                           timeout=60, interval=1, what="reach's address on host2")
-    except AssertionError:
-        print("DEBUG", listed(kvm, "reach"), kvm.cluster.cli_json("vmlist", "-o", "host,name,ip,addresses,state"))
-        raise
+        after = wait_until(lambda: seen.append(listed(kvm, "reach")) or seen[-1],
+                           lambda r: r["host"] == "host2" and r["ip"], timeout=60, interval=1,
+                           what="reach's address on host2")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; vmlist said last: {seen[-1] if seen else None}") from None
     assert after["ip"] == vm["ip"]
     assert [a["mac"] for a in after["addresses"]] == [mac_for(vm["uuid"], 0)]
     assert list(kvm.volumes(vm["uuid"])) == ["host2"]
