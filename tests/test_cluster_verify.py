@@ -65,6 +65,7 @@ def far_host(store, name, **record):
                                 "libvirt_uri": "qemu:///system", **record}, lease)
 
 
+@pytest.mark.slow      # a scenario of several seconds: the third tier
 def test_each_problem_is_one_line_and_the_exit_is_1(cluster, store):
     start_peers(cluster, store, ["h1", "h2"])
     start_peers(cluster, store, ["h3"], env=None)

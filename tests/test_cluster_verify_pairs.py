@@ -98,6 +98,7 @@ def test_a_closed_libvirt_port_is_one_line_per_host_that_cannot_reach_it(cluster
     assert verdicts(cluster) == {"h1": "ok", "h2": "ok", "h3": "ok"}
 
 
+@pytest.mark.slow      # a scenario of several seconds: the third tier
 def test_a_migration_port_nobody_listens_on_is_named(cluster, store, endpoints):
     """far1 is a record with no peer behind it (a host whose peer hangs):
     nothing opens its migration port, and its own probes never run."""

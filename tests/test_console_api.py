@@ -283,6 +283,7 @@ def test_an_api_whose_certificate_another_ca_signed_is_exit_3(https_api, tmp_pat
                                      "certificate does not verify")
 
 
+@pytest.mark.slow      # a scenario of several seconds: the third tier
 def test_ctrl_c_while_it_attaches_leaves_and_deletes_its_token(cluster, store, silent_api):
     console = console_process(cluster, silent_api.url)
     try:

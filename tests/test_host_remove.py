@@ -182,6 +182,7 @@ def test_a_backup_stored_on_the_removed_host_is_kept_and_listed_as_lost(cluster,
     assert store.get(keys.backup(row["backup"])) is None
 
 
+@pytest.mark.slow      # a scenario of several seconds: the third tier
 def test_a_replica_kept_on_the_removed_host_is_listed_lost(
         cluster, store, tmp_path):
     from engine.backups import replicas
@@ -201,6 +202,7 @@ def test_a_replica_kept_on_the_removed_host_is_listed_lost(
     _gone_everywhere(cluster, store, "h2")
 
 
+@pytest.mark.slow      # a scenario of several seconds: the third tier
 @pytest.mark.parametrize("point,live", [("host remove fenced", False),
                                         ("host remove fenced", True),
                                         ("host remove provider", False)])

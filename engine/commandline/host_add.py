@@ -21,7 +21,8 @@ def cmd_host_add(ctx) -> int:
     if not ca_dir:
         raise UsageError("host add needs the cluster's CA directory (--ca-dir DIR, or "
                          "--cacert DIR/ca.pem with ca-key.pem beside it)")
-    via = [url.rstrip("/") for url in args.api or []] or _running_apis(settings)
+    via = [url.rstrip("/") for url in args.api or []] or _published_apis(ctx) \
+        or _running_apis(settings)
     done = admit.add_host(ctx, args.name, address=args.address, expires=expires,
                           ca_dir=ca_dir, via=via)
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(done["expires"]))
@@ -32,6 +33,13 @@ def cmd_host_add(ctx) -> int:
              + f"; on the new machine, once:\n\n  peerctl join {done['token']}\n\n"
              "The token is shown only this once: it is the new host's key to the cluster.")
     return 0
+
+
+def _published_apis(ctx) -> list[str]:
+    """The HTTPS APIs the live hosts publish (their records' ``api``)."""
+    from engine.cluster import read_hosts
+    return sorted(h["api"].rstrip("/") for h in read_hosts(ctx.store())
+                  if h.get("alive") and str(h.get("api") or "").startswith("https://"))
 
 
 def _running_apis(settings: dict) -> list[str]:
@@ -93,7 +101,8 @@ def register_add(what) -> None:
                       help="how long the token works (default 1h; 30m, 2h...)")
     part.add_argument("--api", action="append", metavar="URL",
                       help="a peer's HTTPS API the new machine redeems the token at "
-                           "(repeatable; default: those of a running up)")
+                           "(repeatable; default: those the live hosts publish, else those "
+                           "of a running up)")
     part.add_argument("--ca-dir", metavar="DIR",
                       help="the cluster's CA directory (default: that of --cacert)")
 
