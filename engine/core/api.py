@@ -41,11 +41,18 @@ def new_id() -> str:
 def start_automation(store: Store, kind: str, args: dict, members: int = DEFAULT_MEMBERS,
                      prefer: list[str] | None = None) -> str:
     """Create an automation, once even when etcd loses the reply (a member
-    dying with the write in flight); its members pick it up from etcd."""
-    automation_id, compares, ops = automation_ops(store, kind, args, members, prefer)
-    if not store.txn_once(compares, ops, proof=keys.spec(automation_id)):
-        raise RuntimeError(f"automation id {automation_id} already exists")
-    return automation_id
+    dying with the write in flight); its members pick it up from etcd.  An
+    id another automation took first (made in the same second with the same
+    three random bytes: about one in a hundred among 500 started in one
+    second) is drawn again."""
+    for _ in range(_ID_DRAWS):
+        automation_id, compares, ops = automation_ops(store, kind, args, members, prefer)
+        if store.txn_once(compares, ops, proof=keys.spec(automation_id)):
+            return automation_id
+    raise RuntimeError(f"automation id {automation_id} already exists ({_ID_DRAWS} drawn)")
+
+
+_ID_DRAWS = 5
 
 
 def automation_ops(store: Store, kind: str, args: dict, members: int = DEFAULT_MEMBERS,
