@@ -72,6 +72,7 @@ def rows_by_name(cluster, *args) -> dict[str, dict]:
     return {row["name"]: row for row in cluster.cli_json("vmlist", "--all", *args)}
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_twenty_foreign_domains_are_adopted_then_one_destroyed_and_one_let_go(
         cluster, store, tmp_path):
     start_brownfield(cluster, store, tmp_path, [*LEGACY, NOVA_VM])

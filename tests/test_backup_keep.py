@@ -73,6 +73,7 @@ def test_a_schedule_keeps_the_backups_taken_by_hand_and_the_one_restored_from(
     cluster.cli_json("backup", "schedule", "delete", "web*")
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_protected_backup_is_kept_from_prunes_and_from_backup_delete(cluster, store,
                                                                        two_hosts):
     boot_vms(cluster, "db1")
@@ -151,6 +152,7 @@ def test_a_backup_a_running_restore_reads_is_neither_deleted_nor_pruned(cluster,
     cluster.cli_json("backup", "schedule", "delete", sched["schedule"])
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_restore_whose_initiator_is_killed_leaves_no_hold(cluster, store, tmp_path):
     hooks, gate = gated(tmp_path, "restore_disks")
     start_peers(cluster, store, ["host1", "host2", "host3"], hooks=hooks)

@@ -46,6 +46,7 @@ FIGURES = {
 }
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_the_smoke_run_prints_every_figure_with_its_verdict_and_leaves_nothing_behind():
     out = run_smoke(BENCH, FIGURES, WORK, TIMEOUT)
     assert out.count("  CPU, % of one CPU") == 2, "one table per size"

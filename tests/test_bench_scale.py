@@ -38,6 +38,7 @@ FIGURES = {
 }
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_the_smoke_run_prints_every_figure_and_leaves_nothing_behind():
     run_smoke(BENCH, FIGURES, WORK, TIMEOUT)
 

@@ -14,6 +14,8 @@ on real peers (libvirt's test driver) and a real etcd:
 """
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
@@ -87,6 +89,7 @@ def test_boot_dry_run_of_a_vm_no_host_can_take_fails_as_the_boot_would(cluster, 
     assert "CUSTOM_NET" not in real.stdout + real.stderr
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_start_on_a_down_host_or_of_a_lost_vm_is_refused_at_once(cluster, store):
     hosts_one_without_networks(cluster, store)
     boot_bare(cluster, "db1", "host2")

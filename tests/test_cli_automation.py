@@ -198,6 +198,7 @@ def test_progress_of_a_ten_vm_boot_and_ctrl_c_detaches(cluster, held_builds):
     assert sorted(vm["name"] for vm in listed) == names
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_detached_boot_then_suspend_resume_reboot_and_detached_destroy(cluster, peers):
     doc = cluster.cli_json("boot", "app1", "app2", "--resources", SPEC, "--detach")
     assert list(doc) == ["automation"]

@@ -223,6 +223,7 @@ def test_usage_errors_come_before_etcd(cluster, command):
 
 # -- end to end, on two peers --------------------------------------------------------
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_vm_backed_up_destroyed_and_restored_twice(cluster, two_hosts, store):
     vm_uuid = boot_vms(cluster, "web1")["web1"]["uuid"]
     before = task_ids(cluster)

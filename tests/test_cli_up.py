@@ -81,6 +81,7 @@ def processes_naming(path) -> list[int]:
     return found
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_up_again_and_down(local, tmp_path, cluster_name):
     # killed right after recording what it was asked for, before starting
     # anything: the directory is set up with 2 hosts all the same
@@ -224,6 +225,7 @@ def test_up_on_a_qemu_directory_refuses_another_hypervisor_or_host_count(local, 
     assert processes_naming(state) == []
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_up_with_tls_and_three_etcd_members(local, tmp_path, cluster_name):
     done = local("--format", "json", "up", "--hosts", "2", "--etcd-members", "3", "--tls")
     assert done.returncode == 0, done.stderr

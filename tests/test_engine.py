@@ -102,6 +102,7 @@ def test_sigkill_of_the_initiator_at_every_step_boundary(cluster, store, tmp_pat
     assert len(writers) >= 2, f"every round appended by {writers}: nobody took over"
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_paused_initiator_is_fenced_after_its_lease_expires(cluster, store, tmp_path):
     hooks = str(tmp_path / "hooks")
     runs_log = counting_hook(hooks, sleep=0.1)
@@ -574,6 +575,7 @@ def test_abort_stops_a_running_automation(cluster, store, tmp_path):
     assert store.range("member/")[0] == []
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_sigkill_during_steps_run_on_the_initiator(cluster, store, tmp_path):
     """Untargeted steps run on the initiator, whose response rides on the
     next append.  Killing it mid-way loses at most the step in flight, and
@@ -600,6 +602,7 @@ def test_sigkill_during_steps_run_on_the_initiator(cluster, store, tmp_path):
     assert {o["executor"] for o in outcomes if o["status"] == "ok"} == {"m1", "m2"}
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_running_tasks_summary_counts_steps_without_a_write_per_step(cluster, store, tmp_path):
     """tasks/<id> names its leader from the first step and counts steps as
     they go, but is rewritten at most every SUMMARY_INTERVAL, not with each

@@ -5,6 +5,8 @@ answered already is left as it is while the others go on, and a peer killed
 with a batch in flight runs nothing twice."""
 from __future__ import annotations
 
+import pytest
+
 import contextlib
 import threading
 
@@ -186,6 +188,7 @@ def test_a_timeout_written_while_a_batch_waits_stays_and_the_others_land(store, 
         assert len(executions(runs)) == WIDTH
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_target_killed_with_batches_in_flight_runs_nothing_twice(cluster, store, tmp_path):
     """Rounds of 12 pings at once to one peer, SIGKILLed mid-round and
     started again: every index has one answer, ok or lost, and none ran

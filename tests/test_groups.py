@@ -139,6 +139,7 @@ def test_a_destroyed_vm_leaves_its_group(cluster, store, five_hosts):
     assert list(members(cluster, "gone")) == ["g-2"]
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_ha_restart_keeps_the_rule_when_it_can_and_says_so_when_it_cannot(
         cluster, store, tmp_path):
     """web-1..3 spread over h1..h3, h4 empty.  h1 dies: web-1 comes back on

@@ -28,6 +28,7 @@ def running_copies(store, hosts):
     return dict(where)
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_dead_hosts_ha_vms_run_elsewhere_and_the_others_are_unknown(
         cluster, store, tmp_path, monkeypatch):
     """SIGKILL the peer of host h1, which holds 10 HA VMs and 5 without HA.

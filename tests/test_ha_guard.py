@@ -152,6 +152,7 @@ def scenario(cluster, store, daemon_hosts, tmp_path, tag, stop_peer, resume_peer
     assert cluster.cli_json("aside", "list") == []
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_sigkill_of_the_peer_the_guard_fences_and_the_vms_run_elsewhere(
         cluster, store, daemon_hosts, tmp_path):  # noqa: F811
     def kill(hosts):
@@ -162,6 +163,7 @@ def test_sigkill_of_the_peer_the_guard_fences_and_the_vms_run_elsewhere(
     scenario(cluster, store, daemon_hosts, tmp_path, "k", kill, restart)
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_hung_peer_is_fenced_by_its_guard(cluster, store, daemon_hosts, tmp_path):  # noqa: F811
     def freeze(hosts):
         cluster.kill("g1", signal.SIGSTOP)

@@ -112,6 +112,7 @@ class Installed:
         return process
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 @pytest.mark.parametrize("package", ["wheel", "sdist"])
 def test_an_installed_package_runs_a_peer_boots_and_pings_from_any_directory(
         built, package, cluster, store, tmp_path):

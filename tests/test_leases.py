@@ -181,6 +181,7 @@ def reconciler_passes(store, count, exclude=()):
     return {r["host"] for r in reports}
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_capacity_lease_keeps_its_slots_through_reconciler_passes_and_extends_while_active(
         cluster, store):
     """The reconciler (a pass every 0.3 s) never takes a live lease's

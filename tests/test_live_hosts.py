@@ -81,6 +81,7 @@ def test_a_host_whose_lease_is_revoked_is_alive_no_more(store, reported):
     assert reported == {}
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_real_peer_writes_its_record_when_it_changes_and_lives_by_its_lease(cluster, store):
     ready_hosts(cluster, store, ["host1"])
     booted = cluster.cli_json("boot", "quiet1", "--resources", "VCPU:1,MEMORY_MB:64,DISK_GB:1")

@@ -141,6 +141,7 @@ def _vmlist(store):
     return read_vms(store)
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_destination_killed_during_the_move_reverts_to_the_source(cluster, store, tmp_path):
     hooks = tmp_path / "hooks"
     write_hook(hooks, "move_adopt", "pre", "time.sleep(60)\n")
@@ -254,6 +255,7 @@ def test_a_vm_refused_inside_a_batch_fails_alone(cluster, store):
     assert_each_runs_once(store, moved, ["t1", "t2"])
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_destination_killed_during_a_batch_reverts_each_of_its_vms(cluster, store,
                                                                       tmp_path):
     """The batch's redefinition never answers: each VM is decided from both
@@ -298,6 +300,7 @@ def test_abort_of_an_evacuation_starts_no_more_batches(cluster, store, tmp_path)
     assert_each_runs_once(store, {r["uuid"]: r["host"] for r in results}, ["t1", "t2"])
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_batched_evacuation_survives_its_initiator_killed_inside_its_batches(
         cluster, store, tmp_path):
     """Crash points kill whichever member leads: once right after it made a

@@ -7,6 +7,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from engine.core import api, keys
 from engine.peer import STATS_INTERVAL
 from tests.support import wait_for
@@ -23,6 +25,7 @@ def _blocked(pid: int) -> int:
     raise AssertionError("no voluntary_ctxt_switches in /proc")
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_an_idle_peer_sleeps_between_ticks_and_still_wakes_for_a_lost_lease_and_a_stop(
         cluster, store):
     process = cluster.start_peer("h1", ttl=3)

@@ -96,6 +96,7 @@ def test_stopping_deletes_the_replica_then_its_record(cluster, store, tmp_path):
     assert vmlist(cluster)["db1"]["replica"] is None
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_an_ha_restart_starts_a_replicated_vm_from_its_replica_on_the_replicas_host(
         cluster, store, tmp_path):
     start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])
@@ -115,6 +116,7 @@ def test_an_ha_restart_starts_a_replicated_vm_from_its_replica_on_the_replicas_h
                and r["seq"] > replica["seq"], timeout=60, what="a new replica on h3")
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_with_its_replica_host_dead_too_a_vm_waits_unless_the_fallback_is_allowed(
         cluster, store, tmp_path):
     start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])
@@ -161,6 +163,7 @@ def test_when_the_replicas_host_dies_a_new_replica_elsewhere_serves_the_next_res
     assert vm["host"] == "h3" and vm["recovered"]["data_as_of"] == new["time"], vm
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_drained_replica_host_hands_the_replica_to_another_host(cluster, store, tmp_path):
     start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])
     uuid = boot(cluster, ["db1"], "h1")["db1"]
@@ -214,6 +217,10 @@ def test_a_destroy_waits_for_a_replica_update_instead_of_failing(cluster, store,
     cluster.cli_json("replicate", "db1", "--every", "1h")
     _replicated(store, uuid, "h2")
     updating = replicas.read(store, uuid)["automation"]
+    # the first update lets go of the VM's lock just after recording its
+    # replica: taken before that, the test's lock would be the update's
+    wait_for(lambda: store.get(keys.lock(f"vm/{uuid}")) is None, timeout=30,
+             what="the first update's lock released")
     # the lock as an update of that automation holds it
     locks.take(store, f"vm/{uuid}", updating, "its replica is being updated",
                kind="replica", host="h1")

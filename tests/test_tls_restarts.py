@@ -103,6 +103,7 @@ def quorum_lost(store) -> bool:
     return not answers(store)
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_peers_outlive_etcd_members_restarting_one_and_two_at_a_time(tmp_path):
     """A three-member TLS etcd with roles on, three peers each with its own
     certificate, an HA VM on host1.  Each member is SIGKILLed and started

@@ -173,6 +173,7 @@ def test_a_rolling_upgrade_interrupts_no_automation_vm_ping_or_lease(cluster, st
     assert len(runs) == 1 and lease["hosts"] == started["hosts"]
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_the_wheel_of_a_release_upgrades_three_hosts(cluster, store, tmp_path):
     """``python -m build``'s wheel, added with ``code add``, is a release
     like a source archive: each host installs the tree under its
@@ -203,6 +204,7 @@ def test_the_wheel_of_a_release_upgrades_three_hosts(cluster, store, tmp_path):
     assert cluster.cli_json("ping")["state"] == "done"
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_host_restarted_from_its_package_runs_the_release_upgrade_chose(cluster, store,
                                                                           tmp_path):
     """After ``upgrade --to 0.2.0``, host1 is started again from the tree
@@ -222,6 +224,7 @@ def test_a_host_restarted_from_its_package_runs_the_release_upgrade_chose(cluste
                                "`upgrade`, not this tree's 0.1.0"), said
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_release_that_cannot_start_is_rolled_back_on_the_first_host_only(
         cluster, store, tmp_path):
     names = ["host1", "host2"]

@@ -86,6 +86,7 @@ def boot_on(store, name, host, ha=False, members=("m1",)):
     return built["uuid"]
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_vanished_domain_is_kept_missing_and_an_ha_one_restarted(cluster, store, tmp_path):
     """h1's peer is SIGKILLed and started again at once, within its lease:
     its domains are gone.  The HA VM runs again, rebuilt on another host
@@ -200,6 +201,7 @@ def test_a_host_killed_right_after_a_build_replied_takes_no_vm_with_it(
     assert set(vmlist(cluster)) == {"web1", "db1"}
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_a_vm_recovered_onto_a_host_that_then_dies_is_recovered_again(
         cluster, store, tmp_path):
     """web1's host h1 dies; the recovery rebuilds it on h2, whose peer dies

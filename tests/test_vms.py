@@ -7,6 +7,8 @@ against what the hypervisors really hold (the `inventory` request).
 """
 import collections
 
+import pytest
+
 from engine.core import api
 from engine.placement import open_placement
 from tests.support import ROOT, wait_for, wait_until
@@ -38,6 +40,7 @@ def assert_one_to_one(store, result_vms, hosts):
              == sorted(vm["name"] for vm in result_vms), what="vms/ to match")
 
 
+@pytest.mark.slow      # a long scenario (8 s or more here): the third tier
 def test_boot_twenty_vms_survives_sigkill_of_the_initiator(cluster, store, tmp_path):
     """Claims run on the initiator 16 VMs to a step, one step at a time
     (~2 s each), so when the initiator is killed some VMs are built and
