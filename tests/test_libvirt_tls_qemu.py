@@ -15,7 +15,8 @@ import pytest
 
 from engine.core.certs import LIBVIRT_FILES
 from engine.core.etcd_server import free_port
-from engine.hypervisor.local.daemons import PrivateLibvirtd
+from engine.errors import Failed
+from engine.hypervisor.local.daemons import PrivateLibvirtd, cmdline
 from tests.support import PEERCTL, ROOT
 from tests.support.libvirtd_pair import cannot_run_reason
 
@@ -79,3 +80,16 @@ def test_a_client_refuses_a_libvirtd_whose_certificate_names_another_address(bas
             libvirt.open(daemon.tls_uri(os.path.join(tls, "libvirt", "kvm2")))
     finally:
         daemon.stop()
+
+
+def test_a_libvirtd_that_cannot_start_leaves_no_virtlogd_behind(base):
+    """Without its certificate, a TLS libvirtd exits at once: start() says
+    why in one Failed, and stops the virtlogd it started for it."""
+    empty = os.path.join(base, "no-certificates")
+    os.makedirs(empty)
+    daemon = PrivateLibvirtd(base, "kvm1", tls=(empty, "127.0.0.1", free_port()))
+    with pytest.raises(Failed, match="exited"):
+        daemon.start(timeout=30)
+    assert daemon.record()["virtlogd"]["pid"] is None
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit()
+                and base in " ".join(cmdline(int(pid)) or [])]

@@ -17,7 +17,8 @@ interfaces, never the machine's.
 Promises:
 - :meth:`PrivateLibvirtd.start` returns once ``libvirt.open(uri)`` works and
   the daemon reports its own host UUID, or raises
-  :class:`~engine.errors.Failed` with the end of the daemon's log; it starts
+  :class:`~engine.errors.Failed` with the end of the daemon's log (and
+  stops the virtlogd it started for it, which no guest uses); it starts
   only what is not running, and reuses a daemon or virtlogd only when the
   PID (from the record or the PID file) still runs the very command line
   this directory gives it, never a stranger that reused the PID;
@@ -195,13 +196,19 @@ class PrivateLibvirtd:
                              "(bash .ci/libvirtd.sh installs libvirt)")
         self._prepare()
         deadline = time.monotonic() + timeout
-        if self._pid("virtlogd") is None:
+        launched = self._pid("virtlogd") is None
+        if launched:
             self._launch("virtlogd", self._virtlogd_log)
-        self._wait(deadline, "virtlogd", self._virtlogd_log,
-                   lambda: _accepts(os.path.join(self.dir, "run", "virtlogd-sock")))
-        if self._pid("libvirtd") is None:
-            self._launch("libvirtd", self.log)
-        self._wait(deadline, "libvirtd", self.log, self._answers)
+        try:
+            self._wait(deadline, "virtlogd", self._virtlogd_log,
+                       lambda: _accepts(os.path.join(self.dir, "run", "virtlogd-sock")))
+            if self._pid("libvirtd") is None:
+                self._launch("libvirtd", self.log)
+            self._wait(deadline, "libvirtd", self.log, self._answers)
+        except Failed:
+            if launched and not self.guest_pids():
+                self._stop("virtlogd", 5.0)     # started for a daemon that never came
+            raise
         return self
 
     def _prepare(self) -> None:
