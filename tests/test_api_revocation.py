@@ -4,7 +4,6 @@ every peer's API, within a second; a stream of another token goes on."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import aiohttp
 import pytest
@@ -13,8 +12,8 @@ from engine.core import api as engine_api
 from engine.core import keys, tokens
 from tests.support import wait_for
 from tests.support.api_client import ApiClient, OpenStream, answers, api_peer_args, free_port
-from tests.support.api_server import in_own_loop, served_api
-from tests.support.silent_libvirt import SilentLibvirt
+from tests.support.api_server import in_own_loop
+from tests.support.silent_libvirt import silent_console_api
 
 PROMISE = 1.0                   # seconds: what docs/api.md promises
 DEADLINE = PROMISE + 0.5        # what the test allows, polling included
@@ -71,20 +70,9 @@ def test_a_token_whose_expiry_passes_ends_its_stream(cluster, store, two_apis):
 
 @pytest.fixture
 def slow_console_api(store, etcd, cluster_name):
-    """The API of a cluster whose host ``slow`` runs VM ``run1``, its
-    libvirt one that never answers."""
-    libvirt = SilentLibvirt()
-    uid = str(uuid.uuid4())
-    store.put(keys.host("slow"), {"host": "slow",
-                                  "libvirt_uri": f"test+tcp://127.0.0.1:{libvirt.port}/default"},
-              store.grant(600))
-    store.put(keys.vm("slow", uid), {"host": "slow", "name": "run1", "uuid": uid,
-                                     "state": "running"})
-    try:
-        with served_api(etcd.url, cluster_name) as server:
-            yield server
-    finally:
-        libvirt.close()
+    """The API of a cluster whose VM ``run1``'s libvirt never answers."""
+    with silent_console_api(store, etcd.url, cluster_name) as server:
+        yield server
 
 
 def test_token_delete_closes_its_console_websocket_saying_why(store, slow_console_api):

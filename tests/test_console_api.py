@@ -21,7 +21,7 @@ from tests.support import PEERCTL, ROOT, wait_for
 from tests.support.api_client import api_peer_args, free_port
 from tests.support.api_server import served_api
 from tests.support.secured_etcd import SecuredEtcd
-from tests.support.silent_libvirt import SilentLibvirt
+from tests.support.silent_libvirt import silent_console_api
 
 RUNNING = "11111111-2222-3333-4444-000000000001"
 SHUTOFF = "11111111-2222-3333-4444-000000000002"
@@ -164,20 +164,9 @@ def test_a_peer_publishes_its_api_in_its_host_record(cluster, store):
 
 @pytest.fixture
 def silent_api(store, etcd, cluster_name):
-    """The API of a cluster whose host ``slow`` runs VM ``run1``, its
-    libvirt one that never answers: a console that stays open, attaching."""
-    libvirt = SilentLibvirt()
-    uid = str(uuid.uuid4())
-    store.put(keys.host("slow"), {"host": "slow",
-                                  "libvirt_uri": f"test+tcp://127.0.0.1:{libvirt.port}/default"},
-              store.grant(600))
-    store.put(keys.vm("slow", uid), {"host": "slow", "name": "run1", "uuid": uid,
-                                     "state": "running"})
-    try:
-        with served_api(etcd.url, cluster_name) as server:
-            yield server
-    finally:
-        libvirt.close()
+    """The API of a cluster whose VM ``run1`` has a console that stays open, attaching."""
+    with silent_console_api(store, etcd.url, cluster_name) as server:
+        yield server
 
 
 def console_process(cluster, url) -> subprocess.Popen:

@@ -2,10 +2,14 @@
 while a test revokes its token or kills its client."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import uuid
 
-__all__ = ["SilentLibvirt"]
+from engine.core import keys
+
+__all__ = ["SilentLibvirt", "silent_console_api"]
 
 
 class SilentLibvirt:
@@ -29,3 +33,22 @@ class SilentLibvirt:
         self.listener.close()
         for conn in self.held:
             conn.close()
+
+
+@contextlib.contextmanager
+def silent_console_api(store, etcd_url: str, cluster_name: str):
+    """The API of a cluster whose host ``slow`` runs VM ``run1``, its
+    libvirt a :class:`SilentLibvirt`: a console to it stays open, attaching."""
+    from tests.support.api_server import served_api
+    libvirt = SilentLibvirt()
+    uid = str(uuid.uuid4())
+    store.put(keys.host("slow"), {"host": "slow",
+                                  "libvirt_uri": f"test+tcp://127.0.0.1:{libvirt.port}/default"},
+              store.grant(600))
+    store.put(keys.vm("slow", uid), {"host": "slow", "name": "run1", "uuid": uid,
+                                     "state": "running"})
+    try:
+        with served_api(etcd_url, cluster_name) as server:
+            yield server
+    finally:
+        libvirt.close()
