@@ -395,6 +395,30 @@ def processes_under(path) -> list[str]:
             if str(path) in line]
 
 
+def test_a_process_in_the_middle_of_exec_is_never_taken_for_gone(tmp_path):
+    """A peer becoming its host's current release exec()s; for an instant the
+    kernel shows its command line empty. Whoever asks then (``up`` waiting for
+    its peers, ``down``) must still see it running."""
+    import subprocess
+    import sys
+    from engine.hypervisor.local.daemons import cmdline
+    script = tmp_path / "execs.py"
+    script.write_text("import os, sys\n"
+                      "n = int(sys.argv[1])\n"
+                      "if n:\n"
+                      "    os.execv(sys.executable, [sys.executable, '-S', __file__, str(n - 1)])\n"
+                      "sys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-S", str(script), "150"], stdin=subprocess.PIPE)
+    try:
+        seen = []
+        while not seen or seen[-1][-1] != "0":
+            seen.append(cmdline(child.pid))
+            assert seen[-1], f"a live process read as gone after {len(seen)} reads"
+    finally:
+        child.communicate(b"", timeout=30)
+    assert cmdline(child.pid) == []
+
+
 @pytest.mark.slow       # two `up`s and two `down`s of a local cluster
 def test_up_and_down_follow_each_hosts_current_release(tmp_path, cluster_name):
     """`up`, an upgrade, `down`: nothing left running (down finds the

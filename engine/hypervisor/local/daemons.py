@@ -506,12 +506,35 @@ def terminate(pid: int, still_ours, grace: float) -> str:
 
 
 def cmdline(pid: int) -> list[str]:
-    """The command line process ``pid`` runs ([] when it is gone)."""
+    """The command line process ``pid`` runs ([] when it is gone).
+
+    A process in the middle of exec() shows an empty command line for an
+    instant (the kernel sets the new one last): such a live process is read
+    again until its new command line shows, for at most a second."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = [p.decode(errors="replace") for p in f.read().split(b"\0") if p]
+        except OSError:
+            return []       # gone
+        if args or not _user_process(pid) or time.monotonic() > deadline:
+            return args     # a zombie or a kernel thread has none either
+        time.sleep(0.002)
+
+
+_PF_KTHREAD = 0x00200000
+
+
+def _user_process(pid: int) -> bool:
+    """``pid`` is alive, not a zombie and not a kernel thread."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [p.decode(errors="replace") for p in f.read().split(b"\0") if p]
-    except OSError:
-        return []       # gone (a zombie has an empty cmdline too)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        state, flags = fields[0], int(fields[6])
+    except (OSError, IndexError, ValueError):
+        return False
+    return state not in (b"Z", b"X") and not flags & _PF_KTHREAD
 
 
 def _accepts(path: str) -> bool:
