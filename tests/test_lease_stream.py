@@ -10,7 +10,7 @@ import pytest
 from engine.core.session import Session
 from engine.core.store import Store
 from engine.errors import StoreUnavailable
-from tests.support import wait_for
+from tests.support import freeze, wait_for
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_a_silent_etcd_fails_the_renewal_within_the_timeout_and_a_new_stream_fol
     lease = own_store.grant(30)
     stream = own_store.keepalive_stream(lease)
     assert stream.renew() == 30
-    os.kill(own_etcd.process.pid, signal.SIGSTOP)
+    freeze(own_etcd.process.pid)
     try:
         began = time.monotonic()
         with pytest.raises(StoreUnavailable) as failed:

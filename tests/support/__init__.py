@@ -44,7 +44,7 @@ PEERCTL = os.path.join(ROOT, "peerctl.py")
 # Automations only tests register (PEERCTL_AUTOMATIONS_PATH names it).
 TEST_AUTOMATIONS = os.path.join(ROOT, "tests", "automations")
 
-__all__ = ["ROOT", "PEERCTL", "TEST_AUTOMATIONS", "wait_for", "wait_until"]
+__all__ = ["ROOT", "PEERCTL", "TEST_AUTOMATIONS", "freeze", "wait_for", "wait_until"]
 
 
 def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
@@ -90,3 +90,23 @@ def revisions_since(store, revision: int) -> set[int]:
     server's, which other tests' leases move as they expire."""
     kvs, _ = store.range("")
     return {kv.mod_revision for kv in kvs if kv.mod_revision > revision}
+
+
+def freeze(pid: int) -> None:
+    """SIGSTOP process ``pid`` and return once every one of its threads has
+    stopped (kill() returns before a busy multi-threaded process, etcd, is
+    stopped: it may still answer what was sent meanwhile)."""
+    import signal
+    os.kill(pid, signal.SIGSTOP)
+
+    def states():
+        found = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
+                    found.append(f.read().rsplit(b")", 1)[1].split()[0])
+            except OSError:
+                pass            # a thread that ended
+        return found
+    wait_for(lambda: all(state in (b"T", b"t") for state in states()),
+             what=f"every thread of process {pid} to stop")
