@@ -146,9 +146,17 @@ def configuration(up: dict) -> dict:
 
 def is_ours(record: dict) -> bool:
     """The recorded process is alive and still runs the recorded command."""
-    from engine.hypervisor.local.daemons import cmdline   # not on every command's path
     pid = record.get("pid")
-    return bool(pid) and cmdline(pid) == record.get("cmd")
+    return bool(pid) and _running(pid) == record.get("cmd")
+
+
+def _running(pid: int) -> list[str]:
+    """The command process ``pid`` runs, as ``up`` recorded it: a peer in its
+    machine of the rack starts as ``ip netns exec NETNS`` + its command,
+    which that execs a moment later under the same PID."""
+    from engine.hypervisor.local.daemons import cmdline   # not on every command's path
+    running = cmdline(pid)
+    return running[4:] if running[:3] == ["ip", "netns", "exec"] else running
 
 
 def live_peer(state_dir: str, peer: dict) -> dict | None:
@@ -160,7 +168,6 @@ def live_peer(state_dir: str, peer: dict) -> dict | None:
     when none runs."""
     if is_ours(peer):
         return peer
-    from engine.hypervisor.local.daemons import cmdline
     from engine.releases.current import read_peer_file
     recorded = peer.get("cmd") or []
     if len(recorded) < 3:
@@ -169,11 +176,11 @@ def live_peer(state_dir: str, peer: dict) -> dict | None:
     def same(running) -> bool:
         return len(running) >= 3 and running[1].endswith("peerctl.py") \
             and running[2:] == recorded[2:]
-    running = cmdline(peer["pid"]) if peer.get("pid") else []
+    running = _running(peer["pid"]) if peer.get("pid") else []
     if same(running):
         return {**peer, "cmd": running}
     noted = read_peer_file(os.path.join(state_dir, peer.get("host") or ""))
-    running = cmdline(noted["pid"]) if noted else []
+    running = _running(noted["pid"]) if noted else []
     if same(running):
         return {**peer, "pid": noted["pid"], "cmd": running}
     return None

@@ -266,3 +266,24 @@ def test_up_with_tls_and_three_etcd_members(local, tmp_path, cluster_name):
     down = json.loads(local("--format", "json", "down").stdout)["stopped"]
     assert [s["name"] for s in down] == ["host1", "host2", "etcd-m1", "etcd-m2", "etcd-m3"]
     assert not any(running(p["pid"]) for p in up["processes"])
+
+
+def test_a_peer_still_entering_its_machine_of_the_rack_is_the_one_up_started(tmp_path):
+    """``up --libvirt qemu`` starts a host's peer as ``ip netns exec NETNS``
+    + its command, which that execs a moment later under the same PID:
+    meanwhile the process is still the peer up recorded, not a stranger."""
+    from engine.supervisor import is_ours, live_peer
+    cmd = [sys.executable, PEERCTL, "peer", "--host", "host1"]
+    # A process showing what `ip` shows before it execs: Python run as "ip"
+    # on a script named "netns" that waits.
+    (tmp_path / "netns").write_text("import sys\nsys.stdin.read()\n")
+    entering = subprocess.Popen(["ip", "netns", "exec", "peerctl-t-host1", *cmd],
+                                executable=sys.executable, cwd=str(tmp_path),
+                                stdin=subprocess.PIPE)
+    try:
+        record = {"host": "host1", "pid": entering.pid, "cmd": cmd}
+        assert is_ours(record)
+        assert live_peer("/nonexistent", record) == record
+        assert not is_ours({**record, "cmd": [*cmd, "--ttl", "5"]})
+    finally:
+        entering.communicate(b"", timeout=30)
