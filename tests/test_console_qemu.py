@@ -11,6 +11,7 @@ where no libvirtd runs QEMU (:func:`qemu_guest.skip_reason`).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pty
@@ -86,6 +87,36 @@ def stderr_lines(process) -> list[str]:
     return [line for line in process.stderr.read().decode().splitlines() if line.strip()]
 
 
+@contextlib.contextmanager
+def on_a_terminal(guest, *args):
+    """``console NAME ARGS`` with a pty of its own as its controlling
+    terminal: yields ``(console, master, cooked)``, the process, the pty's
+    side the test types on and reads, and the terminal's settings before."""
+    master, slave = pty.openpty()
+    cooked = termios.tcgetattr(slave)
+
+    def controlling_terminal():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    console = guest.console(*args, stdin=slave, stdout=slave, stderr=slave,
+                            preexec_fn=controlling_terminal)
+    os.close(slave)
+    try:
+        yield console, master, cooked
+    finally:
+        end(console)
+        os.close(master)
+
+
+def end(*processes) -> None:
+    """Kill what still runs of ``processes`` (None: never started)."""
+    for process in processes:
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_no_tty_pipes_a_command_in_and_its_answer_out_and_stays_after_eof(guest):
     console = guest.console("--no-tty")
     try:
@@ -101,9 +132,7 @@ def test_no_tty_pipes_a_command_in_and_its_answer_out_and_stays_after_eof(guest)
         assert stderr_lines(console)[-1] == \
             f"Left the console on signal {int(signal.SIGINT)} (VM {guest.name} on {guest.host})"
     finally:
-        if console.poll() is None:
-            console.kill()
-            console.wait()
+        end(console)
 
 
 def test_timeout_leaves_with_exit_0(guest):
@@ -117,18 +146,8 @@ def test_timeout_leaves_with_exit_0(guest):
 
 
 def test_on_a_terminal_it_is_raw_and_ctrl_bracket_leaves_restoring_the_terminal(guest):
-    master, slave = pty.openpty()
-    cooked = termios.tcgetattr(slave)
-
-    def controlling_terminal():
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-    console = guest.console(stdin=slave, stdout=slave, stderr=slave,
-                            preexec_fn=controlling_terminal)
-    os.close(slave)
-    seen = bytearray()
-    try:
+    with on_a_terminal(guest) as (console, master, cooked):
+        seen = bytearray()
         read_until(master, b"Escape character is ^]", ANSWER_TIMEOUT, seen)
         wait_for(lambda: not termios.tcgetattr(master)[3] & (
             termios.ICANON | termios.ECHO | termios.ISIG), timeout=10, what="a raw terminal")
@@ -139,11 +158,6 @@ def test_on_a_terminal_it_is_raw_and_ctrl_bracket_leaves_restoring_the_terminal(
         assert console.wait(30) == 0
         read_until(master, b"Left the console", ANSWER_TIMEOUT, seen)
         assert termios.tcgetattr(master) == cooked      # the terminal is as it was
-    finally:
-        if console.poll() is None:
-            console.kill()
-            console.wait()
-        os.close(master)
 
 
 def test_a_second_console_takes_over_and_the_first_says_so(guest):
@@ -158,10 +172,7 @@ def test_a_second_console_takes_over_and_the_first_says_so(guest):
             "runs (another client may have taken it over)"]
         assert second.wait(30) == 0
     finally:
-        for process in (first, second):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
+        end(first, second)
 
 
 def test_through_the_peers_api_a_piped_command_gets_its_answer(guest):
@@ -182,24 +193,12 @@ def test_through_the_peers_api_a_piped_command_gets_its_answer(guest):
             f"Left the console on signal {int(signal.SIGINT)} (VM {guest.name} on {guest.host})"
         assert guest.tokens() == []                 # deleted as the console ended
     finally:
-        if console.poll() is None:
-            console.kill()
-            console.wait()
+        end(console)
 
 
 def test_through_the_api_on_a_terminal_ctrl_bracket_leaves_restoring_it(guest):
-    master, slave = pty.openpty()
-    cooked = termios.tcgetattr(slave)
-
-    def controlling_terminal():
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-    console = guest.console("--via", "api", stdin=slave, stdout=slave, stderr=slave,
-                            preexec_fn=controlling_terminal)
-    os.close(slave)
-    seen = bytearray()
-    try:
+    with on_a_terminal(guest, "--via", "api") as (console, master, cooked):
+        seen = bytearray()
         read_until(master, b"Escape character is ^]", ANSWER_TIMEOUT, seen)
         wait_for(lambda: not termios.tcgetattr(master)[3] & (
             termios.ICANON | termios.ECHO | termios.ISIG), timeout=10, what="a raw terminal")
@@ -209,11 +208,6 @@ def test_through_the_api_on_a_terminal_ctrl_bracket_leaves_restoring_it(guest):
         assert console.wait(30) == 0
         read_until(master, b"Left the console", ANSWER_TIMEOUT, seen)
         assert termios.tcgetattr(master) == cooked
-    finally:
-        if console.poll() is None:
-            console.kill()
-            console.wait()
-        os.close(master)
 
 
 def test_a_direct_console_takes_over_one_through_the_api_which_says_so(guest):
@@ -228,10 +222,7 @@ def test_a_direct_console_takes_over_one_through_the_api_which_says_so(guest):
             "runs (another client may have taken it over)")
         assert second.wait(30) == 0
     finally:
-        for process in (first, second):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
+        end(first, second)
 
 
 def test_the_session_ends_with_exit_0_when_the_vm_stops(guest):
@@ -245,6 +236,4 @@ def test_the_session_ends_with_exit_0_when_the_vm_stops(guest):
         assert code == 0, lines
         assert lines[-1] == f"Console closed: the VM stopped (VM {guest.name} on {guest.host})"
     finally:
-        if console.poll() is None:
-            console.kill()
-            console.wait()
+        end(console)
