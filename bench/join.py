@@ -34,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
-from bench.options import BadInput, whole  # noqa: E402
+from bench.options import BadInput, ends_in_one_line, whole  # noqa: E402
 from bench.processes import load_line  # noqa: E402
 from engine.core import api, certs  # noqa: E402
 from tests.support import wait_for  # noqa: E402
@@ -122,6 +122,7 @@ def figure(values: list[float]) -> str:
             f"{max(values):.2f})")
 
 
+@ends_in_one_line("join")
 def main() -> int:
     parser = BadInput(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=whole(1, 20, "runs"), default=3, metavar="K",
@@ -129,8 +130,6 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="1 run: every path")
     args = parser.parse_args()
     runs = SMOKE["runs"] if args.smoke else args.runs
-    signal.signal(signal.SIGTERM, lambda _signo, _frame: sys.exit(
-        "bench/join.py: terminated (everything it started is gone)"))
     load_before = os.getloadavg()
     work = tempfile.mkdtemp(prefix=WORK, dir="/var/tmp")
     secured = None
@@ -157,10 +156,6 @@ def main() -> int:
         print(f"{'plain peer start (same run)':<28} {figure(plain)}")
         print(f"join's own cost: {statistics.median(joins) - statistics.median(plain):.2f} s "
               f"(median of {runs} run{'s' if runs != 1 else ''} each, interleaved)")
-    except KeyboardInterrupt:
-        raise SystemExit("bench/join.py: interrupted (everything it started is gone)") from None
-    except AssertionError as exc:       # a wait timed out: the run stops
-        raise SystemExit(f"bench/join.py: {exc}") from None
     finally:
         for pid in started:
             stop(pid)

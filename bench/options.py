@@ -1,11 +1,15 @@
 """What every benchmark's command line shares: a bad option is one line on
 stderr naming the benchmark (``bench/<name>.py: ...``), exit 2, and nothing
-started."""
+started; a run stopped by SIGTERM, Ctrl-C or a wait's deadline is one line
+too, once it has cleaned up (:func:`ends_in_one_line`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import sys
 
-__all__ = ["BadInput", "positive", "whole", "numbers"]
+__all__ = ["BadInput", "positive", "whole", "numbers", "ends_in_one_line"]
 
 
 class BadInput(argparse.ArgumentParser):
@@ -50,3 +54,21 @@ def numbers(low: int, high: int, what: str):
             raise argparse.ArgumentTypeError(f"{what} from {low} to {high}: {text!r}")
         return values
     return parse
+
+
+@contextlib.contextmanager
+def ends_in_one_line(name: str):
+    """The run of ``bench/<name>.py`` inside (or a decorated ``main``):
+    SIGTERM and Ctrl-C end it with "terminated" or "interrupted (everything
+    it started is gone)", a wait that timed out (AssertionError) with its
+    message; each one line, after the cleanup of the ``finally`` clauses
+    inside."""
+    signal.signal(signal.SIGTERM, lambda _signo, _frame: sys.exit(
+        f"bench/{name}.py: terminated (everything it started is gone)"))
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise SystemExit(f"bench/{name}.py: interrupted (everything it started is gone)") \
+            from None
+    except AssertionError as exc:       # a wait timed out: the run stops
+        raise SystemExit(f"bench/{name}.py: {exc}") from None

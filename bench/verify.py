@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
-from bench.options import BadInput, numbers, whole  # noqa: E402
+from bench.options import BadInput, ends_in_one_line, numbers, whole  # noqa: E402
 from bench.processes import load_line, start_peer, stop_processes  # noqa: E402
 from engine.cluster import ready_hosts  # noqa: E402
 from engine.core.etcd_server import EtcdCluster  # noqa: E402
@@ -105,6 +104,7 @@ def report(rows: list[dict], runs: int) -> None:
               f"{took:.2f} s{small}: {'PASS' if took <= GOAL_S else 'MISS'}")
 
 
+@ends_in_one_line("verify")
 def main() -> int:
     parser = BadInput(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=numbers(1, 100, "host counts"), default=[3, GOAL_N],
@@ -116,8 +116,6 @@ def main() -> int:
     args = parser.parse_args()
     sizes = SMOKE["sizes"] if args.smoke else sorted(set(args.sizes))
     runs = SMOKE["runs"] if args.smoke else args.runs
-    signal.signal(signal.SIGTERM, lambda _signo, _frame: sys.exit(
-        "bench/verify.py: terminated (everything it started is gone)"))
     load_before = os.getloadavg()
     work = tempfile.mkdtemp(prefix=WORK, dir="/var/tmp")
     members = store = None
@@ -146,10 +144,6 @@ def main() -> int:
             print(f"N={n}: cluster verify {statistics.median(rows[-1]['verify']):.2f} s",
                   flush=True)
         report(rows, runs)
-    except KeyboardInterrupt:
-        raise SystemExit("bench/verify.py: interrupted (everything it started is gone)") from None
-    except AssertionError as exc:       # a wait timed out: the run stops
-        raise SystemExit(f"bench/verify.py: {exc}") from None
     finally:
         stop_processes(peers)
         for sock in listeners:

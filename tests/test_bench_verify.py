@@ -9,7 +9,7 @@ import os
 import pytest
 
 from tests.support import ROOT
-from tests.support.bench_runs import run_refused, run_smoke
+from tests.support.bench_runs import run_refused, run_smoke, run_terminated
 
 BENCH = os.path.join(ROOT, "bench", "verify.py")
 WORK = "peerctl-bverify-"
@@ -27,6 +27,10 @@ FIGURES = {
 
 def test_the_smoke_run_prints_every_figure_and_leaves_nothing_behind():
     run_smoke(BENCH, FIGURES, WORK, 180)
+
+
+def test_a_run_terminated_midway_says_so_and_leaves_nothing_behind():
+    run_terminated(BENCH, WORK, " peer ", 180)
 
 
 @pytest.mark.parametrize("args, line", [
