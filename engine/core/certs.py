@@ -39,6 +39,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from engine.core.files import write_whole
+
 __all__ = ["Issued", "authority", "issue", "issue_server", "issue_libvirt", "identity",
            "describe", "certificates", "ROOT_USER", "LOOPBACK", "LIBVIRT_FILES", "QEMU_FILES"]
 
@@ -63,14 +65,6 @@ def _paths(directory: str, name: str) -> tuple[str, str]:
     return os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}-key.pem")
 
 
-def _write(path: str, data: bytes, private: bool = False) -> None:
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def _load(directory: str, name: str):
     cert_path, key_path = _paths(directory, name)
     with open(cert_path, "rb") as f:
@@ -82,10 +76,10 @@ def _load(directory: str, name: str):
 
 def _save(directory: str, name: str, cert, key) -> tuple[str, str]:
     cert_path, key_path = _paths(directory, name)
-    _write(key_path, key.private_bytes(serialization.Encoding.PEM,
+    write_whole(key_path, key.private_bytes(serialization.Encoding.PEM,
                                        serialization.PrivateFormat.PKCS8,
                                        serialization.NoEncryption()), private=True)
-    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    write_whole(cert_path, cert.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path
 
 
@@ -221,7 +215,7 @@ def issue_libvirt(directory: str, host: str, address: str, *also: str) -> Issued
     for name, data, private in (("cacert.pem", ca, False), ("clientcert.pem", cert, False),
                                 ("servercert.pem", cert, False), ("clientkey.pem", key, True),
                                 ("serverkey.pem", key, True)):
-        _write(os.path.join(layout, name), data, private)
+        write_whole(os.path.join(layout, name), data, private)
     os.makedirs(os.path.join(layout, "qemu"), mode=0o700, exist_ok=True)
     for name, same in QEMU_FILES.items():
         shutil.copyfile(os.path.join(layout, same), os.path.join(layout, "qemu", name))

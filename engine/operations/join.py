@@ -35,6 +35,7 @@ import urllib.parse
 import urllib.request
 
 from engine.core import failpoints, join_tokens, keys
+from engine.core.files import write_whole
 from engine.errors import Failed, UsageError
 
 __all__ = ["join", "fetch_bundle", "write_files", "start_peer", "BLOCKING_CHECKS",
@@ -103,14 +104,6 @@ def fetch_bundle(token: join_tokens.Token) -> dict:
 
 # -- 3. the files ---------------------------------------------------------------------
 
-def _write(path: str, text: str, private: bool = False) -> None:
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_files(bundle: dict, conf: str, state_dir: str | None, libvirt: str,
                 libvirt_remote: str | None = None) -> dict:
     """The TLS files in ``<conf's directory>/tls``, then ``conf``: the paths.
@@ -122,15 +115,15 @@ def write_files(bundle: dict, conf: str, state_dir: str | None, libvirt: str,
     files = {"cacert": os.path.join(tls, "ca.pem"),
              "cert": os.path.join(tls, f"peer-{host}.pem"),
              "key": os.path.join(tls, f"peer-{host}-key.pem")}
-    _write(files["cacert"], bundle["ca"])
-    _write(files["cert"], bundle["cert"])
-    _write(files["key"], bundle["key"], private=True)
+    write_whole(files["cacert"], bundle["ca"])
+    write_whole(files["cert"], bundle["cert"])
+    write_whole(files["key"], bundle["key"], private=True)
     if bundle.get("libvirt"):
         where = os.path.join(tls, "libvirt")
         os.makedirs(where, mode=0o700, exist_ok=True)
         os.makedirs(os.path.join(where, "qemu"), mode=0o700, exist_ok=True)
         for name, text in bundle["libvirt"].items():
-            _write(os.path.join(where, name), text, private="key" in name)
+            write_whole(os.path.join(where, name), text, private="key" in name)
         files["libvirt"] = where
     lines = ["# written by peerctl join: this host's peer (docs/deploy.md)", "[peerctl]",
              f"etcd = {bundle['etcd']}", f"cluster = {bundle['cluster']}", f"host = {host}",
@@ -140,7 +133,7 @@ def write_files(bundle: dict, conf: str, state_dir: str | None, libvirt: str,
     if state_dir:
         lines.append(f"state_dir = {os.path.abspath(state_dir)}")
     lines += [f"{name} = {files[name]}" for name in ("cacert", "cert", "key")]
-    _write(conf, "\n".join(lines) + "\n")
+    write_whole(conf, "\n".join(lines) + "\n")
     return files
 
 
