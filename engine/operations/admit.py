@@ -30,7 +30,7 @@ from engine.errors import NoSuch, Refused, UsageError
 
 from .specs import check_name
 
-__all__ = ["add_host", "redeem", "DEFAULT_EXPIRY", "libvirt_remote_of"]
+__all__ = ["add_host", "redeem", "unredeemed", "DEFAULT_EXPIRY", "libvirt_remote_of"]
 
 DEFAULT_EXPIRY = 3600.0
 _KEEP_AFTER_EXPIRY = 600        # seconds a record outlives its expiry (says "expired")
@@ -100,14 +100,19 @@ def add_host(ctx, name: str, *, address: str | None = None,
     record = {"id": token.id, "host": name, "created": now, "expires": now + expires,
               "check": join_tokens.check_of(join_tokens.proof_of(token)),
               "sealed": join_tokens.seal(token, bundle)}
-    earlier = [kv.key for kv in store.range(keys.join())[0]
-               if (readable(kv) or {}).get("host") == name]
+    earlier = unredeemed(store, name)
     lease = store.grant(int(expires) + _KEEP_AFTER_EXPIRY)     # gone by itself, unused
     store.txn([], [*(Delete(key) for key in earlier),
                    Put(keys.join(token.id), record, lease)])
     return {"host": name, "token": token.text(), "expires": record["expires"],
             "address": address, "libvirt_remote": bundle["libvirt_remote"],
             "replaced": len(earlier)}
+
+
+def unredeemed(store, host: str) -> list[str]:
+    """The keys of ``host``'s join tokens not redeemed yet."""
+    return [kv.key for kv in store.range(keys.join())[0]
+            if (readable(kv) or {}).get("host") == host]
 
 
 def redeem(store, token_id: str, proof: str) -> dict:

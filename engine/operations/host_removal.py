@@ -37,14 +37,9 @@ from engine.core.failpoints import crash
 from engine.core.store import Delete, Put, absent
 from engine.errors import Failed, NoSuch, PermissionDenied, Refused
 
+from .admit import unredeemed
 from .specs import check_name
 
-
-def join_tokens_of(store, host: str) -> list[str]:
-    """The keys of ``host add`` tokens for ``host`` not redeemed yet."""
-    from engine.core.values import readable
-    return [kv.key for kv in store.range(keys.join())[0]
-            if (readable(kv) or {}).get("host") == host]
 
 __all__ = ["Removal", "plan_removal", "refuse_what_blocks", "remove_host", "dry_run",
            "PEER_LEAVES"]
@@ -111,7 +106,7 @@ def plan_removal(ctx, host: str) -> Removal:
             found.append(key)
     for prefix in (keys.vm, *_PREFIXES):    # each spelled with its trailing /
         found += [kv.key for kv in store.range(prefix(host), keys_only=True)[0]]
-    found += join_tokens_of(store, host)
+    found += unredeemed(store, host)
     provider, allocations = _provider(ctx, host)
     try:
         user = peer_user(host) if store.auth_user_delete(peer_user(host), dry_run=True) else None
@@ -212,7 +207,7 @@ def remove_host(ctx, host: str, *, by: str, leave_within: float = PEER_LEAVES,
     singles = [keys.host(host), keys.host_config(host), *(f(host) for f in _SINGLE)]
     done = store.txn([absent(keys.host(host))] if keys.host(host) not in removal.keys else [],
                      [*(Delete(key) for key in singles),
-                      *(Delete(key) for key in join_tokens_of(store, host)),
+                      *(Delete(key) for key in unredeemed(store, host)),
                       *(Delete(prefix(host), prefix=True) for prefix in _PREFIXES),
                       Put(keys.removed(host), {**removal.tombstone, "state": "removed",
                                                 "finished": time.time(), "kept": kept})])
