@@ -16,15 +16,8 @@ import pytest
 from engine.core import keys
 from engine.core.etcd_server import free_port
 from engine.core.store import Store
-from tests.support import PEERCTL, ROOT, wait_for
+from tests.support import PEERCTL, ROOT, one_line, wait_for
 from tests.support.cluster import Cluster
-
-
-def one_line(done):
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, done.stderr
-    assert "Traceback" not in done.stderr
-    return lines[0]
 
 
 @pytest.fixture

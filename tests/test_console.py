@@ -9,15 +9,7 @@ import uuid
 import pytest
 
 from engine.core import keys
-from tests.support import vms
-
-
-def one_line(done) -> str:
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, done.stderr
-    assert done.stdout == ""
-    return lines[0]
+from tests.support import only_line, vms
 
 
 RUNNING = "11111111-2222-3333-4444-000000000001"
@@ -48,14 +40,14 @@ def test_driver_host(tmp_path, store):
 def test_a_hypervisor_without_consoles_is_one_line_saying_so(cluster, test_driver_host):
     done = cluster.cli("console", "run1", input="")
     assert done.returncode == 1
-    assert one_line(done) == (f"peerctl: the hypervisor of hfile ({test_driver_host}) does "
-                              "not offer a console")
+    assert only_line(done) == (f"peerctl: the hypervisor of hfile ({test_driver_host}) does "
+                               "not offer a console")
 
 
 def test_a_vm_that_is_not_running_is_one_line_saying_start_it(cluster, test_driver_host):
     done = cluster.cli("console", "hfile/off1", "--no-tty", input="")
     assert done.returncode == 1
-    assert one_line(done) == "peerctl: VM off1 is shutoff on hfile: start it first"
+    assert only_line(done) == "peerctl: VM off1 is shutoff on hfile: start it first"
 
 
 def test_a_vm_booted_by_a_test_driver_peer_says_the_hypervisor_has_no_console(
@@ -68,8 +60,8 @@ def test_a_vm_booted_by_a_test_driver_peer_says_the_hypervisor_has_no_console(
     assert booted["state"] == "done", booted
     done = cluster.cli("console", "web1", input="")
     assert done.returncode == 1
-    assert one_line(done) == ("peerctl: the hypervisor of t1 (test:///default) does not "
-                              "offer a console")
+    assert only_line(done) == ("peerctl: the hypervisor of t1 (test:///default) does not "
+                               "offer a console")
 
 
 def test_an_unreachable_host_is_exit_3_naming_its_uri(cluster, store):
@@ -80,7 +72,7 @@ def test_an_unreachable_host_is_exit_3_naming_its_uri(cluster, store):
                                     "state": "running"})
     done = cluster.cli("console", "web9", input="")
     assert done.returncode == 3
-    line = one_line(done)
+    line = only_line(done)
     assert line.startswith(f"peerctl: cannot reach far's libvirt at {uri}: "), line
 
 
@@ -90,14 +82,14 @@ def test_a_vm_whose_host_has_no_record_is_one_line(cluster, store):
                                       "state": "running"})
     done = cluster.cli("console", "web8", input="")
     assert done.returncode == 1
-    assert one_line(done) == ("peerctl: no host record for ghost, the host of VM web8: "
-                              "its libvirt URI is unknown")
+    assert only_line(done) == ("peerctl: no host record for ghost, the host of VM web8: "
+                               "its libvirt URI is unknown")
 
 
 def test_an_unknown_name_exits_1_as_other_vm_commands_do(cluster, test_driver_host):
     done = cluster.cli("console", "nope", input="")
     assert done.returncode == 1
-    assert one_line(done) == "peerctl: no VM matches 'nope'"
+    assert only_line(done) == "peerctl: no VM matches 'nope'"
     stop = cluster.cli("stop", "nope", input="")
     assert stop.returncode == done.returncode
 
@@ -105,8 +97,8 @@ def test_an_unknown_name_exits_1_as_other_vm_commands_do(cluster, test_driver_ho
 def test_a_name_matching_several_vms_is_a_usage_error_listing_them(cluster, test_driver_host):
     done = cluster.cli("console", "hfile/*1", input="")
     assert done.returncode == 2
-    assert one_line(done) == ("peerctl: 'hfile/*1' matches 2 VMs (hfile/off1, hfile/run1): "
-                              "console needs one")
+    assert only_line(done) == ("peerctl: 'hfile/*1' matches 2 VMs (hfile/off1, hfile/run1): "
+                               "console needs one")
 
 
 @pytest.mark.parametrize("argv, named", [
@@ -116,4 +108,4 @@ def test_a_name_matching_several_vms_is_a_usage_error_listing_them(cluster, test
 def test_bad_input_is_a_usage_error_before_anything_is_opened(cluster, argv, named):
     done = cluster.cli(*argv, input="")
     assert done.returncode == 2
-    assert named in one_line(done)
+    assert named in only_line(done)

@@ -17,7 +17,7 @@ import pytest
 from engine.core import api as engine_api
 from engine.core import keys, tokens
 from engine.operations.consoles import TOKEN_TTL
-from tests.support import PEERCTL, ROOT, wait_for
+from tests.support import PEERCTL, ROOT, only_line, wait_for
 from tests.support.api_client import api_peer_args, free_port
 from tests.support.api_server import served_api
 from tests.support.secured_etcd import SecuredEtcd
@@ -27,14 +27,6 @@ RUNNING = "11111111-2222-3333-4444-000000000001"
 SHUTOFF = "11111111-2222-3333-4444-000000000002"
 DOMAIN = ("<domain type='test'><name>{}</name><uuid>{}</uuid><memory>65536</memory>"
           "<vcpu>1</vcpu><os><type>hvm</type></os>{}</domain>")
-
-
-def one_line(done) -> str:
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, done.stderr
-    assert done.stdout == ""
-    return lines[0]
 
 
 def no_tokens_left(store) -> bool:
@@ -70,15 +62,15 @@ def hfile_api(tmp_path, store, etcd, cluster_name):
 def test_a_vm_that_is_not_running_is_the_direct_paths_line(cluster, store, hfile_api):
     done = console_via_api(cluster, "off1", "--api", hfile_api.url)
     assert done.returncode == 1
-    assert one_line(done) == "peerctl: VM off1 is shutoff on hfile: start it first"
+    assert only_line(done) == "peerctl: VM off1 is shutoff on hfile: start it first"
     assert no_tokens_left(store)            # the one it minted went with the console
 
 
 def test_a_hypervisor_without_consoles_is_the_direct_paths_line(cluster, store, hfile_api):
     done = console_via_api(cluster, "run1", "--api", hfile_api.url)
     assert done.returncode == 1
-    assert one_line(done) == (f"peerctl: the hypervisor of hfile ({hfile_api.libvirt_uri}) "
-                              "does not offer a console")
+    assert only_line(done) == (f"peerctl: the hypervisor of hfile ({hfile_api.libvirt_uri}) "
+                               "does not offer a console")
     assert no_tokens_left(store)
 
 
@@ -88,7 +80,7 @@ def test_an_unknown_vm_with_a_token_file_is_the_direct_paths_line(cluster, store
     secret.write_text(tokens.create(store, "operator")["secret"] + "\n")
     done = console_via_api(cluster, "nope", "--api", hfile_api.url, "--token-file", str(secret))
     assert done.returncode == 1
-    assert one_line(done) == "peerctl: no VM matches 'nope'"
+    assert only_line(done) == "peerctl: no VM matches 'nope'"
 
 
 def test_a_viewers_token_is_refused_with_exit_4(cluster, store, hfile_api, tmp_path):
@@ -96,15 +88,15 @@ def test_a_viewers_token_is_refused_with_exit_4(cluster, store, hfile_api, tmp_p
     secret.write_text(tokens.create(store, "viewer")["secret"])
     done = console_via_api(cluster, "run1", "--api", hfile_api.url, "--token-file", str(secret))
     assert done.returncode == 4
-    assert one_line(done) == ("peerctl: permission denied for role viewer: a viewer may "
-                              "read, not open a console")
+    assert only_line(done) == ("peerctl: permission denied for role viewer: a viewer may "
+                               "read, not open a console")
 
 
 def test_an_api_that_does_not_answer_is_exit_3_naming_it(cluster, store):
     url = f"http://127.0.0.1:{free_port()}"
     done = console_via_api(cluster, "run1", "--api", url)
     assert done.returncode == 3
-    assert one_line(done).startswith(f"peerctl: cannot reach the API at {url}: ")
+    assert only_line(done).startswith(f"peerctl: cannot reach the API at {url}: ")
     assert no_tokens_left(store)
 
 
@@ -116,7 +108,7 @@ def test_an_api_that_does_not_answer_is_exit_3_naming_it(cluster, store):
 def test_bad_input_is_a_usage_error_before_anything_is_opened(cluster, store, argv, named):
     done = cluster.cli("console", "run1", "--no-tty", *argv, input="")
     assert done.returncode == 2
-    assert named in one_line(done)
+    assert named in only_line(done)
     assert no_tokens_left(store)
 
 
@@ -136,7 +128,7 @@ def test_auto_goes_through_the_published_api_for_a_host_on_another_machine(clust
                                     "state": "running"})
     done = cluster.cli("console", "web9", "--no-tty", input="", timeout=60)
     assert done.returncode == 3
-    assert one_line(done).startswith(f"peerctl: cannot reach far's libvirt at {remote}: ")
+    assert only_line(done).startswith(f"peerctl: cannot reach far's libvirt at {remote}: ")
     assert no_tokens_left(store)
 
 
@@ -147,7 +139,7 @@ def test_auto_opens_this_machines_libvirt_itself(cluster, store, hfile_api):
     store.put(keys.host("hfile"), dict(record.value, api=hfile_api.url), record.lease)
     done = cluster.cli("console", "off1", "--no-tty", input="")
     assert done.returncode == 1
-    assert one_line(done) == "peerctl: VM off1 is shutoff on hfile: start it first"
+    assert only_line(done) == "peerctl: VM off1 is shutoff on hfile: start it first"
 
 
 def test_a_peer_publishes_its_api_in_its_host_record(cluster, store):
@@ -252,8 +244,8 @@ def test_an_operator_reaches_an_https_api_verified_by_the_clusters_ca(https_api)
     done = secured.cli("operator", "console", "run1", "--no-tty", "--via", "api", "--api",
                        server.url, input="")
     assert done.returncode == 1
-    assert one_line(done) == (f"peerctl: the hypervisor of hfile ({server.libvirt_uri}) "
-                              "does not offer a console")
+    assert only_line(done) == (f"peerctl: the hypervisor of hfile ({server.libvirt_uri}) "
+                               "does not offer a console")
     assert tokens.list_tokens(secured.root) == []
 
 
@@ -268,8 +260,8 @@ def test_an_api_whose_certificate_another_ca_signed_is_exit_3(https_api, tmp_pat
                                "--token-file", str(secret), env=secured.env("operator"),
                                input="")
     assert done.returncode == 3
-    assert one_line(done).startswith(f"peerctl: cannot reach the API at {server.url}: its "
-                                     "certificate does not verify")
+    assert only_line(done).startswith(f"peerctl: cannot reach the API at {server.url}: its "
+                                      "certificate does not verify")
 
 
 @pytest.mark.slow      # a scenario of several seconds: the third tier

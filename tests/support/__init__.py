@@ -44,7 +44,23 @@ PEERCTL = os.path.join(ROOT, "peerctl.py")
 # Automations only tests register (PEERCTL_AUTOMATIONS_PATH names it).
 TEST_AUTOMATIONS = os.path.join(ROOT, "tests", "automations")
 
-__all__ = ["ROOT", "PEERCTL", "TEST_AUTOMATIONS", "freeze", "wait_for", "wait_until"]
+__all__ = ["ROOT", "PEERCTL", "TEST_AUTOMATIONS", "freeze", "one_line", "only_line",
+           "wait_for", "wait_until"]
+
+
+def one_line(done) -> str:
+    """The one line a finished command said on stderr (blank lines aside),
+    with no traceback."""
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def only_line(done) -> str:
+    """:func:`one_line`, and nothing on stdout."""
+    assert done.stdout == "", done.stdout
+    return one_line(done)
 
 
 def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
