@@ -164,7 +164,6 @@ def migration_of(remote: str, address: str = "", ports: str = "") -> dict:
     return {"migration_address": address, "migration_ports": [first, last]}
 
 
-
 def migration_network(value: str):
     """The ``migration_network`` setting as an ``ipaddress`` network (a CIDR
     such as ``10.0.1.0/24``, as Proxmox's ``migration: network=``; host bits
