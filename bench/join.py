@@ -34,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
-from bench.options import BadInput, ends_in_one_line, whole  # noqa: E402
+from bench.options import BadInput, ends_in_one_line, held, whole  # noqa: E402
 from bench.processes import load_line  # noqa: E402
 from engine.core import api, certs  # noqa: E402
 from tests.support import wait_for  # noqa: E402
@@ -80,8 +80,9 @@ def reference(secured, work: str, host: str, started: list) -> float:
     from engine.core import auth
     auth.setup(secured.root, {f"peer-{host}": "peer"})
     began = time.monotonic()
-    process = secured.cluster.start_peer(host, env=secured.env(f"peer-{host}"), ttl=5)
-    started.append(process.pid)
+    with held():
+        process = secured.cluster.start_peer(host, env=secured.env(f"peer-{host}"), ttl=5)
+        started.append(process.pid)
     wait_for(lambda: host in api.live_hosts(secured.root) or process.poll() is not None,
              timeout=120, what=f"{host} registered")
     took = time.monotonic() - began
@@ -101,15 +102,16 @@ def joined(secured, work: str, host: str, url: str, started: list) -> float:
     env = {k: v for k, v in secured.cluster.env.items()
            if k not in ("PEERCTL_CACERT", "PEERCTL_CERT", "PEERCTL_KEY")}
     began = time.monotonic()
-    done = subprocess.run([sys.executable, PEERCTL, "--format", "json", "join", token,
-                           "--conf", os.path.join(where, "peerctl.conf"), "--state-dir",
-                           os.path.join(where, "state"), "--libvirt", "test:///default"],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
-    took = time.monotonic() - began
-    doc = json.loads(done.stdout) if done.stdout.strip() else {}
-    pid = (doc.get("peer") or {}).get("pid")
-    if pid:
-        started.append(pid)
+    with held():        # the peer join starts is on the list before the run can end
+        done = subprocess.run([sys.executable, PEERCTL, "--format", "json", "join", token,
+                               "--conf", os.path.join(where, "peerctl.conf"), "--state-dir",
+                               os.path.join(where, "state"), "--libvirt", "test:///default"],
+                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+        took = time.monotonic() - began
+        doc = json.loads(done.stdout) if done.stdout.strip() else {}
+        pid = (doc.get("peer") or {}).get("pid")
+        if pid:
+            started.append(pid)
     if done.returncode != 0 or doc.get("state") != "serving":
         raise SystemExit(f"bench/join.py: join failed ({done.returncode}): "
                          f"{done.stderr.strip()[-400:]} {doc.get('problems')}")
@@ -135,12 +137,16 @@ def main() -> int:
     secured = None
     started: list[int] = []
     try:
-        secured = SecuredEtcd(pathlib.Path(work), peers=("h1",))
+        with held():
+            secured = SecuredEtcd(pathlib.Path(work), peers=("h1",))
         port = free_port()
-        h1 = secured.cluster.start_peer("h1", env=secured.env("peer-h1"), ttl=5, extra_args=[
-            "--api", f"127.0.0.1:{port}", "--api-cert", f"{secured.tls}/etcd.pem",
-            "--api-key", f"{secured.tls}/etcd-key.pem"])
-        started.append(h1.pid)
+        with held():
+            h1 = secured.cluster.start_peer("h1", env=secured.env("peer-h1"), ttl=5,
+                                            extra_args=["--api", f"127.0.0.1:{port}",
+                                                        "--api-cert", f"{secured.tls}/etcd.pem",
+                                                        "--api-key",
+                                                        f"{secured.tls}/etcd-key.pem"])
+            started.append(h1.pid)
         wait_for(lambda: "h1" in api.live_hosts(secured.root) or h1.poll() is not None,
                  timeout=120, what="h1 alive")
         if h1.poll() is not None:

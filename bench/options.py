@@ -9,7 +9,7 @@ import contextlib
 import signal
 import sys
 
-__all__ = ["BadInput", "positive", "whole", "numbers", "ends_in_one_line"]
+__all__ = ["BadInput", "positive", "whole", "numbers", "ends_in_one_line", "held"]
 
 
 class BadInput(argparse.ArgumentParser):
@@ -56,15 +56,26 @@ def numbers(low: int, high: int, what: str):
     return parse
 
 
+_HOLD = {"depth": 0, "pending": None}      # see held()
+
+
 @contextlib.contextmanager
 def ends_in_one_line(name: str):
     """The run of ``bench/<name>.py`` inside (or a decorated ``main``):
     SIGTERM and Ctrl-C end it with "terminated" or "interrupted (everything
     it started is gone)", a wait that timed out (AssertionError) with its
     message; each one line, after the cleanup of the ``finally`` clauses
-    inside."""
-    signal.signal(signal.SIGTERM, lambda _signo, _frame: sys.exit(
-        f"bench/{name}.py: terminated (everything it started is gone)"))
+    inside.  Inside :func:`held`, a signal waits for the block's end."""
+    def end(signum, _frame=None):
+        if _HOLD["depth"]:
+            _HOLD["pending"] = signum
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        else:
+            sys.exit(f"bench/{name}.py: terminated (everything it started is gone)")
+    _HOLD["end"] = end
+    signal.signal(signal.SIGTERM, end)
+    signal.signal(signal.SIGINT, end)
     try:
         yield
     except KeyboardInterrupt:
@@ -72,3 +83,17 @@ def ends_in_one_line(name: str):
             from None
     except AssertionError as exc:       # a wait timed out: the run stops
         raise SystemExit(f"bench/{name}.py: {exc}") from None
+
+
+@contextlib.contextmanager
+def held():
+    """SIGTERM and Ctrl-C wait until the block is over: a process started
+    inside is on the run's list (for its cleanup) before the run can end."""
+    _HOLD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HOLD["depth"] -= 1
+        pending, _HOLD["pending"] = _HOLD["pending"], None
+        if pending is not None and not _HOLD["depth"]:
+            _HOLD["end"](pending)

@@ -34,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT   # not bench/: its engine.py would shadow the engine package
 
-from bench.options import BadInput, ends_in_one_line, numbers, whole  # noqa: E402
+from bench.options import BadInput, ends_in_one_line, held, numbers, whole  # noqa: E402
 from bench.processes import load_line, start_peer, stop_processes  # noqa: E402
 from engine.cluster import ready_hosts  # noqa: E402
 from engine.core.etcd_server import EtcdCluster  # noqa: E402
@@ -122,7 +122,9 @@ def main() -> int:
     peers: list = []
     listeners: list[socket.socket] = []
     try:
-        members = EtcdCluster(os.path.join(work, "etcd"), 3).start()
+        with held():
+            members = EtcdCluster(os.path.join(work, "etcd"), 3)
+            members.start()
         store = Store(members.urls, CLUSTER)
         rows = []
         for n in sizes:
@@ -130,11 +132,13 @@ def main() -> int:
             for name in names[len(peers):]:
                 listeners.append(endpoint())
                 remote = f"test+tcp://127.0.0.1:{listeners[-1].getsockname()[1]}/default"
-                peers.append(start_peer(members.urls, CLUSTER, work, name, "test:///default",
-                                        env={"PEERCTL_CONF": os.devnull,
-                                             "PEERCTL_LIBVIRT_REMOTE": remote,
-                                             "PEERCTL_MIGRATION_PORTS": str(free_port())},
-                                        ttl=TTL))
+                with held():
+                    peers.append(start_peer(members.urls, CLUSTER, work, name,
+                                            "test:///default",
+                                            env={"PEERCTL_CONF": os.devnull,
+                                                 "PEERCTL_LIBVIRT_REMOTE": remote,
+                                                 "PEERCTL_MIGRATION_PORTS": str(free_port())},
+                                            ttl=TTL))
             wait_for(lambda: ready_hosts(store, names) == set(names)
                      or any(p.poll() is not None for p in peers), timeout=300,
                      what=f"{n} peers alive with their inventories")
