@@ -206,6 +206,10 @@ def test_a_peer_killed_inside_its_claims_leaves_each_batch_whole_and_a_rerun_cla
         finally:
             peer.send_signal(signal.SIGKILL)
             peer.wait()
+            # The peer may have gone on until the kill (a batch that lost a
+            # race is claimed again in a transaction of its own): the one in
+            # flight is the last it announced.
+            line = ([line] + [later for later in peer.stdout if later.startswith("txn ")])[-1]
             peer.stdout.close()
             peer.stderr.close()
         batch = line.split()[1:]
