@@ -19,7 +19,8 @@ Modules:
 - :mod:`.server`: ``ApiServer(api, "HOST:PORT").start()`` on its own thread
   (loopback only without TLS unless ``insecure``), and ``serve_cluster``;
 - :mod:`.app`: the aiohttp application, what every request goes through;
-- :mod:`.routes`: the route table, one thin call of engine/operations/ each;
+- :mod:`.routes`: the route table, one module per noun, one thin call of
+  engine/operations/ each;
 - :mod:`.identity`: who asks (client certificate, bearer token or the
   page's session) and CSRF;
 - :mod:`.revocation`: the open event streams and console websockets by

@@ -1,0 +1,53 @@
+"""The API's automations: list, one, wait, abort."""
+from __future__ import annotations
+
+from engine.errors import Failed, UsageError
+from engine.operations import tasks
+
+from .core import Answer, Call, listed, Refusal, route
+
+@route("GET", "/v1/tasks", "list automations", "tasks [--all]",
+       query=(("all", "boolean", "ended ones too"),))
+def list_tasks(ctx, call: Call) -> Answer:
+    return Answer(listed(tasks.list_tasks(ctx, include_finished=call.flag("all")),
+                          tasks.LISTED, tasks.ORDER))
+
+
+@route("GET", "/v1/automations/{id}", "one automation with its log", "task ID")
+def get_task(ctx, call: Call) -> Answer:
+    return Answer(_known(ctx, call.path["id"]))
+
+
+def _known(ctx, automation: str) -> dict:
+    try:
+        return tasks.get_task(ctx, automation)
+    except Failed as exc:
+        raise Refusal(404, str(exc)) from None
+
+
+MAX_WAIT = 300.0
+
+
+@route("GET", "/v1/automations/{id}/wait", "wait until an automation ends",
+       "wait ID [--timeout S]", waits=True,
+       query=(("timeout", "number", f"seconds, at most {MAX_WAIT:g} (default 30)"),))
+def wait(ctx, call: Call) -> Answer:
+    automation = call.path["id"]
+    _known(ctx, automation)
+    text = call.one("timeout", "30")
+    try:
+        timeout = float(text)
+    except ValueError:
+        raise UsageError(f"bad timeout {text!r}: want seconds") from None
+    if not 0 <= timeout <= MAX_WAIT:
+        raise UsageError(f"bad timeout {text!r}: 0 to {MAX_WAIT:g} seconds")
+    last = None
+    for last in tasks.follow(ctx, automation, timeout=timeout):
+        pass
+    return Answer(last)
+
+
+@route("DELETE", "/v1/automations/{id}", "ask an automation to stop", "abort ID", write=True)
+def abort(ctx, call: Call) -> Answer:
+    _known(ctx, call.path["id"])
+    return Answer(tasks.abort(ctx, call.path["id"]))
