@@ -6,7 +6,7 @@ import functools
 
 from engine.operations import adoption as ops
 
-from . import table
+from . import table, through
 from .follow import act, vm_outcome
 from .options import detach_option, dry_run_option, yes_option
 from .vms import backups_kept
@@ -19,13 +19,16 @@ ADOPT_PLAN_COLUMNS = [C("host", "Host"), C("name", "Name"), C("state", "State"),
 
 
 def cmd_adopt(ctx) -> int:
-    plan = ops.plan_adopt(ctx, ctx.args.patterns, ctx.args.ha)
+    plan = through.planned(ctx, lambda: ops.plan_adopt(ctx, ctx.args.patterns, ctx.args.ha),
+                           "/v1/adopt", {"patterns": ctx.args.patterns, "ha": ctx.args.ha},
+                           "adopt", "domains")
     return act(ctx, plan, functools.partial(vm_outcome, verb="adopted"),
                dry_columns=ADOPT_PLAN_COLUMNS, would="would adopt")
 
 
 def cmd_unmanage(ctx) -> int:
-    plan = ops.plan_unmanage(ctx, ctx.args.patterns)
+    plan = through.planned(ctx, lambda: ops.plan_unmanage(ctx, ctx.args.patterns),
+                           "/v1/unmanage", {"patterns": ctx.args.patterns}, "unmanage")
     notes = functools.partial(backups_kept, ctx, states=None,
                               then="restore makes a new VM of one")
     return act(ctx, plan, functools.partial(vm_outcome, verb="let go", notes=notes),

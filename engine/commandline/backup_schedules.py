@@ -14,7 +14,7 @@ from engine.errors import UsageError
 from engine.leases.times import human_span, parse_time
 from engine.operations import backups as ops
 
-from . import table
+from . import table, through
 from .confirm import confirm
 from .context import say
 from .listing import listing
@@ -79,8 +79,13 @@ def cmd_schedule(ctx) -> int:
                          "backup schedule --help)")
     keep = {option: getattr(args, f"keep_{option}", None) for option in ops.KEEP_OPTIONS}
     dry = bool(getattr(args, "dry_run", False))
-    doc = ops.set_schedule(ctx, args.pattern, args.every, keep, getattr(args, "to", None),
-                           dry_run=dry)
+    to = getattr(args, "to", None)
+    body = {"pattern": args.pattern, "every": args.every, "to": to, "dry_run": dry or None,
+            **{f"keep_{option}": value for option, value in keep.items()}}
+    doc = through.write(ctx, lambda: ops.set_schedule(ctx, args.pattern, args.every, keep, to,
+                                                      dry_run=dry),
+                        "POST", "/v1/backups/schedules",
+                        {k: v for k, v in body.items() if v is not None})
     where = f" to hosts matching {doc['to']!r}" if doc["to"] else ""
     state = f"would be {doc['would']}d (dry run, nothing written)" if dry else doc["state"]
     names = [vm["name"] for vm in doc["matching"]]
@@ -97,18 +102,38 @@ def cmd_schedule(ctx) -> int:
 
 def cmd_list(ctx) -> int:
     not_taking(ctx.args)
-    return listing(ctx, lambda: ops.list_schedules(ctx), COLUMNS, DEFAULT, JSON, "pattern")
+    return listing(ctx, lambda: through.read(ctx, lambda: ops.list_schedules(ctx),
+                                             "/v1/backups/schedules"),
+                   COLUMNS, DEFAULT, JSON, "pattern")
+
+
+def _named(ctx, which: list[str]) -> list[dict]:
+    """Through the API: the schedules ``which`` names, by id or pattern,
+    from the listing (as :func:`ops.find_schedules` finds them in etcd)."""
+    from engine.errors import NoSuch
+    listed = ctx.api.call("GET", "/v1/backups/schedules")
+    found = {}
+    for word in which:
+        doc = next((d for d in listed if word in (d["schedule"], d["pattern"])), None)
+        if doc is None:
+            raise NoSuch(f"no backup schedule {word!r} (see backup schedule list)",
+                         result={"state": "failed", "schedules": []})
+        found[doc["schedule"]] = doc
+    return list(found.values())
 
 
 def cmd_delete(ctx) -> int:
     args = ctx.args
     not_taking(args)
-    chosen = ops.find_schedules(ctx, args.which)
+    chosen = ops.find_schedules(ctx, args.which) if ctx.api is None else _named(ctx, args.which)
     if len(chosen) > 1 and not args.yes:
         confirm("backup schedule delete", [f"{doc['schedule']} ({doc['pattern']}, every "
                                            f"{span(doc['every'])})" for doc in chosen],
                 "schedules", cancelled={"state": "cancelled", "schedules": []})
-    gone = ops.delete_schedules(ctx, [doc["schedule"] for doc in chosen])
+    ids = [doc["schedule"] for doc in chosen]
+    gone = ops.delete_schedules(ctx, ids) if ctx.api is None else [
+        row for one in ids for row in ctx.api.call(
+            "DELETE", f"/v1/backups/schedules/{one}")["schedules"]]
     shown = table.select(COLUMNS, "schedule,pattern,every,keep", DEFAULT)
     ctx.emit({"state": "deleted", "schedules": gone}, table.render(gone, shown)
              + f"\n{len(gone)} backup schedule{'s' if len(gone) != 1 else ''} deleted; "

@@ -16,7 +16,7 @@ from engine.errors import Failed, UsageError
 from engine.leases.times import human_span
 from engine.operations import backups as ops
 
-from . import backup_schedules, table
+from . import backup_schedules, table, through
 from .confirm import confirm
 from .follow import act, vm_outcome
 from .listing import listing
@@ -66,10 +66,14 @@ def backed_up(ctx, automation: str, task: dict) -> int:
 
 def cmd_backup(ctx) -> int:
     args = ctx.args
-    plan = ops.plan_backup(ctx, args.patterns, args.to, full=args.full,
-                           protect=getattr(args, "protect", False))
-    where = (f" to a host matching {plan.args['to']!r}" if plan.args["to"]
-             else " to another host")
+    protect = getattr(args, "protect", False)
+    body = {"patterns": args.patterns, "to": args.to, "full": args.full, "protect": protect}
+    plan = through.planned(ctx, lambda: ops.plan_backup(ctx, args.patterns, args.to,
+                                                        full=args.full, protect=protect),
+                           "/v1/backups", {k: v for k, v in body.items() if v is not None},
+                           "backup")
+    to = plan.args.get("to", args.to)
+    where = f" to a host matching {to!r}" if to else " to another host"
     return act(ctx, plan, backed_up, "backup", dry_text=where, would="would back up")
 
 
@@ -85,7 +89,9 @@ def not_of(args, verb: str, flags) -> None:
 
 def cmd_list(ctx) -> int:
     not_of(ctx.args, "list", ("to", "full", "protect", "yes", "dry_run", "detach"))
-    return listing(ctx, lambda: ops.list_backups(ctx, ctx.args.pattern), BACKUP_COLUMNS,
+    return listing(ctx, lambda: through.read(ctx, lambda: ops.list_backups(ctx, ctx.args.pattern),
+                                             "/v1/backups", pattern=ctx.args.pattern),
+                   BACKUP_COLUMNS,
                    BACKUP_DEFAULT, BACKUP_JSON, "vm,time")
 
 
@@ -146,7 +152,11 @@ def protecting(protected: bool):
 
     def cmd(ctx) -> int:
         not_of(ctx.args, verb, ("to", "full", "protect", "yes", "dry_run", "detach"))
-        rows = ops.set_protected(ctx, ctx.args.ids, protected)
+        if ctx.api is None:
+            rows = ops.set_protected(ctx, ctx.args.ids, protected)
+        else:       # the route takes one id: one call each
+            rows = [row for backup in ctx.args.ids for row in ctx.api.call(
+                "POST", f"/v1/backups/{_quoted(backup)}/{verb}")["backups"]]
         shown = table.select(BACKUP_COLUMNS, "id,vm,target,kind,schedule,protected",
                              BACKUP_DEFAULT)
         ctx.emit({"state": f"{verb}ed", "backups": rows}, table.render(rows, shown)
@@ -157,6 +167,11 @@ def protecting(protected: bool):
     return cmd
 
 
+def _quoted(text: str) -> str:
+    from urllib.parse import quote
+    return quote(text, safe="")
+
+
 # -- restore ----------------------------------------------------------------------
 
 RESTORE_DRY_COLUMNS = [C("name", "Name"), C("uuid", "UUID", lambda u: u or "(new)"),
@@ -165,7 +180,11 @@ RESTORE_DRY_COLUMNS = [C("name", "Name"), C("uuid", "UUID", lambda u: u or "(new
 
 def cmd_restore(ctx) -> int:
     args = ctx.args
-    plan = ops.plan_restore(ctx, args.backup, as_name=args.as_name, on=args.on)
+    body = {"backup": args.backup, "as": args.as_name, "on": args.on}
+    plan = through.planned(ctx, lambda: ops.plan_restore(ctx, args.backup, as_name=args.as_name,
+                                                         on=args.on),
+                           "/v1/restores", {k: v for k, v in body.items() if v is not None},
+                           "restore")
     outcome = functools.partial(vm_outcome, fields=RESTORE_FIELDS, columns=RESTORE_COLUMNS,
                                 verb="restored")
     where = f" on a host matching {args.on!r}" if args.on else ""

@@ -9,7 +9,7 @@ from engine.errors import Failed, UsageError
 from engine.operations import balance as ops
 from engine.operations.plans import failed_doc
 
-from . import table
+from . import table, through
 from .confirm import confirm
 from .follow import act
 from .options import detach_option, dry_run_option, positive, yes_option
@@ -120,13 +120,20 @@ def cmd_balance(ctx) -> int:
     if args.auto is not None or any(v is not None for v in (args.threshold, args.rounds,
                                                               args.hold)):
         return _settings(ctx)
-    plan = ops.plan_balance(ctx, args.hostglob, max_moves=args.max_moves,
-                            parallel=args.parallel)
+    body = {"hosts": args.hostglob, "max_moves": args.max_moves, "parallel": args.parallel}
+    plan = through.planned(ctx, lambda: ops.plan_balance(ctx, args.hostglob,
+                                                         max_moves=args.max_moves,
+                                                         parallel=args.parallel),
+                           "/v1/balance", {k: v for k, v in body.items() if v is not None},
+                           "balance", "moves", "moves")
     if args.dry_run:
         return show_plan(ctx, plan)
-    if not plan.targets:
+    if isinstance(plan, through.RemotePlan) and plan.answer is not None:
+        plan.dry = plan.answer          # nothing to move: the peer started nothing
         return show_plan(ctx, plan, "done")
-    if not args.yes:
+    if not plan.targets and not isinstance(plan, through.RemotePlan):
+        return show_plan(ctx, plan, "done")
+    if plan.ask and not args.yes:
         confirm("balance", [f"{m['vm']}: {m['from']} -> {m['to']} (set {m['set']})"
                             for m in plan.targets], "moves",
                 cancelled=failed_doc("moves", "cancelled"))

@@ -18,8 +18,16 @@ _LEFT = {"escape": "\nLeft the console", "closed": "Console closed: the VM stopp
 
 def cmd_console(ctx) -> int:
     args = ctx.args
-    token = _token_from(args.token_file)     # a bad file: exit 2 before anything opens
-    route = consoles.console_route(ctx, args.name, args.via, args.api)
+    if ctx.api is not None:         # a workstation: the remote's API and token
+        if args.via == "libvirt":
+            raise UsageError("--via libvirt needs this machine to reach the hosts' libvirt: "
+                             "not through a remote")
+        token, route = ctx.remote.token, consoles.console_route(
+            ctx, args.name, "api", ",".join(args.api.split(",") if args.api
+                                            else ctx.remote.urls))
+    else:
+        token = _token_from(args.token_file)    # a bad file: exit 2 before anything opens
+        route = consoles.console_route(ctx, args.name, args.via, args.api)
     tty = not args.no_tty and os.isatty(0)
     with _attached(ctx, route, token) as console:
         say(f"Connected to VM {console.name} on {console.host} ({console.where}). "
@@ -45,8 +53,8 @@ def _attached(ctx, route: consoles.Route, token: str | None):
     with contextlib.ExitStack() as stack:
         if token is None:
             token = stack.enter_context(consoles.console_token(ctx))
-        yield console_client.attach(route.apis, route.name, token,
-                                    ctx.settings.get("cacert") or None)
+        cacert = ctx.remote.cacert if ctx.remote else ctx.settings.get("cacert")
+        yield console_client.attach(route.apis, route.name, token, cacert or None)
 
 
 def _token_from(path: str | None) -> str | None:

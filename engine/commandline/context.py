@@ -143,6 +143,21 @@ class Context(Operations):
         self.json = settings["format"] == "json"
         self.debug = bool(getattr(args, "debug", False))
         self.space = None       # etcd's database size and alarms, once the store is open
+        self.remote = None      # the remote it runs through (remote_config.Remote), if any
+        self.api = None         # then its API client (engine/web/client.py)
+
+    def through(self, remote) -> None:
+        """Run through ``remote``'s API: etcd is never opened."""
+        from engine.web.client import ApiClient
+        self.remote = remote
+        self.api = ApiClient(remote.urls, remote.token, remote.cacert)
+
+    def store(self):
+        if self.api is not None:        # a command without its route: never etcd behind
+            from engine.errors import UsageError
+            raise UsageError(f"{self.args.command} does not run through the API "
+                             f"({self.remote.where()}): run it where etcd is reachable")
+        return super().store()
 
     def opened(self) -> None:
         if self.args.command != "peer":

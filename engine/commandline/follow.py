@@ -11,7 +11,7 @@ from engine.errors import Detached, Failed, StoreUnavailable, Unavailable
 from engine.operations import tasks
 from engine.operations.plans import Plan, failed_doc
 
-from . import table
+from . import table, through
 from .confirm import confirm
 from .context import me, say
 
@@ -60,7 +60,7 @@ def run(ctx, plan: Plan, outcome) -> int:
     interrupted = []
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
-        automation = tasks.start(ctx, plan)
+        automation = through.start(ctx, plan)
     except BaseException:
         signal.signal(signal.SIGINT, previous)
         raise
@@ -85,7 +85,7 @@ def follow(ctx, automation: str, timeout: float | None = None, quiet: bool = Fal
         from .progress import ProgressView
         view = None if quiet else ProgressView(sys.stderr, automation, sys.stderr.isatty())
         last = None
-        for task in tasks.follow(ctx, automation, timeout=timeout):
+        for task in through.follow(ctx, automation, timeout=timeout):
             last = task
             if view:
                 view.update(task)
@@ -95,6 +95,9 @@ def follow(ctx, automation: str, timeout: float | None = None, quiet: bool = Fal
         raise Unavailable(f"etcd unreachable at {ctx.settings['etcd']} while following "
                           f"automation {automation}, which goes on; re-attach with: "
                           f"{me()} wait {automation}") from exc
+    except Unavailable as exc:          # through the API: no peer answered
+        raise Unavailable(f"{exc} while following automation {automation}, which goes "
+                          f"on; re-attach with: {me()} wait {automation}") from exc
     return last
 
 

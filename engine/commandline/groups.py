@@ -4,9 +4,11 @@ A VM joins a group when it is booted into it (``boot --group NAME
 --spread|--together``); a group exists while it has VMs."""
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from engine.operations import groups as ops
 
-from . import table
+from . import table, through
 from .listing import listing
 from .options import listing_options
 
@@ -21,7 +23,7 @@ MEMBER_COLUMNS = [C("name", "Name"), C("host", "Host"), C("leaving", "Leaving"),
 
 def _listed(ctx) -> list[dict]:
     return [{**doc, "count": len(doc["vms"]), "names": [vm["name"] for vm in doc["vms"]]}
-            for doc in ops.list_groups(ctx)]
+            for doc in through.read(ctx, lambda: ops.list_groups(ctx), "/v1/groups")]
 
 
 def cmd_list(ctx) -> int:
@@ -29,7 +31,8 @@ def cmd_list(ctx) -> int:
 
 
 def cmd_show(ctx) -> int:
-    doc = ops.show_group(ctx, ctx.args.name)
+    doc = through.read(ctx, lambda: ops.show_group(ctx, ctx.args.name),
+                       f"/v1/groups/{quote(ctx.args.name, safe='')}")
     broken = (f"; rule broken by {', '.join(doc['violated'])} (an HA restart had no other "
               "choice: balance puts it right)" if doc["violated"] else "")
     ctx.emit(doc, table.render(doc["vms"], MEMBER_COLUMNS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from engine.errors import Failed
 from engine.operations import hosts as ops
 
-from . import table
+from . import table, through
 from .context import say
 from .follow import act
 from .listing import listing
@@ -119,10 +119,13 @@ def ping_outcome(ctx, automation: str, task: dict) -> int:
 def _hosts(ctx) -> list[dict]:
     """The hosts listed; with no pattern and no host ever seen, one warning:
     the likelier story is a mistyped ``--cluster`` (exit still 0)."""
-    hosts = ops.list_hosts(ctx, ctx.args.hostglob)
+    path = "/v1/hoststats" if ctx.args.command == "hoststats" else "/v1/hosts"
+    hosts = through.read(ctx, lambda: ops.list_hosts(ctx, ctx.args.hostglob), path,
+                         pattern=ctx.args.hostglob)
     if not hosts and not ctx.args.hostglob:
         say(f"peerctl: warning: no host has ever joined cluster {ctx.settings['cluster']!r} "
-            f"at {ctx.settings['etcd']} (a mistyped --cluster?)")
+            f"at {ctx.settings['etcd']} (a mistyped --cluster?)" if ctx.api is None else
+            f"peerctl: warning: no host has ever joined the cluster behind {ctx.remote.where()}")
     return hosts
 
 
@@ -139,7 +142,12 @@ def cmd_hoststats(ctx) -> int:
 
 
 def cmd_ping(ctx) -> int:
-    return act(ctx, ops.plan_ping(ctx, ctx.args.hostglob, ctx.args.rounds), ping_outcome)
+    args = ctx.args
+    plan = through.planned(ctx, lambda: ops.plan_ping(ctx, args.hostglob, args.rounds),
+                           "/v1/ping", {"hosts": args.hostglob, "rounds": args.rounds}
+                           if args.hostglob else {"rounds": args.rounds}, "ping", "hosts",
+                           "replies")
+    return act(ctx, plan, ping_outcome)
 
 
 def _rounds(text: str) -> int:

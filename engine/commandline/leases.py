@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from engine.operations import lease_docs, leases as ops
 
-from . import table
+from . import table, through
 from .confirm import confirm
 from .context import say
 from .lease_views import calendar_text, detail_text
@@ -18,36 +18,51 @@ LEASE_COLUMNS = [C("lease", "Lease"), C("state", "State"), C("kind", "Kind"),
                  C("used", "VMs", right=True)]
 
 
+def _quoted(name: str) -> str:
+    from urllib.parse import quote
+    return quote(name, safe="")
+
+
 def cmd_create(ctx) -> int:
     a = ctx.args
-    doc = ops.create(ctx, a.name, a.start, a.end, hosts=a.hosts, resources=a.resources,
-                     amount=a.amount, required=a.required, on=a.on, on_end=a.on_end,
-                     warn=a.warn)
+    body = {"name": a.name, "start": a.start, "end": a.end, "hosts": a.hosts,
+            "resources": a.resources, "amount": a.amount, "required": a.required, "on": a.on,
+            "on_end": a.on_end, "warn": a.warn}
+    doc = through.write(ctx, lambda: ops.create(
+        ctx, a.name, a.start, a.end, hosts=a.hosts, resources=a.resources, amount=a.amount,
+        required=a.required, on=a.on, on_end=a.on_end, warn=a.warn),
+        "POST", "/v1/leases", {k: v for k, v in body.items() if v is not None})
     ctx.emit(doc, f"lease {doc['lease']} granted ({doc['state']}): "
              f"{', '.join(doc['hosts'])}, {doc['start']} .. {doc['end']}")
     return 0
 
 
 def cmd_list(ctx) -> int:
-    return listing(ctx, lambda: ops.list_leases(ctx, ctx.args.pattern), LEASE_COLUMNS,
+    return listing(ctx, lambda: through.read(ctx, lambda: ops.list_leases(ctx, ctx.args.pattern),
+                                             "/v1/leases", pattern=ctx.args.pattern),
+                   LEASE_COLUMNS,
                    [c.field for c in LEASE_COLUMNS], lease_docs.LEASE_FIELDS, "start,lease")
 
 
 def cmd_show(ctx) -> int:
-    doc = ops.show(ctx, ctx.args.name)
+    doc = through.read(ctx, lambda: ops.show(ctx, ctx.args.name),
+                       f"/v1/leases/{_quoted(ctx.args.name)}")
     ctx.emit(doc, detail_text(doc))
     return 0
 
 
 def cmd_extend(ctx) -> int:
-    doc = ops.extend(ctx, ctx.args.name, ctx.args.end)
+    doc = through.write(ctx, lambda: ops.extend(ctx, ctx.args.name, ctx.args.end), "POST",
+                        f"/v1/leases/{_quoted(ctx.args.name)}/extend", {"end": ctx.args.end})
     ctx.emit(doc, f"lease {doc['lease']} now ends at {doc['end']}")
     return 0
 
 
 def cmd_delete(ctx) -> int:
     args = ctx.args
-    plan = ops.plan_delete(ctx, args.name)
+    path = f"/v1/leases/{_quoted(args.name)}"
+    plan = through.read(ctx, lambda: ops.plan_delete(ctx, args.name), path, dry_run=True) \
+        if ctx.api is None else ctx.api.call("DELETE", path, query={"dry_run": True})
     vms = [f"{vm['host']}/{vm['name']}" for vm in plan["vms"]]
     if args.dry_run:
         ctx.emit(plan, f"lease delete would end lease {args.name} ({plan['lease_state']}) and "
@@ -58,7 +73,8 @@ def cmd_delete(ctx) -> int:
                 question=f"End lease {args.name} and destroy these {len(vms)} VMs?")
     if not ctx.json:
         say(f"ending lease {args.name}...")
-    doc = ops.delete(ctx, args.name, timeout=args.timeout)
+    doc = through.write(ctx, lambda: ops.delete(ctx, args.name, timeout=args.timeout),
+                        "DELETE", path, yes=True)
     ctx.emit(doc, f"lease {args.name} deleted")
     return 0
 

@@ -37,10 +37,16 @@ NOUNS = {"vms": ("vmlist", "boot", "destroy", "start", "stop", "reboot", "suspen
          "placement": ("placement",),
          "aside": ("aside",),
          "tokens": ("token",),
-         "admin": ("scrub", "tls", "etcd"), "local": ("peer", "up", "down"), "serve": ("serve",)}
+         "admin": ("scrub", "tls", "etcd"), "local": ("peer", "up", "down"), "serve": ("serve",),
+         "remotes": ("remote",)}
 NOUN_OF = {command: noun for noun, commands in NOUNS.items() for command in commands}
+# commands that run on this machine, never through a peer's API: a peer and
+# the local cluster, the CA's files, a new machine joining, etcd's own file,
+# and the list of remotes itself
+LOCAL = frozenset(("peer", "up", "down", "serve", "tls", "join", "etcd", "remote"))
 # global options that take a value, to find the command after them
-_VALUED = ("--etcd", "--cluster", "--format", "--conf", *(f"--{name}" for name in TLS_FLAGS))
+_VALUED = ("--etcd", "--cluster", "--format", "--conf", "--api", "--token-file", "--remote",
+           *(f"--{name}" for name in TLS_FLAGS))
 # options whose value may start with '-': `--sort -memory_mb`, `--start -1h`
 DASHED_VALUES = ("--sort", "--start", "--end", "--from")
 
@@ -89,6 +95,15 @@ def build_parser(only: str | None = None) -> Parser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     for name, what in TLS_FLAGS.items():
         parser.add_argument(f"--{name}", metavar="FILE", help=f"{what} [$PEERCTL_{name.upper()}]")
+    parser.add_argument("--api", dest="remote_api", metavar="URL[,URL...]",
+                        help="run the command through this peer's API (the next when one "
+                             "does not answer), with no etcd access [$PEERCTL_API]")
+    parser.add_argument("--token-file", dest="remote_token_file", metavar="FILE",
+                        help="the API token's secret, for --api; only its owner may read "
+                             "it [$PEERCTL_TOKEN_FILE]")
+    parser.add_argument("--remote", metavar="NAME",
+                        help="run through the API of remote NAME (remote add) [$PEERCTL_REMOTE; "
+                             "default: the one remote use chose, else etcd]")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     commands = Commands(subparsers, global_options(), called)
     for noun in ([only] if only else NOUNS):
@@ -142,6 +157,7 @@ def run(argv=None, one_shot: bool = False) -> int:
                 f"peerctl: no command given (see {me()} --help)")
             return UsageError.exit_code
         ctx = Context(args, settings_for(args))
+        _choose_way(ctx, args)
         if args.command != "peer":
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # `vmlist | head` is fine
             from engine.core import values      # a peer logs them instead
@@ -187,6 +203,24 @@ def run(argv=None, one_shot: bool = False) -> int:
         say(f"peerctl: {type(exc).__name__}: {exc}".splitlines()[0]
             + ("" if debug else " (--debug shows the traceback)"))
         return Failed.exit_code
+
+
+def _choose_way(ctx, args) -> None:
+    """Through a remote's API, or straight on etcd (remote_config.py); a
+    local command given a remote explicitly is refused."""
+    from .remote_config import remote_for
+    local = args.command in LOCAL or (args.command == "host" and
+                                      getattr(args, "what", None) == "add")
+    explicit = any(getattr(args, name, None) is not None
+                   for name in ("remote_api", "remote_token_file", "remote"))
+    if local:
+        if explicit:
+            raise UsageError(f"{args.command} runs on this machine, not through an API "
+                             "(--api, --token-file and --remote are for the other commands)")
+        return
+    remote = remote_for(args)
+    if remote is not None:
+        ctx.through(remote)
 
 
 def _collect_rarely() -> None:

@@ -6,7 +6,7 @@ import argparse
 from engine.errors import UsageError
 from engine.operations import moves as ops
 
-from . import table
+from . import table, through
 from .confirm import confirm
 from .follow import act, vm_outcome
 from .options import detach_option, dry_run_option, positive, yes_option
@@ -49,18 +49,24 @@ def _where(to) -> str:
 
 def cmd_migrate(ctx) -> int:
     args = ctx.args
-    plan = ops.plan_migrate(ctx, args.patterns, args.to, offline=args.offline,
-                            parallel=args.parallel, bandwidth_mib=args.bandwidth,
-                            postcopy=args.postcopy, max_downtime_ms=args.max_downtime)
+    body = {"patterns": args.patterns, "to": args.to, "offline": args.offline,
+            "parallel": args.parallel, "bandwidth_mib": args.bandwidth,
+            "postcopy": args.postcopy, "max_downtime_ms": args.max_downtime}
+    plan = through.planned(
+        ctx, lambda: ops.plan_migrate(ctx, args.patterns, args.to, offline=args.offline,
+                                      parallel=args.parallel, bandwidth_mib=args.bandwidth,
+                                      postcopy=args.postcopy,
+                                      max_downtime_ms=args.max_downtime),
+        "/v1/migrate", {k: v for k, v in body.items() if v is not None}, "migrate")
     return act(ctx, plan, move_outcome, dry_columns=LANDING_COLUMNS,
-               dry_text=_where(plan.args["to"]), would="would move")
+               dry_text=_where(plan.args.get("to", args.to)), would="would move")
 
 
 def cmd_drain(ctx) -> int:
     """drain / undrain: two quick writes per host, no automation."""
     args = ctx.args
     drained = args.command == "drain"
-    hosts = ops.plan_drain(ctx, args.hostglob)
+    hosts = _drain_targets(ctx, args.hostglob)
     names = [h["host"] for h in hosts]
     if drained and getattr(args, "dry_run", False):
         ctx.emit({"hosts": [{"host": h, "drained": True} for h in names], "state": "dry-run"},
@@ -69,7 +75,10 @@ def cmd_drain(ctx) -> int:
     if drained and len(names) > 1 and not args.yes:
         confirm("drain", [f"{h['host']} ({h['vms']} VM{'s' if h['vms'] != 1 else ''})"
                           for h in hosts], "hosts", cancelled={"hosts": []})
-    done = ops.set_drained(ctx, names, drained)
+    done = through.write(ctx, lambda: ops.set_drained(ctx, names, drained), "POST",
+                         f"/v1/hosts/{_quoted(args.hostglob)}/{args.command}",
+                         {"yes": True} if drained else {})
+    done = done["hosts"] if ctx.api is not None else done
     staying = {h["host"]: h["vms"] for h in hosts}
     lines = []
     for row in done:
@@ -82,8 +91,26 @@ def cmd_drain(ctx) -> int:
     return 0
 
 
+def _quoted(text: str) -> str:
+    from urllib.parse import quote
+    return quote(text, safe="")
+
+
+def _drain_targets(ctx, pattern: str) -> list[dict]:
+    """The hosts ``pattern`` matches, each with its count of ``vms``."""
+    if ctx.api is None:
+        return ops.plan_drain(ctx, pattern)
+    named = ctx.api.call("POST", f"/v1/hosts/{_quoted(pattern)}/drain",
+                         body={"dry_run": True})["hosts"]          # none: 404 naming it
+    counts = {row["host"]: row.get("vms") or 0
+              for row in ctx.api.call("GET", "/v1/hosts", query={"pattern": pattern})}
+    return [{"host": row["host"], "vms": counts.get(row["host"], 0)} for row in named]
+
+
 def cmd_evacuate(ctx) -> int:
     args = ctx.args
+    if ctx.api is not None:
+        return _evacuate_remotely(ctx)
     plan = ops.plan_evacuate(ctx, args.hostglob, args.to, args.parallel,
                              planned=args.dry_run)
     hosts = ", ".join(plan.args["hosts"])
@@ -103,6 +130,34 @@ def cmd_evacuate(ctx) -> int:
         return 0
     planned.ask = False         # asked above
     return act(ctx, planned, move_outcome, "evacuate")
+
+
+def _evacuate_remotely(ctx) -> int:
+    """evacuate through the API: its route plans, drains and starts in one."""
+    args = ctx.args
+    path = f"/v1/hosts/{_quoted(args.hostglob)}/evacuate"
+    body = {k: v for k, v in {"to": args.to, "parallel": args.parallel}.items()
+            if v is not None}
+    hosts = ", ".join(row["host"] for row in _drain_targets(ctx, args.hostglob))
+    plan = through.planned(ctx, lambda: None, path, body, "evacuate")
+    if args.dry_run:
+        return act(ctx, plan, move_outcome, "evacuate", LANDING_COLUMNS,
+                   _where(args.to) + f", after draining {hosts}", "would move")
+    if plan.ask:
+        vms = [row for row in plan.targets if isinstance(row, dict)]
+        confirm("evacuate", [f"{row['from']}/{row['name']} ({row['state']})" for row in vms]
+                or [str(row) for row in plan.targets],
+                "VMs" if vms else "hosts",
+                cancelled={"automation": None, "state": "cancelled", "vms": []},
+                question=None if vms else f"Drain these {len(plan.targets)} hosts?")
+        plan.ask = False
+        doc = through.write(ctx, lambda: None, "POST", path, {**body, "yes": True})
+        plan.automation, plan.answer = doc.get("automation"), doc
+    if plan.automation is None:
+        ctx.emit({"automation": None, "state": "done", "vms": []},
+                 f"{hosts} drained; no VMs to move")
+        return 0
+    return act(ctx, plan, move_outcome, "evacuate")
 
 
 def register(commands) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from engine.operations import placement as ops
 
-from . import table
+from . import table, through
 from .options import positive
 
 C = table.Column
@@ -26,17 +26,23 @@ def _show(ctx, rows, columns) -> int:
 
 
 def cmd_providers(ctx) -> int:
-    return _show(ctx, ops.providers(ctx, ctx.args.hostglob), PROVIDER_COLUMNS)
+    return _show(ctx, through.read(ctx, lambda: ops.providers(ctx, ctx.args.hostglob),
+                                   "/v1/placement/providers", pattern=ctx.args.hostglob),
+                 PROVIDER_COLUMNS)
 
 
 def cmd_allocations(ctx) -> int:
-    return _show(ctx, ops.allocations(ctx, ctx.args.consumer),
+    return _show(ctx, through.read(ctx, lambda: ops.allocations(ctx, ctx.args.consumer),
+                                   "/v1/placement/allocations", consumer=ctx.args.consumer),
                  [C("consumer", "Consumer"), C("allocations", "Allocations", _allocations_text)])
 
 
 def cmd_candidates(ctx) -> int:
     args = ctx.args
-    return _show(ctx, ops.candidates(ctx, args.spec, args.required, args.limit),
+    return _show(ctx, through.read(ctx, lambda: ops.candidates(ctx, args.spec, args.required,
+                                                               args.limit),
+                                   "/v1/placement/candidates", resources=args.spec,
+                                   required=args.required, limit=args.limit),
                  [C("host", "Host"), C("allocations", "Allocations", _allocations_text)])
 
 

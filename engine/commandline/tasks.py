@@ -6,7 +6,7 @@ import json
 from engine.errors import Failed
 from engine.operations import tasks as ops
 
-from . import table
+from . import table, through
 from .context import me
 from .follow import follow
 from .listing import listing
@@ -35,19 +35,30 @@ def task_text(task: dict) -> str:
 
 
 def cmd_tasks(ctx) -> int:
-    return listing(ctx, lambda: ops.list_tasks(ctx, include_finished=ctx.args.all),
-                   TASK_COLUMNS, TASK_FIELDS, TASK_FIELDS, "created")
+    return listing(ctx, lambda: through.read(
+        ctx, lambda: ops.list_tasks(ctx, include_finished=ctx.args.all), "/v1/tasks",
+        all=ctx.args.all), TASK_COLUMNS, TASK_FIELDS, TASK_FIELDS, "created")
 
 
 def cmd_task(ctx) -> int:
-    task = ops.get_task(ctx, ctx.args.id)
+    task = _task(ctx, ctx.args.id)
     ctx.emit(task, task_text(task))
     return 0
 
 
+def _id(automation: str) -> str:
+    import urllib.parse
+    return urllib.parse.quote(automation, safe="")
+
+
+def _task(ctx, automation: str) -> dict:
+    return through.read(ctx, lambda: ops.get_task(ctx, automation),
+                        f"/v1/automations/{_id(automation)}")
+
+
 def cmd_wait(ctx) -> int:
     automation, timeout = ctx.args.id, ctx.args.timeout
-    ops.get_task(ctx, automation)      # unknown id: exit 1 before following
+    _task(ctx, automation)      # unknown id: exit 1 before following
     task = follow(ctx, automation, timeout=timeout)
     ctx.emit(task, task_text(task))
     if task.get("state") == "running":
@@ -60,7 +71,8 @@ def cmd_wait(ctx) -> int:
 
 def cmd_abort(ctx) -> int:
     try:
-        doc = ops.abort(ctx, ctx.args.id)
+        doc = through.write(ctx, lambda: ops.abort(ctx, ctx.args.id), "DELETE",
+                            f"/v1/automations/{_id(ctx.args.id)}")
     except Failed as exc:
         if exc.result is None:
             raise

@@ -6,7 +6,7 @@ import functools
 from engine.errors import Failed, UsageError
 from engine.operations import vms as ops
 
-from . import table
+from . import table, through
 from .context import say
 from .follow import VM_RESULT_COLUMNS, act, vm_outcome
 from .listing import listing, shown_fields
@@ -81,13 +81,16 @@ ALL_COLUMNS = [*VM_COLUMNS, C("managed", "Managed", lambda m: "yes" if m else "n
 def cmd_vmlist(ctx) -> int:
     if ctx.args.all:
         from engine.operations import adoption
-        read = functools.partial(adoption.list_all, ctx, ctx.args.patterns)
+        read = functools.partial(through.read, ctx, functools.partial(
+            adoption.list_all, ctx, ctx.args.patterns), "/v1/vms", pattern=ctx.args.patterns,
+            all=True)
         if not ctx.json:
             read = functools.partial(_with_reasons, read)
         return listing(ctx, read, ALL_COLUMNS, [*VMLIST_DEFAULT, "managed"],
                        adoption.ALL_LISTED, ops.ORDER, vm_totals)
     joined = shown_fields(ctx, VM_COLUMNS, VMLIST_DEFAULT, VMLIST_JSON) & set(ops.JOINED)
-    read = functools.partial(ops.list_vms, ctx, ctx.args.patterns, joined)
+    read = functools.partial(through.read, ctx, functools.partial(
+        ops.list_vms, ctx, ctx.args.patterns, joined), "/v1/vms", pattern=ctx.args.patterns)
     if not ctx.json:
         read = functools.partial(_with_reasons, read)
     return listing(ctx, read, VM_COLUMNS, VMLIST_DEFAULT, VMLIST_JSON, ops.ORDER, vm_totals)
@@ -113,16 +116,34 @@ def _reasoned(row: dict) -> dict:
 
 def cmd_boot(ctx) -> int:
     args = ctx.args
-    plan = ops.plan_boot(ctx, args.names, args.resources, required=args.required,
-                         image=args.image, on=args.on, networks=args.network,
-                         default_network=ctx.settings["network"], seed=_seed(args),
-                         reservation=args.reservation, ha=args.ha, group=args.group,
-                         rule=args.rule)
+    seed = _seed(args)
+    plan = through.planned(
+        ctx, lambda: ops.plan_boot(ctx, args.names, args.resources, required=args.required,
+                                   image=args.image, on=args.on, networks=args.network,
+                                   default_network=ctx.settings["network"], seed=seed,
+                                   reservation=args.reservation, ha=args.ha,
+                                   group=args.group, rule=args.rule),
+        "/v1/vms", _boot_body(args, seed), "boot")
     outcome = vm_outcome
     if args.wait_ip:
-        wired = {vm["name"] for vm in plan.args["vms"] if vm.get("networks")}
+        if isinstance(plan, through.RemotePlan):    # the peer's default network: unknown here
+            wired = set() if args.network == ["none"] else set(args.names)
+        else:
+            wired = {vm["name"] for vm in plan.args["vms"] if vm.get("networks")}
         outcome = functools.partial(_with_addresses, timeout=args.ip_timeout, wired=wired)
     return act(ctx, plan, outcome, dry_columns=LANDING_COLUMNS, would="would place")
+
+
+def _boot_body(args, seed: dict | None) -> dict:
+    """``POST /v1/vms``'s body for this boot (its route makes the same plan)."""
+    body = {"names": args.names, "resources": args.resources, "required": args.required,
+            "image": args.image, "on": args.on, "networks": args.network,
+            "reservation": args.reservation, "ha": args.ha, "group": args.group,
+            "rule": args.rule}
+    if seed:
+        body.update(user_data=seed["user_data"], ssh_keys=seed["ssh_keys"] or None,
+                    hostname=seed["hostname"])
+    return {k: v for k, v in body.items() if v is not None}
 
 
 # boot --dry-run: where each VM would land, as its claim will choose
@@ -154,7 +175,9 @@ def _with_addresses(ctx, automation: str, task: dict, timeout: float, wired: set
             f"VM{'s' if len(vms) != 1 else ''}")
         missing = ops.wait_for_addresses(
             ctx, vms, timeout, noticed=lambda vm: say(f"{vm['name']}: {vm['why']}: it will "
-                                                      "get no address; not waiting for it"))
+                                                      "get no address; not waiting for it"),
+            read=functools.partial(through.read, ctx, functools.partial(ops.list_vms, ctx, []),
+                                   "/v1/vms"))
     status = vm_outcome(ctx, automation, task, ["name", "uuid", "host", "state", "error", "ip"],
                         VM_RESULT_COLUMNS + [C("ip", "IP")])
     stuck = [vm for vm in vms if vm.get("why") and not vm.get("ip")]
@@ -172,7 +195,7 @@ def backups_kept(ctx, doc: dict, states=ops.ENDED, then: str | None = None) -> l
     ``states``; None: every VM without an error) that has backups; ``then``:
     what to do with them (default: how to delete them)."""
     lines = []
-    for row in ops.note_backups_kept(ctx, doc["vms"], states):
+    for row in ops.note_backups_kept(ctx, doc["vms"], states, _backup_counter(ctx)):
         if row.get("backups_kept"):
             n, name = row["backups_kept"], row["name"]
             lines.append(f"{name}: its {n} backup{'s are' if n != 1 else ' is'} kept (backup "
@@ -181,18 +204,39 @@ def backups_kept(ctx, doc: dict, states=ops.ENDED, then: str | None = None) -> l
     return lines
 
 
+def _backup_counter(ctx):
+    """Through the API, ``{uuid: N}`` from ``backup list``'s rows; else None
+    (the operations layer reads etcd)."""
+    if ctx.api is None:
+        return None
+
+    def count(uuids):
+        wanted, counts = set(uuids), {}
+        if wanted:
+            for row in ctx.api.call("GET", "/v1/backups"):
+                if row.get("uuid") in wanted:
+                    counts[row["uuid"]] = counts.get(row["uuid"], 0) + 1
+        return counts
+    return count
+
+
 def cmd_vm_action(ctx) -> int:
     kind = ctx.args.command
     outcome = (functools.partial(vm_outcome, notes=functools.partial(backups_kept, ctx))
                if kind == "destroy" else vm_outcome)
-    return act(ctx, ops.plan_action(ctx, kind, ctx.args.patterns), outcome)
+    plan = through.planned(ctx, lambda: ops.plan_action(ctx, kind, ctx.args.patterns),
+                           f"/v1/vms/{kind}", {"patterns": ctx.args.patterns}, kind)
+    return act(ctx, plan, outcome)
 
 
 def cmd_ha(ctx) -> int:
     outcome = functools.partial(vm_outcome, fields=["name", "uuid", "host", "ha", "error"],
                                 columns=[C("name", "Name"), C("host", "Host"), C("ha", "HA"),
                                          C("uuid", "UUID")], verb="changed")
-    return act(ctx, ops.plan_ha(ctx, ctx.args.patterns, ctx.args.policy), outcome)
+    plan = through.planned(ctx, lambda: ops.plan_ha(ctx, ctx.args.patterns, ctx.args.policy),
+                           "/v1/ha", {"patterns": ctx.args.patterns, "policy": ctx.args.policy},
+                           "ha")
+    return act(ctx, plan, outcome)
 
 
 def register(commands) -> None:

@@ -108,16 +108,16 @@ _DONE = {"start": "started", "stop": "stopped", "reboot": "rebooted", "suspend":
 ENDED = ("destroyed", "disowned")     # what destroy leaves a VM as
 
 
-def note_backups_kept(ctx, rows: list[dict], states=ENDED) -> list[dict]:
+def note_backups_kept(ctx, rows: list[dict], states=ENDED, count=None) -> list[dict]:
     """destroy's (or unmanage's) result ``rows``, each VM it ended (in
     ``states``; None: any without an error) that has backups with
     ``backups_kept``: how many (they stay until ``backup delete`` removes
     them: no schedule matches a VM peerctl no longer has); one range read
-    of ``backups/``."""
+    of ``backups/``.  ``count(uuids)``: ``{uuid: N}`` (default: from etcd)."""
     from .backups import count_backups
     gone = [row for row in rows if (states is None or row.get("state") in states)
             and not row.get("error") and row.get("uuid")]
-    counts = count_backups(ctx, [row["uuid"] for row in gone])
+    counts = (count or (lambda uuids: count_backups(ctx, uuids)))([row["uuid"] for row in gone])
     for row in gone:
         if counts.get(row["uuid"]):
             row["backups_kept"] = counts[row["uuid"]]
@@ -222,19 +222,21 @@ def paused_why(vm: dict) -> str:
 
 
 def wait_for_addresses(ctx, vms: list[dict], timeout: float, poll: float = 0.5,
-                       noticed=None) -> list[str]:
+                       noticed=None, read=None) -> list[str]:
     """Fill each built VM's ``ip`` from its record as its guest gets one, for
     up to ``timeout`` seconds; the names still without one.  A VM built
     without a network interface has none to wait for.  A guest paused or
     crashed for a reason that does not pass by itself (QEMU paused it on an
     error, someone paused it) will get no address: it is waited for no
     longer, and its row gets ``why`` (:func:`paused_why`); ``noticed(vm)``
-    is called once for each, as it is seen."""
+    is called once for each, as it is seen.  ``read()`` gives the VMs'
+    records (default: all of them, from etcd)."""
     from engine.hypervisor.domain.shapes import PASSING
+    read = read or (lambda: _read_vms(ctx))
     waiting = [vm for vm in vms if vm.get("host") and not vm.get("error")]
     deadline = time.monotonic() + timeout
     while True:
-        records = {vm["uuid"]: vm for vm in _read_vms(ctx)}
+        records = {vm["uuid"]: vm for vm in read()}
         for vm in waiting:
             record = records.get(vm["uuid"]) or {}
             vm["ip"] = record.get("ip")

@@ -138,12 +138,25 @@ async def answer_errors(request, handler):
                413: f"request body over {MAX_BODY} bytes"}.get(exc.status, exc.reason)
         return _error(exc.status, why)
     except PeerctlError as exc:
-        return _error(status_of(exc), str(exc), more=getattr(exc, "more", None))
+        return _error(status_of(exc), str(exc), more=_beside(exc))
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         log.exception("api request failed", path=request.path, method=request.method)
         return _error(500, f"internal error: {type(exc).__name__} (logged by the server)")
+
+
+def _beside(exc: PeerctlError) -> dict | None:
+    """What goes beside an error's line: a refusal's own fields, the
+    document the command prints with it (``result``, e.g. a failed dry
+    run's plan) and what a listing's other patterns matched
+    (``matched``), so that a remote command line prints what it prints."""
+    more = dict(getattr(exc, "more", None) or {})
+    if getattr(exc, "result", None) is not None:
+        more.setdefault("result", exc.result)
+    if isinstance(getattr(exc, "matched", None), list):
+        more.setdefault("matched", exc.matched)
+    return more or None
 
 
 @web.middleware
@@ -237,8 +250,14 @@ def _query(request, route) -> dict:
     return {name: request.query.getall(name) for name in known if name in request.query}
 
 
-def _in_json_terms(handler, ctx, call: Call):
-    """The handler, its messages naming the body's fields, not the flags."""
+WORDING_HEADER = "Peerctl-Wording"     # "command-line": messages name flags, as a command's
+
+
+def _in_json_terms(handler, ctx, call: Call, json_terms: bool = True):
+    """The handler, its messages naming the body's fields, not the flags
+    (unless a remote command line asks for its own words)."""
+    if not json_terms:
+        return handler(ctx, call)
     with wording.json_fields():
         return handler(ctx, call)
 
@@ -251,8 +270,9 @@ def _handler(route):
         call = Call(dict(request.match_info), _query(request, route),
                     await _body(request, route.body), who.role, who.user)
         api: Api = request.app[API]
+        json_terms = request.headers.get(WORDING_HEADER) != "command-line"
         answer = await api.run(_in_json_terms, route.handler, api.context(who.role), call,
-                               long=route.waits)
+                               json_terms, long=route.waits)
         headers = {"Location": answer.location} if answer.location else None
         return web.json_response(answer.doc, status=answer.status, headers=headers,
                                  dumps=functools.partial(json.dumps, default=str))

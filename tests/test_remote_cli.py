@@ -1,0 +1,139 @@
+"""The command line from a workstation: the same commands through a peer's
+API with a token file and no etcd, printing what they print on etcd, with
+the same exit codes."""
+from __future__ import annotations
+
+import pytest
+
+from engine.core import api as engine_api
+from tests.support import wait_for
+from tests.support.api_client import ApiClient, answers, api_peer_args, free_port
+from tests.support.cluster import SMALL_VM, boot_vms
+from tests.support.workstation import NOWHERE, Workstation, same_shape, token_file
+
+
+@pytest.fixture
+def apis(cluster, store):
+    """host1 and host2 serving the API: their URLs, once both answer."""
+    ports = {}
+    for host in ("host1", "host2"):
+        ports[host] = free_port()
+        cluster.start_peer(host, extra_args=api_peer_args(ports[host]))
+    wait_for(lambda: {"host1", "host2"} <= set(engine_api.live_hosts(store)),
+             what="peers alive")
+    wait_for(lambda: len(cluster.cli_json("placement", "providers")) == 2, what="providers")
+    urls = [f"http://127.0.0.1:{ports[h]}" for h in ("host1", "host2")]
+    probe = ApiClient(urls[0])
+    wait_for(lambda: answers(probe, 401) and answers(ApiClient(urls[1]), 401),
+             what="both APIs")
+    return urls
+
+
+def _token(cluster, role: str) -> str:
+    return cluster.cli_json("token", "create", "--role", role)["secret"]
+
+
+@pytest.fixture
+def operator(cluster, apis, tmp_path):
+    return Workstation(cluster, apis, _token(cluster, "operator"), tmp_path)
+
+
+def both(cluster, workstation, *args, shaped=True):
+    """Run ``args`` straight on etcd, then through the API: the two results."""
+    direct = cluster.cli(*args)
+    remote = workstation.cli(*args)
+    fix = same_shape if shaped else (lambda text: text)
+    return ((direct.returncode, fix(direct.stdout), fix(direct.stderr)),
+            (remote.returncode, fix(remote.stdout), fix(remote.stderr)))
+
+
+def test_listings_print_the_same_through_the_api(cluster, operator):
+    boot_vms(cluster, "web1", "web2", on="host1")
+    boot_vms(cluster, "db1", on="host2")
+    cluster.cli_json("lease", "create", "l1", "--start", "+1h", "--end", "+2h", "--hosts", "1")
+    for command in (["vmlist"], ["vmlist", "host1/*"], ["vmlist", "-o", "name,uuid,host"],
+                    ["--format", "json", "vmlist"], ["vmlist", "--all"],
+                    ["vmlist", "web*", "nosuch*"], ["tasks", "--all"],
+                    ["lease", "list"], ["lease", "show", "l1"], ["backup", "list"],
+                    ["placement", "providers"], ["placement", "allocations"],
+                    ["group", "list"], ["hostlist", "-o", "host,alive,vms", "--no-headers"],
+                    ["--format", "json", "placement", "candidates", SMALL_VM]):
+        direct, remote = both(cluster, operator, *command)
+        assert remote == direct, command
+    assert both(cluster, operator, "vmlist", "nosuch")[1][0] == 1
+
+
+def test_actions_confirm_start_and_follow_as_on_etcd(cluster, store, operator):
+    boot_vms(cluster, "a1", "a2", on="host1")
+    # several VMs: a dry run, then a refusal to act without --yes on a pipe
+    direct, remote = both(cluster, operator, "stop", "a*", "--dry-run")
+    assert remote == direct
+    refused = operator.cli("stop", "a*", input="n\n")
+    assert refused.returncode != 0
+    assert {vm["state"] for vm in cluster.cli_json("vmlist")} == {"running"}
+    done = operator.cli("--format", "json", "stop", "a*", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert {vm["state"] for vm in cluster.cli_json("vmlist")} == {"shutoff"}
+    started = operator.cli("start", "a1")
+    assert started.returncode == 0, started.stderr
+    assert "a1" in started.stdout and "done" in started.stdout
+    boot = operator.cli_json("boot", "r1", "--resources", SMALL_VM, "--on", "host2")
+    assert boot["state"] == "done" and boot["vms"][0]["host"] == "host2"
+    detached = operator.cli_json("boot", "r2", "--resources", SMALL_VM, "--detach")
+    waited = operator.cli_json("wait", detached["automation"])
+    assert waited["state"] == "done" and waited == cluster.cli_json("task",
+                                                                     detached["automation"])
+
+
+def test_bad_input_and_unknown_things_exit_as_on_etcd(cluster, operator):
+    for command in (["boot", "x", "--resources", "VCPU:zero"], ["lease", "show", "nope"],
+                    ["task", "20990101-000000-abcdef"], ["stop", "nosuch"],
+                    ["placement", "candidates", "VCPU:1", "--limit", "0"]):
+        direct, remote = both(cluster, operator, *command)
+        assert remote[0] == direct[0] != 0, (command, direct, remote)
+        assert remote[2].strip().splitlines()[-1] == direct[2].strip().splitlines()[-1], command
+
+
+def test_a_viewer_token_reads_and_its_writes_exit_4(cluster, apis, tmp_path):
+    viewer = Workstation(cluster, apis, _token(cluster, "viewer"), tmp_path)
+    assert viewer.cli("vmlist").returncode == 0
+    done = viewer.cli("boot", "v1", "--resources", SMALL_VM)
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.strip().startswith("peerctl: permission denied for role viewer")
+    assert cluster.cli_json("vmlist") == []
+
+
+def test_the_next_peer_answers_when_one_is_down_and_none_is_exit_3(cluster, apis, tmp_path):
+    secret = _token(cluster, "operator")
+    dead = f"http://127.0.0.1:{free_port()}"
+    through_dead_first = Workstation(cluster, [dead, apis[1]], secret, tmp_path)
+    assert through_dead_first.cli_json("hostlist")[0]["host"] == "host1"
+    nobody = Workstation(cluster, [dead], secret, tmp_path)
+    done = nobody.cli("vmlist")
+    assert done.returncode == 3 and done.stderr.startswith("peerctl: no peer answered: ")
+    assert dead in done.stderr
+
+
+def test_a_token_file_others_can_read_is_refused(cluster, apis, tmp_path):
+    workstation = Workstation(cluster, apis, _token(cluster, "operator"), tmp_path)
+    import os
+    os.chmod(workstation.token_file, 0o644)
+    done = workstation.cli("vmlist")
+    assert done.returncode == 2 and "readable by others" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_named_remotes_are_kept_and_used(cluster, apis, tmp_path):
+    secret_file = token_file(tmp_path, _token(cluster, "operator"), "lab.token")
+    env = {"PEERCTL_ETCD": NOWHERE, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    added = cluster.cli("remote", "add", "lab", ",".join(apis), "--token-file", secret_file,
+                        "--use", env=env)
+    assert added.returncode == 0, added.stderr
+    assert (tmp_path / "cfg" / "peerctl" / "remotes.json").stat().st_mode & 0o077 == 0
+    listed = cluster.cli("--format", "json", "hostlist", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert [h["host"] for h in __import__("json").loads(listed.stdout)] == ["host1", "host2"]
+    assert cluster.cli("remote", "use", "--none", env=env).returncode == 0
+    assert cluster.cli("hostlist", env=env).returncode == 3     # etcd again: nothing there
+    assert cluster.cli("--remote", "lab", "hostlist", env=env).returncode == 0
+    assert cluster.cli("--remote", "nope", "hostlist", env=env).returncode == 2
