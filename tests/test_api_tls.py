@@ -67,3 +67,20 @@ def test_requests_reach_etcd_as_their_role(https_api):
     with pytest.raises(PermissionDenied, match="role viewer"):
         api.context("viewer").store().txn([], [Put("tasks/x", {"id": "x"})])
     api.context("operator").store().txn([], [Put("tasks/x", {"id": "x"})])
+
+
+def test_another_hosts_graphs_asked_with_a_certificate_name_the_peer_to_ask(https_api):
+    """A client certificate's key stays with its holder: the server cannot
+    ask host9's peer as that client, and says where to ask instead."""
+    from engine.core import keys
+    secured, _, server = https_api
+    store = secured.store("root")
+    lease = store.grant(60)
+    store.txn([], [Put(keys.host_config("host9"), {"host": "host9"}),
+                   Put(keys.host("host9"), {"host": "host9", "api": "https://host9:8080"},
+                       lease)])
+    answer = as_(secured, "viewer").get(server.url + "/v1/hosts/host9/graphs")
+    assert answer.status_code == 421
+    assert answer.json() == {"api": "https://host9:8080", "error": (
+        "the graphs of host host9 are kept by its peer, at https://host9:8080: a client "
+        "certificate cannot be passed on to it, ask it there")}

@@ -54,18 +54,23 @@ class Api:
     itself enforces a request's role; a role without any uses the server's
     own ``credentials`` (the API's own role check still refuses a viewer's
     writes).  ``session_idle`` and ``session_lifetime``: seconds a login
-    of the page lasts without a request, and at most (engine/core/sessions.py)."""
+    of the page lasts without a request, and at most (engine/core/sessions.py).
+    ``graphs``: the sampler of this host's graphs, on a peer's API
+    (engine/hypervisor/host/graph_sampler.py); its routes read it as
+    ``ctx.graphs``."""
 
     def __init__(self, etcd: str, cluster: str, credentials=None, placement=None,
                  role_credentials: dict | None = None, default_network: str = "default",
                  metrics=None, tls: bool = False, pool_size: int = 16, waiters: int = 32,
-                 session_idle: float | None = None, session_lifetime: float | None = None):
+                 session_idle: float | None = None, session_lifetime: float | None = None,
+                 graphs=None):
         self.etcd, self.cluster = etcd, cluster
         self.credentials = credentials
         self.placement = placement
         self.role_credentials = dict(role_credentials or {})
         self.default_network = default_network
         self.metrics = metrics
+        self.graphs = graphs    # this host's GraphSampler (a peer's API), or None
         self.tls = tls
         self.session_idle = session_idle or sessions.IDLE
         self.session_lifetime = session_lifetime or sessions.LIFETIME
@@ -83,6 +88,8 @@ class Api:
             from engine.operations import Context
             ctx = Context(self.etcd, self.cluster, credentials, self.placement)
             ctx.default_network = self.default_network
+            ctx.graphs = self.graphs.graphs if self.graphs is not None else None
+            ctx.api_cacert = self.cacert     # to verify another peer's API
             self._contexts[key] = ctx
         return self._contexts[key]
 
@@ -268,7 +275,9 @@ def _handler(route):
         if route.write:
             check_write(request, who, route.summary)
         call = Call(dict(request.match_info), _query(request, route),
-                    await _body(request, route.body), who.role, who.user)
+                    await _body(request, route.body), who.role, who.user,
+                    identity.passed_on(request, who),
+                    identity.RELAYED_HEADER in request.headers)
         api: Api = request.app[API]
         json_terms = request.headers.get(WORDING_HEADER) != "command-line"
         answer = await api.run(_in_json_terms, route.handler, api.context(who.role), call,

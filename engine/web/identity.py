@@ -27,14 +27,15 @@ import hmac
 import secrets
 import ssl
 
-__all__ = ["Who", "API_ROLES", "SESSION_COOKIE", "CSRF_COOKIE", "CSRF_HEADER",
-           "certificate_identity", "bearer_secret", "csrf_ok", "new_csrf"]
+__all__ = ["Who", "API_ROLES", "SESSION_COOKIE", "CSRF_COOKIE", "CSRF_HEADER", "RELAYED_HEADER",
+           "certificate_identity", "bearer_secret", "passed_on", "csrf_ok", "new_csrf"]
 
 API_ROLES = {"viewer": "viewer", "operator": "operator", "peer": "operator",
              "root": "operator"}
 SESSION_COOKIE = "peerctl_session"
 CSRF_COOKIE = "peerctl_csrf"
 CSRF_HEADER = "X-CSRF-Token"
+RELAYED_HEADER = "X-Peerctl-Relayed"    # a peer asking another on a caller's behalf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +85,18 @@ def bearer_secret(request) -> tuple[str | None, bool]:
         return "", False        # present but not a bearer token: refused, not ignored
     cookie = request.cookies.get(SESSION_COOKIE)
     return (cookie, True) if cookie else (None, False)
+
+
+def passed_on(request, who: Who) -> dict:
+    """The headers that carry ``who``'s own credentials to another peer's
+    API (identities are the cluster's, in etcd: every peer knows them): the
+    bearer token, or the session cookie; ``{}`` for a client certificate,
+    which cannot be passed on."""
+    if who.how == "token":
+        return {"Authorization": request.headers["Authorization"]}
+    if who.how == "session":
+        return {"Cookie": f"{SESSION_COOKIE}={request.cookies[SESSION_COOKIE]}"}
+    return {}
 
 
 def new_csrf() -> str:

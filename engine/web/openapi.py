@@ -27,7 +27,8 @@ def _operation(route) -> dict:
     ok = "202" if route.automation else "200"
     operation = {
         "summary": route.summary,
-        "description": f"As `peerctl {route.command}` with `--format json`.",
+        "description": (f"As `peerctl {route.command}` with `--format json`." if route.command
+                        else "No command prints it: docs/api.md gives its shape."),
         "operationId": route.handler.__name__,
         "parameters": parameters,
         "responses": {ok: {"description": "the command's JSON"},

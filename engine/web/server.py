@@ -123,6 +123,8 @@ class ApiServer:
         self._halt()
         if self.api.metrics is not None:
             self.api.metrics.stop()
+        if self.api.graphs is not None:
+            self.api.graphs.stop()
         self.api.close()
 
 
@@ -151,7 +153,8 @@ def serve_cluster(settings: dict, address: str, *, host: str | None = None,
                   libvirt_uri: str | None = None, roles_dir: str | None = None,
                   insecure: bool = False) -> ApiServer:
     """The API of the cluster ``settings`` name, listening on ``address``,
-    with its metrics (this host's VMs too when ``libvirt_uri`` is given)."""
+    with its metrics (this host's VMs too when ``libvirt_uri`` is given)
+    and, on a peer (``host`` and ``libvirt_uri``), the graphs of its host."""
     from .app import Api
     from .metrics import ClusterMetrics
     credentials = settings.get("credentials")
@@ -163,17 +166,24 @@ def serve_cluster(settings: dict, address: str, *, host: str | None = None,
                "cacert": settings.get("cacert")}
     roles = role_credentials(roles_dir, settings.get("cacert"))
     from engine.core.validate import parse_duration
+    graphs = None
+    if host and libvirt_uri:        # a peer's API: the graphs of its own host
+        from engine.hypervisor.host.graph_sampler import GraphSampler
+        graphs = GraphSampler(host, libvirt_uri)
     api = Api(settings["etcd"], settings["cluster"], credentials,
               settings.get("placement_config"), roles, settings.get("network", "default"),
               tls=tls is not None,
               session_idle=parse_duration(settings.get("session_idle") or "12h", "session_idle"),
               session_lifetime=parse_duration(settings.get("session_max") or "7d",
-                                              "session_max"))
+                                              "session_max"), graphs=graphs)
     server = ApiServer(api, address, tls, insecure)
     api.metrics = ClusterMetrics(api.context().store(), host, libvirt_uri)
     api.metrics.start()
     try:
-        return server.start()
+        server.start()
     except BaseException:
         api.metrics.stop()
         raise
+    if graphs is not None:
+        graphs.start()
+    return server

@@ -19,12 +19,18 @@ __all__ = ["Route", "Call", "Answer", "ROUTES", "Refusal", "route", "unconfirmed
 @dataclasses.dataclass
 class Call:
     """One request as a handler sees it: path parameters, query parameters
-    (each a list of its values), the checked JSON body, and who asks."""
+    (each a list of its values), the checked JSON body, and who asks
+    (and how to ask another peer as them)."""
     path: dict
     query: dict
     body: dict
     role: str
     user: str
+    # the caller's own credentials as the headers that carry them (its bearer
+    # token or session cookie), for a route that asks another peer's API on
+    # its behalf; {} for a client certificate, whose key stays with its holder
+    passed: dict = dataclasses.field(default_factory=dict)
+    relayed: bool = False          # another peer's API asked on a caller's behalf
 
     def one(self, name: str, default=None):
         values = self.query.get(name) or []
@@ -88,7 +94,7 @@ class Route:
     path: str
     handler: Callable
     summary: str
-    command: str                   # the command line's equivalent, for the docs
+    command: str                   # the command line's equivalent, for the docs ("": none)
     write: bool = False
     body: dict | None = None       # JSON Schema of the body; None: no body
     query: tuple = ()              # (name, type, description)
