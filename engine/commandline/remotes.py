@@ -93,7 +93,7 @@ def register(commands) -> None:
         "remote", "clusters reached through a peer's API: add, list, use, delete",
         "python peerctl.py remote add prod https://kvm1:8443,https://kvm2:8443 "
         "--token-file ~/.config/peerctl/prod.token --ca prod-ca.pem --use\n"
-        "python peerctl.py vmlist", None,
+        "python peerctl.py remote list", None,
         "A remote is a cluster's API URLs (any peers; the next is tried when one does "
         "not answer) and a token file (token create --role operator, or viewer), which "
         "only its owner may read. With a remote in use (or --remote NAME, or --api URL "
