@@ -9,10 +9,12 @@ from __future__ import annotations
 import pytest
 
 from engine.core import keys
+from engine.core.features import SUPPORTED, level_key
 from engine.web.routes.core import Refusal
 from engine.web.routes.tokens import check_mintable
 from tests.support import one_line as said_once
 from tests.support.api_client import ApiClient, serving_api
+from tests.support.releases import build_release
 
 
 @pytest.fixture
@@ -104,3 +106,97 @@ def test_no_token_is_minted_above_its_minter_s_role():
     with pytest.raises(Refusal) as refused:
         check_mintable("viewer", "operator")
     assert refused.value.status == 403
+
+
+# -- releases and the upgrade -----------------------------------------------------------
+
+def test_a_release_is_added_listed_upgraded_to_and_deleted_over_http(cluster, store, served,
+                                                                   tmp_path):
+    operator, viewer = served
+    path = build_release(tmp_path, "0.2.0")
+    with open(path, "rb") as f:
+        archive = f.read()
+    gzip = {"Content-Type": "application/gzip"}
+    assert one_line(*viewer.call("POST", "/v1/code", raw=archive, headers=gzip)[:2], 403)
+    status, added, _ = operator.call("POST", "/v1/code?name=peerctl-0.2.0.tar.gz", raw=archive,
+                                     headers=gzip)
+    assert status == 201 and added["version"] == "0.2.0" and added["already"] is False
+    assert cluster.cli_json("code", "add", path) == {**added, "already": True}
+    status, again, _ = operator.call("POST", "/v1/code", raw=archive,
+                                     headers={"Content-Type": "application/octet-stream"})
+    assert status == 200 and again == {**added, "already": True}
+    assert operator.get("/v1/code")[1] == cluster.cli_json("code", "list")
+    assert viewer.get("/v1/version")[1] == cluster.cli_json("version")
+
+    status, plan, _ = operator.post("/v1/upgrade", {"to": "0.2.0", "dry_run": True})
+    assert status == 200 and plan == cluster.cli_json("upgrade", "--to", "0.2.0", "--dry-run")
+    status, doc, _ = operator.post("/v1/upgrade", {"to": "0.2.0"})
+    assert "host1: " in one_line(status, doc, 409) and doc["targets"] == plan["hosts"]
+    assert one_line(*viewer.post("/v1/upgrade", {"to": "0.2.0", "yes": True})[:2], 403)
+    for body, command, code in (
+            ({"to": "9.9.9", "dry_run": True}, ["--to", "9.9.9", "--dry-run"], 404),
+            ({"rollback": True, "dry_run": True}, ["--rollback", "--dry-run"], 409)):
+        status, doc, _ = operator.post("/v1/upgrade", body)
+        assert one_line(status, doc, code) == refused_by_command(cluster, "upgrade", *command)
+    for body, said in (({}, '"to" or "rollback"'), ({"to": "0.2.0", "rollback": True}, "one"),
+                       ({"to": "0.2.0", "parallel": 17}, '"parallel": 17'),
+                       ({"to": "0.2.0", "parallel": 0}, "parallel"),
+                       ({"to": "0.2.0", "hosts": "[", "dry_run": True}, "bad host pattern")):
+        status, doc, _ = operator.post("/v1/upgrade", body)
+        assert said in one_line(status, doc, 400), body
+    assert store.range("tasks/")[0] == []              # nothing started
+
+    assert one_line(*viewer.delete("/v1/code/0.2.0")[:2], 403)
+    status, doc, _ = operator.delete("/v1/code/0.2.0")
+    assert status == 200 and doc == {"version": "0.2.0", "deleted": True}
+    assert operator.get("/v1/code")[1] == [] == cluster.cli_json("code", "list")
+    status, doc, _ = operator.delete("/v1/code/0.2.0")
+    assert one_line(status, doc, 404) == refused_by_command(cluster, "code", "delete", "0.2.0")
+
+
+def test_what_is_no_release_is_refused_in_one_line_and_nothing_is_stored(cluster, store,
+                                                                        served, tmp_path):
+    operator, _ = served
+    before = revisions(store, "code/")
+    bad = tmp_path / "peerctl-0.3.0.tar.gz"
+    bad.write_bytes(b"not an archive at all")
+    status, doc, _ = operator.call("POST", "/v1/code", raw=bad.read_bytes(),
+                                   headers={"Content-Type": "application/gzip"})
+    said = one_line(status, doc, 400)
+    assert said.startswith("request body: not a release: ")
+    assert said.removeprefix("request body") == refused_by_command(
+        cluster, "code", "add", str(bad)).removeprefix(str(bad))
+    status, doc, _ = operator.call("POST", "/v1/code", raw=b"{}",
+                                   headers={"Content-Type": "application/json"})
+    assert "application/octet-stream" in one_line(status, doc, 415)
+    status, doc, _ = operator.call("POST", "/v1/code?name=../x.tar.gz", raw=bad.read_bytes(),
+                                   headers={"Content-Type": "application/gzip"})
+    assert "bad archive name" in one_line(status, doc, 400)
+    over = b"\0" * (16 * 1024 * 1024 + 1)
+    status, doc, _ = operator.call("POST", "/v1/code", raw=over,
+                                   headers={"Content-Type": "application/gzip"})
+    assert one_line(status, doc, 413) == f"request body over {16 * 1024 * 1024} bytes"
+    status, doc, _ = operator.post("/v1/tokens", {"role": "viewer", "pad": "x" * 1024 * 1024})
+    assert one_line(status, doc, 413) == f"request body over {1024 * 1024} bytes"
+    assert revisions(store, "code/") == before
+    assert operator.get("/v1/hosts")[0] == 200         # the server goes on
+
+
+# -- the feature level and the balance settings ----------------------------------------------
+
+def test_the_feature_level_reads_and_raises_as_the_command_line_does(cluster, store, served):
+    operator, viewer = served
+    shown = operator.get("/v1/cluster/feature-level")[1]
+    assert shown == cluster.cli_json("cluster", "feature-level")
+    assert viewer.get("/v1/cluster/feature-level")[1] == shown
+    level = shown["level"]
+    status, doc, _ = operator.post("/v1/cluster/feature-level", {"level": level})
+    assert status == 200 and doc == cluster.cli_json("cluster", "feature-level", str(level))
+    before = revisions(store, level_key())
+    status, doc, _ = operator.post("/v1/cluster/feature-level", {"level": SUPPORTED + 1})
+    assert one_line(status, doc, 409) == refused_by_command(
+        cluster, "cluster", "feature-level", str(SUPPORTED + 1))
+    for body in ({}, {"level": 0}, {"level": "2"}, {"level": 2.5}):
+        assert one_line(*operator.post("/v1/cluster/feature-level", body)[:2], 400), body
+    assert one_line(*viewer.post("/v1/cluster/feature-level", {"level": level})[:2], 403)
+    assert revisions(store, level_key()) == before
