@@ -200,3 +200,27 @@ def test_the_feature_level_reads_and_raises_as_the_command_line_does(cluster, st
         assert one_line(*operator.post("/v1/cluster/feature-level", body)[:2], 400), body
     assert one_line(*viewer.post("/v1/cluster/feature-level", {"level": level})[:2], 403)
     assert revisions(store, level_key()) == before
+
+
+def test_the_balance_settings_read_and_change_as_the_command_line_does(cluster, store, served):
+    operator, viewer = served
+    assert operator.get("/v1/balance/auto")[1] == cluster.cli_json("balance", "--auto", "show")
+    status, doc, _ = operator.post("/v1/balance/auto", {"auto": "off", "threshold": 0.3,
+                                                        "rounds": 2, "hold": "2h"})
+    assert status == 200 and (doc["auto"], doc["threshold"], doc["rounds"], doc["hold"]) == (
+        False, 0.3, 2, 7200.0)
+    assert doc == cluster.cli_json("balance", "--auto", "off", "--threshold", "0.3",
+                                   "--rounds", "2", "--hold", "2h")
+    assert viewer.get("/v1/balance/auto")[1] == cluster.cli_json("balance", "--auto", "show")
+    status, doc, _ = operator.post("/v1/balance/auto", {"auto": "off", "rounds": 4})
+    assert (doc["threshold"], doc["rounds"]) == (0.3, 4)    # the others stay
+    before = revisions(store, keys.BALANCE_SETTINGS)
+    for body in ({"threshold": 0.2}, {"auto": "maybe"}, {"auto": "on", "threshold": 0},
+                 {"auto": "on", "rounds": 0}, {"auto": "on", "hold": "soon"},
+                 {"auto": "on", "hold": -1}, {"auto": "on", "hosts": "x"}):
+        assert one_line(*operator.post("/v1/balance/auto", body)[:2], 400), body
+    status, doc, _ = operator.post("/v1/balance/auto", {"auto": "on", "hold": "soon"})
+    assert doc["error"] == refused_by_command(cluster, "balance", "--auto", "on", "--hold",
+                                              "soon").replace("--hold", '"hold"')
+    assert one_line(*viewer.post("/v1/balance/auto", {"auto": "on"})[:2], 403)
+    assert revisions(store, keys.BALANCE_SETTINGS) == before
