@@ -2,18 +2,25 @@
 over HTTP answer what their commands print with ``--format json``: each
 route called on a real peer serving ``--api`` and compared with the same
 command; bad input is one line with nothing written, a release over the
-limit is 413 with nothing stored, and a viewer is refused every write but
-the delete of its own token (logging out)."""
+limit is 413 with nothing stored, an upload whose peer is SIGKILLed
+between chunks is finished by the next, and a viewer is refused every
+write but the delete of its own token (logging out)."""
 from __future__ import annotations
 
-import pytest
+import base64
+import os
 
-from engine.core import keys
+import pytest
+import requests
+
+from engine.core import failpoints, keys
 from engine.core.features import SUPPORTED, level_key
+from engine.releases import catalog
 from engine.web.routes.core import Refusal
 from engine.web.routes.tokens import check_mintable
 from tests.support import one_line as said_once
-from tests.support.api_client import ApiClient, serving_api
+from tests.support import wait_for
+from tests.support.api_client import ApiClient, answers, api_peer_args, free_port, serving_api
 from tests.support.releases import build_release
 
 
@@ -180,6 +187,37 @@ def test_what_is_no_release_is_refused_in_one_line_and_nothing_is_stored(cluster
     assert one_line(status, doc, 413) == f"request body over {1024 * 1024} bytes"
     assert revisions(store, "code/") == before
     assert operator.get("/v1/hosts")[0] == 200         # the server goes on
+
+
+def test_an_upload_killed_between_chunks_is_finished_by_the_next_one(cluster, store,
+                                                                     tmp_path):
+    """host1's peer SIGKILLed while its API stores a release: the release is
+    left ``uploading``, and the same upload to host2's API finishes it, the
+    bytes stored once, whole."""
+    armed = str(tmp_path / "failpoints")
+    port = free_port()
+    cluster.start_peer("host1", extra_args=api_peer_args(port),
+                       env={failpoints.ENV: armed})
+    other = serving_api(cluster, store, "host2")
+    killed = ApiClient(f"http://127.0.0.1:{port}", cluster.cli_json(
+        "token", "create", "--role", "operator")["secret"])
+    wait_for(lambda: answers(killed), what="host1's API")
+    path = build_release(tmp_path, "0.2.0", files={
+        "bench/ballast.txt": base64.b64encode(os.urandom(900_000)).decode()})
+    with open(path, "rb") as f:
+        archive = f.read()
+    gzip = {"Content-Type": "application/gzip"}
+    failpoints.arm(armed, ["release_chunk_written"])
+    with pytest.raises(requests.ConnectionError):
+        killed.call("POST", "/v1/code", raw=archive, headers=gzip)
+    assert [point for point, _, _ in failpoints.fired(armed)] == ["release_chunk_written"]
+    assert cluster.peers["host1"].wait(10) == -9
+    [row] = cluster.cli_json("code", "list")
+    assert row["state"] == "uploading"
+    status, doc, _ = other.call("POST", "/v1/code", raw=archive, headers=gzip)
+    assert status == 201 and doc["state"] == "ready", doc
+    assert catalog.fetch(store, "0.2.0") == archive
+    assert other.get("/v1/code")[1] == cluster.cli_json("code", "list")
 
 
 # -- the feature level and the balance settings ----------------------------------------------
