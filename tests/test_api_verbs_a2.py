@@ -106,6 +106,24 @@ def test_a_viewer_mints_nothing_deletes_no_other_token_and_may_log_itself_out(
     assert operator.get("/v1/hosts")[0] == 200
 
 
+def test_a_page_session_logs_its_viewer_token_out_only_with_the_csrf_token(cluster, store,
+                                                                           served):
+    operator, _ = served
+    token = cluster.cli_json("token", "create", "--role", "viewer")
+    browser = requests.Session()
+    browser.get(operator.url + "/")
+    csrf = {"X-CSRF-Token": browser.cookies.get("peerctl_csrf")}
+    assert browser.post(operator.url + "/v1/session", json={"token": token["secret"]},
+                        headers=csrf).status_code == 200
+    mine = f"{operator.url}/v1/tokens/{token['id']}"
+    refused = browser.delete(mine)
+    assert refused.status_code == 403 and "CSRF" in refused.json()["error"]
+    assert token["id"] in {t["id"] for t in cluster.cli_json("token", "list")}
+    done = browser.delete(mine, headers=csrf)
+    assert done.status_code == 200 and done.json() == {"deleted": [token["id"]]}
+    assert browser.get(operator.url + "/v1/hosts").status_code == 401   # its session ended
+
+
 def test_no_token_is_minted_above_its_minter_s_role():
     check_mintable("operator", "operator")
     check_mintable("operator", "viewer")
