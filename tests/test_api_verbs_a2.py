@@ -74,6 +74,22 @@ def test_tokens_are_minted_listed_and_deleted_as_the_command_line_does(cluster, 
                                                             made["id"])
 
 
+def test_several_tokens_are_deleted_all_or_none(cluster, store, served):
+    operator, viewer = served
+    first, second = (cluster.cli_json("token", "create", "--role", "viewer")["id"]
+                     for _ in range(2))
+    before = revisions(store, keys.token())
+    status, doc, _ = operator.delete(f"/v1/tokens?id={first}&id=0badc0ffee00")
+    assert one_line(status, doc, 404) == refused_by_command(cluster, "token", "delete", first,
+                                                            "0badc0ffee00")
+    assert "by their ids" in one_line(*operator.delete("/v1/tokens")[:2], 400)
+    assert one_line(*viewer.delete(f"/v1/tokens?id={first}")[:2], 403)
+    assert revisions(store, keys.token()) == before
+    status, doc, _ = operator.delete(f"/v1/tokens?id={first}&id={second}")
+    assert status == 200 and doc == {"deleted": [first, second]}
+    assert not {first, second} & {t["id"] for t in cluster.cli_json("token", "list")}
+
+
 def test_a_bad_token_request_is_one_line_and_mints_nothing(cluster, store, served):
     operator, _ = served
     before = revisions(store, keys.token())

@@ -1,4 +1,4 @@
-"""The API's tokens: mint one, list them, delete one.
+"""The API's tokens: mint one, list them, delete one or several.
 
 Who may do what (docs/api.md, "Tokens"):
 - minting and deleting take an operator (a viewer is refused 403 before
@@ -48,3 +48,10 @@ def create_token(ctx, call: Call) -> Answer:
        "may delete itself: log out)", "token delete ID", write=True, own="id")
 def delete_token(ctx, call: Call) -> Answer:
     return Answer(tokens.delete_tokens(ctx, [call.path["id"]]))
+
+
+@route("DELETE", "/v1/tokens", "delete tokens, all of them or, when one is unknown, none",
+       "token delete ID...", write=True,
+       query=(("id", "string[]", "a token's id, repeatable"),))
+def delete_tokens(ctx, call: Call) -> Answer:
+    return Answer(tokens.delete_tokens(ctx, call.query.get("id") or []))
