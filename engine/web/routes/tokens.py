@@ -1,6 +1,6 @@
 """The API's tokens: mint one, list them, delete one or several.
 
-Who may do what (docs/api.md, "Tokens"):
+Who may do what (docs/api.md, "Who may do what"; docs/security.md, "Tokens"):
 - minting and deleting take an operator (a viewer is refused 403 before
   anything is read), and a token is never minted above the role of who
   asks: an operator mints viewers and operators, its own power at most;
