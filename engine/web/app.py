@@ -279,12 +279,12 @@ def _handler(route):
             check_write(request, who, route.summary, own)
         query = _query(request, route)
         if route.media:
-            call = Call(dict(request.match_info), query, {}, who.role, who.user, who.token,
-                        await _media(request, route))
+            call = Call(dict(request.match_info), query, {}, who.role, who.user,
+                        token=who.token, data=await _media(request, route))
         else:
             call = Call(dict(request.match_info), query,
                         await _body(request, route.body, route.max_body or MAX_BODY),
-                        who.role, who.user, who.token)
+                        who.role, who.user, token=who.token)
         api: Api = request.app[API]
         # acting on its own token, a viewer writes with the server's credentials:
         # etcd would refuse its own role a write
