@@ -25,7 +25,7 @@ import re
 import secrets
 import time
 
-from engine.errors import Conflict, Failed, UsageError
+from engine.errors import Conflict, NoSuch, UsageError
 
 from . import keys
 from .store import Delete, Put, absent, modified_at
@@ -133,7 +133,7 @@ def list_tokens(store) -> list[dict]:
 
 def delete(store, ids) -> list:
     """Delete the tokens ``ids`` (each once), all of them or, when one is
-    unknown, none (``Failed`` naming it); the ids deleted.  A garbled record
+    unknown, none (``NoSuch`` naming it); the ids deleted.  A garbled record
     is deleted like any other."""
     if isinstance(ids, str) or not ids:
         raise UsageError("name the tokens to delete by their ids (see token list)")
@@ -147,7 +147,7 @@ def delete(store, ids) -> list:
         found = {token_id: store.get(keys.token(token_id)) for token_id in chosen}
         unknown = [token_id for token_id, kv in found.items() if kv is None]
         if unknown:
-            raise Failed(f"no token {', '.join(unknown)} (see token list); nothing deleted")
+            raise NoSuch(f"no token {', '.join(unknown)} (see token list); nothing deleted")
         guards = [modified_at(kv.key, kv.mod_revision) for kv in found.values()]
         if store.txn(guards, [Delete(kv.key) for kv in found.values()]).succeeded:
             return chosen

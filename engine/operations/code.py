@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["add_release", "list_releases", "delete_release", "name_disagrees"]
+from engine.errors import UsageError
+
+__all__ = ["add_release", "add_uploaded", "list_releases", "delete_release", "name_disagrees",
+           "LISTED", "ORDER", "UPLOADED"]
 
 ROW = ("version", "commit", "feature_level", "sha256", "bytes", "state", "added", "running_on")
+# code list's JSON: each row's fields in this order, sorted by version
+LISTED = ["version", "commit", "feature_level", "bytes", "state", "added", "running_on",
+          "sha256"]
+ORDER = "version"
+UPLOADED = "request body"       # what names an upload's bytes in messages, without a name
 
 
 def _iso(t) -> str | None:
@@ -23,9 +31,25 @@ def add_release(ctx, path: str) -> dict:
     """Store the release in the file ``path``: ``{version, sha256, bytes,
     commit, feature_level, state, already}`` (``already``: the same release
     was stored, nothing written)."""
-    from engine.releases import catalog
     from engine.releases.archive import read_release
-    release = read_release(path)
+    return _stored(ctx, read_release(path))
+
+
+def add_uploaded(ctx, data: bytes, name: str | None = None) -> dict:
+    """Store the release whose archive is ``data`` (the HTTP API's upload),
+    checked as :func:`add_release` checks a file; ``name``, its file name
+    (``peerctl-0.2.0.tar.gz``), names it in messages and in its record.
+    The same answer as :func:`add_release`."""
+    import os
+    from engine.releases.archive import checked_release
+    if name is not None and (not name or os.path.basename(name) != name or len(name) > 255
+                             or name in (".", "..")):
+        raise UsageError(f"bad archive name {name!r} (a file name: peerctl-0.2.0.tar.gz)")
+    return _stored(ctx, checked_release(data, name or UPLOADED))
+
+
+def _stored(ctx, release) -> dict:
+    from engine.releases import catalog
     meta = catalog.add(ctx.store(), release)
     return {"version": meta["version"], "sha256": meta["sha256"], "bytes": meta["bytes"],
             "commit": meta["commit"], "feature_level": meta["feature_level"],

@@ -9,7 +9,10 @@ from engine.core import tokens
 from engine.core.validate import parse_duration
 from engine.errors import Failed
 
-__all__ = ["create_token", "list_tokens", "delete_tokens"]
+__all__ = ["create_token", "list_tokens", "delete_tokens", "LISTED", "ORDER"]
+
+LISTED = ["id", "role", "created", "expires"]       # token list's JSON, oldest first
+ORDER = "created"
 
 
 def create_token(ctx, role: str, expires=None) -> dict:
@@ -30,7 +33,7 @@ def list_tokens(ctx) -> list[dict]:
 
 def delete_tokens(ctx, ids: list[str]) -> dict:
     """Delete the tokens ``ids``, all or none: ``{deleted: [id, ...]}``; an
-    unknown id is ``Failed`` naming it."""
+    unknown id is ``NoSuch`` naming it."""
     try:
         return {"deleted": tokens.delete(ctx.store(), ids)}
     except Failed as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fnmatch
 
 from engine.errors import Failed, UsageError
+from engine.wording import given
 
 from .plans import Plan
 from .select import host_pattern
@@ -31,7 +32,7 @@ MAX_PARALLEL = 16
 
 def _parallel(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL:
-        raise UsageError(f"bad --parallel {value!r} (1 to {MAX_PARALLEL})")
+        raise UsageError(f"bad {given('parallel', value)} (1 to {MAX_PARALLEL})")
     return value
 
 

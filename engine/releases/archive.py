@@ -11,7 +11,8 @@ its ``peerctl_tree/`` directory, with a ``PKG-INFO`` (docs/engine.md, "The
 installed tree"); the rest of the wheel (its dist-info) is not unpacked.
 
 Promises:
-- :func:`read_release` takes a file only once the tree in it *starts*: it
+- :func:`read_release` takes a file (:func:`checked_release` an upload's
+  bytes, checked the same) only once the tree in it *starts*: it
   is unpacked into a temporary directory and its own ``peerctl.py version``
   must answer with the version its ``setup.cfg`` says;
 - what is not a release is a ``UsageError`` (exit 2) saying in one line
@@ -50,7 +51,8 @@ from engine.errors import Failed, UsageError
 from .version import describe
 
 __all__ = ["MAX_BYTES", "MAX_BYTES_ENV", "MAX_UNPACKED", "START_TIMEOUT", "WHEEL_TREE",
-           "Release", "max_bytes", "read_release", "unpack", "verify_starts", "named_version"]
+           "Release", "max_bytes", "read_release", "checked_release", "unpack", "verify_starts",
+           "named_version"]
 
 MAX_BYTES = 16 * 1024 * 1024    # the largest archive the cluster carries (5 kept: 80 MiB)
 MAX_BYTES_ENV = "PEERCTL_RELEASE_MAX_BYTES"     # for tests: a smaller limit, read at each call
@@ -444,7 +446,17 @@ def named_version(filename: str) -> str | None:
 def read_release(path: str) -> Release:
     """The release in the file at ``path``, checked: its layout, and that
     it starts (see the module's promises)."""
-    data = _read(path)
+    return checked_release(_read(path), path)
+
+
+def checked_release(data: bytes, path: str) -> Release:
+    """The release whose archive is ``data``, checked as :func:`read_release`
+    checks a file's; ``path`` names it in messages (a file's path, or what
+    brought the bytes: ``request body``) and its base name tells a wheel."""
+    limit = max_bytes()
+    if len(data) > limit:
+        raise UsageError(f"{path}: {_size(len(data))}, over the {_size(limit)} a "
+                         "release may be")
     try:
         fmt, archive, _, _ = _inspect(data, os.path.basename(path))
         archive.close()

@@ -33,7 +33,7 @@ import time
 from engine.core import failpoints, keys
 from engine.core.store import Delete, Get, Put, absent, modified_at
 from engine.core.values import declare, readable, report, shape
-from engine.errors import Failed, Refused, UsageError
+from engine.errors import Failed, NoSuch, Refused, UsageError
 
 from .version import VERSION_PATTERN
 
@@ -179,12 +179,12 @@ def releases(store) -> list[dict]:
 
 
 def get(store, version: str) -> dict:
-    """Release ``version``'s meta; ``Failed`` when there is none (or it is
-    unreadable), ``Refused`` while it is not ready."""
+    """Release ``version``'s meta; ``NoSuch`` when there is none, ``Failed``
+    when it is unreadable, ``Refused`` while it is not ready."""
     check_version(version)
     kv = store.get(keys.release(version))
     if kv is None:
-        raise Failed(f"no release {version!r}: code list shows the stored ones")
+        raise NoSuch(f"no release {version!r}: code list shows the stored ones")
     meta = readable(kv)
     if meta is None or meta["version"] != version:
         raise Failed(f"release {version}: its record in etcd is unreadable "
@@ -237,7 +237,7 @@ def delete(store, version: str) -> dict:
     for _ in range(10):
         kv = store.get(key)
         if kv is None:
-            raise Failed(f"no release {version!r}: code list shows the stored ones")
+            raise NoSuch(f"no release {version!r}: code list shows the stored ones")
         running = _running_on(live_hosts(store), version)
         if running:
             raise Refused(f"release {version} runs on {', '.join(running)}: upgrade "

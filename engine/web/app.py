@@ -4,9 +4,12 @@ request gets, written once.
 For each request, in order: a JSON 404/405 for paths and methods that do
 not exist; a 503 when the server is at its bound of connections; who asks
 (401 without a known identity); for a write, the role (403 for a viewer,
-before anything is read) and, for ambient credentials, the CSRF token (403);
-the query's names (400 for unknown ones) and the body (400 for malformed
-JSON, unknown fields or wrong types, 413 past :data:`MAX_BODY`); then the
+before anything is read, unless the write acts on the viewer's own token:
+``Route.own``) and, for ambient credentials, the CSRF token (403); the
+query's names (400 for unknown ones) and the body (400 for malformed JSON,
+unknown fields or wrong types; 413 past :data:`MAX_BODY` or the route's own
+``max_body``, before more is read; a route taking bytes, ``Route.media``,
+answers 415 to another Content-Type); then the
 handler on the pool of threads, its messages naming the body's JSON fields
 (:mod:`engine.wording`).  A path with a trailing or doubled slash is served
 as the tidy path.  Any error is ``{"error": ONE LINE}`` (requests aiohttp
@@ -214,8 +217,11 @@ async def _token(api: Api, secret: str) -> dict:
     return token
 
 
-def check_write(request, who: identity.Who, what: str) -> None:
-    if who.role != "operator":
+def check_write(request, who: identity.Who, what: str, own: bool = False) -> None:
+    """A write needs an operator, or (``own``) acts on the caller's own
+    token, which any role may (log out); ambient credentials need the CSRF
+    token either way."""
+    if who.role != "operator" and not own:
         raise Refusal(403, f"permission denied for role {who.role}: a {who.role} may read, "
                       f"not {what}")
     if who.ambient and not identity.csrf_ok(request):
@@ -223,8 +229,29 @@ def check_write(request, who: identity.Who, what: str) -> None:
                       f"must match the {identity.CSRF_COOKIE} cookie)")
 
 
-async def _body(request, schema: dict | None) -> dict:
-    raw = await request.read()
+async def _bytes(request, limit: int = MAX_BODY) -> bytes:
+    """The body, at most ``limit`` bytes: past it, 413 before more is read
+    (a Content-Length over it, before any)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise Refusal(413, f"request body over {limit} bytes")
+    data = bytearray()
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        data += chunk
+        if len(data) > limit:
+            raise Refusal(413, f"request body over {limit} bytes")
+    return bytes(data)
+
+
+async def _media(request, route) -> bytes:
+    """The bytes of a route that takes its body as sent (``route.media``)."""
+    if request.content_type not in route.media:
+        raise Refusal(415, f"{request.method} {request.path} takes its body as "
+                      f"{' or '.join(route.media)}, not {request.content_type}")
+    return await _bytes(request, route.max_body or MAX_BODY)
+
+
+async def _body(request, schema: dict | None, limit: int = MAX_BODY) -> dict:
+    raw = await _bytes(request, limit)
     if schema is None:
         if raw.strip():
             raise UsageError(f"{request.method} {request.path} takes no body")
@@ -272,16 +299,27 @@ def _in_json_terms(handler, ctx, call: Call, json_terms: bool = True):
 def _handler(route):
     async def handle(request):
         who = await who_asks(request)
+        own = route.own is not None and who.token is not None \
+            and request.match_info.get(route.own) == who.token
         if route.write:
-            check_write(request, who, route.summary)
-        call = Call(dict(request.match_info), _query(request, route),
-                    await _body(request, route.body), who.role, who.user,
-                    identity.passed_on(request, who),
-                    identity.RELAYED_HEADER in request.headers)
+            check_write(request, who, route.summary, own)
+        query = _query(request, route)
+        passed = identity.passed_on(request, who)
+        relayed = identity.RELAYED_HEADER in request.headers
+        if route.media:
+            call = Call(dict(request.match_info), query, {}, who.role, who.user, passed,
+                        relayed, token=who.token, data=await _media(request, route))
+        else:
+            call = Call(dict(request.match_info), query,
+                        await _body(request, route.body, route.max_body or MAX_BODY),
+                        who.role, who.user, passed, relayed, token=who.token)
         api: Api = request.app[API]
+        # acting on its own token, a viewer writes with the server's credentials:
+        # etcd would refuse its own role a write
+        ctx = api.context(None if own else who.role)
         json_terms = request.headers.get(WORDING_HEADER) != "command-line"
-        answer = await api.run(_in_json_terms, route.handler, api.context(who.role), call,
-                               json_terms, long=route.waits)
+        answer = await api.run(_in_json_terms, route.handler, ctx, call, json_terms,
+                               long=route.waits)
         headers = {"Location": answer.location} if answer.location else None
         return web.json_response(answer.doc, status=answer.status, headers=headers,
                                  dumps=functools.partial(json.dumps, default=str))

@@ -24,7 +24,7 @@ def _operation(route) -> dict:
     parameters += [{"name": name, "in": "query", "description": text,
                     "schema": _TYPES[kind], **({"explode": True} if kind.endswith("[]") else {})}
                    for name, kind, text in route.query]
-    ok = "202" if route.automation else "200"
+    ok = "202" if route.automation else "201" if route.created else "200"
     operation = {
         "summary": route.summary,
         "description": (f"As `peerctl {route.command}` with `--format json`." if route.command
@@ -39,6 +39,14 @@ def _operation(route) -> dict:
         operation["responses"]["202"]["headers"] = {
             "Location": {"schema": {"type": "string"},
                          "description": "/v1/automations/ID"}}
+    if route.created:
+        operation["responses"]["200"] = {"description": "the same, already there: nothing "
+                                                        "made"}
+    if route.media:
+        operation["requestBody"] = {"required": True, "content": {
+            media: {"schema": {"type": "string", "contentMediaType": media}}
+            for media in route.media}}
+        operation["responses"]["413"] = operation["responses"]["415"] = _ERROR
     if route.body is not None:
         operation["requestBody"] = {"required": True, "content": {
             "application/json": {"schema": route.body}}}

@@ -13,7 +13,7 @@ from engine.operations import tasks
 from engine.operations.plans import Plan
 
 __all__ = ["Route", "Call", "Answer", "ROUTES", "Refusal", "route", "unconfirmed", "started",
-           "listed", "label", "obj", "HOSTGLOB"]
+           "listed", "label", "obj", "HOSTGLOB", "MiB"]
 
 
 @dataclasses.dataclass
@@ -31,6 +31,8 @@ class Call:
     # its behalf; {} for a client certificate, whose key stays with its holder
     passed: dict = dataclasses.field(default_factory=dict)
     relayed: bool = False          # another peer's API asked on a caller's behalf
+    token: str | None = None    # the id of the token the request came with (or its session's)
+    data: bytes = b""           # the body as sent, for a route that takes bytes (``media``)
 
     def one(self, name: str, default=None):
         values = self.query.get(name) or []
@@ -100,6 +102,11 @@ class Route:
     query: tuple = ()              # (name, type, description)
     automation: bool = False       # answers 202 with the automation's Location
     waits: bool = False            # may block for long: runs on the pool of waits
+    max_body: int | None = None    # bytes its body may be; None: the API's MAX_BODY
+    media: tuple = ()              # a body of bytes, not JSON: the media types it takes
+    created: bool = False          # answers 201 when it makes something new
+    own: str | None = None         # the path parameter naming the caller's own token,
+                                   # which a write may act on whatever the caller's role
 
 
 ROUTES: list[Route] = []
@@ -116,6 +123,8 @@ def obj(properties: dict, required=()) -> dict:
     return {"type": "object", "properties": properties, "required": list(required),
             "additionalProperties": False}
 
+
+MiB = 1024 * 1024
 
 STRING = {"type": "string"}
 STRINGS = {"type": "array", "items": {"type": "string"}}
