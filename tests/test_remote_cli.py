@@ -137,3 +137,32 @@ def test_named_remotes_are_kept_and_used(cluster, apis, tmp_path):
     assert cluster.cli("hostlist", env=env).returncode == 3     # etcd again: nothing there
     assert cluster.cli("--remote", "lab", "hostlist", env=env).returncode == 0
     assert cluster.cli("--remote", "nope", "hostlist", env=env).returncode == 2
+
+
+def test_tokens_code_upgrades_and_settings_through_the_api(cluster, operator, tmp_path):
+    from tests.support.releases import build_release
+    made = operator.cli_json("token", "create", "--role", "viewer", "--expires", "1d")
+    assert made["role"] == "viewer" and made["secret"]
+    direct, remote = both(cluster, operator, "token", "list")
+    assert remote == direct and made["id"] in remote[1]
+    gone = operator.cli_json("token", "delete", made["id"])
+    assert gone == {"deleted": [made["id"]]}
+    path = build_release(tmp_path, "0.2.0")
+    added = operator.cli_json("code", "add", str(path))
+    assert added["version"] == "0.2.0" and added["already"] is False
+    direct, remote = both(cluster, operator, "code", "list")
+    assert remote == direct and "0.2.0" in remote[1]
+    direct, remote = both(cluster, operator, "upgrade", "--to", "0.2.0", "--dry-run")
+    assert remote == direct and remote[0] == 0
+    refused = operator.cli("upgrade", "--to", "0.2.0", input="n\n")
+    assert refused.returncode != 0
+    assert operator.cli_json("code", "delete", "0.2.0") == {"version": "0.2.0", "deleted": True}
+    direct, remote = both(cluster, operator, "cluster", "feature-level")
+    assert remote == direct
+    direct, remote = both(cluster, operator, "balance", "--auto", "show")
+    assert remote == direct
+    on = operator.cli_json("balance", "--auto", "on", "--threshold", "0.3")
+    assert on["auto"] is True and on["threshold"] == 0.3
+    assert cluster.cli_json("balance", "--auto", "show")["auto"] is True
+    version = operator.cli("version")
+    assert version.returncode == 0 and "(the peer at http://127.0.0.1:" in version.stdout

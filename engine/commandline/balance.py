@@ -93,7 +93,13 @@ def _settings(ctx) -> int:
                          "(it changes a setting; run balance without it to balance now)")
     if args.auto in (None, "show") and any(v is not None for v in tuning.values()):
         raise UsageError("--threshold, --rounds and --hold go with --auto on or --auto off")
-    if args.auto == "show":
+    if ctx.api is not None:
+        body = {"auto": args.auto, "threshold": args.threshold, "rounds": args.rounds,
+                "hold": args.hold}
+        doc = ctx.api.call("GET", "/v1/balance/auto") if args.auto == "show" else \
+            ctx.api.call("POST", "/v1/balance/auto",
+                         body={k: v for k, v in body.items() if v is not None})
+    elif args.auto == "show":
         doc = ops.balance_settings(ctx)
     else:
         from engine.core.validate import parse_duration

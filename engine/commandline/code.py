@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.operations import code as ops
 
-from . import table
+from . import table, through
 from .context import say
 from .listing import listing
 from .options import listing_options
@@ -23,7 +23,7 @@ JSON_FIELDS = [c.field for c in COLUMNS]
 
 
 def cmd_add(ctx) -> int:
-    doc = ops.add_release(ctx, ctx.args.path)
+    doc = ops.add_release(ctx, ctx.args.path) if ctx.api is None else _upload(ctx, ctx.args.path)
     disagrees = ops.name_disagrees(ctx.args.path, doc["version"])
     if disagrees:
         say(f"peerctl: warning: {disagrees}")
@@ -33,13 +33,26 @@ def cmd_add(ctx) -> int:
     return 0
 
 
+def _upload(ctx, path: str) -> dict:
+    """``code add`` through the API: the archive, read here, as the body."""
+    import os
+    from engine.releases.archive import read_archive
+    data = read_archive(path)
+    name = os.path.basename(path)
+    kind = ("application/zip" if name.endswith(".zip") else "application/gzip"
+            if name.endswith((".tar.gz", ".tgz")) else "application/octet-stream")
+    return ctx.api.call("POST", "/v1/code", query={"name": name}, raw=data, content_type=kind)
+
+
 def cmd_list(ctx) -> int:
-    return listing(ctx, lambda: ops.list_releases(ctx), COLUMNS, DEFAULT, JSON_FIELDS,
-                   "version")
+    return listing(ctx, lambda: through.read(ctx, lambda: ops.list_releases(ctx), "/v1/code"),
+                   COLUMNS, DEFAULT, JSON_FIELDS, "version")
 
 
 def cmd_delete(ctx) -> int:
-    doc = ops.delete_release(ctx, ctx.args.version)
+    from urllib.parse import quote
+    doc = through.write(ctx, lambda: ops.delete_release(ctx, ctx.args.version), "DELETE",
+                        f"/v1/code/{quote(ctx.args.version, safe='')}")
     ctx.emit(doc, f"release {doc['version']} deleted")
     return 0
 
@@ -48,6 +61,11 @@ def cmd_version(ctx) -> int:
     from engine.releases.version import label, running
     described = running()
     doc = {field: described[field] for field in ("version", "commit", "feature_level")}
+    if ctx.api is not None:         # the peer's, as the API answers it; and ours beside
+        peer = ctx.api.call("GET", "/v1/version")
+        ctx.emit(peer, f"peerctl {label(peer)}, feature level {peer['feature_level']} (the "
+                       f"peer at {ctx.api.url}); this command line: {label(described)}")
+        return 0
     ctx.emit(doc, f"peerctl {label(described)}, feature level {doc['feature_level']}")
     return 0
 

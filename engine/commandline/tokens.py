@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from engine.operations import tokens as ops
 
-from . import table
+from . import table, through
 from .listing import listing
 from .options import listing_options
 
@@ -18,7 +18,9 @@ FIELDS = [c.field for c in COLUMNS]
 
 
 def cmd_create(ctx) -> int:
-    doc = ops.create_token(ctx, ctx.args.role, ctx.args.expires)
+    body = {"role": ctx.args.role, "expires": ctx.args.expires}
+    doc = through.write(ctx, lambda: ops.create_token(ctx, ctx.args.role, ctx.args.expires),
+                        "POST", "/v1/tokens", {k: v for k, v in body.items() if v is not None})
     ctx.emit(doc, f"token {doc['id']} created: role {doc['role']}, expires "
              f"{doc['expires'] or 'never'}\n"
              f"secret (shown only once, keep it now: the cluster keeps only its hash):\n"
@@ -27,11 +29,13 @@ def cmd_create(ctx) -> int:
 
 
 def cmd_list(ctx) -> int:
-    return listing(ctx, lambda: ops.list_tokens(ctx), COLUMNS, FIELDS, FIELDS, "created")
+    return listing(ctx, lambda: through.read(ctx, lambda: ops.list_tokens(ctx), "/v1/tokens"),
+                   COLUMNS, FIELDS, FIELDS, "created")
 
 
 def cmd_delete(ctx) -> int:
-    doc = ops.delete_tokens(ctx, ctx.args.ids)
+    doc = through.write(ctx, lambda: ops.delete_tokens(ctx, ctx.args.ids), "DELETE",
+                        "/v1/tokens", id=ctx.args.ids)
     gone = doc["deleted"]
     ctx.emit(doc, f"deleted token{'s' if len(gone) != 1 else ''} {', '.join(gone)}")
     return 0

@@ -6,7 +6,7 @@ from engine.errors import Failed, UsageError
 from engine.operations import upgrade as ops
 from engine.operations.plans import failed_doc
 
-from . import table
+from . import table, through
 from .confirm import confirm
 from .follow import run
 from .options import detach_option, dry_run_option, positive, seconds, yes_option
@@ -45,19 +45,24 @@ def cmd_upgrade(ctx) -> int:
     args = ctx.args
     if bool(args.to) == bool(args.rollback):
         raise UsageError("upgrade needs --to VERSION or --rollback (one of them)")
-    if args.rollback:
-        plan = ops.plan_rollback(ctx, args.hostglob, parallel=args.parallel,
-                                 deadline=args.deadline)
-    else:
-        plan = ops.plan_upgrade(ctx, args.to, args.hostglob, parallel=args.parallel,
+    def direct():
+        if args.rollback:
+            return ops.plan_rollback(ctx, args.hostglob, parallel=args.parallel,
+                                     deadline=args.deadline)
+        return ops.plan_upgrade(ctx, args.to, args.hostglob, parallel=args.parallel,
                                 deadline=args.deadline)
+    body = {"to": args.to, "rollback": args.rollback or None, "hosts": args.hostglob,
+            "parallel": args.parallel, "deadline": args.deadline}
+    plan = through.planned(ctx, direct, "/v1/upgrade",
+                           {k: v for k, v in body.items() if v is not None}, "upgrade",
+                           "hosts", "hosts")
     if args.dry_run:
         verb = "roll back" if args.rollback else f"move to {args.to}"
         ctx.emit(plan.dry_run(), table.render(plan.targets, PLAN_COLUMNS)
                  + f"\nupgrade would {verb} {len(plan.targets)} host"
                    f"{'s' if len(plan.targets) != 1 else ''}, {args.parallel} at a time")
         return 0
-    if not args.yes:
+    if plan.ask and not args.yes:
         confirm("upgrade", [f"{r['host']}: {r['from']} -> {r['to']}" for r in plan.targets],
                 "hosts", cancelled=failed_doc("hosts", "cancelled"))
     return run(ctx, plan, upgrade_outcome)
@@ -65,7 +70,11 @@ def cmd_upgrade(ctx) -> int:
 
 def cmd_feature_level(ctx) -> int:
     level = ctx.args.level
-    doc = ops.feature_level(ctx) if level is None else ops.raise_feature_level(ctx, level)
+    if level is None:
+        doc = through.read(ctx, lambda: ops.feature_level(ctx), "/v1/cluster/feature-level")
+    else:
+        doc = through.write(ctx, lambda: ops.raise_feature_level(ctx, level), "POST",
+                            "/v1/cluster/feature-level", {"level": level})
     lines = [table.render(doc["hosts"], [C("host", "Host"), C("version", "Version"),
                                           C("feature_level", "Supports", right=True)]),
              f"cluster feature level {doc['level']}"

@@ -411,7 +411,9 @@ def verify_starts(root: str) -> dict:
 
 # -- reading a file --------------------------------------------------------------
 
-def _read(path: str) -> bytes:
+def read_archive(path: str) -> bytes:
+    """The bytes of the archive at ``path``: a regular file within the size a
+    release may be (each failure one line naming the file)."""
     limit = max_bytes()
     try:
         info = os.stat(path)
@@ -446,7 +448,7 @@ def named_version(filename: str) -> str | None:
 def read_release(path: str) -> Release:
     """The release in the file at ``path``, checked: its layout, and that
     it starts (see the module's promises)."""
-    return checked_release(_read(path), path)
+    return checked_release(read_archive(path), path)
 
 
 def checked_release(data: bytes, path: str) -> Release:
