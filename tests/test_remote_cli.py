@@ -166,3 +166,19 @@ def test_tokens_code_upgrades_and_settings_through_the_api(cluster, operator, tm
     assert cluster.cli_json("balance", "--auto", "show")["auto"] is True
     version = operator.cli("version")
     assert version.returncode == 0 and "(the peer at http://127.0.0.1:" in version.stdout
+
+
+def test_a_host_is_evacuated_and_removed_through_the_api(cluster, store, operator):
+    from tests.support.cluster import ready_hosts
+    ready_hosts(cluster, store, ["host3"])
+    boot_vms(cluster, "mover", on="host3")
+    direct, remote = both(cluster, operator, "host", "remove", "host3", "--yes")
+    assert remote[0] == direct[0] == 1
+    assert remote[2].strip().splitlines()[-1] == direct[2].strip().splitlines()[-1]
+    done = operator.cli("--format", "json", "host", "remove", "host3", "--evacuate", "--yes",
+                        timeout=180)
+    assert done.returncode == 0, done.stderr
+    doc = __import__("json").loads(done.stdout)
+    assert doc["host"] == "host3" and [row["name"] for row in doc["moved"]] == ["mover"]
+    assert "host3" not in {h["host"] for h in cluster.cli_json("hostlist")}
+    assert {vm["name"]: vm["host"] for vm in cluster.cli_json("vmlist")}["mover"] != "host3"

@@ -6,7 +6,7 @@ exactly as ``evacuate NAME`` does, and removes the host only once every VM
 moved.  The answer is ``{host, automation, state, moved, removed, kept}``."""
 from __future__ import annotations
 
-from engine.errors import Failed
+from engine.errors import Failed, UsageError
 from engine.operations import host_removal as ops
 from engine.operations import moves, tasks
 
@@ -36,6 +36,8 @@ def _lines(doc: dict, would: bool) -> list[str]:
 
 def cmd_remove(ctx) -> int:
     args = ctx.args
+    if ctx.api is not None:
+        return _remove_remotely(ctx)
     removal = ops.plan_removal(ctx, args.host)
     if removal.done:
         ctx.emit(ops.dry_run(removal, []) | {"state": "done", "removed": [],
@@ -66,6 +68,51 @@ def cmd_remove(ctx) -> int:
         moved, automation = _evacuate(ctx, plan)
     doc = ops.remove_host(ctx, args.host, by=moves.operator(), moved=moved,
                           automation=automation)
+    ctx.emit(doc, "\n".join(_lines(doc, False) + [f"host {args.host} removed"]))
+    return 0
+
+
+def _remove_remotely(ctx) -> int:
+    """host remove through the API: its route removes a host with no VMs;
+    with --evacuate, the evacuate route moves them off first."""
+    from urllib.parse import quote
+    args = ctx.args
+    name = quote(args.host, safe="")
+    if args.evacuate and args.dry_run:
+        raise UsageError("through the API, --evacuate has no dry run: evacuate HOST "
+                         "--dry-run shows the moves, host remove HOST --dry-run the rest")
+    doc = ctx.api.call("POST", f"/v1/hosts/{name}/remove", body={"dry_run": True}) \
+        if not args.evacuate else None
+    if doc is not None and doc.get("state") == "done":
+        ctx.emit(doc, f"host {args.host} was removed already")
+        return 0
+    if args.dry_run:
+        ctx.emit(doc, "\n".join(_lines(doc, True)
+                                + [f"host remove {args.host}: dry run, nothing written"]))
+        return 0
+    if not args.yes:
+        confirm("host remove", _lines(doc, True) if doc else [f"move every VM off {args.host}, "
+                                                               "then remove it"],
+                "changes", cancelled={"host": args.host, "state": "cancelled", "removed": []},
+                question=f"Remove host {args.host} from the cluster for good?")
+    moved, automation = [], None
+    if args.evacuate:
+        started = ctx.api.call("POST", f"/v1/hosts/{name}/evacuate", body={"yes": True})
+        automation = started.get("automation")
+        if automation:
+            task = follow(ctx, automation) or {}
+            result = tasks.vm_result(automation, task, ["name", "uuid", "from", "host",
+                                                        "state", "error"])
+            moved = _moving(result["vms"])
+            if task.get("state") != "done" or tasks.failed_vms(result):
+                raise Failed(f"host {args.host} not removed: evacuate {automation} "
+                             f"{task.get('state')} (it stays drained; host remove "
+                             f"{args.host} --evacuate tries again)",
+                             result={"host": args.host, "automation": automation,
+                                     "state": task.get("state") or "failed", "moved": moved,
+                                     "removed": [], "kept": []})
+    doc = ctx.api.call("POST", f"/v1/hosts/{name}/remove", body={"yes": True})
+    doc["moved"], doc["automation"] = moved or doc.get("moved", []), automation
     ctx.emit(doc, "\n".join(_lines(doc, False) + [f"host {args.host} removed"]))
     return 0
 
