@@ -182,3 +182,36 @@ def test_a_host_is_evacuated_and_removed_through_the_api(cluster, store, operato
     assert doc["host"] == "host3" and [row["name"] for row in doc["moved"]] == ["mover"]
     assert "host3" not in {h["host"] for h in cluster.cli_json("hostlist")}
     assert {vm["name"]: vm["host"] for vm in cluster.cli_json("vmlist")}["mover"] != "host3"
+
+
+def test_moves_backups_restores_and_leases_through_the_api(cluster, operator):
+    boot_vms(cluster, "m1", "m2", on="host1")
+    direct, remote = both(cluster, operator, "migrate", "m*", "--to", "host2", "--dry-run")
+    assert remote == direct and remote[0] == 0
+    moved = operator.cli_json("migrate", "m1", "--to", "host2")
+    assert moved["state"] == "done"
+    assert {vm["name"]: vm["host"] for vm in cluster.cli_json("vmlist")}["m1"] == "host2"
+    direct, remote = both(cluster, operator, "evacuate", "host1", "--dry-run")
+    assert remote == direct
+    evacuated = operator.cli_json("evacuate", "host1", "--yes")
+    assert evacuated["state"] == "done"
+    assert {vm["host"] for vm in cluster.cli_json("vmlist")} == {"host2"}
+    assert operator.cli_json("undrain", "host1")["hosts"] == [{"host": "host1",
+                                                                "drained": False}]
+    backed = operator.cli_json("backup", "m1")
+    assert backed["state"] == "done" and backed["vms"][0]["host"] == "host2"
+    backup_id = backed["vms"][0]["backup"]
+    direct, remote = both(cluster, operator, "backup", "list", "m1", "-o", "id,vm,host,target,kind")
+    assert remote == direct
+    direct, remote = both(cluster, operator, "restore", backup_id, "--as", "m1copy", "--dry-run")
+    assert remote == direct
+    restored = operator.cli_json("restore", backup_id, "--as", "m1copy")
+    assert restored["state"] == "done"
+    lease = operator.cli_json("lease", "create", "l2", "--start", "+1h", "--end", "+2h",
+                              "--hosts", "1")
+    assert lease["lease"] == "l2"
+    assert operator.cli_json("lease", "extend", "l2", "--end", "+3h")["lease"] == "l2"
+    direct, remote = both(cluster, operator, "lease", "delete", "l2", "--dry-run")
+    assert remote == direct
+    assert operator.cli("lease", "delete", "l2", "--yes").returncode == 0
+    assert cluster.cli_json("lease", "list") == []

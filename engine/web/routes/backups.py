@@ -79,7 +79,7 @@ def delete_schedule(ctx, call: Call) -> Answer:
                    "schedules": backups.delete_schedules(ctx, [call.path["id"]])})
 
 
-RESTORE = obj({"backup": STRING, "as": STRING, "on": STRING}, ["backup"])
+RESTORE = obj({"backup": STRING, "as": STRING, "on": STRING, "dry_run": BOOL}, ["backup"])
 
 
 @route("POST", "/v1/restores", "rebuild a VM from a backup",
