@@ -225,3 +225,17 @@ def test_the_openapi_document_lists_every_route(served):
             assert named == set(re.findall(r"{(\w+)}", path)), (path, named)
     assert doc["paths"]["/v1/vms"]["post"]["requestBody"]["content"]["application/json"][
         "schema"]["required"] == ["names", "resources"]
+
+
+def test_ha_and_unmanage_answer_as_the_command_line(cluster, store, served):
+    client, _ = served
+    boot_vms(cluster, "keep1", on="host1")
+    status, doc, _ = client.post("/v1/ha", {"patterns": ["keep1"], "policy": "restart"})
+    assert status == 202
+    assert finished(store, doc["automation"])["state"] == "done"
+    assert cluster.cli_json("vmlist", "keep1")[0]["ha"] == "restart"
+    status, doc, _ = client.post("/v1/ha", {"patterns": ["keep1"], "policy": "sometimes"})
+    assert status == 400
+    status, plan, _ = client.post("/v1/unmanage", {"patterns": ["keep1"], "dry_run": True})
+    assert status == 200 and plan == cluster.cli_json("unmanage", "keep1", "--dry-run")
+    assert [vm["name"] for vm in cluster.cli_json("vmlist")] == ["keep1"]
