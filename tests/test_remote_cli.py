@@ -215,3 +215,40 @@ def test_moves_backups_restores_and_leases_through_the_api(cluster, operator):
     assert remote == direct
     assert operator.cli("lease", "delete", "l2", "--yes").returncode == 0
     assert cluster.cli_json("lease", "list") == []
+
+
+def test_progress_and_ctrl_c_through_the_api_as_on_etcd(cluster, store, tmp_path):
+    """The live view of a ping whose steps wait at a gate, drawn from
+    /v1/events on a terminal; Ctrl-C detaches (exit 130) and the automation
+    goes on: wait, through the API too, sees it end."""
+    import re
+    import sys
+    from tests.support import PEERCTL
+    from tests.support.hooks import gated_hook
+    from tests.support.terminal import Terminal
+    hooks = str(tmp_path / "hooks")
+    gate = gated_hook(hooks, request="ping")
+    try:
+        port = free_port()
+        cluster.start_peer("host1", extra_args=["--hooks", hooks, *api_peer_args(port)])
+        cluster.start_peer("host2", extra_args=["--hooks", hooks])
+        wait_for(lambda: {"host1", "host2"} <= set(engine_api.live_hosts(store)),
+                 what="peers alive")
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: answers(ApiClient(url), 401), what="host1's API")
+        workstation = Workstation(cluster, [url], _token(cluster, "operator"), tmp_path)
+        terminal = Terminal([sys.executable, PEERCTL, "ping", "--rounds", "2"],
+                            {**cluster.env, **workstation.env})
+        terminal.wait_for_text(r"\[[#-]+\] \d+/\d+ steps")
+        automation = re.search(r"steps\s+\d+ targets?\s+\w+\s+[\d.]+s\s+(\S+)",
+                               terminal.text()).group(1)
+        terminal.type(b"\x03")
+        code = terminal.finish()
+        text = terminal.text()
+        assert code == 130 and "Traceback" not in text, text
+        assert f"Re-attach with: python peerctl.py wait {automation}" in text
+        assert cluster.cli_json("task", automation)["state"] == "running"
+    finally:
+        gate.open()
+    waited = workstation.cli_json("wait", automation, timeout=120)
+    assert waited["state"] == "done" and len(waited["result"]["replies"]) == 4
