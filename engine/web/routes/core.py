@@ -13,7 +13,7 @@ from engine.operations import tasks
 from engine.operations.plans import Plan
 
 __all__ = ["Route", "Call", "Answer", "ROUTES", "Refusal", "route", "unconfirmed", "started",
-           "listed", "label", "obj", "HOSTGLOB"]
+           "listed", "label", "obj", "HOSTGLOB", "MAX_WAIT"]
 
 
 @dataclasses.dataclass
@@ -140,3 +140,4 @@ def started(ctx, plan: Plan, body: dict) -> Answer:
 
 
 HOSTGLOB = (("pattern", "string", "a glob on host names"),)
+MAX_WAIT = 300.0        # seconds a route waits at most (an automation, addresses)
