@@ -55,6 +55,13 @@ def aged_off(doc: dict) -> dict:
                               for row in doc["backups"]])
 
 
+def unreplicated(doc: dict) -> dict:
+    """replicate's document without each VM's ``replica_host``, which the
+    first update sets meanwhile."""
+    return dict(doc, vms=[{k: v for k, v in row.items() if k != "replica_host"}
+                          for row in doc["vms"]])
+
+
 def done(client, answer) -> dict:
     status, doc, headers = answer
     assert status == 202 and headers["Location"] == f"/v1/automations/{doc['automation']}", answer
@@ -107,6 +114,7 @@ def test_snapshots_are_created_listed_reverted_and_deleted_as_on_the_command_lin
     assert said == cluster.cli("snapshot", "create", "web1", "--name", "no way"
                                ).stderr.strip().removeprefix("peerctl: ")
     one_line_400(client.delete("/v1/vms/web1/snapshots"))
+    one_line_400(client.get("/v1/snapshots?pattern=a/b/c"))
     one_line_400(client.post(revert, {"yes": "please"}))
     forbidden(viewer.post("/v1/snapshots", body))
     forbidden(viewer.post(revert, {"yes": True}))
@@ -135,13 +143,15 @@ def test_replication_starts_and_stops_as_on_the_command_line(cluster, store, ser
     status, doc, _ = client.post("/v1/replicas/stop", {"patterns": ["db*"]})
     assert status == 409 and "host1/db1, host1/db2" in doc["error"]
     status, plan, _ = client.post("/v1/replicas/stop", {"patterns": ["db*"], "dry_run": True})
-    assert status == 200 and plan == cluster.cli_json("replicate", "db*", "--stop", "--dry-run")
+    printed = cluster.cli_json("replicate", "db*", "--stop", "--dry-run")
+    assert status == 200 and unreplicated(plan) == unreplicated(printed)
 
     before = written(store, keys.replica())
     said = one_line_400(client.post("/v1/replicas", {"patterns": ["db1"], "every": "1s"}))
     assert said == '"every" 1s is too short: a replica is updated at most every 10s'
     one_line_400(client.post("/v1/replicas", {"patterns": ["db1"], "every": "soon"}))
     one_line_400(client.post("/v1/replicas", {"patterns": ["db1"]}))
+    one_line_400(client.post("/v1/replicas/stop", {"patterns": ["db*"], "every": "1m"}))
     forbidden(viewer.post("/v1/replicas", {"patterns": ["db1"], "every": "1m"}))
     forbidden(viewer.post("/v1/replicas/stop", {"patterns": ["db*"], "yes": True}))
     assert written(store, keys.replica()) == before
@@ -178,6 +188,7 @@ def test_disks_kept_aside_and_unreadable_keys_as_on_the_command_line(cluster, st
     assert status == 200 and plan == cluster.cli_json("aside", "delete", "db*", "--dry-run")
     forbidden(viewer.post("/v1/aside/delete", {"patterns": ["db*"], "yes": True}))
     one_line_400(client.post("/v1/aside/delete", {"patterns": []}))
+    one_line_400(client.get("/v1/aside?host=host1"))
     assert len(written(store, keys.aside())) == 2
     status, doc, headers = client.post("/v1/aside/delete", {"patterns": ["db*"], "yes": True})
     assert status == 202 and finished(store, doc["automation"])["kind"] == "aside_delete"
@@ -193,6 +204,7 @@ def test_disks_kept_aside_and_unreadable_keys_as_on_the_command_line(cluster, st
     assert status == 200 and doc == cluster.cli_json("scrub", "--delete", "--dry-run")
     forbidden(viewer.delete("/v1/scrub?yes=true"))
     one_line_400(client.delete("/v1/scrub?yes=maybe"))
+    one_line_400(client.get("/v1/scrub?delete=true"))
     status, doc, _ = client.delete("/v1/scrub?yes=true")
     assert status == 200 and doc["deleted"] == [keys.backup("20260101-000000-abcdef")]
     assert client.get("/v1/scrub")[1] == {"keys": [], "deleted": []} == cluster.cli_json("scrub")
@@ -221,6 +233,7 @@ def test_the_calendar_image_sources_and_verify_answer_as_the_command_line(cluste
     assert said == cluster.cli("lease", "create", "calendar", "--start", "+1h", "--end", "+2h",
                                "--hosts", "1").stderr.strip().removeprefix("peerctl: ")
     one_line_400(client.delete("/v1/leases/maint?timeout=never"))
+    forbidden(viewer.delete("/v1/leases/maint?timeout=30"))
     assert written(store, keys.lease()) == before
     status, doc, _ = client.delete("/v1/leases/maint?timeout=30")
     assert status == 200 and doc["lease"] == "maint"
@@ -235,6 +248,7 @@ def test_the_calendar_image_sources_and_verify_answer_as_the_command_line(cluste
     assert said == cluster.cli("images", "sources", "--add", "ftp://x/"
                                ).stderr.strip().removeprefix("peerctl: ")
     one_line_400(client.post("/v1/images/sources", {}))
+    one_line_400(client.get("/v1/images/sources?all=true"))
     forbidden(viewer.post("/v1/images/sources", {"remove": [source]}))
     assert client.get("/v1/images/sources")[1] == doc
 
@@ -361,6 +375,8 @@ def test_backup_delete_takes_several_ids_a_dry_run_and_a_confirmation(cluster, s
     assert client.delete("/v1/backups?id=nope&yes=true")[0] == 404
     forbidden(viewer.delete(both + "&yes=true"))
     forbidden(viewer.post("/v1/backups/protect", {"ids": [first]}))
+    one_line_400(client.post("/v1/backups/unprotect", {"ids": []}))
+    one_line_400(client.post("/v1/restores", {"backup": first, "dry_run": "yes"}))
     assert written(store, keys.backup()) == before and task_ids(cluster) == tasks
     deleted = done(client, client.delete(both + "&yes=true"))
     assert sorted(row["id"] for row in deleted["result"]["backups"]) == [first, second]
@@ -374,9 +390,29 @@ def test_backup_delete_takes_several_ids_a_dry_run_and_a_confirmation(cluster, s
     assert written(store, keys.backup_schedule()) == {}
     cluster.cli_json("backup", "schedule", "web1", "--every", "1h")
     cluster.cli_json("backup", "schedule", "web2", "--every", "2h")
+    one_line_400(client.delete("/v1/backups/schedules"))
     status, doc, _ = client.delete("/v1/backups/schedules?which=web1&which=web2")
     assert status == 409 and "?yes=true" in doc["error"]
     forbidden(viewer.delete("/v1/backups/schedules?which=web1&which=web2&yes=true"))
     status, doc, _ = client.delete("/v1/backups/schedules?which=web1&which=web2&yes=true")
     assert status == 200 and [s["pattern"] for s in doc["schedules"]] == ["web1", "web2"]
     assert cluster.cli_json("backup", "schedule", "list") == []
+
+
+def test_backups_lost_with_their_host_lose_their_records_at_once(cluster, store, served):
+    client, viewer = served
+    boot_vms(cluster, "web1")
+    (taken,) = cluster.cli_json("backup", "web1")["vms"]
+    key = keys.backup(taken["backup"])
+    store.put(key, dict(store.get(key).value, lost={"host": "host2", "time": time.time()}))
+    path = f"/v1/backups?id={taken['backup']}"
+    status, plan, _ = client.delete(path + "&dry_run=true")
+    assert status == 200 and plan == cluster.cli_json("backup", "delete", taken["backup"],
+                                                      "--dry-run")
+    forbidden(viewer.delete(path + "&yes=true"))
+    assert store.get(key) is not None
+    status, doc, _ = client.delete(path)         # one backup: nothing to confirm
+    assert status == 200 and doc == {"automation": None, "state": "done", "backups": [
+        {"id": taken["backup"], "vm": "web1", "target": "host2", "state": "deleted",
+         "error": None}]}
+    assert store.get(key) is None and cluster.cli_json("backup", "list") == []

@@ -77,33 +77,32 @@ IDS = obj({"ids": {"type": "array", "items": STRING, "minItems": 1}}, ["ids"])
 @route("POST", "/v1/backups/protect", "keep backups from every prune and delete",
        "backup protect ID...", write=True, body=IDS)
 def protect_backups(ctx, call: Call) -> Answer:
-    from engine.operations import backups
-    return Answer({"state": "protected",
-                   "backups": backups.set_protected(ctx, call.body["ids"], True)})
+    return _protecting(ctx, call.body["ids"], True)
 
 
 @route("POST", "/v1/backups/unprotect", "let prunes and delete remove backups again",
        "backup unprotect ID...", write=True, body=IDS)
 def unprotect_backups(ctx, call: Call) -> Answer:
-    from engine.operations import backups
-    return Answer({"state": "unprotected",
-                   "backups": backups.set_protected(ctx, call.body["ids"], False)})
+    return _protecting(ctx, call.body["ids"], False)
 
 
 @route("POST", "/v1/backups/{id}/protect", "keep a backup from every prune and delete",
        "backup protect ID", write=True)
 def protect_backup(ctx, call: Call) -> Answer:
-    from engine.operations import backups
-    return Answer({"state": "protected",
-                   "backups": backups.set_protected(ctx, [call.path["id"]], True)})
+    return _protecting(ctx, [call.path["id"]], True)
 
 
 @route("POST", "/v1/backups/{id}/unprotect", "let prunes and delete remove a backup again",
        "backup unprotect ID", write=True)
 def unprotect_backup(ctx, call: Call) -> Answer:
+    return _protecting(ctx, [call.path["id"]], False)
+
+
+def _protecting(ctx, ids: list[str], protected: bool) -> Answer:
+    """What ``backup protect``/``unprotect ID...`` prints."""
     from engine.operations import backups
-    return Answer({"state": "unprotected",
-                   "backups": backups.set_protected(ctx, [call.path["id"]], False)})
+    return Answer({"state": "protected" if protected else "unprotected",
+                   "backups": backups.set_protected(ctx, ids, protected)})
 
 
 @route("GET", "/v1/backups/schedules", "list backup schedules", "backup schedule list")
@@ -113,13 +112,14 @@ def list_schedules(ctx, call: Call) -> Answer:
 
 
 KEEP = {"type": "integer", "minimum": 0}
-SCHEDULE = obj({"pattern": STRING, "every": {"type": ["string", "number"]}, "keep_last": KEEP, "keep_daily": KEEP,
-                 "keep_weekly": KEEP, "to": STRING, "dry_run": BOOL}, ["pattern", "every"])
+SCHEDULE = obj({"pattern": STRING, "every": {"type": ["string", "number"]}, "keep_last": KEEP,
+                "keep_daily": KEEP, "keep_weekly": KEEP, "to": STRING, "dry_run": BOOL},
+               ["pattern", "every"])
 
 
 @route("POST", "/v1/backups/schedules", "back up VMs at every interval",
-       "backup schedule PATTERN --every DURATION [--keep-* N] [--to HOSTGLOB] [--dry-run]", write=True,
-       body=SCHEDULE)
+       "backup schedule PATTERN --every DURATION [--keep-* N] [--to HOSTGLOB] [--dry-run]",
+       write=True, body=SCHEDULE)
 def set_schedule(ctx, call: Call) -> Answer:
     from engine.operations import backups
     b = call.body

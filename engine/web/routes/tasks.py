@@ -1,4 +1,4 @@
-"""The API's automations: list, one, wait, abort."""
+"""The API's automations: list, one, wait, abort, and a boot's addresses."""
 from __future__ import annotations
 
 from engine.errors import Failed, UsageError
