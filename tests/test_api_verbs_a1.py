@@ -416,3 +416,20 @@ def test_backups_lost_with_their_host_lose_their_records_at_once(cluster, store,
         {"id": taken["backup"], "vm": "web1", "target": "host2", "state": "deleted",
          "error": None}]}
     assert store.get(key) is None and cluster.cli_json("backup", "list") == []
+
+
+def test_the_api_s_seed_inputs_are_checked_as_the_files_of_the_command_line(tmp_path):
+    from engine.errors import UsageError
+    from engine.hypervisor.domain import seed
+    key = public_key()
+    (tmp_path / "key.pub").write_text(f"  {key}   me@desk  \n")
+    assert seed.given_ssh_keys([f"  {key}   me@desk  "], '"ssh_keys"') == \
+        seed.read_ssh_keys(str(tmp_path / "key.pub")) == [f"{key} me@desk"]
+    long = [f"{public_key()} {'c' * 2100}" for _ in range(seed.MAX_SSH_KEYS)]
+    with pytest.raises(UsageError, match=r'^"ssh_keys" are more than 65536 bytes together'):
+        seed.given_ssh_keys(long, '"ssh_keys"')
+    with pytest.raises(UsageError, match=r'^"ssh_keys"\[0\]: not an OpenSSH public key'):
+        seed.given_ssh_keys([""], '"ssh_keys"')
+    with pytest.raises(UsageError, match=r'^"user_data": not valid Unicode$'):
+        seed.given_user_data("\ud800", '"user_data"')
+    assert seed.given_user_data("é", '"user_data"') == "é".encode()
