@@ -38,28 +38,34 @@ def one_line_400(answer) -> str:
     return doc["error"]
 
 
+def cli_error(cluster, *args) -> str:
+    """The one line the command line refuses ``args`` with, without its
+    ``peerctl: ``."""
+    done = cluster.cli(*args, input="")
+    assert done.returncode != 0 and done.stdout == "", done
+    (line,) = done.stderr.strip().splitlines()
+    return line.removeprefix("peerctl: ")
+
+
 def forbidden(answer) -> None:
     status, doc, _ = answer
     assert status == 403 and "permission denied for role viewer" in doc["error"], answer
 
 
+def without(row: dict, *fields: str) -> dict:
+    """``row`` without ``fields``: what moves between two reads (an age, a
+    time from now, a replica the first update makes meanwhile)."""
+    return {k: v for k, v in row.items() if k not in fields}
+
+
 def unaged(entries: list[dict]) -> list[dict]:
-    """snapshot list's entries without ``age_s``, which moves between reads."""
-    return [dict(e, snapshots=[{k: v for k, v in s.items() if k != "age_s"}
-                               for s in e["snapshots"]]) for e in entries]
+    """snapshot list's entries without each snapshot's ``age_s``."""
+    return [dict(e, snapshots=[without(s, "age_s") for s in e["snapshots"]]) for e in entries]
 
 
 def aged_off(doc: dict) -> dict:
     """backup protect's answer without each row's ``age_s``."""
-    return dict(doc, backups=[{k: v for k, v in row.items() if k != "age_s"}
-                              for row in doc["backups"]])
-
-
-def unreplicated(doc: dict) -> dict:
-    """replicate's document without each VM's ``replica_host``, which the
-    first update sets meanwhile."""
-    return dict(doc, vms=[{k: v for k, v in row.items() if k != "replica_host"}
-                          for row in doc["vms"]])
+    return dict(doc, backups=[without(row, "age_s") for row in doc["backups"]])
 
 
 def done(client, answer) -> dict:
@@ -111,8 +117,7 @@ def test_snapshots_are_created_listed_reverted_and_deleted_as_on_the_command_lin
 
     before, tasks = written(store, keys.snapshot()), task_ids(cluster)
     said = one_line_400(client.post("/v1/snapshots", {"patterns": ["web1"], "name": "no way"}))
-    assert said == cluster.cli("snapshot", "create", "web1", "--name", "no way"
-                               ).stderr.strip().removeprefix("peerctl: ")
+    assert said == cli_error(cluster, "snapshot", "create", "web1", "--name", "no way")
     one_line_400(client.delete("/v1/vms/web1/snapshots"))
     one_line_400(client.get("/v1/snapshots?pattern=a/b/c"))
     one_line_400(client.post(revert, {"yes": "please"}))
@@ -137,14 +142,15 @@ def test_replication_starts_and_stops_as_on_the_command_line(cluster, store, ser
     printed = cluster.cli_json("replicate", "db2", "--every", "30s",
                                "--from-image-if-no-replica")
     assert status == 200 and [set(row) for row in doc["vms"]] == [set(printed["vms"][0])]
-    assert {k: v for k, v in doc["vms"][0].items() if k not in ("name", "uuid")} == \
-        {k: v for k, v in printed["vms"][0].items() if k not in ("name", "uuid")}
+    assert without(doc["vms"][0], "name", "uuid") == without(printed["vms"][0], "name", "uuid")
 
     status, doc, _ = client.post("/v1/replicas/stop", {"patterns": ["db*"]})
     assert status == 409 and "host1/db1, host1/db2" in doc["error"]
     status, plan, _ = client.post("/v1/replicas/stop", {"patterns": ["db*"], "dry_run": True})
     printed = cluster.cli_json("replicate", "db*", "--stop", "--dry-run")
-    assert status == 200 and unreplicated(plan) == unreplicated(printed)
+    assert status == 200 and [without(row, "replica_host") for row in plan["vms"]] == \
+        [without(row, "replica_host") for row in printed["vms"]]
+    assert without(plan, "vms") == without(printed, "vms")
 
     before = written(store, keys.replica())
     said = one_line_400(client.post("/v1/replicas", {"patterns": ["db1"], "every": "1s"}))
@@ -230,8 +236,8 @@ def test_the_calendar_image_sources_and_verify_answer_as_the_command_line(cluste
     before = written(store, keys.lease())
     said = one_line_400(client.post("/v1/leases", {"name": "calendar", "start": "+1h",
                                                    "end": "+2h", "hosts": 1}))
-    assert said == cluster.cli("lease", "create", "calendar", "--start", "+1h", "--end", "+2h",
-                               "--hosts", "1").stderr.strip().removeprefix("peerctl: ")
+    assert said == cli_error(cluster, "lease", "create", "calendar", "--start", "+1h", "--end",
+                             "+2h", "--hosts", "1")
     one_line_400(client.delete("/v1/leases/maint?timeout=never"))
     forbidden(viewer.delete("/v1/leases/maint?timeout=30"))
     assert written(store, keys.lease()) == before
@@ -245,8 +251,7 @@ def test_the_calendar_image_sources_and_verify_answer_as_the_command_line(cluste
     assert status == 200 and source in [s["source"] for s in doc["sources"]]
     assert doc == cluster.cli_json("images", "sources")
     said = one_line_400(client.post("/v1/images/sources", {"add": ["ftp://x/"]}))
-    assert said == cluster.cli("images", "sources", "--add", "ftp://x/"
-                               ).stderr.strip().removeprefix("peerctl: ")
+    assert said == cli_error(cluster, "images", "sources", "--add", "ftp://x/")
     one_line_400(client.post("/v1/images/sources", {}))
     one_line_400(client.get("/v1/images/sources?all=true"))
     forbidden(viewer.post("/v1/images/sources", {"remove": [source]}))
@@ -308,16 +313,15 @@ def test_a_boot_takes_the_seed_and_waits_for_addresses_as_the_command_line(
     (tmp_path / "more.pub").write_text(many[32] + "\n")
     said = one_line_400(client.post("/v1/vms", {"names": ["b1"], "resources": SMALL_VM,
                                                 "ssh_keys": many}))
-    assert said == cluster.cli("boot", "b1", "--resources", SMALL_VM, "--ssh-key",
-                               str(keys_file), "--ssh-key", str(tmp_path / "more.pub")
-                               ).stderr.strip().removeprefix("peerctl: ")
+    assert said == cli_error(cluster, "boot", "b1", "--resources", SMALL_VM, "--ssh-key",
+                             str(keys_file), "--ssh-key", str(tmp_path / "more.pub"))
     said = one_line_400(client.post("/v1/vms", {"names": ["b1"], "resources": SMALL_VM,
                                                 "ssh_keys": ["command=x " + key]}))
     assert said.startswith('"ssh_keys"[0]: not an OpenSSH public key (')
     said = one_line_400(client.post("/v1/vms", {"names": ["b1"], "resources": SMALL_VM,
                                                 "hostname": "web_1"}))
-    assert said == cluster.cli("boot", "b1", "--resources", SMALL_VM, "--hostname", "web_1"
-                               ).stderr.strip().removeprefix("peerctl: ")
+    assert said == cli_error(cluster, "boot", "b1", "--resources", SMALL_VM, "--hostname",
+                             "web_1")
     one_line_400(client.post("/v1/vms", {"names": ["b1"], "resources": SMALL_VM,
                                          "wait_ip": True, "ip_timeout": 0}))
     forbidden(viewer.post("/v1/vms", {"names": ["b1"], "resources": SMALL_VM,
@@ -385,8 +389,7 @@ def test_backup_delete_takes_several_ids_a_dry_run_and_a_confirmation(cluster, s
     status, plan, _ = client.post("/v1/backups/schedules", {"pattern": "web*", "every": "1h",
                                                             "dry_run": True})
     printed = cluster.cli_json("backup", "schedule", "web*", "--every", "1h", "--dry-run")
-    assert status == 200 and {k: v for k, v in plan.items() if k != "next"} == \
-        {k: v for k, v in printed.items() if k != "next"}
+    assert status == 200 and without(plan, "next") == without(printed, "next")
     assert written(store, keys.backup_schedule()) == {}
     cluster.cli_json("backup", "schedule", "web1", "--every", "1h")
     cluster.cli_json("backup", "schedule", "web2", "--every", "2h")
