@@ -6,12 +6,11 @@ import re
 
 import pytest
 
-from engine.core import api as engine_api
 from engine.core import keys
 from engine.hypervisor.host.hostinfo import GAUGES
 from engine.operations.moves import DEFAULT_MAX_DOWNTIME_MS
 from tests.support import wait_for
-from tests.support.api_client import ApiClient, answers, api_peer_args, free_port
+from tests.support.api_client import ApiClient, serving_pair
 from tests.support.cluster import SMALL_VM, boot_vms, finished
 
 # what moves between two reads a second apart on a live host
@@ -21,18 +20,7 @@ VOLATILE = set(GAUGES)     # measured; published when they move, maybe between t
 @pytest.fixture
 def served(cluster, store):
     """host1 and host2, each serving the API; an operator's client of host1's."""
-    ports = {}
-    for host in ("host1", "host2"):
-        ports[host] = free_port()
-        cluster.start_peer(host, extra_args=api_peer_args(ports[host]))
-    wait_for(lambda: {"host1", "host2"} <= set(engine_api.live_hosts(store)),
-             what="peers alive")
-    wait_for(lambda: len(cluster.cli_json("placement", "providers")) == 2,
-             what="providers")
-    secret = cluster.cli_json("token", "create", "--role", "operator")["secret"]
-    client = ApiClient(f"http://127.0.0.1:{ports['host1']}", secret)
-    wait_for(lambda: answers(client), what="the API of host1")
-    return client, ports
+    return serving_pair(cluster, store)
 
 
 def steady(rows):

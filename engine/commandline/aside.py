@@ -15,8 +15,7 @@ ASIDE_COLUMNS = [C("host", "Host"), C("name", "Name"), C("uuid", "UUID"),
                  C("volumes", "Volumes", lambda v: ",".join(v)), C("reason", "Reason"),
                  C("id", "Id")]
 ASIDE_DEFAULT = ["host", "name", "time", "bytes", "reason"]
-ASIDE_JSON = ["host", "name", "uuid", "id", "time", "bytes", "volumes", "reason",
-              "automation"]
+ASIDE_JSON = ops.LISTED
 DISK_COLUMNS = [C("host", "Host"), C("name", "Name"), C("state", "State"),
                 C("error", "Error", lambda e: e or "-")]
 

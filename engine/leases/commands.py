@@ -23,7 +23,8 @@ from engine.errors import Failed, NoSuch, Refused, UsageError
 from engine.wording import option, value
 
 from . import admission, records
-from .model import MAX_WINDOW, ON_END, check_name, consumer_uuid, event, lease_trait
+from .model import (MAX_WINDOW, ON_END, check_new_name, consumer_uuid, event,
+                    lease_trait)
 from .times import human_span, iso
 
 __all__ = ["create", "extend", "delete", "boot_into", "TERMINAL"]
@@ -35,7 +36,7 @@ def create(store, placement, name: str, start: float, end: float, *, count: int 
            resources: dict | None = None, amount: int | None = None,
            required: str | None = None, on: str | None = None, on_end: str = "destroy",
            warn: float | None = None, now: float | None = None) -> dict:
-    check_name(name)
+    check_new_name(name)
     now = time.time() if now is None else now
     if (count is None) == (resources is None):
         raise UsageError(f"say what the lease holds: {option('hosts')} N, or "

@@ -34,7 +34,8 @@ from engine.core.values import declare, shape
 from engine.errors import UsageError
 
 __all__ = ["STATES", "LIVE_STATES", "ON_END", "RESERVED_TRAIT", "LEASE_TRAIT_PREFIX",
-           "CONSUMER_TYPE", "MAX_WINDOW", "MAX_EVENTS", "check_name", "lease_trait",
+           "CONSUMER_TYPE", "MAX_WINDOW", "MAX_EVENTS", "check_name", "check_new_name",
+           "RESERVED_NAMES", "lease_trait",
            "consumer_uuid", "event", "LEASE", "CALENDAR_ENTRY", "LEASE_VM", "ACTIVE"]
 
 STATES = ("pending", "active", "degraded", "ending", "ended", "error")
@@ -54,6 +55,21 @@ def check_name(name) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise UsageError(f"bad lease name {name!r}: want 1 to 63 lower-case letters, "
                          "digits, '-', '_' or '.', starting with a letter or digit")
+    return name
+
+
+# names a new lease may not take: the API's path of a lease is /v1/leases/NAME,
+# and /v1/leases/calendar is the calendar
+RESERVED_NAMES = ("calendar",)
+
+
+def check_new_name(name) -> str:
+    """A good name for a new lease: :func:`check_name`'s, and none of
+    :data:`RESERVED_NAMES`."""
+    check_name(name)
+    if name in RESERVED_NAMES:
+        raise UsageError(f"lease name {name!r} is reserved: /v1/leases/{name} is the "
+                         "calendar of leases in the HTTP API")
     return name
 
 

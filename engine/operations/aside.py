@@ -8,7 +8,11 @@ from .plans import Plan, failed_doc
 from .select import select_hosts, select_vms
 from .tasks import iso
 
-__all__ = ["list_aside", "plan_delete"]
+__all__ = ["list_aside", "plan_delete", "LISTED", "ORDER"]
+
+# aside list's JSON: each row's fields, and the order of the rows
+LISTED = ["host", "name", "uuid", "id", "time", "bytes", "volumes", "reason", "automation"]
+ORDER = "host,name"
 
 
 def _asides(ctx) -> list[dict]:

@@ -25,8 +25,8 @@ def create(ctx, name: str, start: str, end: str, *, hosts: int | None = None,
     """Grant lease ``name`` if it fits over its whole window: ``hosts``
     whole hosts, or ``amount`` slots of ``resources``."""
     from engine.leases import commands
-    from engine.leases.model import check_name
-    check_name(name)
+    from engine.leases.model import check_new_name
+    check_new_name(name)
     start_at, end_at = _time(start, option("start")), _time(end, option("end"))
     if (hosts is None) == (resources is None):
         raise UsageError(f"say what the lease holds: {option('hosts')} N, or "

@@ -11,6 +11,7 @@ import fnmatch
 import time
 
 from engine.errors import Failed, UsageError
+from engine.wording import option
 
 from .plans import failed_doc, refuse_down_hosts
 from .select import host_pattern, select_vms, vm_pattern
@@ -22,7 +23,7 @@ __all__ = ["replicate", "replicated", "row_of", "stop", "replicas_by_uuid", "che
 def check_every(every: float) -> float:
     from engine.backups.replicas import MIN_EVERY
     if every < MIN_EVERY:
-        raise UsageError(f"--every {every:g}s is too short: a replica is updated at most "
+        raise UsageError(f"{option('every')} {every:g}s is too short: a replica is updated at most "
                          f"every {MIN_EVERY:g}s")
     return every
 

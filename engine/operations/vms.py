@@ -12,7 +12,8 @@ from .select import NoMatch, host_pattern, select_vms
 from .specs import check_names, hostname_of, parse_resources
 
 __all__ = ["LISTED", "ORDER", "JOINED", "list_vms", "plan_boot", "plan_action", "plan_ha",
-           "console_target", "wait_for_addresses", "paused_why",
+           "console_target", "wait_for_addresses", "paused_why", "given_seed",
+           "boot_addresses", "ADDRESSED_FIELDS",
            "note_backups_kept",
            "VM_ACTIONS", "DESTRUCTIVE", "ENDED"]
 
@@ -189,6 +190,21 @@ def plan_boot(ctx, names: list[str], resources: str, *, required: str | None = N
     return Plan("boot", {"vms": vms}, landing)
 
 
+def given_seed(user_data: str | None = None, ssh_keys: list[str] | None = None,
+               hostname: str | None = None) -> dict | None:
+    """The cloud-init seed's inputs as the API gives them (the user-data
+    file's text, public key lines, a hostname), checked as ``boot
+    --user-data FILE --ssh-key FILE --hostname NAME`` checks them, within the
+    same caps; None when none is given."""
+    from engine.hypervisor.domain import seed
+    if user_data is None and not ssh_keys and not hostname:
+        return None
+    return {"hostname": seed.check_hostname(hostname) if hostname else None,
+            "user_data": (seed.given_user_data(user_data, option("user_data"))
+                          if user_data is not None else None),
+            "ssh_keys": seed.given_ssh_keys(list(ssh_keys or []), option("ssh_keys"))}
+
+
 def _networks(ctx, given: list[str] | None, default: str) -> list[str]:
     """Network names some live host offers; ``none``: no interface."""
     from engine.hypervisor.domain.networks import parse_names
@@ -249,6 +265,31 @@ def wait_for_addresses(ctx, vms: list[dict], timeout: float, poll: float = 0.5,
         if all(vm["ip"] or vm.get("why") for vm in waiting) or time.monotonic() >= deadline:
             return missing
         time.sleep(poll)
+
+
+ADDRESSED_FIELDS = ["name", "uuid", "host", "state", "error", "ip"]   # boot --wait-ip's rows
+
+
+def boot_addresses(ctx, automation: str, timeout: float) -> dict:
+    """What ``boot --wait-ip`` prints for boot ``automation``: follow it until
+    it ends, then wait for the address of each VM it built with a network
+    interface (:func:`wait_for_addresses`), all within ``timeout`` seconds;
+    ``{automation, state, vms: [{name, uuid, host, state, error, ip}]}``,
+    ``ip`` None for a VM without one yet (or none to get)."""
+    from . import tasks
+    deadline = time.monotonic() + timeout
+    task = tasks.get_task(ctx, automation)
+    if task.get("kind") != "boot":
+        raise Failed(f"automation {automation} is a {task.get('kind')}, not a boot: only a "
+                     "boot's VMs get addresses waited for")
+    for task in tasks.follow(ctx, automation, timeout=timeout):
+        pass
+    wired = {vm["name"] for vm in (task.get("args") or {}).get("vms") or []
+             if vm.get("networks")}
+    vms = [vm for vm in (task.get("result") or {}).get("vms") or [] if vm["name"] in wired]
+    if task.get("state") == "done" and vms:
+        wait_for_addresses(ctx, vms, max(deadline - time.monotonic(), 0.0))
+    return tasks.vm_result(automation, task, ADDRESSED_FIELDS)
 
 
 def console_target(ctx, pattern: str) -> tuple[dict, str]:

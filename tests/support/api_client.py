@@ -12,7 +12,7 @@ from engine.core.etcd_server import free_port
 
 
 __all__ = ["ApiClient", "SseEvent", "OpenStream", "free_port", "api_peer_args", "answers",
-           "serving_api"]
+           "serving_api", "serving_pair"]
 
 
 def api_peer_args(port: int) -> list[str]:
@@ -42,6 +42,25 @@ def serving_api(cluster, store, host: str = "host1", role: str = "operator") -> 
                        cluster.cli_json("token", "create", "--role", role)["secret"])
     wait_for(lambda: answers(client), what=f"{host}'s API")
     return client
+
+
+def serving_pair(cluster, store) -> tuple["ApiClient", dict]:
+    """host1 and host2, each serving the API; an operator's client of
+    host1's, and ``{host: port}``."""
+    from engine.core import api as engine_api
+    from tests.support import wait_for
+    ports = {}
+    for host in ("host1", "host2"):
+        ports[host] = free_port()
+        cluster.start_peer(host, extra_args=api_peer_args(ports[host]))
+    wait_for(lambda: {"host1", "host2"} <= set(engine_api.live_hosts(store)),
+             what="peers alive")
+    wait_for(lambda: len(cluster.cli_json("placement", "providers")) == 2,
+             what="providers")
+    secret = cluster.cli_json("token", "create", "--role", "operator")["secret"]
+    client = ApiClient(f"http://127.0.0.1:{ports['host1']}", secret)
+    wait_for(lambda: answers(client), what="the API of host1")
+    return client, ports
 
 
 class SseEvent:

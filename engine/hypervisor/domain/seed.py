@@ -37,7 +37,8 @@ from engine.errors import RequestError, UsageError
 
 __all__ = ["MAX_USER_DATA", "MAX_SSH_KEYS", "MAX_SSH_KEY_FILE", "MAX_MACS", "MAX_SEED_BYTES",
            "DEFAULT_USER_DATA", "read_user_data", "read_ssh_keys", "fingerprint",
-           "fingerprint_hex", "check_hostname", "seed_files", "build_iso", "check_seed_args"]
+           "fingerprint_hex", "check_hostname", "seed_files", "build_iso", "check_seed_args",
+           "given_user_data", "given_ssh_keys"]
 
 MAX_USER_DATA = 64 * 1024
 MAX_SSH_KEYS = 32
@@ -128,6 +129,40 @@ def read_ssh_keys(path: str) -> list[str]:
                              f"{MAX_SSH_KEYS}")
     if not keys:
         raise UsageError(f"{flag} {path}: no public key in it")
+    return keys
+
+
+# -- what the HTTP API is given -------------------------------------------------
+
+def given_user_data(text: str, field: str) -> bytes:
+    """User-data given as text (the API's ``user_data``: the file's text),
+    as UTF-8, within :data:`MAX_USER_DATA` as ``--user-data``'s file is."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{field}: not valid Unicode") from None
+    if len(data) > MAX_USER_DATA:
+        raise UsageError(f"{field} is {len(data)} bytes; at most {MAX_USER_DATA}")
+    return data
+
+
+def given_ssh_keys(lines: list[str], field: str) -> list[str]:
+    """Public keys given one a line (the API's ``ssh_keys``), checked as
+    ``--ssh-key``'s lines are, within the same caps (:data:`MAX_SSH_KEYS`
+    keys, :data:`MAX_SSH_KEY_FILE` bytes together); normalised lines."""
+    if len(lines) > MAX_SSH_KEYS:
+        raise UsageError(f"{len(lines)} SSH keys; at most {MAX_SSH_KEYS}")
+    keys, total = [], 0
+    for index, line in enumerate(lines):
+        try:
+            key = _key_line(line.strip())
+        except ValueError as exc:
+            raise UsageError(f"{field}[{index}]: not an OpenSSH public key ({exc})") from None
+        total += len(key.encode("utf-8")) + 1
+        if total > MAX_SSH_KEY_FILE:
+            raise UsageError(f"{field} are more than {MAX_SSH_KEY_FILE} bytes together; at "
+                             f"most {MAX_SSH_KEY_FILE}")
+        keys.append(key)
     return keys
 
 

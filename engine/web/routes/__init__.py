@@ -21,6 +21,7 @@ from __future__ import annotations
 # OpenAPI document's, and its names of a path item that two routes share)
 from . import vms, hosts, moves, tasks, leases, backups, placement, graphs  # noqa: F401  # isort: skip
 from . import tokens, code, upgrade, balance_auto  # noqa: F401  # isort: skip
+from . import snapshots, replicas, aside, images, admin  # noqa: F401  # isort: skip
 from .core import Answer, Call, ROUTES, Refusal, Route
 
 __all__ = ["Route", "Call", "Answer", "ROUTES", "Refusal"]

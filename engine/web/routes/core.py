@@ -13,7 +13,7 @@ from engine.operations import tasks
 from engine.operations.plans import Plan
 
 __all__ = ["Route", "Call", "Answer", "ROUTES", "Refusal", "route", "unconfirmed", "started",
-           "listed", "label", "obj", "HOSTGLOB", "MiB"]
+           "listed", "label", "obj", "HOSTGLOB", "MiB", "MAX_WAIT"]
 
 
 @dataclasses.dataclass
@@ -155,3 +155,4 @@ def started(ctx, plan: Plan, body: dict) -> Answer:
 
 
 HOSTGLOB = (("pattern", "string", "a glob on host names"),)
+MAX_WAIT = 300.0        # seconds a route waits at most (an automation, addresses)

@@ -1,6 +1,11 @@
-"""The API's leases: list, one, create, extend, delete."""
+"""The API's leases: list, one, create, extend, delete, the calendar.
+
+``/v1/leases/calendar`` is the calendar, never a lease: aiohttp matches a
+path without parameters before one with them, and no lease may be named
+``calendar`` (:data:`engine.leases.model.RESERVED_NAMES`)."""
 from __future__ import annotations
 
+from engine.errors import UsageError
 
 from .core import Answer, Call, label, listed, obj, POSITIVE, route, STRING, unconfirmed
 
@@ -10,6 +15,19 @@ def list_leases(ctx, call: Call) -> Answer:
     from engine.operations import lease_docs, leases
     return Answer(listed(leases.list_leases(ctx, call.one("pattern")),
                           lease_docs.LEASE_FIELDS, "start,lease"))
+
+
+@route("GET", "/v1/leases/calendar", "who holds which host over the next days",
+       "lease calendar [HOSTGLOB] [--days N] [--from T]",
+       query=(("pattern", "string", "a glob on host names"),
+              ("days", "string", "how far to look: N days, or a duration (default 7)"),
+              ("from", "string", "where the timeline starts: now, +DURATION or ISO time "
+                                 "(default now)")))
+def calendar(ctx, call: Call) -> Answer:
+    from engine.operations import leases
+    doc, _ = leases.calendar(ctx, call.one("pattern"), call.one("from", "now"),
+                             call.one("days", "7"))
+    return Answer(doc)
 
 
 @route("GET", "/v1/leases/{name}", "one lease", "lease show NAME")
@@ -43,11 +61,14 @@ def extend_lease(ctx, call: Call) -> Answer:
 
 
 @route("DELETE", "/v1/leases/{name}", "end a lease now and forget it",
-       "lease delete NAME --yes", write=True,
+       "lease delete NAME --yes", write=True, waits=True,
        query=(("yes", "boolean", "confirm when it destroys VMs"),
-              ("dry_run", "boolean", "say what it would do")))
+              ("dry_run", "boolean", "say what it would do"),
+              ("timeout", "number", "seconds the lease's automation gets to end it before "
+                                    "its capacity is freed here (default 120)")))
 def delete_lease(ctx, call: Call) -> Answer:
     from engine.operations import leases
+    timeout = _seconds(call.one("timeout", "120"))
     plan = leases.plan_delete(ctx, call.path["name"])
     if call.flag("dry_run"):
         return Answer(plan)
@@ -55,4 +76,15 @@ def delete_lease(ctx, call: Call) -> Answer:
         raise unconfirmed(f"lease delete {call.path['name']} (destroying its VMs)",
                           [label(vm) for vm in plan["vms"]], "VMs", "?yes=true",
                           plan["vms"])
-    return Answer(leases.delete(ctx, call.path["name"]))
+    return Answer(leases.delete(ctx, call.path["name"], timeout=timeout))
+
+
+def _seconds(text: str) -> float:
+    """``lease delete --timeout``'s check: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"bad timeout {text!r}: want seconds") from None
+    if not 0 < value < float("inf"):
+        raise UsageError(f"bad timeout {text!r}: want a positive, finite number of seconds")
+    return value

@@ -1,10 +1,10 @@
-"""The API's automations: list, one, wait, abort."""
+"""The API's automations: list, one, wait, abort, and a boot's addresses."""
 from __future__ import annotations
 
 from engine.errors import Failed, UsageError
 from engine.operations import tasks
 
-from .core import Answer, Call, listed, Refusal, route
+from .core import Answer, Call, listed, MAX_WAIT, Refusal, route
 
 @route("GET", "/v1/tasks", "list automations", "tasks [--all]",
        query=(("all", "boolean", "ended ones too"),))
@@ -25,15 +25,20 @@ def _known(ctx, automation: str) -> dict:
         raise Refusal(404, str(exc)) from None
 
 
-MAX_WAIT = 300.0
-
-
 @route("GET", "/v1/automations/{id}/wait", "wait until an automation ends",
        "wait ID [--timeout S]", waits=True,
        query=(("timeout", "number", f"seconds, at most {MAX_WAIT:g} (default 30)"),))
 def wait(ctx, call: Call) -> Answer:
     automation = call.path["id"]
     _known(ctx, automation)
+    timeout = _timeout(call)
+    last = None
+    for last in tasks.follow(ctx, automation, timeout=timeout):
+        pass
+    return Answer(last)
+
+
+def _timeout(call: Call) -> float:
     text = call.one("timeout", "30")
     try:
         timeout = float(text)
@@ -41,10 +46,21 @@ def wait(ctx, call: Call) -> Answer:
         raise UsageError(f"bad timeout {text!r}: want seconds") from None
     if not 0 <= timeout <= MAX_WAIT:
         raise UsageError(f"bad timeout {text!r}: 0 to {MAX_WAIT:g} seconds")
-    last = None
-    for last in tasks.follow(ctx, automation, timeout=timeout):
-        pass
-    return Answer(last)
+    return timeout
+
+
+@route("GET", "/v1/automations/{id}/addresses",
+       "wait until a boot ends and its VMs have their addresses",
+       "boot ... --wait-ip --ip-timeout S", waits=True,
+       query=(("timeout", "number", f"seconds, at most {MAX_WAIT:g} (default 30)"),))
+def addresses(ctx, call: Call) -> Answer:
+    """What ``boot --wait-ip`` prints, once the boot has ended and each VM
+    it built with a network interface has an address, or the timeout
+    passed (then a VM without one has ``ip`` null, where the command exits 1;
+    ask again to wait longer)."""
+    from engine.operations import vms
+    _known(ctx, call.path["id"])
+    return Answer(vms.boot_addresses(ctx, call.path["id"], _timeout(call)))
 
 
 @route("DELETE", "/v1/automations/{id}", "ask an automation to stop", "abort ID", write=True)

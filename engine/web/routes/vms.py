@@ -4,8 +4,8 @@ from __future__ import annotations
 from engine.errors import NoSuch
 from engine.operations import adoption, groups, vms
 
-from .core import (Answer, BOOL, Call, CONFIRM, listed, obj, PATTERNS, Refusal, route, started,
-                   STRING, STRINGS)
+from .core import (Answer, BOOL, Call, CONFIRM, listed, MAX_WAIT, obj, PATTERNS, POSITIVE,
+                   Refusal, route, started, STRING, STRINGS)
 
 @route("GET", "/v1/vms", "list VMs", "vmlist [PATTERN...] [--all]",
        query=(("pattern", "string[]", "HOSTGLOB/VMGLOB or VMGLOB, repeatable"),
@@ -32,21 +32,33 @@ BOOT = obj({"names": {"type": "array", "items": STRING, "minItems": 1},
              "resources": STRING, "required": STRING, "image": STRING, "on": STRING,
              "networks": STRINGS, "reservation": STRING,
              "ha": {"enum": ["restart", "none"]}, "group": STRING,
-             "rule": {"enum": ["spread", "together"]}, "dry_run": BOOL},
+             "rule": {"enum": ["spread", "together"]}, "user_data": STRING,
+             "ssh_keys": STRINGS, "hostname": STRING, "wait_ip": BOOL,
+             "ip_timeout": POSITIVE, "dry_run": BOOL},
             ["names", "resources"])
 
 
 @route("POST", "/v1/vms", "boot VMs", "boot NAME... --resources SPEC --detach", write=True,
        body=BOOT, automation=True)
 def boot(ctx, call: Call) -> Answer:
+    """``wait_ip``: the 202's document also names ``addresses``, the URL that
+    waits (``ip_timeout`` seconds, at most the longest wait) until the boot
+    has ended and its VMs have their addresses, answering what ``boot
+    --wait-ip`` prints."""
     body = call.body
+    seed = vms.given_seed(body.get("user_data"), body.get("ssh_keys"), body.get("hostname"))
     plan = vms.plan_boot(ctx, body["names"], body["resources"], required=body.get("required"),
                          image=body.get("image"), on=body.get("on"),
                          networks=body.get("networks"),
-                         default_network=ctx.default_network,
+                         default_network=ctx.default_network, seed=seed,
                          reservation=body.get("reservation"), ha=body.get("ha", "none"),
                          group=body.get("group"), rule=body.get("rule"))
-    return started(ctx, plan, body)
+    answer = started(ctx, plan, body)
+    if body.get("wait_ip") and answer.status == 202:
+        automation = answer.doc["automation"]
+        timeout = min(body.get("ip_timeout", 300), MAX_WAIT)
+        answer.doc["addresses"] = f"/v1/automations/{automation}/addresses?timeout={timeout:g}"
+    return answer
 
 
 @route("GET", "/v1/groups", "list VM groups", "group list")
