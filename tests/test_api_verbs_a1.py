@@ -13,7 +13,7 @@ import pytest
 
 from engine.core import keys
 from engine.leases.times import iso
-from tests.support.api_client import ApiClient, serving_pair
+from tests.support.api_client import ApiClient, public_key, serving_pair
 from tests.support.cluster import SMALL_VM, boot_vms, finished, task_ids
 from tests.support.raw import put_raw
 
@@ -268,14 +268,6 @@ def test_the_calendar_image_sources_and_verify_answer_as_the_command_line(cluste
 
 
 # -- boot's seed and addresses ------------------------------------------------------
-
-def public_key(comment: str = "") -> str:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
-    line = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
-    return f"{line} {comment}".strip()
-
 
 def seed_of(store, automation: str) -> dict:
     (vm,) = store.get(keys.spec(automation)).value["args"]["vms"]

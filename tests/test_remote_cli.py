@@ -252,3 +252,82 @@ def test_progress_and_ctrl_c_through_the_api_as_on_etcd(cluster, store, tmp_path
         gate.open()
     waited = workstation.cli_json("wait", automation, timeout=120)
     assert waited["state"] == "done" and len(waited["result"]["replies"]) == 4
+
+
+def test_snapshots_replicas_aside_scrub_and_the_rest_through_the_api(cluster, operator):
+    boot_vms(cluster, "s1", on="host1")
+    direct, remote = both(cluster, operator, "snapshot", "create", "s1", "--name", "one",
+                          "--dry-run")
+    assert remote == direct and remote[0] == 0
+    assert operator.cli_json("snapshot", "create", "s1", "--name", "one")["state"] == "done"
+    assert operator.cli_json("snapshot", "create", "s1", "--name", "two")["state"] == "done"
+    direct, remote = both(cluster, operator, "snapshot", "list", "-o", "vm,host,name,memory")
+    assert remote == direct and "one" in remote[1]
+    def ageless(doc):
+        return [dict(vm, snapshots=[{k: v for k, v in snap.items() if k != "age_s"}
+                                    for snap in vm["snapshots"]]) for vm in doc]
+    assert ageless(operator.cli_json("snapshot", "list")) == ageless(
+        cluster.cli_json("snapshot", "list"))
+    assert operator.cli("snapshot", "revert", "s1", "one", input="n\n").returncode != 0
+    assert operator.cli_json("snapshot", "revert", "s1", "one", "--yes")["state"] == "done"
+    assert operator.cli("snapshot", "delete", "s1", "one", "two", input="n\n").returncode != 0
+    gone = operator.cli_json("snapshot", "delete", "s1", "one", "two", "--yes")
+    assert gone["state"] == "done"
+    assert cluster.cli_json("snapshot", "list") == []
+    direct, remote = both(cluster, operator, "replicate", "s1", "--every", "1h", "--dry-run")
+    assert remote == direct and remote[0] == 0
+    replicated = operator.cli_json("replicate", "s1", "--every", "1h")
+    assert [row["name"] for row in replicated["vms"]] == ["s1"]
+    stopped = operator.cli_json("replicate", "s1", "--stop")
+    assert [row["state"] for row in stopped["vms"]] == ["stopping"]
+    for command in (["aside", "list"], ["scrub"], ["images", "sources"],
+                    ["lease", "calendar", "--days", "2"], ["cluster", "verify"]):
+        direct, remote = both(cluster, operator, *command)
+        assert remote[0] == direct[0], (command, direct, remote)
+        if command[0] != "cluster":         # verify probes: its timings differ
+            assert remote == direct, command
+
+
+def test_backups_are_protected_deleted_and_scheduled_through_the_api(cluster, operator):
+    boot_vms(cluster, "b1", on="host1")
+    first = operator.cli_json("backup", "b1", "--full")["vms"][0]["backup"]
+    second = operator.cli_json("backup", "b1")["vms"][0]["backup"]
+    protected = operator.cli_json("backup", "protect", first, second)
+    assert {row["id"] for row in protected["backups"]} == {first, second}
+    direct, remote = both(cluster, operator, "backup", "delete", first, "--yes")
+    assert remote[0] == direct[0] == 1 and remote[2] == direct[2]
+    operator.cli_json("backup", "unprotect", first, second)
+    direct, remote = both(cluster, operator, "backup", "delete", first, second, "--dry-run")
+    assert remote == direct
+    assert operator.cli("backup", "delete", first, second, input="n\n").returncode != 0
+    gone = operator.cli_json("backup", "delete", first, second, "--yes")
+    assert gone["state"] == "done" and {row["id"] for row in gone["backups"]} == {first, second}
+    assert cluster.cli_json("backup", "list") == []
+    made = operator.cli_json("backup", "schedule", "b*", "--every", "1d", "--keep-last", "2")
+    direct, remote = both(cluster, operator, "backup", "schedule", "list", "-o",
+                          "schedule,pattern,every,keep")
+    assert remote == direct and "b*" in remote[1]
+    deleted = operator.cli_json("backup", "schedule", "delete", made["schedule"])
+    assert [row["pattern"] for row in deleted["schedules"]] == ["b*"]
+    assert cluster.cli_json("backup", "schedule", "list") == []
+
+
+def test_a_boot_with_a_seed_through_the_api_seeds_as_on_etcd(cluster, store, operator, tmp_path):
+    from engine.core import keys
+    from tests.support.api_client import public_key
+    key = public_key("me@desk")
+    (tmp_path / "user-data").write_text("#cloud-config\npackages: [nginx]\n")
+    (tmp_path / "key.pub").write_text(f"# mine\n{key}\n")
+    seeded = ["--resources", SMALL_VM, "--user-data", str(tmp_path / "user-data"),
+              "--ssh-key", str(tmp_path / "key.pub"), "--hostname", "web-1", "--detach"]
+    direct = cluster.cli_json("boot", "here1", *seeded)
+    remote = operator.cli_json("boot", "there1", *seeded)
+
+    def seed_of(automation):
+        (vm,) = store.get(keys.spec(automation)).value["args"]["vms"]
+        return vm["seed"]
+    assert seed_of(remote["automation"]) == seed_of(direct["automation"])
+    (tmp_path / "bad-key.pub").write_text("not a key\n")
+    direct, remote = both(cluster, operator, "boot", "x", "--resources", SMALL_VM,
+                          "--ssh-key", str(tmp_path / "bad-key.pub"))
+    assert remote == direct and remote[0] == 2

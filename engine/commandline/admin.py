@@ -9,7 +9,7 @@ import time
 from engine.errors import UsageError
 from engine.operations import admin as ops
 
-from . import table
+from . import table, through
 from .confirm import confirm
 from .context import short_path
 from .options import dry_run_option, yes_option
@@ -20,15 +20,22 @@ SCRUB_COLUMNS = [C("key", "Key"), C("why", "Problem")]
 
 def cmd_scrub(ctx) -> int:
     args = ctx.args
-    found = ops.unreadable_keys(ctx)
-    rows = [{"key": bad.key, "why": bad.why} for bad in found]
+    if ctx.api is not None:
+        found = rows = ctx.api.call("GET", "/v1/scrub")["keys"]
+    else:
+        found = ops.unreadable_keys(ctx)
+        rows = [{"key": bad.key, "why": bad.why} for bad in found]
     deleting = args.delete and found and not args.dry_run
     if deleting and not args.yes:
         confirm("scrub --delete", [f"{row['key']}: {row['why']}" for row in rows],
                 "unreadable keys", cancelled={"keys": rows, "deleted": []},
                 question=f"Delete these {len(found)} unreadable "
                          f"key{'s' if len(found) != 1 else ''}?")
-    deleted = ops.delete_keys(ctx, found) if deleting else []
+    deleted = []
+    if deleting:
+        deleted = through.write(ctx, lambda: ops.delete_keys(ctx, found), "DELETE", "/v1/scrub",
+                                yes=True)
+        deleted = deleted["deleted"] if ctx.api is not None else deleted
     text = table.render(rows, SCRUB_COLUMNS) if rows else ""
     summary = (f"{len(found)} unreadable key{'s' if len(found) != 1 else ''}" if found
                else "no unreadable keys")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from engine.errors import Failed
 from engine.operations import aside as ops
 
-from . import table
+from . import table, through
 from .follow import act
 from .listing import listing
 from .options import detach_option, dry_run_option, listing_options, yes_option
@@ -21,7 +21,9 @@ DISK_COLUMNS = [C("host", "Host"), C("name", "Name"), C("state", "State"),
 
 
 def cmd_list(ctx) -> int:
-    return listing(ctx, lambda: ops.list_aside(ctx, ctx.args.hostglob), ASIDE_COLUMNS,
+    return listing(ctx, lambda: through.read(ctx, lambda: ops.list_aside(ctx, ctx.args.hostglob),
+                                             "/v1/aside", pattern=ctx.args.hostglob),
+                   ASIDE_COLUMNS,
                    ASIDE_DEFAULT, ASIDE_JSON, "host,name")
 
 
@@ -38,7 +40,10 @@ def deleted(ctx, automation: str, task: dict) -> int:
 
 
 def cmd_delete(ctx) -> int:
-    return act(ctx, ops.plan_delete(ctx, ctx.args.patterns), deleted, "aside delete",
+    plan = through.planned(ctx, lambda: ops.plan_delete(ctx, ctx.args.patterns),
+                           "/v1/aside/delete", {"patterns": ctx.args.patterns}, "aside_delete",
+                           "disk sets", "disks")
+    return act(ctx, plan, deleted, "aside delete",
                [C("host", "Host"), C("name", "Name"), C("volumes", "Volumes", ",".join),
                 C("id", "Id")])
 

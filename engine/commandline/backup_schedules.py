@@ -81,7 +81,8 @@ def cmd_schedule(ctx) -> int:
     dry = bool(getattr(args, "dry_run", False))
     to = getattr(args, "to", None)
     body = {"pattern": args.pattern, "every": args.every, "to": to, "dry_run": dry or None,
-            **{f"keep_{option}": value for option, value in keep.items()}}
+            **{f"keep_{option}": int(value) if isinstance(value, str) and value.isdigit()
+               else value for option, value in keep.items()}}
     doc = through.write(ctx, lambda: ops.set_schedule(ctx, args.pattern, args.every, keep, to,
                                                       dry_run=dry),
                         "POST", "/v1/backups/schedules",

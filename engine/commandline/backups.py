@@ -116,6 +116,8 @@ def deleted(ctx, automation: str, task: dict) -> int:
 def cmd_delete(ctx) -> int:
     args = ctx.args
     not_of(args, "delete", ("to", "full", "protect"))
+    if ctx.api is not None:
+        return _delete_remotely(ctx)
     lost = ops.delete_lost(ctx, args.ids, dry_run=True)
     if lost is not None:
         return _delete_lost(ctx, lost)
@@ -137,12 +139,43 @@ def _delete_lost(ctx, rows: list[dict]) -> int:
                                       for row in rows], "backups",
                     cancelled={"automation": None, "state": "cancelled", "backups": []})
         rows = ops.delete_lost(ctx, [row["id"] for row in rows]) or []
-    state = "dry-run" if args.dry_run else "done"
-    ctx.emit({"automation": None, "state": state, "backups": rows},
-             table.render(rows, DELETE_COLUMNS) + f"\n{len(rows)} backup records "
-             + ("would be " if args.dry_run else "") + "deleted (their data went with "
-             "their removed host)")
+    _lost_deleted(ctx, {"automation": None, "state": "dry-run" if args.dry_run else "done",
+                        "backups": rows})
     return 0
+
+
+def _lost_deleted(ctx, doc: dict) -> None:
+    rows = doc["backups"]
+    ctx.emit(doc, table.render(rows, DELETE_COLUMNS) + f"\n{len(rows)} backup records "
+             + ("would be " if doc["state"] == "dry-run" else "") + "deleted (their data "
+             "went with their removed host)")
+
+
+def _delete_remotely(ctx) -> int:
+    """backup delete through the API: ``DELETE /v1/backups?id=...``, which
+    deletes the records of backups lost with their host at once (200) and
+    starts an automation for the others (202)."""
+    args = ctx.args
+    plan = through.planned(ctx, lambda: None, "/v1/backups", {"id": args.ids},
+                           "backup_delete", "backups", "backups", method="DELETE")
+    answered = plan.dry if plan.dry is not None else plan.answer
+    rows = answered["backups"] if answered is not None else plan.targets
+    if rows and all(row.get("lost") for row in rows):
+        if answered is None:            # several: asked here, then sent with yes
+            if not args.yes:
+                confirm("backup delete", [f"{row['id']} ({row['vm']}, lost with "
+                                          f"{row['target']})" for row in rows], "backups",
+                        cancelled={"automation": None, "state": "cancelled", "backups": []})
+            answered = ctx.api.call("DELETE", "/v1/backups", query={"id": args.ids,
+                                                                    "yes": True})
+        _lost_deleted(ctx, answered)
+        return 0
+    if plan.ask and not args.yes and not args.dry_run:
+        confirm("backup delete", [f"{row['id']} ({row['vm']}, {row['kind']}, on "
+                                  f"{row['target']})" for row in plan.targets], plan.what,
+                cancelled={"automation": None, "state": "cancelled", "backups": []})
+        plan.ask = False
+    return act(ctx, plan, deleted, "backup delete", PLANNED_DELETE_COLUMNS)
 
 
 # -- backup protect, backup unprotect ----------------------------------------------
@@ -154,9 +187,9 @@ def protecting(protected: bool):
         not_of(ctx.args, verb, ("to", "full", "protect", "yes", "dry_run", "detach"))
         if ctx.api is None:
             rows = ops.set_protected(ctx, ctx.args.ids, protected)
-        else:       # the route takes one id: one call each
-            rows = [row for backup in ctx.args.ids for row in ctx.api.call(
-                "POST", f"/v1/backups/{_quoted(backup)}/{verb}")["backups"]]
+        else:
+            rows = ctx.api.call("POST", f"/v1/backups/{verb}",
+                                body={"ids": ctx.args.ids})["backups"]
         shown = table.select(BACKUP_COLUMNS, "id,vm,target,kind,schedule,protected",
                              BACKUP_DEFAULT)
         ctx.emit({"state": f"{verb}ed", "backups": rows}, table.render(rows, shown)
@@ -165,11 +198,6 @@ def protecting(protected: bool):
                     if protected else ""))
         return 0
     return cmd
-
-
-def _quoted(text: str) -> str:
-    from urllib.parse import quote
-    return quote(text, safe="")
 
 
 # -- restore ----------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.operations import images as ops
 
-from . import table
+from . import table, through
 
 C = table.Column
 COLUMNS = [C("source", "Source"), C("allows", "Allows")]
@@ -14,10 +14,12 @@ def cmd_sources(ctx) -> int:
     """Show the sources, or change them: ``--set``, ``--add``, ``--remove``."""
     args = ctx.args
     if args.set is None and not args.add and not args.remove:
-        doc = ops.image_sources(ctx)
+        doc = through.read(ctx, lambda: ops.image_sources(ctx), "/v1/images/sources")
     else:
-        doc = ops.set_image_sources(ctx, set_to=args.set, add=args.add or (),
-                                    remove=args.remove or ())
+        body = {"set": args.set, "add": args.add, "remove": args.remove}
+        doc = through.write(ctx, lambda: ops.set_image_sources(
+            ctx, set_to=args.set, add=args.add or (), remove=args.remove or ()),
+            "POST", "/v1/images/sources", {k: v for k, v in body.items() if v is not None})
     rows = doc["sources"]
     ctx.emit(doc, table.render(rows, COLUMNS) if rows else
              "no image sources: every boot with --image is refused")

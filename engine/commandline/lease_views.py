@@ -74,3 +74,18 @@ def calendar_text(entries: list[dict], hosts: list[str], since: float, until: fl
             rows.append(f"  {symbol[entry['lease']]}  {entry['lease']}  {entry['kind']}  "
                         f"{iso(entry['start'])} .. {iso(entry['end'])}")
     return "\n".join(rows)
+
+
+def calendar_parts(doc: dict) -> dict:
+    """What :func:`calendar_text` needs, from the calendar's document (as
+    the API answers it): one entry per lease, with the hosts it holds."""
+    from engine.leases.times import parse_time
+    entries: dict[str, dict] = {}
+    for host, held in doc["hosts"].items():
+        for item in held:
+            entry = entries.setdefault(item["lease"], {
+                "lease": item["lease"], "kind": item["kind"], "hosts": [],
+                "start": parse_time(item["start"], "start"), "end": parse_time(item["end"], "end")})
+            entry["hosts"].append(host)
+    return {"entries": list(entries.values()), "hosts": list(doc["hosts"]),
+            "since": parse_time(doc["from"], "from"), "until": parse_time(doc["to"], "to")}

@@ -81,7 +81,13 @@ def cmd_delete(ctx) -> int:
 
 def cmd_calendar(ctx) -> int:
     args = ctx.args
-    doc, parts = ops.calendar(ctx, args.hostglob, args.since, args.days)
+    if ctx.api is not None:
+        from .lease_views import calendar_parts
+        doc = ctx.api.call("GET", "/v1/leases/calendar", query={
+            "pattern": args.hostglob, "from": args.since, "days": args.days})
+        parts = calendar_parts(doc)
+    else:
+        doc, parts = ops.calendar(ctx, args.hostglob, args.since, args.days)
     ctx.emit(doc, calendar_text(**parts))
     return 0
 

@@ -7,7 +7,7 @@ from engine.core.validate import parse_duration
 from engine.errors import UsageError
 from engine.operations import replicas as ops
 
-from . import table
+from . import table, through
 from .backup_schedules import span
 from .confirm import confirm
 from .options import dry_run_option, yes_option
@@ -29,9 +29,13 @@ def cmd_replicate(ctx) -> int:
     if args.every is None:
         raise UsageError("replicate needs --every DURATION (at least 10s), or --stop")
     every = ops.check_every(parse_duration(args.every, "--every"))
-    doc = ops.replicate(ctx, args.patterns, every, args.to,
-                        "image" if args.from_image_if_no_replica else None,
-                        dry_run=args.dry_run)
+    body = {"patterns": args.patterns, "every": args.every, "to": args.to,
+            "from_image_if_no_replica": args.from_image_if_no_replica or None,
+            "dry_run": args.dry_run or None}
+    doc = through.write(ctx, lambda: ops.replicate(
+        ctx, args.patterns, every, args.to, "image" if args.from_image_if_no_replica else None,
+        dry_run=args.dry_run), "POST", "/v1/replicas",
+        {k: v for k, v in body.items() if v is not None})
     rows = doc["vms"]
     if args.dry_run:
         ctx.emit(doc, table.render(rows, COLUMNS)
@@ -50,9 +54,14 @@ def cmd_replicate(ctx) -> int:
 
 def _stop(ctx) -> int:
     args = ctx.args
-    vms = ops.replicated(ctx, args.patterns)
+    if ctx.api is not None:
+        vms = ctx.api.call("POST", "/v1/replicas/stop",
+                           body={"patterns": args.patterns, "dry_run": True})["vms"]
+    else:
+        vms = ops.replicated(ctx, args.patterns)
     if args.dry_run:
-        rows = [dict(ops.row_of(vm), state="would stop") for vm in vms]
+        rows = vms if ctx.api is not None else [dict(ops.row_of(vm), state="would stop")
+                                                 for vm in vms]
         ctx.emit({"state": "dry-run", "vms": rows}, table.render(rows, COLUMNS)
                  + f"\nreplicate --stop would stop replicating {len(rows)} "
                  f"VM{'s' if len(rows) != 1 else ''} and delete their replicas (dry run, "
@@ -61,7 +70,8 @@ def _stop(ctx) -> int:
     if len(vms) > 1 and not args.yes:
         confirm("replicate --stop", [f"{vm['host']}/{vm['name']}" for vm in vms],
                 cancelled={"state": "cancelled", "vms": []})
-    doc = ops.stop(ctx, vms)
+    doc = through.write(ctx, lambda: ops.stop(ctx, vms), "POST", "/v1/replicas/stop",
+                        {"patterns": args.patterns, "yes": True})
     rows = doc["vms"]
     ctx.emit(doc, table.render(rows, COLUMNS)
              + f"\nreplication of {len(rows)} VM{'s' if len(rows) != 1 else ''} stopping: "

@@ -15,7 +15,7 @@ from engine.leases.times import human_span
 from engine.operations import snapshots as ops
 from engine.operations.plans import failed_doc
 
-from . import table
+from . import table, through
 from .confirm import confirm
 from .follow import act, vm_outcome
 from .listing import check_fields
@@ -55,20 +55,34 @@ def _outcome(verb: str):
                              verb=verb, notes=_notes)
 
 
+def _quoted(text: str) -> str:
+    from urllib.parse import quote
+    return quote(text, safe="")
+
+
 # -- the verbs ----------------------------------------------------------------------
 
 def cmd_create(ctx) -> int:
     args = ctx.args
-    plan = ops.plan_create(ctx, args.patterns, args.name, memory=args.memory)
+    body = {"patterns": args.patterns, "name": args.name, "memory": args.memory or None}
+    plan = through.planned(ctx, lambda: ops.plan_create(ctx, args.patterns, args.name,
+                                                        memory=args.memory),
+                           "/v1/snapshots", {k: v for k, v in body.items() if v is not None},
+                           "snapshot")
+    name = plan.args.get("snapshot") or args.name or next(
+        (row.get("snapshot") for row in plan.targets if row.get("snapshot")), "")
     return act(ctx, plan, _outcome("snapshotted"), "snapshot create", DRY_COLUMNS,
-               f" as {plan.args['snapshot']}", would="would snapshot")
+               f" as {name}", would="would snapshot")
 
 
 def cmd_list(ctx) -> int:
     args = ctx.args
     chosen = check_fields(args, LIST_COLUMNS, LIST_DEFAULT)
     try:
-        rows = ops.list_snapshots(ctx, args.pattern)
+        rows = ops.list_snapshots(ctx, args.pattern) if ctx.api is None else [
+            dict(snap, vm=vm["vm"], uuid=vm["uuid"], host=vm["host"])
+            for vm in ctx.api.call("GET", "/v1/snapshots", query={"pattern": args.pattern})
+            for snap in vm["snapshots"]]
     except Failed as exc:
         matched = getattr(exc, "matched", None)
         if matched is not None:
@@ -91,8 +105,10 @@ def _show(ctx, rows: list[dict], chosen) -> None:
 
 def cmd_revert(ctx) -> int:
     args = ctx.args
-    plan = ops.plan_revert(ctx, args.vm, args.snapshot)
-    if not args.yes and not args.dry_run:
+    plan = through.planned(ctx, lambda: ops.plan_revert(ctx, args.vm, args.snapshot),
+                           f"/v1/vms/{_quoted(args.vm)}/snapshots/{_quoted(args.snapshot)}/revert",
+                           {}, "snapshot_revert")
+    if not args.yes and not args.dry_run and (plan.ask or ctx.api is None):
         (row,) = plan.targets
         confirm("snapshot revert",
                 [f"{row['host']}/{row['name']} to {row['snapshot']} (taken {row['time']}, "
@@ -106,7 +122,9 @@ def cmd_revert(ctx) -> int:
 
 def cmd_delete(ctx) -> int:
     args = ctx.args
-    plan = ops.plan_delete(ctx, args.vm, args.snapshots)
+    plan = through.planned(ctx, lambda: ops.plan_delete(ctx, args.vm, args.snapshots),
+                           f"/v1/vms/{_quoted(args.vm)}/snapshots", {"snapshot": args.snapshots},
+                           "snapshot_delete", "snapshots", method="DELETE")
     if plan.ask and not args.yes and not args.dry_run:
         confirm("snapshot delete", [f"{row['host']}/{row['name']} {row['snapshot']}"
                                     for row in plan.targets], plan.what,

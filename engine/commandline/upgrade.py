@@ -88,7 +88,7 @@ def cmd_feature_level(ctx) -> int:
 
 def cmd_verify(ctx) -> int:
     from engine.operations.verify import verify
-    found = verify(ctx)
+    found = through.write(ctx, lambda: verify(ctx), "POST", "/v1/cluster/verify", {})
     problems = found["problems"]
     lines = [f"{p['check']}: {p['problem']}" for p in problems]
     skipped: dict[str, list[str]] = {}

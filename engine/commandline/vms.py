@@ -141,7 +141,14 @@ def _boot_body(args, seed: dict | None) -> dict:
             "reservation": args.reservation, "ha": args.ha, "group": args.group,
             "rule": args.rule}
     if seed:
-        body.update(user_data=seed["user_data"], ssh_keys=seed["ssh_keys"] or None,
+        user_data = seed["user_data"]
+        if isinstance(user_data, bytes):
+            try:
+                user_data = user_data.decode()
+            except UnicodeDecodeError:
+                raise UsageError(f"--user-data {args.user_data}: not UTF-8 text, which is all "
+                                 "the API carries") from None
+        body.update(user_data=user_data, ssh_keys=seed["ssh_keys"] or None,
                     hostname=seed["hostname"])
     return {k: v for k, v in body.items() if v is not None}
 

@@ -12,7 +12,16 @@ from engine.core.etcd_server import free_port
 
 
 __all__ = ["ApiClient", "SseEvent", "OpenStream", "free_port", "api_peer_args", "answers",
-           "serving_api", "serving_pair"]
+           "public_key", "serving_api", "serving_pair"]
+
+
+def public_key(comment: str = "") -> str:
+    """A new OpenSSH ed25519 public key line, for a VM's seed."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    line = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    return f"{line} {comment}".strip()
 
 
 def api_peer_args(port: int) -> list[str]:
