@@ -22,6 +22,7 @@ from tests.support.api_client import api_peer_args, free_port
 from tests.support.api_server import served_api
 from tests.support.secured_etcd import SecuredEtcd
 from tests.support.silent_libvirt import silent_console_api
+from tests.support.workstation import NOWHERE, token_file
 
 RUNNING = "11111111-2222-3333-4444-000000000001"
 SHUTOFF = "11111111-2222-3333-4444-000000000002"
@@ -76,20 +77,35 @@ def test_a_hypervisor_without_consoles_is_the_direct_paths_line(cluster, store, 
 
 def test_an_unknown_vm_with_a_token_file_is_the_direct_paths_line(cluster, store, hfile_api,
                                                                    tmp_path):
-    secret = tmp_path / "token"
-    secret.write_text(tokens.create(store, "operator")["secret"] + "\n")
-    done = console_via_api(cluster, "nope", "--api", hfile_api.url, "--token-file", str(secret))
+    secret = token_file(tmp_path, tokens.create(store, "operator")["secret"])
+    done = console_via_api(cluster, "nope", "--api", hfile_api.url, "--token-file", secret)
     assert done.returncode == 1
     assert only_line(done) == "peerctl: no VM matches 'nope'"
 
 
 def test_a_viewers_token_is_refused_with_exit_4(cluster, store, hfile_api, tmp_path):
-    secret = tmp_path / "token"
-    secret.write_text(tokens.create(store, "viewer")["secret"])
-    done = console_via_api(cluster, "run1", "--api", hfile_api.url, "--token-file", str(secret))
+    secret = token_file(tmp_path, tokens.create(store, "viewer")["secret"])
+    done = console_via_api(cluster, "run1", "--api", hfile_api.url, "--token-file", secret)
     assert done.returncode == 4
     assert only_line(done) == ("peerctl: permission denied for role viewer: a viewer may "
                                "read, not open a console")
+
+
+def test_a_workstation_with_only_a_token_reaches_the_console_through_the_api(
+        cluster, store, hfile_api, tmp_path):
+    """--api and --token-file before the command (a remote): no etcd here."""
+    secret = token_file(tmp_path, tokens.create(store, "operator")["secret"])
+    remote = {"PEERCTL_ETCD": NOWHERE}
+    done = cluster.cli("--api", hfile_api.url, "--token-file", secret, "console", "off1",
+                       "--no-tty", input="", env=remote, timeout=60)
+    assert done.returncode == 1
+    assert only_line(done) == "peerctl: VM off1 is shutoff on hfile: start it first"
+    loose = tmp_path / "loose.token"
+    loose.write_text(tokens.create(store, "operator")["secret"])
+    loose.chmod(0o644)
+    done = cluster.cli("--api", hfile_api.url, "--token-file", str(loose), "console", "off1",
+                       "--no-tty", input="", env=remote)
+    assert done.returncode == 2 and "is readable by others (mode 0644)" in only_line(done)
 
 
 def test_an_api_that_does_not_answer_is_exit_3_naming_it(cluster, store):
@@ -253,11 +269,10 @@ def test_an_api_whose_certificate_another_ca_signed_is_exit_3(https_api, tmp_pat
     from engine.core import certs
     secured, server = https_api
     certs.authority(str(tmp_path / "other"))
-    secret = tmp_path / "token"
-    secret.write_text(tokens.create(secured.root, "operator")["secret"])
+    secret = token_file(tmp_path, tokens.create(secured.root, "operator")["secret"])
     done = secured.cluster.cli("--cacert", str(tmp_path / "other" / "ca.pem"), "console",
                                "run1", "--no-tty", "--via", "api", "--api", server.url,
-                               "--token-file", str(secret), env=secured.env("operator"),
+                               "--token-file", secret, env=secured.env("operator"),
                                input="")
     assert done.returncode == 3
     assert only_line(done).startswith(f"peerctl: cannot reach the API at {server.url}: its "

@@ -58,17 +58,8 @@ def _attached(ctx, route: consoles.Route, token: str | None):
 
 
 def _token_from(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        with open(path) as f:
-            token = f.read().strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read --token-file {path}: {exc.strerror}") from None
-    if not token or len(token.splitlines()) != 1:
-        raise UsageError(f"--token-file {path} holds no token (one line: the secret "
-                         "token create printed)")
-    return token
+    from .remote_config import read_token
+    return read_token(path, "--token-file") if path else None
 
 
 def register(commands) -> None:

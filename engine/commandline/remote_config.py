@@ -53,26 +53,27 @@ def api_urls(text: str | None, where: str = "--api") -> list[str]:
     return urls
 
 
-def read_token(path: str) -> str:
-    """The secret in token file ``path``, which only its owner may read."""
+def read_token(path: str, what: str = "token file") -> str:
+    """The secret in token file ``path``, which only its owner may read
+    (``what`` names it in messages: ``--token-file``)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
-        raise UsageError(f"cannot read token file {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise UsageError(f"token file {path} is not a regular file")
+            raise UsageError(f"{what} {path} is not a regular file")
         if info.st_mode & 0o077:
-            raise UsageError(f"token file {path} is readable by others (mode "
+            raise UsageError(f"{what} {path} is readable by others (mode "
                              f"{stat.S_IMODE(info.st_mode):04o}): chmod 600 {path}")
         if info.st_uid != os.geteuid():
-            raise UsageError(f"token file {path} belongs to another user (uid {info.st_uid})")
+            raise UsageError(f"{what} {path} belongs to another user (uid {info.st_uid})")
         text = os.read(fd, 4096).decode(errors="replace").strip()
     finally:
         os.close(fd)
     if not text or len(text.splitlines()) != 1:
-        raise UsageError(f"token file {path} holds no token (one line: the secret "
+        raise UsageError(f"{what} {path} holds no token (one line: the secret "
                          "token create printed)")
     return text
 
