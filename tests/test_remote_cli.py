@@ -331,3 +331,51 @@ def test_a_boot_with_a_seed_through_the_api_seeds_as_on_etcd(cluster, store, ope
     direct, remote = both(cluster, operator, "boot", "x", "--resources", SMALL_VM,
                           "--ssh-key", str(tmp_path / "bad-key.pub"))
     assert remote == direct and remote[0] == 2
+
+
+def test_following_goes_on_through_the_next_peer_when_its_api_stops(cluster, store, tmp_path):
+    """A ping whose steps wait at a gate, followed through a `serve --api`
+    that is then killed: the command line resumes the event stream on the
+    next URL and reports the automation's end, exit 0."""
+    import signal
+    import subprocess
+    import sys
+    from tests.support import PEERCTL, ROOT
+    from tests.support.hooks import gated_hook
+    hooks = str(tmp_path / "hooks")
+    gate = gated_hook(hooks, request="ping")
+    served = follower = None
+    try:
+        port = free_port()
+        cluster.start_peer("host1", extra_args=["--hooks", hooks, *api_peer_args(port)])
+        cluster.start_peer("host2", extra_args=["--hooks", hooks])
+        wait_for(lambda: {"host1", "host2"} <= set(engine_api.live_hosts(store)),
+                 what="peers alive")
+        first = free_port()
+        served = subprocess.Popen([sys.executable, PEERCTL, "serve", "--api",
+                                   f"127.0.0.1:{first}"], env=cluster.env, cwd=ROOT,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        urls = [f"http://127.0.0.1:{first}", f"http://127.0.0.1:{port}"]
+        wait_for(lambda: all(answers(ApiClient(url), 401) for url in urls), what="both APIs")
+        workstation = Workstation(cluster, urls, _token(cluster, "operator"), tmp_path)
+        follower = subprocess.Popen([sys.executable, PEERCTL, "ping"], cwd=ROOT, text=True,
+                                    env={**cluster.env, **workstation.env},
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        [automation] = wait_for(lambda: [t["id"] for t in cluster.cli_json("tasks")],
+                                what="the ping started")
+        wait_for(lambda: any(e["status"] == "running"
+                             for e in cluster.cli_json("task", automation)["log"]),
+                 what="a ping step running")
+        served.send_signal(signal.SIGKILL)
+        served.wait(10)
+        gate.open()
+        out, err = follower.communicate(timeout=120)
+        assert follower.returncode == 0, (out, err)
+        assert out.rstrip().endswith(f"automation {automation} done"), out
+    finally:
+        gate.open()
+        for process in (served, follower):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(10)

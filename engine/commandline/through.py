@@ -26,12 +26,7 @@ import time
 from engine.operations import tasks
 from engine.operations.plans import Plan
 
-__all__ = ["read", "write", "planned", "start", "follow", "RemotePlan", "remote"]
-
-
-def remote(ctx):
-    """The API client of this command, or None when it runs on etcd."""
-    return ctx.api
+__all__ = ["read", "write", "planned", "start", "follow", "RemotePlan"]
 
 
 def read(ctx, direct, path: str, **query):
