@@ -379,3 +379,31 @@ def test_following_goes_on_through_the_next_peer_when_its_api_stops(cluster, sto
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait(10)
+
+
+def test_bad_remotes_are_one_line_and_write_nothing(cluster, tmp_path):
+    config = tmp_path / "cfg"
+    env = {"PEERCTL_ETCD": NOWHERE, "XDG_CONFIG_HOME": str(config)}
+    loose = tmp_path / "loose.token"
+    loose.write_text("secret\n")
+    loose.chmod(0o640)
+    for command, said in (
+            (["remote", "add", "lab", "http://127.0.0.1:1", "--token-file", str(loose)],
+             "is readable by others"),
+            (["remote", "add", "lab", "ftp://x", "--token-file", str(loose)], "bad API URL"),
+            (["remote", "add", "bad name", "http://127.0.0.1:1", "--token-file", str(loose)],
+             "bad remote name"),
+            (["remote", "use", "nope"], "no remote 'nope'"),
+            (["--api", "http://127.0.0.1:1", "--token-file", str(loose), "up"],
+             "up runs on this machine"),
+            (["--api", "http://127.0.0.1:1", "vmlist"], "needs a token")):
+        done = cluster.cli(*command, env=env)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode in (1, 2) and len(lines) == 1 and said in lines[0], (command,
+                                                                                     done)
+    assert not (config / "peerctl" / "remotes.json").exists()
+    (config / "peerctl").mkdir(parents=True)
+    (config / "peerctl" / "remotes.json").write_text("{not json")
+    done = cluster.cli("vmlist", env=env)
+    assert done.returncode == 2 and done.stderr.startswith("peerctl: cannot read ")
+    assert len(done.stderr.strip().splitlines()) == 1
