@@ -256,3 +256,87 @@ def test_at_420_px_nothing_overflows_the_body(chromium, api, cluster, tmp_path):
         page.locator("#tree-hosts li[data-host='host1'] > a").click()
         expect(page.locator("#host-head h2")).to_contain_text("host1")
         expect(page.locator("#nav")).to_be_hidden()
+
+
+# -- every kind of action, each confirmed in the dialog ------------------------------------------
+
+def confirm(page, ok: str, **fields) -> str:
+    """Confirm the open dialog with its ``ok`` button, ``fields`` filled
+    (True: checked); what it listed, one line per target."""
+    dialog = page.locator("#confirm")
+    expect(dialog).to_be_visible()
+    for name, value in fields.items():
+        field = page.locator(f"#confirm-field-{name}")
+        field.check() if value is True else field.fill(value)
+    listed = dialog.locator("#confirm-targets").inner_text()
+    dialog.get_by_role("button", name=ok).click()
+    expect(dialog).to_be_hidden()
+    return listed
+
+
+def ended_card(page, title: str):
+    card = page.locator("#automations article", has_text=title)
+    expect(card.locator("header .state")).to_have_text("done", timeout=SOON)
+    return card
+
+
+@pytest.mark.slow           # a dozen automations one after another: ~12 s
+def test_an_operator_backs_up_migrates_restores_evacuates_leases_and_destroys(
+        chromium, api, cluster):
+    boot_vms(cluster, "web1", "web2", on="host1")
+    vms = lambda: {vm["name"]: vm for vm in cluster.cli_json("vmlist")}      # noqa: E731
+    with opened(chromium, api.url, token(api, "operator")) as page:
+        vm_row(page, "web1").get_by_role("button", name="Backup").click()
+        assert confirm(page, "Back up") == "web1 on host1"
+        ended_card(page, "backup host1/web1")
+
+        vm_row(page, "web1").get_by_role("button", name="Migrate").click()
+        assert confirm(page, "Migrate", to="host2") == "web1: host1 → host2"
+        ended_card(page, "migrate host1/web1")
+        assert vms()["web1"]["host"] == "host2"
+
+        page.goto(api.url.rstrip("/") + "/#/vm/web1")
+        page.locator("#vm-head").get_by_role("button", name="HA").click()
+        confirm(page, "Set HA")
+        ended_card(page, "ha host2/web1")
+        expect(page.locator("#vm-record")).to_contain_text("restart")
+
+        backups = page.locator("#vm-backups")
+        backups.get_by_role("button", name="Protect").click()
+        confirm(page, "Protect")
+        expect(backups.get_by_role("button", name="Delete")).to_be_disabled()
+        assert [b["protected"] for b in cluster.cli_json("backup", "list")] == [True]
+        backups.get_by_role("button", name="Restore").click()
+        confirm(page, "Restore", **{"as": "web9"})
+        ended_card(page, "restore")
+        assert "web9" in vms()
+
+        page.goto(api.url.rstrip("/") + "/#/host/host1")
+        page.locator("#host-head").get_by_role("button", name="Evacuate").click()
+        moves = confirm(page, "Evacuate", to="host2").splitlines()
+        assert "web2: host1 → host2" in moves
+        ended_card(page, "evacuate host1")
+        expect(page.locator("#host-head .state")).to_have_text("drained")
+        assert {vm["host"] for vm in vms().values()} == {"host2"}
+
+        page.goto(api.url.rstrip("/") + "/#/")
+        form = page.locator("#lease-form")
+        for name, value in (("name", "maint"), ("start", "+1h"), ("end", "+1d"), ("hosts", "1")):
+            form.locator(f"input[name={name}]").fill(value)
+        form.get_by_role("button", name="Create").click()
+        confirm(page, "Create")
+        lease = page.locator("#leases tr[data-lease='maint']")
+        expect(lease.locator(".state")).to_have_text("pending")
+        lease.get_by_role("button", name="Delete").click()
+        assert confirm(page, "Delete") == "lease maint"
+        expect(lease).to_have_count(0)
+
+        vm_row(page, "web2").get_by_role("checkbox").check()
+        vm_row(page, "web9").get_by_role("checkbox").check()
+        page.locator("#vms-bulk").get_by_role("button", name="Destroy").click()
+        assert confirm(page, "Destroy").splitlines() == ["web2 on host2", "web9 on host2"]
+        expect(vm_row(page, "web2")).to_have_count(0, timeout=SOON)
+        expect(vm_row(page, "web9")).to_have_count(0)
+        assert set(vms()) == {"web1"}
+        assert page.locator("#notice").is_hidden()
+        assert page.problems == []

@@ -18,6 +18,7 @@ import { changed, isOperator, readAutomation, readBackups, readHosts, state, onF
 
 function targetLabel(target) {
   if (typeof target === "string") return target;
+  if (target.from && (target.to || target.host)) return `${target.name || target.vm}: ${target.from} → ${target.to || target.host}`;
   if (target.host && target.name) return `${target.name} on ${target.host}`;
   return target.name || target.vm || target.host || target.id || target.lease || JSON.stringify(target);
 }
@@ -90,16 +91,18 @@ async function send(title, method, path, body, plan = false) {
   }
 }
 
-// The first list in a dry run's document: what it would act on.
+// What a dry run's document says would be acted on: its moves, VMs, hosts
+// or disks (balance: moves; drain: hosts; the VM actions: vms).
 function planned(doc) {
   if (!doc) return [];
-  for (const value of Object.values(doc)) if (Array.isArray(value)) return value;
+  for (const key of ["moves", "vms", "hosts", "disks", "replies"]) if (Array.isArray(doc[key])) return doc[key];
   return [];
 }
 
 // One action: asked, sent, followed.  `dryRun`: the route plans (ask it
 // first); `yes`: the route takes "yes" (sent once confirmed); `fields`:
-// asked in the dialog, their values added to the body (empty ones left out).
+// asked in the dialog, their values added to the body (empty ones left out);
+// `body: null`: the route takes none; `query`: it takes yes and dry_run in its query.
 export async function act({ title, kind, method = "POST", path, body = {}, question, okLabel, targets = [],
                             fields = [], dryRun = false, yes = dryRun, danger = false, query = false }) {
   let shown = targets;
@@ -107,21 +110,22 @@ export async function act({ title, kind, method = "POST", path, body = {}, quest
     const plan = await send(title, method, query ? `${path}?dry_run=true` : path,
                             query ? undefined : { ...body, dry_run: true }, true);
     if (!plan) return null;
-    if (plan.doc) shown = planned(plan.doc);
-    else shown = plan.unconfirmed.doc.targets;
+    shown = plan.doc ? planned(plan.doc) : plan.unconfirmed.doc.targets;
+    if (!shown.length) shown = targets;         // nothing listed (a lease with no VMs): what was asked
   }
   const values = await ask(title, question, { okLabel, targets: shown, fields, danger });
   if (!values) return null;
+  const bodyless = query || body === null;
   const full = { ...body };
   for (const [name, value] of Object.entries(values)) if (value !== "" && value !== false) full[name] = value;
   if (yes && !query) full.yes = true;
   let url = yes && query ? `${path}?yes=true` : path;
-  let answer = await send(title, method, url, query ? undefined : full);
+  let answer = await send(title, method, url, bodyless ? undefined : full);
   if (answer && answer.unconfirmed) {          // the cluster asks: show what, then confirm
     const again = await ask(title, answer.unconfirmed.message, { okLabel, targets: answer.unconfirmed.doc.targets, danger });
     if (!again) return null;
     url = query ? `${path}?yes=true` : path;
-    answer = await send(title, method, url, query ? undefined : { ...full, yes: true });
+    answer = await send(title, method, url, bodyless ? undefined : { ...full, yes: true });
   }
   if (!answer || !answer.doc) return null;
   started(title, kind, answer.doc);
@@ -204,7 +208,8 @@ export function vmAction(action, vms) {
     default:
       return act({ title, kind: action, path: `/v1/vms/${action}`, body: { patterns }, dryRun: true, okLabel: verb,
                    danger: action === "destroy",
-                   question: action === "destroy" ? `Destroy ${what}: their disks are deleted (backups stay).`
+                   question: action === "destroy"
+                     ? `Destroy ${what}: ${vms.length === 1 ? "its disks are" : "their disks are"} deleted (backups stay).`
                      : `${verb} ${what}.` });
   }
 }
@@ -286,12 +291,12 @@ export function backupAction(action, backup) {
                    fields: [{ name: "as", label: "As a new VM", placeholder: "name (optional)" },
                             { name: "on", label: "On hosts", placeholder: "host glob (optional)" }] });
     case "delete":
-      return act({ title: `delete backup ${id}`, kind: "backup delete", method: "DELETE", path: `/v1/backups/${enc(id)}`,
+      return act({ title: `delete backup ${id}`, kind: "backup delete", method: "DELETE", path: `/v1/backups/${enc(id)}`, body: null,
                    okLabel: "Delete", danger: true, targets: [`backup ${id} of ${backup.vm}`],
                    question: "Delete this backup from its target host." });
     case "protect":
     case "unprotect":
-      return act({ title: `${action} backup ${id}`, kind: action, path: `/v1/backups/${enc(id)}/${action}`,
+      return act({ title: `${action} backup ${id}`, kind: action, path: `/v1/backups/${enc(id)}/${action}`, body: null,
                    okLabel: action === "protect" ? "Protect" : "Unprotect", targets: [`backup ${id} of ${backup.vm}`],
                    question: action === "protect" ? "Keep this backup from every prune and delete."
                      : "Let prunes and delete remove this backup again." }).then((doc) => {
@@ -311,8 +316,8 @@ export function leaseAction(action, lease) {
                  fields: [{ name: "end", label: "New end", placeholder: "+2h, or 2026-12-01T10:00Z" }] });
   }
   return act({ title: `delete lease ${name}`, kind: "lease", method: "DELETE", path: `/v1/leases/${enc(name)}`,
-               query: true, dryRun: true, okLabel: "Delete", danger: true,
-               question: `End lease ${name} now and forget it (its VMs get its on_end: ${lease.on_end || "as set"}).` });
+               query: true, dryRun: true, okLabel: "Delete", danger: true, targets: [`lease ${name}`],
+               question: `End lease ${name} now and forget it; its VMs get what its on_end says.` });
 }
 
 export function createLease(body) {
@@ -321,7 +326,7 @@ export function createLease(body) {
 }
 
 export function abortAutomation(id) {
-  return act({ title: `abort ${id}`, kind: "abort", method: "DELETE", path: `/v1/automations/${enc(id)}`,
+  return act({ title: `abort ${id}`, kind: "abort", method: "DELETE", path: `/v1/automations/${enc(id)}`, body: null,
                okLabel: "Abort", danger: true, targets: [id], question: "Ask this automation to stop." });
 }
 
