@@ -190,7 +190,7 @@ def test_the_task_log_shows_an_automation_started_from_the_command_line(
 
 
 def test_a_stop_of_two_selected_vms_is_confirmed_with_both_and_shows_their_progress(
-        chromium, api, cluster):
+        chromium, api, cluster, tmp_path):
     boot_vms(cluster, "web1", "web2", on="host1")
     boot_vms(cluster, "db1", on="host2")
     with opened(chromium, api.url, token(api, "operator")) as page:
@@ -202,6 +202,7 @@ def test_a_stop_of_two_selected_vms_is_confirmed_with_both_and_shows_their_progr
         dialog = page.locator("#confirm")
         targets = dialog.locator("#confirm-targets li")
         expect(targets).to_have_text(["web1 on host1", "db1 on host2"])   # the route's plan
+        shot(page, "confirm", tmp_path)
         dialog.get_by_role("button", name="Stop").click()
         card = page.locator("#automations article", has_text="stop 2 VMs")
         expect(card.locator("header .state")).to_have_text("done", timeout=SOON)

@@ -19,7 +19,9 @@ export function el(tag, props = {}, ...children) {
   return node;
 }
 
-export const natural = (a, b) => String(a ?? "").localeCompare(String(b ?? ""), undefined, { numeric: true });
+// host2 before host10; one collator (localeCompare with options makes one per call: slow on 1,000 rows)
+const collator = new Intl.Collator(undefined, { numeric: true });
+export const natural = (a, b) => collator.compare(String(a ?? ""), String(b ?? ""));
 
 export function seconds(time) {
   if (typeof time === "number") return time;

@@ -20,10 +20,14 @@ export function hostsTable() {
         el("th", { className: "num hide-narrow" }, "vCPUs"), el("th", {}, "Memory"), el("th", { className: "hide-narrow" }, "Disk"),
         el("th", { className: "operator-only" }, "Actions"))),
       tbody)));
+  let drawn = null;                 // what the table shows: redrawn only when that changes
   const draw = () => {
     const counts = new Map();
     for (const vm of vmRows()) counts.set(vm.host, (counts.get(vm.host) || 0) + 1);
     const hosts = [...state.hosts.values()].sort((a, b) => natural(a.host, b.host));
+    const shows = JSON.stringify([hosts, [...counts]]);
+    if (shows === drawn) return;
+    drawn = shows;
     count.textContent = `${hosts.filter((h) => h.alive).length} of ${hosts.length} up`;
     tbody.replaceChildren(...(hosts.length ? hosts.map((host) => el("tr", { dataset: { host: host.host } },
       el("td", {}, el("a", { href: hostHref(host.host) }, host.host)),

@@ -7,6 +7,7 @@ import { state, vmRows, subscribe, hostStatus, ended } from "./store.js";
 const opened = new Set();           // hosts whose VMs the tree shows
 
 export function startTree() {
+  let drawn = null;                 // what the tree shows: redrawn only when that changes
   const draw = () => {
     const byHost = new Map();
     for (const vm of vmRows()) {
@@ -15,6 +16,11 @@ export function startTree() {
     }
     const names = [...new Set([...state.hosts.keys(), ...byHost.keys()])].sort(natural);
     const here = location.hash;
+    const running = [...state.tasks.values()].filter((t) => !ended(t)).length;
+    const shows = JSON.stringify([here, running, names.map((name) => [name, hostStatus(state.hosts.get(name)),
+      (byHost.get(name) || []).length, opened.has(name) ? (byHost.get(name) || []).map((vm) => [vm.name, vm.state]) : 0])]);
+    if (shows === drawn) return;
+    drawn = shows;
     const hostItems = names.map((name) => {
       const status = hostStatus(state.hosts.get(name));
       const vms = byHost.get(name) || [];
@@ -35,7 +41,6 @@ export function startTree() {
           el("a", { href: vmHref(vm.name), className: location.hash === vmHref(vm.name) ? "here" : "" },
              el("span", { className: `dot ${vm.state}`, title: vm.state }), vm.name)))) : null);
     });
-    const running = [...state.tasks.values()].filter((t) => !ended(t)).length;
     $("tree").replaceChildren(el("ul", { className: "tree" },
       el("li", { className: "root" }, el("a", { href: "#/", className: here === "#/" || here === "" ? "here" : "" }, "Datacenter"),
          el("span", { className: "count" }, `${vmRows().length} VMs`),

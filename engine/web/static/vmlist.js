@@ -148,27 +148,53 @@ export function vmList({ fixedHost = null, id = "vms" } = {}) {
       } } }));
   }
 
-  function drawWindow() {
+  // What is drawn: the window's VMs, in order, each row with its signature,
+  // so that a change redraws only the rows it changed (no layout of the rest).
+  let drawn = { first: -1, last: -1, total: -1, uuids: [], rows: new Map() };
+  let view = { top: 0, height: 600 };   // the scroller's, read on scroll (not on every change)
+
+  const signature = (vm) => JSON.stringify([vm.name, vm.host, vm.state, vm.crashed, vm.vcpus, vm.memory_mb, vm.disk_gb,
+    vm.ip, vm.ha, vm.group, vm.backup && vm.backup.time, vm.hostDown, selected.has(vm.uuid)]);
+
+  function drawWindow(force = false) {
     const total = rows.length;
     let first = 0;
     let last = total;
     if (total > ALL_UNDER) {
-      const top = scroller.scrollTop;
-      const height = scroller.clientHeight || 600;
-      first = Math.max(0, Math.floor(top / ROW) - MARGIN);
-      last = Math.min(total, Math.ceil((top + height) / ROW) + MARGIN);
+      first = Math.max(0, Math.floor(view.top / ROW) - MARGIN);
+      last = Math.min(total, Math.ceil((view.top + view.height) / ROW) + MARGIN);
     }
-    const spacer = (n) => el("tr", { className: "spacer" }, el("td", { colSpan: COLUMNS.length + 2, height: String(n * ROW) }));
-    const drawn = rows.slice(first, last).map(vmTr);
-    const parts = [];
-    if (first > 0) parts.push(spacer(first));
-    parts.push(...drawn);
-    if (last < total) parts.push(spacer(total - last));
-    if (!total) {
-      parts.push(el("tr", { className: "empty" }, el("td", { colSpan: COLUMNS.length + 2 },
-        vmRows().length ? "No VM matches." : "No VMs.")));
+    const shown = rows.slice(first, last);
+    const same = !force && first === drawn.first && last === drawn.last && total === drawn.total
+      && shown.every((vm, i) => vm.uuid === drawn.uuids[i]);
+    if (same) {                                   // the same rows: redraw those that changed
+      for (const vm of shown) {
+        const was = drawn.rows.get(vm.uuid);
+        const sig = signature(vm);
+        if (was.sig !== sig) {
+          const tr = vmTr(vm);
+          was.tr.replaceWith(tr);
+          drawn.rows.set(vm.uuid, { tr, sig });
+        }
+      }
+    } else {
+      const spacer = (n) => el("tr", { className: "spacer" }, el("td", { colSpan: COLUMNS.length + 2, height: String(n * ROW) }));
+      const made = new Map(shown.map((vm) => {
+        const was = drawn.rows.get(vm.uuid);
+        const sig = signature(vm);
+        return [vm.uuid, was && was.sig === sig && !force ? was : { tr: vmTr(vm), sig }];
+      }));
+      const parts = [];
+      if (first > 0) parts.push(spacer(first));
+      parts.push(...shown.map((vm) => made.get(vm.uuid).tr));
+      if (last < total) parts.push(spacer(total - last));
+      if (!total) {
+        parts.push(el("tr", { className: "empty" }, el("td", { colSpan: COLUMNS.length + 2 },
+          vmRows().length ? "No VM matches." : "No VMs.")));
+      }
+      tbody.replaceChildren(...parts);
+      drawn = { first, last, total, uuids: shown.map((vm) => vm.uuid), rows: made };
     }
-    tbody.replaceChildren(...parts);
     all.checked = total > 0 && rows.every((vm) => selected.has(vm.uuid));
   }
 
@@ -207,6 +233,7 @@ export function vmList({ fixedHost = null, id = "vms" } = {}) {
     scrollQueued = true;
     requestAnimationFrame(() => {
       scrollQueued = false;
+      view = { top: scroller.scrollTop, height: scroller.clientHeight || 600 };
       drawWindow();
     });
   });
