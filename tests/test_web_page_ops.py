@@ -128,6 +128,18 @@ def test_a_vm_page_shows_its_record_backups_and_history(chromium, api, cluster):
         expect(history).to_have_count(2)                    # its boot and its backup
         expect(history.first).to_contain_text("backup")
         expect(page.locator("#vm-head").get_by_role("button", name="Snapshot")).to_be_disabled()
+
+        page.locator("#vm-schedules").get_by_role("button", name="Schedule").click()
+        confirm(page, "Schedule", every="6h", keep_last="3")
+        schedule = page.locator("#vm-schedules tr[data-schedule]")
+        expect(schedule).to_contain_text("6h")
+        expect(schedule).to_contain_text("last 3")
+        (made,) = cluster.cli_json("backup", "schedule", "list")
+        assert (made["pattern"], made["every"], made["keep"]) == ("web1", 21600, {"last": 3})
+        schedule.get_by_role("button", name="Delete").click()
+        confirm(page, "Delete")
+        expect(schedule).to_have_count(0)
+        assert cluster.cli_json("backup", "schedule", "list") == []
         # the graphs are kept by host1's peer, which serves no API here: said in one line
         expect(page.locator(".graphs-error")).to_contain_text("serves no API")
         assert page.problems == []
@@ -156,6 +168,10 @@ def test_graphs_of_a_host_and_a_vm_are_drawn(chromium, cluster, store, tmp_path)
     with opened(chromium, client.url, secret, at="#/host/host1") as page:
         cpu = page.locator("figure[data-chart='cpu'] polyline[data-series='cpu_pct']")
         expect(cpu.first).to_be_attached(timeout=15 * SECOND)
+        if os.environ.get("PEERCTL_PAGE_SHOTS"):        # for docs/: a minute of points
+            page.wait_for_function("""() => [...document.querySelectorAll(
+                "figure[data-chart='cpu'] polyline")].some((line) =>
+                line.getAttribute("points").split(" ").length >= 6)""", timeout=90 * SECOND)
         shot(page, "host", tmp_path)
 
         page.goto(client.url + "/#/vm/web1")

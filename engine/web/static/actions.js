@@ -11,7 +11,7 @@
 //   or a later action is accepted.
 
 import { api, ApiError, enc } from "./api.js";
-import { $, el, clearNotice, notice } from "./dom.js";
+import { $, el, clearNotice, notice, duration } from "./dom.js";
 import { changed, isOperator, readAutomation, readBackups, readHosts, state, onFinished } from "./store.js";
 
 // -- the dialog ----------------------------------------------------------------------------
@@ -102,9 +102,11 @@ function planned(doc) {
 // One action: asked, sent, followed.  `dryRun`: the route plans (ask it
 // first); `yes`: the route takes "yes" (sent once confirmed); `fields`:
 // asked in the dialog, their values added to the body (empty ones left out);
-// `body: null`: the route takes none; `query`: it takes yes and dry_run in its query.
+// `body: null`: the route takes none; `query`: it takes yes and dry_run in its query;
+// `shape(body)`: the body as the route wants it (numbers from the fields' text).
 export async function act({ title, kind, method = "POST", path, body = {}, question, okLabel, targets = [],
-                            fields = [], dryRun = false, yes = dryRun, danger = false, query = false }) {
+                            fields = [], dryRun = false, yes = dryRun, danger = false, query = false,
+                            shape = (full) => full }) {
   let shown = targets;
   if (dryRun) {
     const plan = await send(title, method, query ? `${path}?dry_run=true` : path,
@@ -116,8 +118,9 @@ export async function act({ title, kind, method = "POST", path, body = {}, quest
   const values = await ask(title, question, { okLabel, targets: shown, fields, danger });
   if (!values) return null;
   const bodyless = query || body === null;
-  const full = { ...body };
+  let full = { ...body };
   for (const [name, value] of Object.entries(values)) if (value !== "" && value !== false) full[name] = value;
+  full = shape(full);
   if (yes && !query) full.yes = true;
   let url = yes && query ? `${path}?yes=true` : path;
   let answer = await send(title, method, url, bodyless ? undefined : full);
@@ -306,6 +309,22 @@ export function backupAction(action, backup) {
     default:
       return null;
   }
+}
+
+export function scheduleAction(action, { vm, schedule }) {
+  if (action === "create") {
+    return act({ title: `schedule backups of ${vm.name}`, kind: "schedule", path: "/v1/backups/schedules",
+                 body: { pattern: vm.name }, okLabel: "Schedule", targets: [vm.name],
+                 question: "Back up this VM at every interval; older backups are pruned as kept.",
+                 fields: [{ name: "every", label: "Every", placeholder: "1d, 6h, 1w", value: "1d" },
+                          { name: "keep_last", label: "Keep the last", placeholder: "how many (optional)" },
+                          { name: "to", label: "To host", placeholder: "host glob (optional)" }],
+                 shape: (body) => (body.keep_last ? { ...body, keep_last: Number(body.keep_last) } : body) });
+  }
+  return act({ title: `delete schedule ${schedule.schedule}`, kind: "schedule", method: "DELETE", body: null,
+               path: `/v1/backups/schedules/${enc(schedule.schedule)}`, okLabel: "Delete", danger: true,
+               targets: [`${schedule.pattern} every ${duration(schedule.every)}`],
+               question: "Delete this backup schedule (its backups stay)." });
 }
 
 export function leaseAction(action, lease) {

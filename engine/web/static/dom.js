@@ -39,6 +39,20 @@ export function age(time) {
   return `${Math.round(s / 86400)}d`;
 }
 
+// 86400 -> "1d", 5400 -> "1h 30m"
+export function duration(total) {
+  if (typeof total !== "number") return "-";
+  const parts = [];
+  let left = Math.round(total);
+  for (const [unit, size] of [["w", 604800], ["d", 86400], ["h", 3600], ["m", 60], ["s", 1]]) {
+    if (left >= size) {
+      parts.push(`${Math.floor(left / size)}${unit}`);
+      left %= size;
+    }
+  }
+  return parts.join(" ") || "0s";
+}
+
 export function when(time) {
   const then = seconds(time);
   return then === null ? "-" : new Date(then * 1000).toISOString().slice(0, 16).replace("T", " ");

@@ -2,7 +2,7 @@
 // and what holds it (leases, drain, reservations), its graphs, its VMs, and
 // the foreign domains on it (libvirt's, not peerctl's: adopt them).
 
-import { api, enc } from "./api.js";
+import { api } from "./api.js";
 import { el, badge, facts, usage, when, table } from "./dom.js";
 import { state, subscribe, hostStatus, vmRows, readOnce } from "./store.js";
 import { buttons, hostActionsFor, adopt } from "./actions.js";

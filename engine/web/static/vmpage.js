@@ -3,15 +3,21 @@
 // the automations that touched it.
 
 import { api, enc, ApiError } from "./api.js";
-import { el, badge, facts, mib, gb, hostHref, when, age, table, section } from "./dom.js";
+import { el, badge, facts, mib, gb, hostHref, when, age, table, section, duration } from "./dom.js";
 import { state, vmNamed, subscribe, readOnce } from "./store.js";
-import { buttons, vmActionsFor, backupAction } from "./actions.js";
+import { buttons, vmActionsFor, backupAction, scheduleAction } from "./actions.js";
 import { openConsole } from "./console.js";
 import { graphPanel } from "./graphs.js";
 import { automationsOf, taskTable } from "./tasks.js";
 
 function leaseOf(name) {
   return state.leases.find((lease) => (lease.vms || []).some((vm) => (vm.name || vm) === name)) || null;
+}
+
+// Whether a schedule's pattern (NAME or HOST/NAME, with * ? [...]) matches the VM.
+function globbed(pattern, vm) {
+  const regex = (glob) => new RegExp(`^${glob.replace(/[.+^${}()|\\]/g, "\\$&").replace(/\*/g, ".*").replace(/\?/g, ".")}$`);
+  return pattern.includes("/") ? regex(pattern).test(`${vm.host}/${vm.name}`) : regex(pattern).test(vm.name);
 }
 
 function replicaText(replica) {
@@ -24,13 +30,14 @@ export function vmPage(root, name) {
   const head = el("section", { className: "card page-head", id: "vm-head" });
   const record = el("section", { className: "card", id: "vm-record" });
   const backups = el("section", { className: "card", id: "vm-backups" }, el("h2", {}, "Backups"), el("p", { className: "empty" }, "reading..."));
+  const schedules = el("section", { className: "card", id: "vm-schedules" }, el("h2", {}, "Backup schedules"));
   const snapshots = section("Snapshots", el("p", { className: "hint", id: "vm-snapshots" },
     "Snapshots are not served by this API yet (the snapshot routes are being added); they will be listed here."));
   const history = el("section", { className: "card", id: "vm-automations" });
   let graphs = null;
   let graphsHost = null;
   const graphSlot = el("div", {});
-  root.replaceChildren(head, record, graphSlot, backups, snapshots, history);
+  root.replaceChildren(head, record, graphSlot, backups, schedules, snapshots, history);
 
   function drawRecord() {
     const vm = vmNamed(name);
@@ -95,6 +102,25 @@ export function vmPage(root, name) {
     });
   }
 
+  function readSchedules() {
+    readOnce(`schedules of ${name}`, async () => {
+      const vm = vmNamed(name) || { name, host: "" };
+      const { doc } = await api("GET", "/v1/backups/schedules");
+      const mine = doc.filter((schedule) => globbed(schedule.pattern, vm));
+      schedules.replaceChildren(el("h2", {}, "Backup schedules ", el("span", { className: "count" }, `${mine.length}`),
+          buttons([{ label: "Schedule", title: "Back up this VM at every interval",
+                     run: () => scheduleAction("create", { vm }).then(readSchedules) }])),
+        table(["Pattern", "Every", "Keep", "Next", "Runs", el("th", { className: "operator-only" }, "")],
+          mine.map((schedule) => el("tr", { dataset: { schedule: schedule.schedule } },
+            el("td", {}, schedule.pattern), el("td", {}, duration(schedule.every)),
+            el("td", {}, Object.entries(schedule.keep || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "all"),
+            el("td", { className: "time" }, when(schedule.next)), el("td", {}, schedule.runs),
+            el("td", { className: "actions operator-only" }, buttons([{ label: "Delete", danger: true,
+              run: () => scheduleAction("delete", { schedule }).then(readSchedules) }])))),
+          "No schedule backs this VM up."));
+    });
+  }
+
   function drawHistory() {
     history.replaceChildren(el("h2", {}, "Automations"),
       el("p", { className: "hint" }, "The cluster's recent automations that touched this VM."),
@@ -103,6 +129,7 @@ export function vmPage(root, name) {
 
   drawRecord();
   readBackupList();
+  readSchedules();
   drawHistory();
   const stops = [
     subscribe(["vms", "hosts", "leases", "groups"], drawRecord),
