@@ -3,9 +3,10 @@ chromium driven by Playwright) on real peers over libvirt's test driver.
 
 What it proves: the tree groups the VMs by host and the list searches,
 filters and sorts them, with vCPUs, memory and disk per VM; views are
-linkable (``#/vm/NAME``) and Back returns; a VM's page shows its record and
-draws its graphs (the SVG has points), a host's page its capacity, version,
-VMs and foreign domains; the task log shows an automation started from the
+linkable (``#/vm/NAME``) and Back returns; a VM's page shows its record,
+backups and history and schedules its backups, a host's page its capacity,
+version, VMs and foreign domains, and both draw their graphs (the SVG has
+points); the task log shows an automation started from the
 command line with its steps; a Stop of two selected VMs lists both in its
 confirmation (the route's own plan) and shows their progress; a viewer
 gets no action on any view; a host that dies shows as down; at 420 px
