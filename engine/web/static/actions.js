@@ -159,14 +159,19 @@ export const VM_ACTIONS = [
   { action: "backup", label: "Backup", when: () => true },
   { action: "ha", label: "HA", when: () => true, anyHost: true },
   { action: "snapshot", label: "Snapshot", when: () => true },
+  { action: "replicate", label: "Replicate", when: () => true },
   { action: "unmanage", label: "Unmanage", when: () => true },
   { action: "destroy", label: "Destroy", when: () => true, anyHost: true, danger: true },
 ];
 
-// Snapshots and replicas: the routes (/v1/snapshots..., replicas) are not in
-// this API yet; the buttons are here, refused, saying so.  Wire them in
-// SNAPSHOT_ROUTE below once they are.
-const SNAPSHOT_ROUTE = null;        // e.g. {path: "/v1/snapshots", body: (vms) => ({patterns})}
+// Snapshots and replicas: their routes (POST /v1/snapshots {patterns, name,
+// memory}, GET /v1/snapshots, POST /v1/vms/NAME/snapshots/S/revert, DELETE
+// /v1/vms/NAME/snapshots; POST /v1/replicas {patterns, every, to}, POST
+// /v1/replicas/stop) are not in this API yet: the buttons are here,
+// refused, saying so.  Wire them in vmAction below (and the VM page's
+// Snapshots section) once they are, and set these to true.
+const SNAPSHOT_ROUTE = false;
+const REPLICA_ROUTE = false;
 
 export function vmActionsFor(vms, single) {
   const down = vms.filter((vm) => vm.hostDown);
@@ -176,6 +181,7 @@ export function vmActionsFor(vms, single) {
       refused = down.length === 1 ? `host ${down[0].host} is down` : `${down.length} of these VMs' hosts are down`;
     }
     if (a.action === "snapshot" && !SNAPSHOT_ROUTE) refused = "snapshots are not served by this API yet";
+    if (a.action === "replicate" && !REPLICA_ROUTE) refused = "replicas are not served by this API yet";
     return { ...a, refused, run: () => vmAction(a.action, vms) };
   });
 }
@@ -206,7 +212,8 @@ export function vmAction(action, vms) {
       return act({ title, kind: action, path: "/v1/unmanage", body: { patterns }, dryRun: true, okLabel: "Unmanage",
                    danger: true, question: `Let ${what} go: they keep running, peerctl forgets them.` });
     case "snapshot":
-      notice("Snapshots are not served by this API yet.", "info");
+    case "replicate":
+      notice(`${verb}: not served by this API yet.`, "info");
       return null;
     default:
       return act({ title, kind: action, path: `/v1/vms/${action}`, body: { patterns }, dryRun: true, okLabel: verb,
