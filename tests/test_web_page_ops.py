@@ -299,7 +299,7 @@ def ended_card(page, title: str):
 
 
 @pytest.mark.slow           # a dozen automations one after another: ~12 s
-def test_an_operator_backs_up_migrates_restores_evacuates_leases_and_destroys(
+def test_every_kind_of_action_from_the_page_is_confirmed_and_followed(
         chromium, api, cluster):
     boot_vms(cluster, "web1", "web2", on="host1")
     vms = lambda: {vm["name"]: vm for vm in cluster.cli_json("vmlist")}      # noqa: E731
@@ -356,5 +356,22 @@ def test_an_operator_backs_up_migrates_restores_evacuates_leases_and_destroys(
         expect(vm_row(page, "web2")).to_have_count(0, timeout=SOON)
         expect(vm_row(page, "web9")).to_have_count(0)
         assert set(vms()) == {"web1"}
+
+        page.goto(api.url.rstrip("/") + "/#/host/host2")
+        page.locator("#host-head").get_by_role("button", name="Ping").click()
+        confirm(page, "Ping")
+        ended_card(page, "ping host2")
+        vm_row(page, "web1", "host-vms").get_by_role("checkbox").check()
+        page.locator("#host-vms-bulk").get_by_role("button", name="Unmanage").click()
+        confirm(page, "Unmanage")
+        ended_card(page, "unmanage host2/web1")
+        foreign = page.locator("#host-foreign tr[data-domain='web1']")
+        expect(foreign.get_by_role("button", name="Adopt")).to_be_enabled()
+        foreign.get_by_role("button", name="Adopt").click()
+        assert confirm(page, "Adopt") == "web1 on host2"
+        ended_card(page, "adopt web1")
+        expect(vm_row(page, "web1", "host-vms")).to_be_visible()
+        expect(foreign).to_have_count(0)
+        assert vms()["web1"]["host"] == "host2"
         assert page.locator("#notice").is_hidden()
         assert page.problems == []
