@@ -184,6 +184,7 @@ def test_graphs_of_a_host_and_a_vm_are_drawn(chromium, cluster, store, tmp_path)
         page.get_by_role("button", name="last day").click()
         expect(page.locator("section[data-graphs='vms/web1']")).to_have_attribute("data-span", "day")
         page.get_by_role("button", name="last hour").click()
+        expect(page.locator("section[data-graphs='vms/web1']")).to_have_attribute("data-span", "hour")
         shot(page, "vm", tmp_path)
         assert page.problems == []
 

@@ -103,15 +103,18 @@ export function graphPanel(kind, name) {
     clearTimeout(timer);
     if (stopped) return;
     let step = 10;
+    const asked = span;
     try {
-      const { doc } = await api("GET", `/v1/${kind}/${enc(name)}/graphs?span=${span}`);
+      const { doc } = await api("GET", `/v1/${kind}/${enc(name)}/graphs?span=${asked}`);
+      if (stopped || asked !== span) return;    // left, or another span chosen meanwhile
       step = doc.step_s;
-      if (!stopped) charts.replaceChildren(...CHARTS.map((chart) => drawChart(chart, doc)));
+      charts.replaceChildren(...CHARTS.map((chart) => drawChart(chart, doc)));
       panel.dataset.span = doc.span;
     } catch (error) {
-      if (!stopped) charts.replaceChildren(el("p", { className: "empty graphs-error" }, error.message));
+      if (stopped || asked !== span) return;
+      charts.replaceChildren(el("p", { className: "empty graphs-error" }, error.message));
     }
-    if (!stopped) timer = setTimeout(read, Math.min(step, 60) * 1000);
+    timer = setTimeout(read, Math.min(step, 60) * 1000);
   }
   panel.stop = () => {
     stopped = true;
