@@ -7,7 +7,7 @@ linkable (``#/vm/NAME``) and Back returns; a VM's page shows its record,
 backups and history and schedules its backups, a host's page its capacity,
 version, VMs and foreign domains, and both draw their graphs (the SVG has
 points); the task log shows an automation started from the
-command line with its steps; a Stop of two selected VMs lists both in its
+command line with its steps, and aborts a running one; a Stop of two selected VMs lists both in its
 confirmation (the route's own plan) and shows their progress; a viewer
 gets no action on any view; a host that dies shows as down; at 420 px
 wide nothing overflows the body.  Screenshots at 1,400 and 420 px go to
@@ -26,7 +26,7 @@ import pytest
 
 from tests.support.api_client import serving_api
 from tests.support.api_server import served_api, token
-from tests.support.cluster import boot_vms
+from tests.support.cluster import boot_vms, held_requests
 from tests.support.page import SECOND, SOON, chromium, expect  # noqa: F401 (a fixture)
 
 WIDE = {"width": 1400, "height": 900}
@@ -376,3 +376,19 @@ def test_every_kind_of_action_from_the_page_is_confirmed_and_followed(
         assert vms()["web1"]["host"] == "host2"
         assert page.locator("#notice").is_hidden()
         assert page.problems == []
+
+
+def test_a_running_automation_is_aborted_from_the_task_log(chromium, cluster, tmp_path):
+    with held_requests(cluster, str(tmp_path / "hooks"), "ping") as gate, \
+            served_api(cluster.etcd_url, cluster.name) as server:
+        pinging = cluster.cli_json("ping", "--detach")["automation"]
+        with opened(chromium, server.url, token(server, "operator"), at="#/tasks") as page:
+            row = page.locator(f"#task-log tr[data-automation='{pinging}']")
+            expect(row.locator(".state")).to_have_text("running")
+            expect(page.locator("#tree")).to_contain_text("1 running")
+            row.get_by_role("button", name="Abort").click()
+            assert confirm(page, "Abort") == pinging
+            gate.open()                                 # its held pings answer, then it stops
+            expect(row.locator(".state")).to_have_text("aborted", timeout=SOON)
+            expect(row.get_by_role("button", name="Abort")).to_have_count(0)
+            assert cluster.cli_json("task", pinging)["state"] == "aborted"
