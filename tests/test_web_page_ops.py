@@ -6,11 +6,12 @@ filters and sorts them, with vCPUs, memory and disk per VM; views are
 linkable (``#/vm/NAME``) and Back returns; a VM's page shows its record,
 backups and history and schedules its backups, a host's page its capacity,
 version, VMs and foreign domains, and both draw their graphs (the SVG has
-points); the task log shows an automation started from the
-command line with its steps, and aborts a running one; a Stop of two selected VMs lists both in its
-confirmation (the route's own plan) and shows their progress; a viewer
-gets no action on any view; a host that dies shows as down; at 420 px
-wide nothing overflows the body.  Screenshots at 1,400 and 420 px go to
+points); the task log shows an automation started from the command line
+with its steps, and aborts a running one; a Stop of two selected VMs lists
+both in its confirmation (the route's own plan) and shows their progress;
+every kind of action runs from the page, each confirmed; a viewer gets no
+action on any view; a host that dies shows as down; at 420 px wide nothing
+overflows the body.  Screenshots at 1,400 and 420 px go to
 ``$PEERCTL_PAGE_SHOTS`` when it is set (docs/page-*.png are made that way),
 else to the test's temporary directory.
 
