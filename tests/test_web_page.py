@@ -25,26 +25,9 @@ import requests
 
 from engine.core import keys
 from tests.support import wait_until
-from tests.support.api_server import (browser, browser_skip_reason, in_own_loop,
-                                      served_api, session_cookie, token)
+from tests.support.api_server import in_own_loop, served_api, session_cookie, token
 from tests.support.cluster import SMALL_VM, boot_vms
-
-try:
-    from playwright.sync_api import expect
-except ImportError:         # the browser's tests skip, saying why (the chromium fixture)
-    expect = None
-
-SECOND = 1000                       # Playwright's timeouts are in milliseconds
-SOON = 20 * SECOND                  # an automation on the test driver, with margin
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    reason = browser_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with browser() as launched:
-        yield launched
+from tests.support.page import SECOND, SOON, chromium, expect  # noqa: F401 (a fixture)
 
 
 @pytest.fixture
@@ -94,9 +77,9 @@ def test_the_page_lists_hosts_vms_and_leases(chromium, api, cluster):
         expect(page.locator("#hosts tr[data-host='host1'] td").nth(2)).to_have_text("1")
         expect(page.locator("#hosts tr[data-host='host1'] meter")).to_have_count(2)
         row = vm_row(page, "web1")
-        expect(row.locator("td").nth(1)).to_have_text("host1")
+        expect(row.locator(".host")).to_have_text("host1")
         expect(row.locator(".state")).to_have_text("running")
-        expect(row.locator("td").nth(3)).to_have_text(listed(cluster)["web1"]["ip"])
+        expect(row.locator(".ip")).to_have_text(listed(cluster)["web1"]["ip"])
         expect(page.locator("#leases tr[data-lease='maint'] .state")).to_have_text("pending")
         csp = [text for text in page.problems if "Content Security Policy" in text]
         assert csp == []
@@ -136,7 +119,7 @@ def test_an_operator_stops_a_vm_from_the_page_once_confirmed(chromium, api, clus
         row = vm_row(page, "web1")
         dialog = page.locator("#confirm")
         row.get_by_role("button", name="Stop").click()
-        expect(dialog).to_contain_text("Stop VM web1 on host1.")
+        expect(dialog.locator("#confirm-targets")).to_have_text("web1 on host1")
         dialog.get_by_role("button", name="Cancel").click()
         expect(dialog).to_be_hidden()
         assert listed(cluster)["web1"]["state"] == "running"          # nothing was asked
@@ -155,7 +138,7 @@ def test_a_viewer_sees_no_action(chromium, api, cluster):
     with logged_in(chromium, api, "viewer") as page:
         expect(vm_row(page, "web1").locator(".state")).to_have_text("running")
         expect(page.locator("#who")).to_contain_text("(viewer)")
-        expect(page.locator("#cluster button:visible")).to_have_count(0)
+        expect(page.locator("#cluster .actions button:visible")).to_have_count(0)
         expect(page.locator("#boot-form")).to_be_hidden()
 
 
