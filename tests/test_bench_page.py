@@ -8,7 +8,8 @@ through the API while the same figures are taken again with the tab's
 heap) and must end well, printing each figure beside its reference with
 the verdict of each target, and leave nothing behind.  Whether a target is
 met is the benchmark's answer, never this test's.  Skipped, saying why,
-without chromium or Playwright.
+without chromium or Playwright.  A run stopped by SIGTERM once its peers
+run says so in one line and leaves nothing behind either.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 from tests.support import ROOT
 from tests.support.api_server import browser_skip_reason
-from tests.support.bench_runs import VERDICT, run_refused, run_smoke
+from tests.support.bench_runs import VERDICT, run_refused, run_smoke, run_terminated
 
 BENCH = os.path.join(ROOT, "bench", "page.py")
 TIMEOUT = 120
@@ -55,6 +56,10 @@ def test_the_smoke_run_prints_every_figure_beside_its_reference_and_leaves_nothi
     if reason:
         pytest.skip(reason)
     run_smoke(BENCH, FIGURES, WORK, TIMEOUT)
+
+
+def test_a_run_terminated_midway_says_so_and_leaves_nothing_behind():
+    run_terminated(BENCH, WORK, " peer ", TIMEOUT)
 
 
 @pytest.mark.parametrize("args, line", [
