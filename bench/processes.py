@@ -14,14 +14,15 @@ __all__ = ["start_peer", "cli_json", "stop_processes", "cpu_seconds", "load_line
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start_peer(etcd_url, cluster, workdir, host, uri, env=None, ttl=2, remote=None):
-    """``remote``: the URI other hosts reach its libvirt by (--libvirt-remote)."""
+def start_peer(etcd_url, cluster, workdir, host, uri, env=None, ttl=2, remote=None, args=()):
+    """``remote``: the URI other hosts reach its libvirt by (--libvirt-remote);
+    ``args``: more of ``peer``'s options (``--api ADDR:PORT``...)."""
     log = open(os.path.join(workdir, f"{host}.log"), "ab")
     return subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "peerctl.py"), "--etcd", etcd_url,
          "--cluster", cluster, "peer", "--host", host, "--libvirt", uri, "--ttl", str(ttl),
          *(["--libvirt-remote", remote] if remote else []),
-         "--workers", "8", "--state-dir", os.path.join(workdir, f"state-{host}")],
+         "--workers", "8", "--state-dir", os.path.join(workdir, f"state-{host}"), *args],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
         env={**os.environ, **(env or {})})
 
