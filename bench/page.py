@@ -13,8 +13,8 @@ page session of a viewer token (its cookie, as ``POST /v1/session`` sets
 it).  Then, each figure with its reference and target, PASS or MISS:
 
 - **first render**: from navigation (the document's time origin) to the VM
-  list drawing a row for every VM (the current page draws every row; it
-  does not virtualise), median of --runs navigations; reference: fetching
+  list holding every VM and drawing its first rows (over 150 VMs the page
+  draws only the rows in view), median of --runs navigations; reference: fetching
   and parsing ``GET /v1/vms`` in the same page.  Target: at most 1 s;
 - **main thread**: while --rate VMs a second stop or start (each second,
   one ``POST /v1/vms/stop`` of --rate/2 VMs and one ``POST /v1/vms/start``
@@ -101,13 +101,18 @@ FULL = {"warmup": 60.0, "sample": 60.0, "catch_up": 120.0}
 # What the bench reads of the page's DOM, in one place (the page is being
 # rewritten: update these, nothing else).
 PAGE = {
-    "vm rows": "#vms tbody tr[data-vm]",    # one per VM listed
-    "scrolled": "html",                     # the element the page scrolls
+    "vm rows": "#vms tbody tr[data-vm]",    # the rows drawn (over 150 VMs: those in view)
+    "vm count": "#vms-count",               # how many VMs the list holds
+    "scrolled": ".vm-scroll",               # the element the VM list scrolls in
 }
-# A truthy value once every VM has its row: when, since navigation began.
-SHOWN = """(count) => document.querySelectorAll(%s).length >= count
-                     && performance.now()""" % json.dumps(PAGE["vm rows"])
-ROWS = "() => document.querySelectorAll(%s).length" % json.dumps(PAGE["vm rows"])
+# A truthy value once the list holds every VM and shows its first rows
+# (the page draws only the rows in view): when, since navigation began.
+SHOWN = """(count) => document.querySelector(%s)?.textContent === String(count)
+                     && document.querySelectorAll(%s).length > 0
+                     && performance.now()""" % (json.dumps(PAGE["vm count"]),
+                                                json.dumps(PAGE["vm rows"]))
+ROWS = "() => Number(document.querySelector(%s)?.textContent || 0)" % json.dumps(
+    PAGE["vm count"])
 # The reference of the first render: what the page's list costs the browser.
 FETCH_VMS = """async () => {
     const started = performance.now();
@@ -457,8 +462,8 @@ def report(sizes: dict, spread: int, booted_s: float, figures: dict, churn: Chur
            stream: Stream) -> None:
     render = figures["render"]
     shown = statistics.median(render["times"])
-    print(f"first render: {len(render['times'])} navigation(s) to {render['rows']} VM rows "
-          f"(the page draws every row) in {shown:.3f} s median (fastest "
+    print(f"first render: {len(render['times'])} navigation(s) to a list of {render['rows']} "
+          f"VMs, the rows in view drawn, in {shown:.3f} s median (fastest "
           f"{min(render['times']):.3f}, slowest {max(render['times']):.3f}) vs fetch and "
           f"parse GET /v1/vms in the same page {render['fetch']:.3f} s (target <= "
           f"{RENDER_TARGET_S:g} s): {verdict(shown <= RENDER_TARGET_S)}")
