@@ -19,7 +19,6 @@ Skipped, saying why, without chromium or Playwright.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 
@@ -28,9 +27,9 @@ import pytest
 from tests.support.api_client import serving_api
 from tests.support.api_server import served_api, token
 from tests.support.cluster import boot_vms, held_requests
-from tests.support.page import SECOND, SOON, chromium, expect  # noqa: F401 (a fixture)
+from tests.support.page import (SECOND, SOON, chromium, confirm, ended_card,  # noqa: F401 (a fixture)
+                                expect, opened)
 
-WIDE = {"width": 1400, "height": 900}
 NARROW = {"width": 420, "height": 860}
 
 
@@ -39,27 +38,6 @@ def api(cluster, two_hosts):
     """The API of a two-host cluster, served from this process."""
     with served_api(cluster.etcd_url, cluster.name) as server:
         yield server
-
-
-@contextlib.contextmanager
-def opened(chromium, url: str, secret: str, viewport=WIDE, at: str = "/"):
-    """A page of a fresh browser context at ``url``, logged in with the
-    token ``secret`` through the page's form, its event stream live, then
-    at hash ``at``; ``page.problems``: the browser console's errors."""
-    context = chromium.new_context(viewport=viewport)
-    try:
-        page = context.new_page()
-        page.problems = []
-        page.on("pageerror", lambda error: page.problems.append(str(error)))
-        page.goto(url)
-        page.locator("#token").fill(secret)
-        page.get_by_role("button", name="Log in").click()
-        page.locator("#live.on").wait_for(timeout=5 * SECOND)
-        if at != "/":
-            page.goto(url.rstrip("/") + "/" + at)
-        yield page
-    finally:
-        context.close()
 
 
 def shot(page, name: str, tmp_path) -> None:
@@ -279,26 +257,6 @@ def test_at_420_px_nothing_overflows_the_body(chromium, api, cluster, tmp_path):
 
 
 # -- every kind of action, each confirmed in the dialog ------------------------------------------
-
-def confirm(page, ok: str, **fields) -> str:
-    """Confirm the open dialog with its ``ok`` button, ``fields`` filled
-    (True: checked); what it listed, one line per target."""
-    dialog = page.locator("#confirm")
-    expect(dialog).to_be_visible()
-    for name, value in fields.items():
-        field = page.locator(f"#confirm-field-{name}")
-        field.check() if value is True else field.fill(value)
-    listed = dialog.locator("#confirm-targets").inner_text()
-    dialog.get_by_role("button", name=ok).click()
-    expect(dialog).to_be_hidden()
-    return listed
-
-
-def ended_card(page, title: str):
-    card = page.locator("#automations article", has_text=title)
-    expect(card.locator("header .state")).to_have_text("done", timeout=SOON)
-    return card
-
 
 @pytest.mark.slow           # a dozen automations one after another: ~12 s
 def test_every_kind_of_action_from_the_page_is_confirmed_and_followed(
