@@ -107,7 +107,7 @@ def test_a_vm_page_shows_its_record_backups_and_history(chromium, api, cluster):
         history = page.locator("#vm-automations tr[data-automation] td:nth-child(2)")
         expect(history).to_have_count(2)                    # its boot and its backup
         assert sorted(history.all_inner_texts()) == ["backup", "boot"]
-        expect(page.locator("#vm-head").get_by_role("button", name="Snapshot")).to_be_disabled()
+        expect(page.locator("#vm-head").get_by_role("button", name="Snapshot")).to_be_enabled()
 
         page.locator("#vm-schedules").get_by_role("button", name="Schedule").click()
         confirm(page, "Schedule", every="6h", keep_last="3")
@@ -195,7 +195,7 @@ def test_a_stop_of_two_selected_vms_is_confirmed_with_both_and_shows_their_progr
             vm_row(page, name).get_by_role("checkbox").check()
         bulk = page.locator("#vms-bulk")
         expect(bulk.locator(".chosen")).to_have_text("2 selected")
-        bulk.get_by_role("button", name="Stop").click()
+        bulk.get_by_role("button", name="Stop", exact=True).click()
         dialog = page.locator("#confirm")
         targets = dialog.locator("#confirm-targets li")
         expect(targets).to_have_text(["web1 on host1", "db1 on host2"])   # the route's plan
