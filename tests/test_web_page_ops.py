@@ -346,7 +346,9 @@ def test_a_running_automation_is_aborted_from_the_task_log(chromium, cluster, tm
             expect(row.locator(".state")).to_have_text("running")
             expect(page.locator("#tree")).to_contain_text("1 running")
             row.get_by_role("button", name="Abort").click()
-            assert confirm(page, "Abort") == pinging
+            with page.expect_response(lambda answer: answer.request.method == "DELETE"
+                                      and answer.url.endswith(pinging)):
+                assert confirm(page, "Abort") == pinging    # the abort asked before the pings answer
             gate.open()                                 # its held pings answer, then it stops
             expect(row.locator(".state")).to_have_text("aborted", timeout=SOON)
             expect(row.get_by_role("button", name="Abort")).to_have_count(0)
