@@ -160,6 +160,7 @@ onFinished(finished);
 // -- VMs -----------------------------------------------------------------------------------------
 
 const pattern = (vm) => `${vm.host}/${vm.name}`;
+const named = (vms) => (vms.length === 1 ? vms[0].name : `${vms.length} VMs`);
 
 // A replication set or stopped: no automation of its own to follow (the
 // record is written), so say what each VM's replication is now.
@@ -169,10 +170,10 @@ function replicated(doc) {
   notice(doc.vms.map((vm) => `${vm.name}: replication ${vm.state}`).join("; "), "info");
   return doc;
 }
-const named = (vms) => (vms.length === 1 ? vms[0].name : `${vms.length} VMs`);
 
 // The VM actions, for one VM (`single`) or a selection: [{label, run, refused, title}]
-// `refused` (a sentence) disables it and says why.
+// `refused` (a sentence) disables it and says why; `some`: offered for a
+// selection only when `when` holds for one of its VMs at least.
 export const VM_ACTIONS = [
   { action: "start", label: "Start", when: (vm) => ["shutoff", "crashed", "missing"].includes(vm.state) || vm.state === "unknown" },
   { action: "stop", label: "Stop", when: (vm) => ["running", "paused"].includes(vm.state) },
@@ -184,14 +185,14 @@ export const VM_ACTIONS = [
   { action: "ha", label: "HA", when: () => true, anyHost: true },
   { action: "snapshot", label: "Snapshot", when: () => true },
   { action: "replicate", label: "Replicate", when: () => true },
-  { action: "unreplicate", label: "Stop replicating", when: (vm) => Boolean(vm.replica) },
+  { action: "unreplicate", label: "Stop replicating", when: (vm) => Boolean(vm.replica), some: true },
   { action: "unmanage", label: "Unmanage", when: () => true },
   { action: "destroy", label: "Destroy", when: () => true, anyHost: true, danger: true },
 ];
 
 export function vmActionsFor(vms, single) {
   const down = vms.filter((vm) => vm.hostDown);
-  return VM_ACTIONS.filter((a) => !single || a.when(vms[0])).map((a) => {
+  return VM_ACTIONS.filter((a) => (single ? a.when(vms[0]) : !a.some || vms.some(a.when))).map((a) => {
     let refused = null;
     if (down.length && !a.anyHost) {
       refused = down.length === 1 ? `host ${down[0].host} is down` : `${down.length} of these VMs' hosts are down`;
