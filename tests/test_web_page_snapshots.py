@@ -6,7 +6,9 @@ What it proves: a VM is snapshotted from its page, its snapshot listed in
 its Snapshots card, reverted to and deleted, each confirmed with the
 cluster's own plan and followed to its end; two selected VMs are
 snapshotted at once with their memory; a VM is replicated from its page
-and its replication stopped, each confirmed, the record following; a
+and its replication stopped, each confirmed, the record following, and
+two selected VMs from the list's bar (Stop replicating offered only once
+one of them is replicated); a
 host's disks kept aside are listed and deleted; a viewer sees the
 snapshots and the disks kept aside, and no button to act on them.
 
@@ -118,6 +120,31 @@ def test_a_vm_is_replicated_from_its_page_and_its_replication_stopped(chromium, 
                    timeout=SOON / 1000, what="the replication of web1 gone")
         expect(page.locator("#vm-record")).to_contain_text("not replicated", timeout=SOON)
         expect(head.get_by_role("button", name="Stop replicating")).to_have_count(0)
+        assert page.problems == []
+
+
+def test_two_selected_vms_are_replicated_and_stopped_from_the_bulk_bar(chromium, api, cluster):
+    boot_vms(cluster, "web1", "web2", on="host1")
+    with opened(chromium, api.url, token(api, "operator")) as page:
+        for name in ("web1", "web2"):
+            vm_row(page, name).get_by_role("checkbox").check()
+        bulk = page.locator("#vms-bulk")
+        expect(bulk.get_by_role("button", name="Stop replicating")).to_have_count(0)   # none is
+        bulk.get_by_role("button", name="Replicate").click()
+        assert confirm(page, "Replicate", every="1m").splitlines() == [
+            "web1 on host1: would start", "web2 on host1: would start"]
+        expect(page.locator("#notice")).to_contain_text(
+            "web1: replication started; web2: replication started")
+        assert {replica_of(cluster, name)["every"] for name in ("web1", "web2")} == {60.0}
+
+        bulk.get_by_role("button", name="Stop replicating").click()
+        assert confirm(page, "Stop replicating").splitlines() == [
+            "web1 on host1: would stop", "web2 on host1: would stop"]
+        expect(page.locator("#notice")).to_contain_text("web2: replication stopping")
+        for name in ("web1", "web2"):
+            wait_until(lambda: replica_of(cluster, name), lambda replica: replica is None,
+                       timeout=SOON / 1000, what=f"the replication of {name} gone")
+        expect(bulk.get_by_role("button", name="Stop replicating")).to_have_count(0, timeout=SOON)
         assert page.problems == []
 
 
