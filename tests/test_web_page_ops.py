@@ -19,7 +19,6 @@ Skipped, saying why, without chromium or Playwright.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 
@@ -28,9 +27,9 @@ import pytest
 from tests.support.api_client import serving_api
 from tests.support.api_server import served_api, token
 from tests.support.cluster import boot_vms, held_requests
-from tests.support.page import SECOND, SOON, chromium, expect  # noqa: F401 (a fixture)
+from tests.support.page import (SECOND, SOON, chromium, confirm, ended_card,  # noqa: F401 (a fixture)
+                                expect, opened)
 
-WIDE = {"width": 1400, "height": 900}
 NARROW = {"width": 420, "height": 860}
 
 
@@ -39,27 +38,6 @@ def api(cluster, two_hosts):
     """The API of a two-host cluster, served from this process."""
     with served_api(cluster.etcd_url, cluster.name) as server:
         yield server
-
-
-@contextlib.contextmanager
-def opened(chromium, url: str, secret: str, viewport=WIDE, at: str = "/"):
-    """A page of a fresh browser context at ``url``, logged in with the
-    token ``secret`` through the page's form, its event stream live, then
-    at hash ``at``; ``page.problems``: the browser console's errors."""
-    context = chromium.new_context(viewport=viewport)
-    try:
-        page = context.new_page()
-        page.problems = []
-        page.on("pageerror", lambda error: page.problems.append(str(error)))
-        page.goto(url)
-        page.locator("#token").fill(secret)
-        page.get_by_role("button", name="Log in").click()
-        page.locator("#live.on").wait_for(timeout=5 * SECOND)
-        if at != "/":
-            page.goto(url.rstrip("/") + "/" + at)
-        yield page
-    finally:
-        context.close()
 
 
 def shot(page, name: str, tmp_path) -> None:
@@ -129,7 +107,7 @@ def test_a_vm_page_shows_its_record_backups_and_history(chromium, api, cluster):
         history = page.locator("#vm-automations tr[data-automation] td:nth-child(2)")
         expect(history).to_have_count(2)                    # its boot and its backup
         assert sorted(history.all_inner_texts()) == ["backup", "boot"]
-        expect(page.locator("#vm-head").get_by_role("button", name="Snapshot")).to_be_disabled()
+        expect(page.locator("#vm-head").get_by_role("button", name="Snapshot")).to_be_enabled()
 
         page.locator("#vm-schedules").get_by_role("button", name="Schedule").click()
         confirm(page, "Schedule", every="6h", keep_last="3")
@@ -217,7 +195,7 @@ def test_a_stop_of_two_selected_vms_is_confirmed_with_both_and_shows_their_progr
             vm_row(page, name).get_by_role("checkbox").check()
         bulk = page.locator("#vms-bulk")
         expect(bulk.locator(".chosen")).to_have_text("2 selected")
-        bulk.get_by_role("button", name="Stop").click()
+        bulk.get_by_role("button", name="Stop", exact=True).click()
         dialog = page.locator("#confirm")
         targets = dialog.locator("#confirm-targets li")
         expect(targets).to_have_text(["web1 on host1", "db1 on host2"])   # the route's plan
@@ -279,26 +257,6 @@ def test_at_420_px_nothing_overflows_the_body(chromium, api, cluster, tmp_path):
 
 
 # -- every kind of action, each confirmed in the dialog ------------------------------------------
-
-def confirm(page, ok: str, **fields) -> str:
-    """Confirm the open dialog with its ``ok`` button, ``fields`` filled
-    (True: checked); what it listed, one line per target."""
-    dialog = page.locator("#confirm")
-    expect(dialog).to_be_visible()
-    for name, value in fields.items():
-        field = page.locator(f"#confirm-field-{name}")
-        field.check() if value is True else field.fill(value)
-    listed = dialog.locator("#confirm-targets").inner_text()
-    dialog.get_by_role("button", name=ok).click()
-    expect(dialog).to_be_hidden()
-    return listed
-
-
-def ended_card(page, title: str):
-    card = page.locator("#automations article", has_text=title)
-    expect(card.locator("header .state")).to_have_text("done", timeout=SOON)
-    return card
-
 
 @pytest.mark.slow           # a dozen automations one after another: ~12 s
 def test_every_kind_of_action_from_the_page_is_confirmed_and_followed(
@@ -388,7 +346,9 @@ def test_a_running_automation_is_aborted_from_the_task_log(chromium, cluster, tm
             expect(row.locator(".state")).to_have_text("running")
             expect(page.locator("#tree")).to_contain_text("1 running")
             row.get_by_role("button", name="Abort").click()
-            assert confirm(page, "Abort") == pinging
+            with page.expect_response(lambda answer: answer.request.method == "DELETE"
+                                      and answer.url.endswith(pinging)):
+                assert confirm(page, "Abort") == pinging    # the abort asked before the pings answer
             gate.open()                                 # its held pings answer, then it stops
             expect(row.locator(".state")).to_have_text("aborted", timeout=SOON)
             expect(row.get_by_role("button", name="Abort")).to_have_count(0)

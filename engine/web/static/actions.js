@@ -12,13 +12,15 @@
 
 import { api, ApiError, enc } from "./api.js";
 import { $, el, clearNotice, notice, duration } from "./dom.js";
-import { changed, isOperator, readAutomation, readBackups, readHosts, state, onFinished } from "./store.js";
+import { changed, ended, isOperator, readAutomation, readBackups, readHosts, state, onFinished } from "./store.js";
 
 // -- the dialog ----------------------------------------------------------------------------
 
 function targetLabel(target) {
   if (typeof target === "string") return target;
   if (target.from && (target.to || target.host)) return `${target.name || target.vm}: ${target.from} → ${target.to || target.host}`;
+  if (target.snapshot && target.name) return `${target.name} on ${target.host}: snapshot ${target.snapshot}`;
+  if (target.replica_host !== undefined && target.name) return `${target.name} on ${target.host}: ${target.state}`;
   if (target.host && target.name) return `${target.name} on ${target.host}`;
   return target.name || target.vm || target.host || target.id || target.lease || JSON.stringify(target);
 }
@@ -72,10 +74,15 @@ function started(title, kind, doc) {
     state.mine.set(doc.automation, { title, kind });
     readAutomation(doc.automation);
     changed("automations");
+    const task = state.tasks.get(doc.automation);
+    if (task && ended(task)) finished(doc.automation, task);
   } else if (doc && doc.automation === null && doc.state !== "dry-run") {
     notice(`${title}: nothing to do`, "info");
   }
 }
+
+// `path` with `more` (a query's "name=value") added.
+const withQuery = (path, more) => `${path}${path.includes("?") ? "&" : "?"}${more}`;
 
 async function send(title, method, path, body, plan = false) {
   try {
@@ -103,16 +110,17 @@ function planned(doc) {
 // first); `yes`: the route takes "yes" (sent once confirmed); `fields`:
 // asked in the dialog, their values added to the body (empty ones left out);
 // `body: null`: the route takes none; `query`: it takes yes and dry_run in its query;
-// `shape(body)`: the body as the route wants it (numbers from the fields' text).
+// `shape(body)`: the body as the route wants it (numbers from the fields' text);
+// `listed(rows)`: the plan's rows as the dialog lists them.
 export async function act({ title, kind, method = "POST", path, body = {}, question, okLabel, targets = [],
                             fields = [], dryRun = false, yes = dryRun, danger = false, query = false,
-                            shape = (full) => full }) {
+                            shape = (full) => full, listed = (rows) => rows }) {
   let shown = targets;
   if (dryRun) {
-    const plan = await send(title, method, query ? `${path}?dry_run=true` : path,
+    const plan = await send(title, method, query ? withQuery(path, "dry_run=true") : path,
                             query ? undefined : { ...body, dry_run: true }, true);
     if (!plan) return null;
-    shown = plan.doc ? planned(plan.doc) : plan.unconfirmed.doc.targets;
+    shown = listed(plan.doc ? planned(plan.doc) : plan.unconfirmed.doc.targets);
     if (!shown.length) shown = targets;         // nothing listed (a lease with no VMs): what was asked
   }
   const values = await ask(title, question, { okLabel, targets: shown, fields, danger });
@@ -122,12 +130,12 @@ export async function act({ title, kind, method = "POST", path, body = {}, quest
   for (const [name, value] of Object.entries(values)) if (value !== "" && value !== false) full[name] = value;
   full = shape(full);
   if (yes && !query) full.yes = true;
-  let url = yes && query ? `${path}?yes=true` : path;
+  let url = yes && query ? withQuery(path, "yes=true") : path;
   let answer = await send(title, method, url, bodyless ? undefined : full);
   if (answer && answer.unconfirmed) {          // the cluster asks: show what, then confirm
     const again = await ask(title, answer.unconfirmed.message, { okLabel, targets: answer.unconfirmed.doc.targets, danger });
     if (!again) return null;
-    url = query ? `${path}?yes=true` : path;
+    url = query ? withQuery(path, "yes=true") : path;
     answer = await send(title, method, url, bodyless ? undefined : { ...full, yes: true });
   }
   if (!answer || !answer.doc) return null;
@@ -135,20 +143,37 @@ export async function act({ title, kind, method = "POST", path, body = {}, quest
   return answer.doc;
 }
 
-onFinished((id, task) => {
+// What an automation's end changes on the page; the one the page asked
+// for may have ended before its 202 came back: then `started` calls it.
+function finished(id, task) {
+  if (task.kind === "replicate") readBackups();     // a replication stopped: its record is gone
   const asked = state.mine.get(id);
   if (!asked) return;
   if (["backup", "restore", "backup delete"].includes(asked.kind)) readBackups();
+  if (asked.kind.startsWith("snapshot")) changed("snapshots");
+  if (asked.kind === "aside delete") changed("aside");
   if (task.state !== "done") notice(`${asked.title}: ${task.state}${task.error ? `: ${task.error}` : ""}`);
-});
+}
+
+onFinished(finished);
 
 // -- VMs -----------------------------------------------------------------------------------------
 
 const pattern = (vm) => `${vm.host}/${vm.name}`;
 const named = (vms) => (vms.length === 1 ? vms[0].name : `${vms.length} VMs`);
 
+// A replication set or stopped: no automation of its own to follow (the
+// record is written), so say what each VM's replication is now.
+function replicated(doc) {
+  if (!doc || !Array.isArray(doc.vms)) return doc;
+  readBackups();
+  notice(doc.vms.map((vm) => `${vm.name}: replication ${vm.state}`).join("; "), "info");
+  return doc;
+}
+
 // The VM actions, for one VM (`single`) or a selection: [{label, run, refused, title}]
-// `refused` (a sentence) disables it and says why.
+// `refused` (a sentence) disables it and says why; `some`: offered for a
+// selection only when `when` holds for one of its VMs at least.
 export const VM_ACTIONS = [
   { action: "start", label: "Start", when: (vm) => ["shutoff", "crashed", "missing"].includes(vm.state) || vm.state === "unknown" },
   { action: "stop", label: "Stop", when: (vm) => ["running", "paused"].includes(vm.state) },
@@ -160,28 +185,18 @@ export const VM_ACTIONS = [
   { action: "ha", label: "HA", when: () => true, anyHost: true },
   { action: "snapshot", label: "Snapshot", when: () => true },
   { action: "replicate", label: "Replicate", when: () => true },
+  { action: "unreplicate", label: "Stop replicating", when: (vm) => Boolean(vm.replica), some: true },
   { action: "unmanage", label: "Unmanage", when: () => true },
   { action: "destroy", label: "Destroy", when: () => true, anyHost: true, danger: true },
 ];
 
-// Snapshots and replicas: their routes (POST /v1/snapshots {patterns, name,
-// memory}, GET /v1/snapshots, POST /v1/vms/NAME/snapshots/S/revert, DELETE
-// /v1/vms/NAME/snapshots; POST /v1/replicas {patterns, every, to}, POST
-// /v1/replicas/stop) are not in this API yet: the buttons are here,
-// refused, saying so.  Wire them in vmAction below (and the VM page's
-// Snapshots section) once they are, and set these to true.
-const SNAPSHOT_ROUTE = false;
-const REPLICA_ROUTE = false;
-
 export function vmActionsFor(vms, single) {
   const down = vms.filter((vm) => vm.hostDown);
-  return VM_ACTIONS.filter((a) => !single || a.when(vms[0])).map((a) => {
+  return VM_ACTIONS.filter((a) => (single ? a.when(vms[0]) : !a.some || vms.some(a.when))).map((a) => {
     let refused = null;
     if (down.length && !a.anyHost) {
       refused = down.length === 1 ? `host ${down[0].host} is down` : `${down.length} of these VMs' hosts are down`;
     }
-    if (a.action === "snapshot" && !SNAPSHOT_ROUTE) refused = "snapshots are not served by this API yet";
-    if (a.action === "replicate" && !REPLICA_ROUTE) refused = "replicas are not served by this API yet";
     return { ...a, refused, run: () => vmAction(a.action, vms) };
   });
 }
@@ -212,9 +227,21 @@ export function vmAction(action, vms) {
       return act({ title, kind: action, path: "/v1/unmanage", body: { patterns }, dryRun: true, okLabel: "Unmanage",
                    danger: true, question: `Let ${what} go: they keep running, peerctl forgets them.` });
     case "snapshot":
-    case "replicate":
-      notice(`${verb}: not served by this API yet.`, "info");
-      return null;
+      return act({ title, kind: "snapshot create", path: "/v1/snapshots", body: { patterns }, dryRun: true,
+                   listed: (rows) => rows.map(({ snapshot, ...vm }) => vm),    // its name: the field's, not the plan's default
+                   okLabel: "Snapshot", question: `Snapshot ${what} on ${vms.length === 1 ? "its host" : "their hosts"}.`,
+                   fields: [{ name: "name", label: "Name", placeholder: "snap-<UTC time> (optional)" },
+                            { name: "memory", label: "With memory (running VMs)", type: "checkbox" }] });
+    case "replicate":           // the plan is asked with a default interval: the targets do not depend on it
+      return act({ title, kind: action, path: "/v1/replicas", body: { patterns, every: "10m" }, dryRun: true,
+                   okLabel: "Replicate", question: `Keep a replica of the disks of ${what} on another host, updated at every interval.`,
+                   fields: [{ name: "every", label: "Every", placeholder: "30s, 10m, 1h", value: "10m" },
+                            { name: "to", label: "To hosts", placeholder: "host glob (optional)" }] }).then(replicated);
+    case "unreplicate":
+      return act({ title: `stop replicating ${vms.length === 1 ? pattern(vms[0]) : what}`, kind: action,
+                   path: "/v1/replicas/stop", body: { patterns }, dryRun: true, okLabel: "Stop replicating",
+                   danger: true, question: `Stop replicating ${what}: ${vms.length === 1 ? "its replica is" : "their replicas are"} deleted.` })
+        .then(replicated);
     default:
       return act({ title, kind: action, path: `/v1/vms/${action}`, body: { patterns }, dryRun: true, okLabel: verb,
                    danger: action === "destroy",

@@ -1,6 +1,7 @@
 // A host's page (#/host/NAME): status, version, verify status, capacity
 // and what holds it (leases, drain, reservations), its graphs, its VMs, and
-// the foreign domains on it (libvirt's, not peerctl's: adopt them).
+// the foreign domains on it (libvirt's, not peerctl's: adopt them), and the
+// disks an HA restart kept aside on it.
 
 import { api } from "./api.js";
 import { el, badge, facts, usage, when, table } from "./dom.js";
@@ -8,6 +9,7 @@ import { state, subscribe, hostStatus, vmRows, readOnce } from "./store.js";
 import { buttons, hostActionsFor, adopt } from "./actions.js";
 import { graphPanel } from "./graphs.js";
 import { vmList } from "./vmlist.js";
+import { asideCard } from "./aside.js";
 
 const used = (total, free) => (typeof total === "number" && typeof free === "number" ? Math.max(total - free, 0) : null);
 
@@ -23,7 +25,8 @@ export function hostPage(root, name) {
   const foreign = el("section", { className: "card", id: "host-foreign" }, el("h2", {}, "Foreign domains"));
   const graphs = graphPanel("hosts", name);
   const vms = vmList({ fixedHost: name, id: "host-vms" });
-  root.replaceChildren(head, details, graphs, vms.node, foreign);
+  const aside = asideCard(name);
+  root.replaceChildren(head, details, graphs, vms.node, foreign, aside.node);
 
   function draw() {
     const host = state.hosts.get(name);
@@ -78,6 +81,7 @@ export function hostPage(root, name) {
   return () => {
     stops.forEach((stop) => stop());
     vms.stop();
+    aside.stop();
     graphs.stop();
   };
 }

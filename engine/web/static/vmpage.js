@@ -3,12 +3,13 @@
 // the automations that touched it.
 
 import { api, enc, ApiError } from "./api.js";
-import { el, badge, facts, mib, gb, hostHref, when, age, table, section, duration } from "./dom.js";
+import { el, badge, facts, mib, gb, hostHref, when, age, table, duration } from "./dom.js";
 import { state, vmNamed, subscribe, readOnce } from "./store.js";
 import { buttons, vmActionsFor, backupAction, scheduleAction } from "./actions.js";
 import { openConsole } from "./console.js";
 import { graphPanel } from "./graphs.js";
 import { automationsOf, taskTable } from "./tasks.js";
+import { snapshotCard } from "./snapshots.js";
 
 function leaseOf(name) {
   return state.leases.find((lease) => (lease.vms || []).some((vm) => (vm.name || vm) === name)) || null;
@@ -31,13 +32,12 @@ export function vmPage(root, name) {
   const record = el("section", { className: "card", id: "vm-record" });
   const backups = el("section", { className: "card", id: "vm-backups" }, el("h2", {}, "Backups"), el("p", { className: "empty" }, "reading..."));
   const schedules = el("section", { className: "card", id: "vm-schedules" }, el("h2", {}, "Backup schedules"));
-  const snapshots = section("Snapshots", el("p", { className: "hint", id: "vm-snapshots" },
-    "Snapshots are not served by this API yet (the snapshot routes are being added); they will be listed here."));
+  const snapshots = snapshotCard(name);
   const history = el("section", { className: "card", id: "vm-automations" });
   let graphs = null;
   let graphsHost = null;
   const graphSlot = el("div", {});
-  root.replaceChildren(head, record, graphSlot, backups, schedules, snapshots, history);
+  root.replaceChildren(head, record, graphSlot, backups, schedules, snapshots.node, history);
 
   function drawRecord() {
     const vm = vmNamed(name);
@@ -138,6 +138,7 @@ export function vmPage(root, name) {
   ];
   return () => {
     stops.forEach((stop) => stop());
+    snapshots.stop();
     if (graphs) graphs.stop();
   };
 }
