@@ -116,3 +116,19 @@ export function facts(pairs) {
   return el("dl", { className: "facts" }, pairs.filter(Boolean).map(([term, value]) => [
     el("dt", {}, term), el("dd", {}, value === null || value === undefined || value === "" ? "-" : value)]));
 }
+
+// `fn`, called at most once per `ms` however often it is asked for; the last
+// request is always honoured (a trailing call): for views whose changes come
+// many times a second (the automations' steps) and need not redraw each frame.
+export function throttled(fn, ms) {
+  let last = -Infinity, timer = null;
+  return () => {
+    if (timer) return;
+    const wait = Math.max(0, last + ms - performance.now());
+    timer = setTimeout(() => {
+      timer = null;
+      last = performance.now();
+      fn();
+    }, wait);
+  };
+}

@@ -229,7 +229,8 @@ function apply(message) {
 // Reads the events call for, at most one in flight (and one queued) per thing.
 const reading = new Map();
 
-export function readOnce(key, read) {
+// `gap`: at least this many ms between the end of one read and the next.
+export function readOnce(key, read, gap = 0) {
   const current = reading.get(key);
   if (current) {
     current.again = true;
@@ -238,17 +239,23 @@ export function readOnce(key, read) {
   const entry = { again: false };
   reading.set(key, entry);
   read().catch((error) => console.warn(key, error.message)).finally(() => {
-    reading.delete(key);
-    if (entry.again) readOnce(key, read);
+    const next = () => {
+      reading.delete(key);
+      if (entry.again) readOnce(key, read, gap);
+    };
+    if (entry.again && gap) setTimeout(next, gap);
+    else next();
   });
 }
+
+const AUTOMATION_READ_GAP_MS = 250;   // an automation busy with steps is read 4 times a second at most
 
 export function readAutomation(id) {
   readOnce(`automation ${id}`, async () => {
     const { doc } = await api("GET", `/v1/automations/${enc(id)}`);
     if (state.tasks.has(id) || state.mine.has(id)) state.views.set(id, doc);
     changed("automations");
-  });
+  }, AUTOMATION_READ_GAP_MS);
 }
 
 function readLeases() {

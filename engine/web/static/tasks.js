@@ -4,7 +4,7 @@
 // in words, its progress, its error) and the task log (#/tasks), a table
 // of them all, live, each opening to its steps; a running one can be aborted.
 
-import { $, el, natural, when, vmHref, age } from "./dom.js";
+import { $, el, natural, when, vmHref, age, throttled } from "./dom.js";
 import { state, ended, newestFirst, subscribe, isOperator, readAutomation } from "./store.js";
 import { abortAutomation } from "./actions.js";
 
@@ -86,8 +86,10 @@ export function renderDock() {
     : [el("p", { className: "empty" }, "No automation runs.")]));
 }
 
+const AUTOMATIONS_EVERY_MS = 250;   // the dock and the task log redraw at most this often
+
 export function startDock() {
-  subscribe(["automations"], renderDock);
+  subscribe(["automations"], throttled(renderDock, AUTOMATIONS_EVERY_MS));
 }
 
 // -- the task log (#/tasks, #/tasks/ID) ------------------------------------------------------------
@@ -155,5 +157,5 @@ export function tasksView(root, open) {
       taskTable(tasks, open)));
   };
   draw();
-  return subscribe(["automations"], draw);
+  return subscribe(["automations"], throttled(draw, AUTOMATIONS_EVERY_MS));
 }

@@ -3,7 +3,7 @@
 // the automations that touched it.
 
 import { api, enc, ApiError } from "./api.js";
-import { el, badge, facts, mib, gb, hostHref, when, age, table, duration } from "./dom.js";
+import { el, badge, facts, mib, gb, hostHref, when, age, table, duration, throttled } from "./dom.js";
 import { state, vmNamed, subscribe, readOnce } from "./store.js";
 import { buttons, vmActionsFor, backupAction, scheduleAction } from "./actions.js";
 import { openConsole } from "./console.js";
@@ -134,7 +134,7 @@ export function vmPage(root, name) {
   const stops = [
     subscribe(["vms", "hosts", "leases", "groups"], drawRecord),
     subscribe(["backups"], readBackupList),
-    subscribe(["automations"], drawHistory),
+    subscribe(["automations"], throttled(drawHistory, 250)),
   ];
   return () => {
     stops.forEach((stop) => stop());
