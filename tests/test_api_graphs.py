@@ -5,6 +5,8 @@ with the caller's token or session cookie; a host that is down, or whose
 peer does not answer, is a 503 with one line."""
 from __future__ import annotations
 
+import pytest
+
 import requests
 
 from engine.core import api as engine_api
@@ -66,6 +68,7 @@ def test_a_peer_answers_for_its_own_host_and_asks_the_other_peer_for_its_host(cl
     assert (asked_there["start"], asked_there["step_s"]) == (other["start"], other["step_s"])
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_a_vm_on_another_host_is_drawn_from_its_hosts_peer(cluster, store):
     clients = served(cluster, store, "host1", "host2")
     vm = boot_vms(cluster, "web1", on="host2")["web1"]
@@ -98,6 +101,7 @@ def test_a_session_cookie_is_passed_on_as_a_token_is(cluster, store):
     assert ApiClient(url).get("/v1/hosts/host2/graphs")[0] == 401
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_a_down_host_or_a_peer_that_does_not_answer_is_503_in_one_line(cluster, store):
     clients = served(cluster, store, "host1", "host2")
     cluster.start_peer("host3")                 # serves no API

@@ -78,6 +78,7 @@ def done(client, answer) -> dict:
 
 # -- snapshots --------------------------------------------------------------------
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_snapshots_are_created_listed_reverted_and_deleted_as_on_the_command_line(
         cluster, store, served):
     client, viewer = served

@@ -223,6 +223,7 @@ def test_what_is_no_release_is_refused_in_one_line_and_nothing_is_stored(cluster
     assert operator.get("/v1/hosts")[0] == 200         # the server goes on
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_an_upload_killed_between_chunks_is_finished_by_the_next_one(cluster, store,
                                                                      tmp_path):
     """host1's peer SIGKILLed while its API stores a release: the release is

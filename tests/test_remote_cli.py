@@ -114,6 +114,7 @@ def test_the_next_peer_answers_when_one_is_down_and_none_is_exit_3(cluster, apis
     assert dead in done.stderr
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_a_token_file_others_can_read_is_refused(cluster, apis, tmp_path):
     workstation = Workstation(cluster, apis, _token(cluster, "operator"), tmp_path)
     import os
@@ -217,6 +218,7 @@ def test_moves_backups_restores_and_leases_through_the_api(cluster, operator):
     assert cluster.cli_json("lease", "list") == []
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_progress_and_ctrl_c_through_the_api_as_on_etcd(cluster, store, tmp_path):
     """The live view of a ping whose steps wait at a gate, drawn from
     /v1/events on a terminal; Ctrl-C detaches (exit 130) and the automation
@@ -333,6 +335,7 @@ def test_a_boot_with_a_seed_through_the_api_seeds_as_on_etcd(cluster, store, ope
     assert remote == direct and remote[0] == 2
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_following_goes_on_through_the_next_peer_when_its_api_stops(cluster, store, tmp_path):
     """A ping whose steps wait at a gate, followed through a `serve --api`
     that is then killed: the command line resumes the event stream on the
@@ -381,6 +384,7 @@ def test_following_goes_on_through_the_next_peer_when_its_api_stops(cluster, sto
                 process.wait(10)
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_bad_remotes_are_one_line_and_write_nothing(cluster, tmp_path):
     config = tmp_path / "cfg"
     env = {"PEERCTL_ETCD": NOWHERE, "XDG_CONFIG_HOME": str(config)}

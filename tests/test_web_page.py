@@ -210,6 +210,7 @@ def test_an_error_banner_goes_once_a_later_action_is_accepted(chromium, api, clu
         expect(banner).to_be_hidden()
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_a_vm_whose_host_is_down_offers_no_start_migrate_or_backup(chromium, api, cluster):
     boot_vms(cluster, "web1", on="host1")
     cluster.cli_json("stop", "web1", "--yes")

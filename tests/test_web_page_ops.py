@@ -224,6 +224,7 @@ def test_a_viewer_gets_no_action_on_any_view(chromium, api, cluster):
             expect(page.locator("#view form:visible")).to_have_count(0)
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_a_host_that_dies_shows_as_down(chromium, api, cluster):
     boot_vms(cluster, "web1", on="host2")
     with opened(chromium, api.url, token(api, "viewer"), at="#/host/host2") as page:
@@ -337,6 +338,7 @@ def test_every_kind_of_action_from_the_page_is_confirmed_and_followed(
         assert page.problems == []
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_a_running_automation_is_aborted_from_the_task_log(chromium, cluster, tmp_path):
     with held_requests(cluster, str(tmp_path / "hooks"), "ping") as gate, \
             served_api(cluster.etcd_url, cluster.name) as server:

@@ -84,6 +84,7 @@ def test_a_vm_is_snapshotted_from_its_page_then_reverted_and_its_snapshot_delete
         assert page.problems == []
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_two_selected_vms_are_snapshotted_with_their_memory(chromium, api, cluster):
     boot_vms(cluster, "web1", on="host1")
     boot_vms(cluster, "db1", on="host2")
@@ -123,6 +124,7 @@ def test_a_vm_is_replicated_from_its_page_and_its_replication_stopped(chromium, 
         assert page.problems == []
 
 
+@pytest.mark.slow      # seconds of peers (and a browser): the third tier
 def test_two_selected_vms_are_replicated_and_stopped_from_the_bulk_bar(chromium, api, cluster):
     boot_vms(cluster, "web1", "web2", on="host1")
     with opened(chromium, api.url, token(api, "operator")) as page:
