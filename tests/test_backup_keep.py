@@ -50,6 +50,7 @@ while not os.path.exists({str(gate)!r}):
     return hooks, gate
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_a_schedule_keeps_the_backups_taken_by_hand_and_the_one_restored_from(
         cluster, store, two_hosts):
     vms = boot_vms(cluster, "web1", "web2")
@@ -113,6 +114,7 @@ def test_a_protected_backup_is_kept_from_prunes_and_from_backup_delete(cluster, 
     assert doc["state"] == "done" and kept not in backups(cluster)
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_a_backup_a_running_restore_reads_is_neither_deleted_nor_pruned(cluster, store,
                                                                         tmp_path):
     hooks, gate = gated(tmp_path, "restore_disks")

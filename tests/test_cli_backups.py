@@ -143,6 +143,7 @@ def test_vmlist_shows_the_age_of_each_vms_newest_backup(cluster, backed_up):
 
 # -- refusals: one line, nothing written ------------------------------------------------
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_bad_backups_and_restores_are_refused_in_one_line_and_write_nothing(cluster,
                                                                            two_hosts, store):
     booted = boot_vms(cluster, "web1", "web2")
@@ -288,6 +289,7 @@ def listed_schedules(cluster) -> dict:
     return {row["pattern"]: row for row in cluster.cli_json("backup", "schedule", "list")}
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_bad_schedules_are_refused_in_one_line_and_write_nothing(cluster, store):
     start_peers(cluster, store, ["host1"])
     web = cluster.cli_json("backup", "schedule", "web*", "--every", "1h", "--keep-last", "2")

@@ -274,6 +274,7 @@ def test_vmlist_of_10000_vms_on_100_hosts(cluster, store):
     assert set(listed[0]) == VMLIST_KEYS
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_help_explains_every_command_with_an_example(cluster):
     done = cluster.cli("--help")
     assert done.returncode == 0

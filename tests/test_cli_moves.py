@@ -77,6 +77,7 @@ def test_drain_shows_in_hostlist_and_boot_never_lands_there(cluster, two_hosts):
 
 # -- refusals: nothing started ------------------------------------------------------
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_bad_moves_are_refused_in_one_line_and_start_nothing(cluster, two_hosts):
     boot_vms(cluster, "web1", "web2")
     before = task_ids(cluster)

@@ -375,6 +375,7 @@ def test_request_to_a_dead_host_is_lost_within_its_deadline(cluster, store, tmp_
     assert appended > 0
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_hanging_request_times_out_and_the_late_answer_loses(cluster, store, tmp_path):
     """t1 is alive and claims each step, but its pre hook outlasts the
     deadline: the initiator writes `timeout` within deadline + 1 s, the
@@ -406,6 +407,7 @@ def test_hanging_request_times_out_and_the_late_answer_loses(cluster, store, tmp
     assert api.get_task(store, automation_id)["result"]["outcomes"] == task["result"]["outcomes"]
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_etcd_down_longer_than_the_ttl_mid_automation(own_etcd, tmp_path):
     """etcd is killed mid-automation and stays down until every peer has
     given its lease up; when it is back the peers make new sessions, their

@@ -115,6 +115,7 @@ def test_a_host_back_within_the_margin_keeps_its_vms(cluster, store, tmp_path):
     assert running_copies(store, ["h1", "h2"]) == {uuid: ["h1"] for uuid in ha.values()}
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_ha_policy_is_set_listed_and_refused_for_a_dead_host(cluster, store, tmp_path):
     start_hosts(cluster, store, tmp_path, ["h1", "h2"])
     boot(cluster, ["db1", "db2"], "h1")

@@ -121,6 +121,7 @@ def test_a_host_with_vms_is_refused_and_evacuate_moves_them_then_removes_it(clus
     _gone_everywhere(cluster, store, "host2")
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_a_live_peer_is_fenced_and_never_registers_again(cluster, store):
     ready_hosts(cluster, store, ["host1", "host2"])
     # a host lease to come names it: refused until the lease goes

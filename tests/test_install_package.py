@@ -48,6 +48,7 @@ def installed(venv, package: str) -> str:
     return os.path.join(str(venv), "bin", "peerctl")
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_the_wheel_built_from_the_sdist_holds_the_whole_tree(built):
     """Every file of the tree's release parts reaches the wheel, through the
     sdist it is built from (MANIFEST.in), under peerctl_tree/ only, beside
@@ -175,6 +176,7 @@ def test_the_installed_tree_shadows_no_library(built, tmp_path):
     assert guard.returncode == 0 and "--state-dir" in guard.stdout, guard.stderr
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_a_wheel_built_from_an_edited_checkout_names_no_commit(built, tmp_path):
     """The commit is the tree's only while the tree is that commit: an edit
     not yet committed makes a wheel that says no commit rather than a

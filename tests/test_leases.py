@@ -309,6 +309,7 @@ def test_sigkill_of_the_initiator_at_each_event_runs_each_exactly_once(cluster, 
 
 # -- a host dies under a lease ----------------------------------------------------------
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_a_reserved_host_that_dies_is_replaced_or_the_lease_degrades(cluster, store):
     three_hosts(cluster, store)
     one = cluster.cli_json("lease", "create", "one", "--hosts", "1", "--start", "now",

@@ -267,6 +267,7 @@ def test_a_rolled_back_hand_over_makes_the_old_process_main_again(cluster, store
     assert old.poll() is None
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_a_stop_during_a_hand_over_stops_the_new_process_too(cluster, store, listener,
                                                              tmp_path):
     """SIGTERM (``systemctl stop``) while the new release starts: once it

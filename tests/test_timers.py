@@ -4,6 +4,8 @@ The replay half needs no etcd; the rest runs real peers on a real etcd and
 kills the leader while the timer sleeps or as it wakes."""
 import time
 
+import pytest
+
 from engine.core import api, failpoints, keys
 from engine.core.replay import TIMER, Replayer, Request, Response
 from tests.support import TEST_AUTOMATIONS, wait_for, wait_until
@@ -110,6 +112,7 @@ def test_a_late_leader_wakes_an_overdue_timer_at_once(cluster, store, tmp_path):
     assert len(assert_each_index_ran_once(runs, automation_id)) == 1
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_sigkill_as_the_timer_is_answered_wakes_it_exactly_once(cluster, store, tmp_path):
     """Three wake-ups, the leader SIGKILLed right before writing each
     answer: every timer is answered once, every step after it runs once."""

@@ -294,6 +294,7 @@ os.kill(os.getppid(), signal.SIGKILL)
     assert "ghost_vm_destroyed" in cluster.log("t1")
 
 
+@pytest.mark.slow      # several seconds: the third tier keeps the quick one under 6 min
 def test_destroy_of_a_vm_on_a_dead_host_disowns_it_and_releases_its_allocation(
         cluster, store):
     """t1 is SIGKILLed with web1 on it: destroy cannot reach it (its steps
