@@ -7,7 +7,7 @@ import pytest
 
 from engine.core import api as engine_api
 from tests.support import wait_for
-from tests.support.api_client import ApiClient, answers, api_peer_args, free_port
+from tests.support.api_client import ApiClient, answers, api_peer_args, free_port, serving_pair
 from tests.support.cluster import SMALL_VM, boot_vms
 from tests.support.workstation import NOWHERE, Workstation, same_shape, token_file
 
@@ -15,18 +15,23 @@ from tests.support.workstation import NOWHERE, Workstation, same_shape, token_fi
 @pytest.fixture
 def apis(cluster, store):
     """host1 and host2 serving the API: their URLs, once both answer."""
-    ports = {}
-    for host in ("host1", "host2"):
-        ports[host] = free_port()
-        cluster.start_peer(host, extra_args=api_peer_args(ports[host]))
+    _, ports = serving_pair(cluster, store)
+    urls = [f"http://127.0.0.1:{ports[h]}" for h in ("host1", "host2")]
+    wait_for(lambda: answers(ApiClient(urls[1]), 401), what="host2's API")
+    return urls
+
+
+def _gated_pings(cluster, store, hooks: str) -> str:
+    """host1 (serving the API) and host2, their pings held at a gate in
+    ``hooks``: host1's API URL, once it answers."""
+    port = free_port()
+    cluster.start_peer("host1", extra_args=["--hooks", hooks, *api_peer_args(port)])
+    cluster.start_peer("host2", extra_args=["--hooks", hooks])
     wait_for(lambda: {"host1", "host2"} <= set(engine_api.live_hosts(store)),
              what="peers alive")
-    wait_for(lambda: len(cluster.cli_json("placement", "providers")) == 2, what="providers")
-    urls = [f"http://127.0.0.1:{ports[h]}" for h in ("host1", "host2")]
-    probe = ApiClient(urls[0])
-    wait_for(lambda: answers(probe, 401) and answers(ApiClient(urls[1]), 401),
-             what="both APIs")
-    return urls
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: answers(ApiClient(url), 401), what="host1's API")
+    return url
 
 
 def _token(cluster, role: str) -> str:
@@ -231,13 +236,7 @@ def test_progress_and_ctrl_c_through_the_api_as_on_etcd(cluster, store, tmp_path
     hooks = str(tmp_path / "hooks")
     gate = gated_hook(hooks, request="ping")
     try:
-        port = free_port()
-        cluster.start_peer("host1", extra_args=["--hooks", hooks, *api_peer_args(port)])
-        cluster.start_peer("host2", extra_args=["--hooks", hooks])
-        wait_for(lambda: {"host1", "host2"} <= set(engine_api.live_hosts(store)),
-                 what="peers alive")
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: answers(ApiClient(url), 401), what="host1's API")
+        url = _gated_pings(cluster, store, hooks)
         workstation = Workstation(cluster, [url], _token(cluster, "operator"), tmp_path)
         terminal = Terminal([sys.executable, PEERCTL, "ping", "--rounds", "2"],
                             {**cluster.env, **workstation.env})
@@ -349,18 +348,14 @@ def test_following_goes_on_through_the_next_peer_when_its_api_stops(cluster, sto
     gate = gated_hook(hooks, request="ping")
     served = follower = None
     try:
-        port = free_port()
-        cluster.start_peer("host1", extra_args=["--hooks", hooks, *api_peer_args(port)])
-        cluster.start_peer("host2", extra_args=["--hooks", hooks])
-        wait_for(lambda: {"host1", "host2"} <= set(engine_api.live_hosts(store)),
-                 what="peers alive")
+        url = _gated_pings(cluster, store, hooks)
         first = free_port()
         served = subprocess.Popen([sys.executable, PEERCTL, "serve", "--api",
                                    f"127.0.0.1:{first}"], env=cluster.env, cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True)
-        urls = [f"http://127.0.0.1:{first}", f"http://127.0.0.1:{port}"]
-        wait_for(lambda: all(answers(ApiClient(url), 401) for url in urls), what="both APIs")
+        urls = [f"http://127.0.0.1:{first}", url]
+        wait_for(lambda: answers(ApiClient(urls[0]), 401), what="serve's API")
         workstation = Workstation(cluster, urls, _token(cluster, "operator"), tmp_path)
         follower = subprocess.Popen([sys.executable, PEERCTL, "ping"], cwd=ROOT, text=True,
                                     env={**cluster.env, **workstation.env},
