@@ -7,7 +7,6 @@ in one line with nothing written, and a viewer's write is ``403``."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
@@ -16,6 +15,7 @@ from engine.leases.times import iso
 from tests.support.api_client import ApiClient, public_key, serving_pair
 from tests.support.cluster import SMALL_VM, boot_vms, finished, task_ids
 from tests.support.raw import put_raw
+from tests.support.aside import keep_aside
 
 
 @pytest.fixture
@@ -170,14 +170,6 @@ def test_replication_starts_and_stops_as_on_the_command_line(cluster, store, ser
 
 
 # -- disks kept aside, scrub -------------------------------------------------------
-
-def keep_aside(store, host: str, name: str) -> dict:
-    vm_uuid = str(uuid.uuid4())
-    record = {"host": host, "name": name, "uuid": vm_uuid, "id": vm_uuid, "time": time.time(),
-              "reason": "restarted on host2", "automation": None,
-              "volumes": [{"name": f"aside-{vm_uuid}-1-disk0", "bytes": 1024}]}
-    store.put(keys.aside(host, vm_uuid), record)
-    return record
 
 
 def test_disks_kept_aside_and_unreadable_keys_as_on_the_command_line(cluster, store, etcd,

@@ -16,14 +16,11 @@ Skipped, saying why, without chromium or Playwright.
 """
 from __future__ import annotations
 
-import time
-import uuid
-
 import pytest
 
-from engine.core import keys
 from tests.support import wait_until
 from tests.support.api_server import served_api, token
+from tests.support.aside import keep_aside
 from tests.support.cluster import boot_vms
 from tests.support.page import (SOON, chromium, confirm, ended_card,  # noqa: F401 (a fixture)
                                 expect, opened)
@@ -46,16 +43,6 @@ def snapshots(cluster, vm: str) -> list[dict]:
 
 def replica_of(cluster, vm: str):
     return {row["name"]: row for row in cluster.cli_json("vmlist")}[vm]["replica"]
-
-
-def keep_aside(store, host: str, name: str) -> dict:
-    """A record of disks an HA restart kept aside on ``host``."""
-    vm_uuid = str(uuid.uuid4())
-    record = {"host": host, "name": name, "uuid": vm_uuid, "id": vm_uuid, "time": time.time(),
-              "reason": "restarted on host2", "automation": None,
-              "volumes": [{"name": f"aside-{vm_uuid}-1-disk0", "bytes": 1024}]}
-    store.put(keys.aside(host, vm_uuid), record)
-    return record
 
 
 def test_a_vm_is_snapshotted_from_its_page_then_reverted_and_its_snapshot_deleted(
