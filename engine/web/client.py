@@ -90,11 +90,12 @@ class ApiClient:
 
     def request(self, method: str, path: str, body=None, query: dict | None = None,
                 raw: bytes | None = None, content_type: str | None = None,
-                timeout: float = READ_TIMEOUT, stream: bool = False):
+                timeout: float = READ_TIMEOUT, stream: bool = False,
+                headers: dict | None = None):
         """The raw response of the first peer that answers (not 503)."""
         import requests
         why = []
-        headers = {"Content-Type": content_type} if content_type else None
+        headers = {**(headers or {}), **({"Content-Type": content_type} if content_type else {})}
         for url in self._order():
             try:
                 response = self.session.request(
@@ -113,41 +114,27 @@ class ApiClient:
                     break
                 continue
             if response.status_code == 503:
-                why.append(f"{url}: {_json(response).get('error') or 'unavailable'}"
-                           if isinstance(_json(response), dict) else f"{url}: unavailable")
+                said = _json(response)
+                error = said.get("error") if isinstance(said, dict) else None
+                why.append(f"{url}: {error or 'unavailable'}")
                 continue
             self.url = url
             return response
         raise NoPeerAnswered("no peer answered: " + "; ".join(why))
-
-    def get(self, path: str, **query):
-        return self.call("GET", path, query=query)
 
     def events(self, last_event_id: int | None = None, read_timeout: float = 60.0):
         """Each server-sent event of ``/v1/events`` as ``(id, event, doc)``,
         from ``last_event_id`` on (else from a ``hello`` event); ends when the
         stream does, or when nothing came for ``read_timeout`` seconds
         (heartbeats come every 15)."""
-        headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
-        import requests
-        why = []
-        for url in self._order():
-            try:
-                response = self.session.get(url + "/v1/events", headers=headers, stream=True,
-                                            timeout=(CONNECT_TIMEOUT, read_timeout))
-            except requests.exceptions.RequestException as exc:
-                why.append(f"{url}: {_why(exc)}")
-                continue
-            if response.status_code != 200:
-                doc = _json(response)
-                if response.status_code == 503:
-                    why.append(f"{url}: unavailable")
-                    continue
-                raise _refusal(response.status_code, doc if isinstance(doc, dict) else {}, url)
-            self.url = url
-            yield from _sse(response)
-            return
-        raise NoPeerAnswered("no peer answered: " + "; ".join(why))
+        headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else None
+        response = self.request("GET", "/v1/events", timeout=read_timeout, stream=True,
+                                headers=headers)
+        if response.status_code != 200:
+            doc = _json(response)
+            raise _refusal(response.status_code, doc if isinstance(doc, dict) else {},
+                           self.url)
+        yield from _sse(response)
 
 
 def _sse(response):
