@@ -50,9 +50,8 @@ def cmd_list(ctx) -> int:
 
 
 def cmd_delete(ctx) -> int:
-    from urllib.parse import quote
     doc = through.write(ctx, lambda: ops.delete_release(ctx, ctx.args.version), "DELETE",
-                        f"/v1/code/{quote(ctx.args.version, safe='')}")
+                        f"/v1/code/{through.segment(ctx.args.version)}")
     ctx.emit(doc, f"release {doc['version']} deleted")
     return 0
 

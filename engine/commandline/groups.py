@@ -4,8 +4,6 @@ A VM joins a group when it is booted into it (``boot --group NAME
 --spread|--together``); a group exists while it has VMs."""
 from __future__ import annotations
 
-from urllib.parse import quote
-
 from engine.operations import groups as ops
 
 from . import table, through
@@ -32,7 +30,7 @@ def cmd_list(ctx) -> int:
 
 def cmd_show(ctx) -> int:
     doc = through.read(ctx, lambda: ops.show_group(ctx, ctx.args.name),
-                       f"/v1/groups/{quote(ctx.args.name, safe='')}")
+                       f"/v1/groups/{through.segment(ctx.args.name)}")
     broken = (f"; rule broken by {', '.join(doc['violated'])} (an HA restart had no other "
               "choice: balance puts it right)" if doc["violated"] else "")
     ctx.emit(doc, table.render(doc["vms"], MEMBER_COLUMNS)

@@ -13,6 +13,7 @@ from engine.operations import moves, tasks
 from .confirm import confirm
 from .follow import follow
 from .options import dry_run_option, yes_option
+from .through import segment
 
 
 def _moving(rows: list[dict]) -> list[dict]:
@@ -75,9 +76,8 @@ def cmd_remove(ctx) -> int:
 def _remove_remotely(ctx) -> int:
     """host remove through the API: its route removes a host with no VMs;
     with --evacuate, the evacuate route moves them off first."""
-    from urllib.parse import quote
     args = ctx.args
-    name = quote(args.host, safe="")
+    name = segment(args.host)
     if args.evacuate and args.dry_run:
         raise UsageError("through the API, --evacuate has no dry run: evacuate HOST "
                          "--dry-run shows the moves, host remove HOST --dry-run the rest")

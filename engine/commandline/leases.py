@@ -18,11 +18,6 @@ LEASE_COLUMNS = [C("lease", "Lease"), C("state", "State"), C("kind", "Kind"),
                  C("used", "VMs", right=True)]
 
 
-def _quoted(name: str) -> str:
-    from urllib.parse import quote
-    return quote(name, safe="")
-
-
 def cmd_create(ctx) -> int:
     a = ctx.args
     body = {"name": a.name, "start": a.start, "end": a.end, "hosts": a.hosts,
@@ -46,21 +41,21 @@ def cmd_list(ctx) -> int:
 
 def cmd_show(ctx) -> int:
     doc = through.read(ctx, lambda: ops.show(ctx, ctx.args.name),
-                       f"/v1/leases/{_quoted(ctx.args.name)}")
+                       f"/v1/leases/{through.segment(ctx.args.name)}")
     ctx.emit(doc, detail_text(doc))
     return 0
 
 
 def cmd_extend(ctx) -> int:
     doc = through.write(ctx, lambda: ops.extend(ctx, ctx.args.name, ctx.args.end), "POST",
-                        f"/v1/leases/{_quoted(ctx.args.name)}/extend", {"end": ctx.args.end})
+                        f"/v1/leases/{through.segment(ctx.args.name)}/extend", {"end": ctx.args.end})
     ctx.emit(doc, f"lease {doc['lease']} now ends at {doc['end']}")
     return 0
 
 
 def cmd_delete(ctx) -> int:
     args = ctx.args
-    path = f"/v1/leases/{_quoted(args.name)}"
+    path = f"/v1/leases/{through.segment(args.name)}"
     plan = through.read(ctx, lambda: ops.plan_delete(ctx, args.name), path, dry_run=True) \
         if ctx.api is None else ctx.api.call("DELETE", path, query={"dry_run": True})
     vms = [f"{vm['host']}/{vm['name']}" for vm in plan["vms"]]

@@ -76,7 +76,7 @@ def cmd_drain(ctx) -> int:
         confirm("drain", [f"{h['host']} ({h['vms']} VM{'s' if h['vms'] != 1 else ''})"
                           for h in hosts], "hosts", cancelled={"hosts": []})
     done = through.write(ctx, lambda: ops.set_drained(ctx, names, drained), "POST",
-                         f"/v1/hosts/{_quoted(args.hostglob)}/{args.command}",
+                         f"/v1/hosts/{through.segment(args.hostglob)}/{args.command}",
                          {"yes": True} if drained else {})
     done = done["hosts"] if ctx.api is not None else done
     staying = {h["host"]: h["vms"] for h in hosts}
@@ -91,16 +91,11 @@ def cmd_drain(ctx) -> int:
     return 0
 
 
-def _quoted(text: str) -> str:
-    from urllib.parse import quote
-    return quote(text, safe="")
-
-
 def _drain_targets(ctx, pattern: str) -> list[dict]:
     """The hosts ``pattern`` matches, each with its count of ``vms``."""
     if ctx.api is None:
         return ops.plan_drain(ctx, pattern)
-    named = ctx.api.call("POST", f"/v1/hosts/{_quoted(pattern)}/drain",
+    named = ctx.api.call("POST", f"/v1/hosts/{through.segment(pattern)}/drain",
                          body={"dry_run": True})["hosts"]          # none: 404 naming it
     counts = {row["host"]: row.get("vms") or 0
               for row in ctx.api.call("GET", "/v1/hosts", query={"pattern": pattern})}
@@ -135,7 +130,7 @@ def cmd_evacuate(ctx) -> int:
 def _evacuate_remotely(ctx) -> int:
     """evacuate through the API: its route plans, drains and starts in one."""
     args = ctx.args
-    path = f"/v1/hosts/{_quoted(args.hostglob)}/evacuate"
+    path = f"/v1/hosts/{through.segment(args.hostglob)}/evacuate"
     body = {k: v for k, v in {"to": args.to, "parallel": args.parallel}.items()
             if v is not None}
     hosts = ", ".join(row["host"] for row in _drain_targets(ctx, args.hostglob))

@@ -55,11 +55,6 @@ def _outcome(verb: str):
                              verb=verb, notes=_notes)
 
 
-def _quoted(text: str) -> str:
-    from urllib.parse import quote
-    return quote(text, safe="")
-
-
 # -- the verbs ----------------------------------------------------------------------
 
 def cmd_create(ctx) -> int:
@@ -106,7 +101,7 @@ def _show(ctx, rows: list[dict], chosen) -> None:
 def cmd_revert(ctx) -> int:
     args = ctx.args
     plan = through.planned(ctx, lambda: ops.plan_revert(ctx, args.vm, args.snapshot),
-                           f"/v1/vms/{_quoted(args.vm)}/snapshots/{_quoted(args.snapshot)}/revert",
+                           f"/v1/vms/{through.segment(args.vm)}/snapshots/{through.segment(args.snapshot)}/revert",
                            {}, "snapshot_revert")
     if not args.yes and not args.dry_run and (plan.ask or ctx.api is None):
         (row,) = plan.targets
@@ -123,7 +118,7 @@ def cmd_revert(ctx) -> int:
 def cmd_delete(ctx) -> int:
     args = ctx.args
     plan = through.planned(ctx, lambda: ops.plan_delete(ctx, args.vm, args.snapshots),
-                           f"/v1/vms/{_quoted(args.vm)}/snapshots", {"snapshot": args.snapshots},
+                           f"/v1/vms/{through.segment(args.vm)}/snapshots", {"snapshot": args.snapshots},
                            "snapshot_delete", "snapshots", method="DELETE")
     if plan.ask and not args.yes and not args.dry_run:
         confirm("snapshot delete", [f"{row['host']}/{row['name']} {row['snapshot']}"

@@ -46,14 +46,9 @@ def cmd_task(ctx) -> int:
     return 0
 
 
-def _id(automation: str) -> str:
-    import urllib.parse
-    return urllib.parse.quote(automation, safe="")
-
-
 def _task(ctx, automation: str) -> dict:
     return through.read(ctx, lambda: ops.get_task(ctx, automation),
-                        f"/v1/automations/{_id(automation)}")
+                        f"/v1/automations/{through.segment(automation)}")
 
 
 def cmd_wait(ctx) -> int:
@@ -72,7 +67,7 @@ def cmd_wait(ctx) -> int:
 def cmd_abort(ctx) -> int:
     try:
         doc = through.write(ctx, lambda: ops.abort(ctx, ctx.args.id), "DELETE",
-                            f"/v1/automations/{_id(ctx.args.id)}")
+                            f"/v1/automations/{through.segment(ctx.args.id)}")
     except Failed as exc:
         if exc.result is None:
             raise

@@ -26,7 +26,13 @@ import time
 from engine.operations import tasks
 from engine.operations.plans import Plan
 
-__all__ = ["read", "write", "planned", "start", "follow", "RemotePlan"]
+__all__ = ["read", "write", "planned", "start", "follow", "RemotePlan", "segment"]
+
+
+def segment(text: str) -> str:
+    """``text`` as one segment of a route's path (``/`` quoted too)."""
+    from urllib.parse import quote
+    return quote(text, safe="")
 
 
 def read(ctx, direct, path: str, **query):
@@ -89,7 +95,7 @@ def planned(ctx, direct, path: str, body: dict, kind: str, what: str = "VMs",
 def _send(ctx, plan: RemotePlan, extra: dict):
     body = {**plan.body, **extra}
     if plan.method == "DELETE":
-        return ctx.api.call("DELETE", plan.path, query={k: v for k, v in body.items()})
+        return ctx.api.call("DELETE", plan.path, query=body)
     return ctx.api.call(plan.method, plan.path, body=body)
 
 
