@@ -33,7 +33,8 @@ it).  Then, each figure with its reference and target, PASS or MISS:
 - **scroll**: a programmatic scroll of the page (a step every animation
   frame, down and back, 3 s) while the events still arrive: the p95 of the
   intervals between frames; reference: the same scroll on the idle page.
-  Target: at most 2 frames at 60 Hz (33.3 ms);
+  Target: at most 2 frames at 60 Hz (33.3 ms), an interval counted to the
+  nearest frame (vsync's times jitter: two frames can measure 33.4 ms);
 - **tab memory**: the JS heap (``JSHeapUsedSize`` after a forced
   ``HeapProfiler.collectGarbage``) at the end of the events, once the page
   has caught up with what came (a second at most half busy; how long that
@@ -89,7 +90,12 @@ CLUSTER = "page"
 RESOURCES = "VCPU:1,MEMORY_MB:32,DISK_GB:1"     # bench/bulk.py's VM: make_room fits them
 RENDER_TARGET_S = 1.0
 BUSY_TARGET = 0.25
-FRAME_TARGET_MS = 2 * 1000 / 60         # two frames at 60 Hz
+FRAME_MS = 1000 / 60                    # a frame at 60 Hz
+FRAME_TARGET = 2                        # frames between two drawn: at most this many
+# An interval counts as the whole frames it spans: animation-frame times are
+# vsync's, give or take a tenth of a millisecond, so two frames can measure
+# 33.4 ms.  Longer than this is a third frame missed.
+FRAME_TARGET_MS = (FRAME_TARGET + 0.5) * FRAME_MS
 MEMORY_TARGET = 0.10                    # the heap's change, either way
 SCROLL_S = 3.0
 ANSWER_S = 60.0                         # the longest the page's main thread is waited for
@@ -451,7 +457,8 @@ async def measure(url: str, session: str, names: list[str], churn: Churn, stream
 def scrolled(figure: dict | None) -> str:
     if figure is None:
         return f"no frame (the page did not answer in {ANSWER_S:.0f} s)"
-    return f"{figure['p95']:.1f} ms over {figure['frames']} frames"
+    return (f"{figure['p95']:.1f} ms ({round(figure['p95'] / FRAME_MS)} frames at 60 Hz) "
+            f"over {figure['frames']} frames")
 
 
 def mib(size: float) -> str:
@@ -478,9 +485,10 @@ def report(sizes: dict, spread: int, booted_s: float, figures: dict, churn: Chur
     moving, still = figures["events scroll"], figures["idle scroll"]
     smooth = moving is not None and moving["p95"] <= FRAME_TARGET_MS
     print(f"scroll: p95 frame interval {scrolled(moving)}"
-          + (f" ({moving['long']} longer than {FRAME_TARGET_MS:.1f} ms)" if moving else "")
-          + f" during the events vs idle {scrolled(still)} (target <= "
-          f"{FRAME_TARGET_MS:.1f} ms): {verdict(smooth)}")
+          + (f" ({moving['long']} spanning more than {FRAME_TARGET})" if moving else "")
+          + f" during the events vs idle {scrolled(still)} (target <= {FRAME_TARGET} frames "
+          f"at 60 Hz, {FRAME_TARGET * FRAME_MS:.1f} ms, an interval counted to the nearest "
+          f"frame): {verdict(smooth)}")
     before, start, end = figures["heap before"], figures["heap start"], figures["heap end"]
     caught = figures["caught up"]
     settled = (f"the page caught up {caught:.0f} s after the events stopped" if caught is not None

@@ -1,7 +1,9 @@
 """``/v1/events``: a client following one peer's stream while 50 VMs boot
 sees every change exactly once, even when that peer is SIGKILLed and the
 client resumes on another with ``Last-Event-ID``; a revision compaction
-removed answers 410."""
+removed answers 410.  A batched stream (``?batch=MS&step_values=false``,
+the page's) carries the same changes in fewer messages and resumes as
+exactly."""
 from __future__ import annotations
 
 import threading
@@ -177,3 +179,68 @@ def test_a_boot_started_through_a_peer_outlives_that_peer(cluster, store, two_ap
     assert {vm["state"] for vm in listed} == {"running"}
     status, task, _ = two_apis["host2"].get(f"/v1/automations/{doc['automation']}")
     assert status == 200 and task["state"] == "done"
+
+
+LIGHT = {"batch": "300", "step_values": "false"}
+
+
+class Batched:
+    """A ``?batch=300&step_values=false`` stream read on a thread: its
+    messages, and each change with the revision it carries."""
+
+    def __init__(self, client, last_event_id=None):
+        self.messages: list = []
+        self.hello = threading.Event()
+        threading.Thread(target=self._read, args=(client, last_event_id), daemon=True).start()
+
+    def _read(self, client, last_event_id):
+        try:
+            for event in client.events(last_event_id, timeout=120, query=LIGHT):
+                self.messages.append(event)
+                self.hello.set()
+        except requests.RequestException:
+            pass
+
+    def changes(self, until: int) -> list[tuple[int, dict]]:
+        return [(change["revision"], change) for event in list(self.messages)
+                if event.event == "change" for change in event.doc["changes"]
+                if change["revision"] <= until]
+
+    def reached(self, revision: int) -> bool:
+        return any(event.revision >= revision for event in list(self.messages))
+
+
+def test_a_batched_stream_carries_every_change_in_fewer_messages(cluster, store, two_apis):
+    client = two_apis["host2"]
+    follower = Batched(client)
+    assert follower.hello.wait(20)
+    since = follower.messages[0].revision
+    doc = cluster.cli_json("boot", *[f"b{i:02d}" for i in range(20)],
+                           "--resources", TINY_VM, "--detach")
+    assert finished(store, doc["automation"], timeout=120)["state"] == "done"
+    until = store.revision()
+    wait_for(lambda: follower.reached(until), timeout=30, what="the stream up to the boot's end")
+    seen = follower.changes(until)
+    assert _shown(seen) == _shown(history(store, since, until)), "a change lost, doubled or moved"
+    changes = [event for event in follower.messages[1:] if event.revision <= until]
+    assert len(changes) < len({revision for revision, _ in seen}) / 2, \
+        "revisions were not gathered into fewer messages"
+    for event in changes:       # a message's id is its newest revision
+        assert event.revision == max(change["revision"] for change in event.doc["changes"])
+    assert any(change["kind"] == "step" for _, change in seen)
+    assert all(change["value"] is None for _, change in seen if change["kind"] == "step")
+    assert all(change["value"]["name"] for _, change in seen
+               if change["kind"] == "vm" and change["type"] == "put")
+    # resuming from a batched message's id misses nothing after it
+    middle = changes[len(changes) // 2].revision
+    resumed = Batched(client, last_event_id=middle)
+    wait_for(lambda: resumed.reached(until), timeout=30, what="the resumed stream")
+    assert _shown(resumed.changes(until)) == _shown(history(store, middle, until))
+
+
+def test_a_bad_batch_or_step_values_answers_400(two_apis):
+    client = two_apis["host2"]
+    for query, said in [({"batch": "0"}, "batch"), ({"batch": "soon"}, "batch"),
+                        ({"batch": "5000"}, "batch"), ({"step_values": "maybe"}, "step_values")]:
+        response = client.session.get(client.url + "/v1/events", params=query, timeout=10)
+        assert response.status_code == 400 and said in response.json()["error"], query

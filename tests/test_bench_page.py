@@ -25,7 +25,7 @@ BENCH = os.path.join(ROOT, "bench", "page.py")
 TIMEOUT = 120
 WORK = "peerctl-bpage-"         # the benchmark's work directory, under /var/tmp
 N = r"[0-9]+\.[0-9]+"
-FRAMES = rf"{N} ms over [0-9]+ frames"
+FRAMES = rf"{N} ms \([0-9]+ frames at 60 Hz\) over [0-9]+ frames"
 NONE = r"no frame \(the page did not answer in 60 s\)"
 FIGURES = {
     "size": r"^50 VMs on [12] of 2 hosts, booted through the API in [0-9.]+ s; chromium "
@@ -37,8 +37,9 @@ FIGURES = {
                    rf"second \({N} VM record changes/s, {N} changes in {N} messages/s on the "
                    rf"stream, .*\) vs idle {N}% over [0-9]+ s at "
                    rf"{N} changes/s \(target <= 25%\): " + VERDICT,
-    "scroll": rf"^scroll: p95 frame interval ({FRAMES} \([0-9]+ longer than 33\.3 ms\)|{NONE}) "
-              rf"during the events vs idle ({FRAMES}|{NONE}) \(target <= 33\.3 ms\): " + VERDICT,
+    "scroll": rf"^scroll: p95 frame interval ({FRAMES} \([0-9]+ spanning more than 2\)|{NONE}) "
+              rf"during the events vs idle ({FRAMES}|{NONE}) \(target <= 2 frames at 60 Hz, "
+              rf"33\.3 ms, an interval counted to the nearest frame\): " + VERDICT,
     "memory": rf"^tab memory: JS heap ({N} MiB after [0-9]+ s of events vs {N} MiB (after the "
               rf"warm-up \([-+]{N}%; before any event {N} MiB|before the events \([-+]{N}%; "
               rf"none measured after the warm-up: no answer in 60 s); after GC; the page "

@@ -21,6 +21,16 @@ revision.  A comment line every :data:`HEARTBEAT` seconds finds dead
 connections; a client too slow to keep up with :data:`BACKLOG` revisions is
 cut off, and resumes where it was.  A stream ends when the token or page
 session that opened it is deleted or expires (:mod:`.revocation`).
+
+Two query parameters make a stream lighter for a client that draws what
+changed rather than keeping every version (the page does):
+
+- ``batch=MS`` (1 to 2000): the revisions that come within MS milliseconds
+  of the first are sent as one message, its id the newest revision and
+  each change carrying its own ``revision``; a client resuming from that id
+  misses nothing, as with one message per revision;
+- ``step_values=false``: step changes (``auto/<id>/...``) come without
+  their value: that a step changed, not what it says.
 """
 from __future__ import annotations
 
@@ -34,6 +44,7 @@ __all__ = ["stream", "kind_of", "HEARTBEAT", "BACKLOG"]
 
 HEARTBEAT = 15.0
 BACKLOG = 10000
+MAX_BATCH_MS = 2000
 _PLAIN = (("vms/", "vm"), ("foreign/", "foreign"), ("hosts/", "host"), ("drained/", "drain"), ("tasks/", "automation"),
           ("leases/", "lease"), ("backups/", "backup"))
 _STEPS = ("log", "resp", "progress")      # engine/core/keys.py: log_entry, response, progress
@@ -68,6 +79,26 @@ def _last_event_id(request) -> int | None:
     return int(text)
 
 
+def _bad(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
+
+
+def _batch_seconds(request) -> float:
+    text = request.query.get("batch")
+    if text is None:
+        return 0.0
+    if not text.isdigit() or not 1 <= int(text) <= MAX_BATCH_MS:
+        raise _bad(f"bad batch {text!r}: want milliseconds, 1 to {MAX_BATCH_MS}")
+    return int(text) / 1000
+
+
+def _step_values(request) -> bool:
+    text = request.query.get("step_values", "true")
+    if text not in ("true", "false"):
+        raise _bad(f"bad step_values {text!r}: want true or false")
+    return text == "true"
+
+
 def _gone(message: str) -> web.Response:
     return web.json_response({"error": message}, status=410)
 
@@ -83,6 +114,7 @@ async def stream(request, store, run_blocking, streams: set,
     context manager for the stream's life, that awaits ``close(why)`` to
     end it (its token revoked: :mod:`.revocation`)."""
     last = _last_event_id(request)
+    batch, step_values = _batch_seconds(request), _step_values(request)
     if last is None:
         last = await run_blocking(store.revision)
         hello = True
@@ -121,8 +153,18 @@ async def stream(request, store, run_blocking, streams: set,
                 continue
             if events is _ENDED or isinstance(events, Exception):
                 break           # revoked; or compacted or broken: the client reconnects
-            for revision, changes in _by_revision(events):
-                await response.write(_message(revision, changes))
+            if not batch:
+                for revision, changes in _by_revision(events, step_values):
+                    await response.write(_message(revision, changes))
+                continue
+            events, ended = await _more_within(queue, list(events), batch)
+            grouped = _by_revision(events, step_values)
+            if grouped:
+                await response.write(_message(grouped[-1][0], [
+                    {**change, "revision": revision}
+                    for revision, changes in grouped for change in changes]))
+            if ended:
+                break
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
@@ -132,15 +174,31 @@ async def stream(request, store, run_blocking, streams: set,
     return response
 
 
-def _by_revision(events) -> list[tuple[int, list[dict]]]:
-    """The events of one watch response, grouped by revision, in order,
+async def _more_within(queue: asyncio.Queue, events: list, seconds: float) -> tuple[list, bool]:
+    """``events`` and the watch responses that come within ``seconds``;
+    whether the stream must end after them."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        try:
+            more = await asyncio.wait_for(queue.get(), left)
+        except asyncio.TimeoutError:
+            break
+        if more is _ENDED or isinstance(more, Exception):
+            return events, True
+        events.extend(more)
+    return events, False
+
+
+def _by_revision(events, step_values: bool = True) -> list[tuple[int, list[dict]]]:
+    """The events of watch responses, grouped by revision, in order,
     keeping only the keys a watcher is shown."""
     grouped: dict[int, list[dict]] = {}
     for event in events:
         kind = kind_of(event.kv.key)
         if kind is None:
             continue
+        shown = event.kind == "put" and (step_values or kind != "step")
         grouped.setdefault(event.kv.mod_revision, []).append(
             {"type": event.kind, "kind": kind, "key": event.kv.key,
-             "value": event.kv.value if event.kind == "put" else None})
+             "value": event.kv.value if shown else None})
     return sorted(grouped.items())

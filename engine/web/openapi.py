@@ -74,8 +74,15 @@ def document(version: str = "1") -> dict:
         paths.setdefault(path, {})[route.method.lower()] = operation
     paths["/v1/events"] = {"get": {
         "summary": "server-sent events of what changed; id = etcd revision",
-        "parameters": [{"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}}],
-        "responses": {"200": {"description": "text/event-stream"}, "410": _ERROR}}}
+        "parameters": [{"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
+                       {"name": "batch", "in": "query", "description": "milliseconds: the "
+                        "revisions within them in one message, each change with its revision",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 2000}},
+                       {"name": "step_values", "in": "query", "description": "false: step "
+                        "changes without their value",
+                        "schema": {"type": "boolean", "default": True}}],
+        "responses": {"200": {"description": "text/event-stream"}, "400": _ERROR,
+                      "410": _ERROR}}}
     paths["/v1/vms/{name}/console"] = {"get": {
         "summary": "a VM's serial console, as a websocket (operator)",
         "parameters": [{"name": "name", "in": "path", "required": True,

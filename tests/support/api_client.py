@@ -114,14 +114,15 @@ class ApiClient:
     def delete(self, path: str, **kw):
         return self.call("DELETE", path, **kw)
 
-    def events(self, last_event_id: int | None = None, timeout: float = 30):
+    def events(self, last_event_id: int | None = None, timeout: float = 30,
+               query: dict | None = None):
         """Each event of ``/v1/events`` (heartbeats skipped) until the
         stream ends; a non-200 answer raises ``requests.HTTPError``."""
         headers = {"Accept": "text/event-stream"}
         if last_event_id is not None:
             headers["Last-Event-ID"] = str(last_event_id)
         response = self.session.get(self.url + "/v1/events", headers=headers, stream=True,
-                                    timeout=(5, timeout))
+                                    params=query, timeout=(5, timeout))
         response.raise_for_status()
         fields: dict = {}
         try:

@@ -132,3 +132,45 @@ export function throttled(fn, ms) {
     }, wait);
   };
 }
+
+// Draws `items` into `parent`, one node each, by key: an item whose
+// signature (an array, compared item by item with ===) is the one drawn
+// keeps its node, and nodes already in place are not moved, so that a
+// redraw touches, and the browser lays out again, only what changed.
+const drawnIn = new WeakMap();      // parent -> Map(key -> {signature, node})
+
+export function keyed(parent, items, { key, signature, make }) {
+  const before = drawnIn.get(parent) || new Map();
+  const now = new Map();
+  const nodes = items.map((item) => {
+    const k = key(item);
+    const sig = signature(item);
+    const was = before.get(k);
+    const entry = was && was.signature.length === sig.length && sig.every((v, i) => v === was.signature[i])
+      ? was : { signature: sig, node: make(item) };
+    now.set(k, entry);
+    return entry.node;
+  });
+  drawnIn.set(parent, now);
+  place(parent, nodes);
+}
+
+// Makes `nodes` the children of `parent`, in order, moving only those not
+// already in their place (replaceChildren would move, and dirty, them all).
+export function place(parent, nodes) {
+  nodes.forEach((node, i) => {
+    const there = parent.children[i];
+    if (there !== node) parent.insertBefore(node, there || null);
+  });
+  while (parent.children.length > nodes.length) parent.lastElementChild.remove();
+}
+
+// Writes that leave the document alone when the value is already there
+// (any write, even of the same value, makes the browser look again).
+export function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
+}
+
+export function setAttr(node, name, value) {
+  if (node.getAttribute(name) !== value) node.setAttribute(name, value);
+}

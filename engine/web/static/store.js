@@ -50,7 +50,9 @@ export function subscribe(parts, fn) {
 }
 
 function flush() {
+  if (!frameQueued) return;         // drawn already (a person's doing overtook a burst's timer)
   frameQueued = false;
+  flushedAt = performance.now();
   const parts = [...dirty];
   dirty.clear();
   if (parts.includes("vms") || parts.includes("hosts") || parts.includes("groups")) vmCache = null;
@@ -68,14 +70,31 @@ function flush() {
   }
 }
 
+// A change is drawn on the next frame, and a burst of them (a bulk boot's
+// 50 VMs a second and their automations' steps) at most every
+// FLUSH_EVERY_MS: the page stays current within a fifth of a second while
+// its main thread stays mostly idle.  A person's own doing (a new view,
+// "route") is drawn on the next frame.
+const FLUSH_EVERY_MS = 200;
+let flushedAt = -Infinity;
+
+let flushTimer = null;
+
 export function changed(...parts) {
   parts.forEach((part) => dirty.add(part));
-  if (!frameQueued) {
-    frameQueued = true;
-    // a hidden tab gets no frames: a timer then, so that it is current when shown
-    if (document.hidden) setTimeout(flush, 250);
-    else requestAnimationFrame(flush);
-  }
+  const now = parts.includes("route");
+  if (frameQueued && !(now && flushTimer)) return;
+  clearTimeout(flushTimer);
+  flushTimer = null;
+  frameQueued = true;
+  const wait = now ? 0 : flushedAt + FLUSH_EVERY_MS - performance.now();
+  // a hidden tab gets no frames: a timer then, so that it is current when shown
+  if (document.hidden) flushTimer = setTimeout(flush, Math.max(wait, 250));
+  else if (wait <= 0) requestAnimationFrame(flush);
+  else flushTimer = setTimeout(() => {
+    flushTimer = null;
+    requestAnimationFrame(flush);
+  }, wait);
 }
 
 // -- derived: the VMs, one row per VM ----------------------------------------------------
@@ -222,7 +241,7 @@ const APPLY = {
 function apply(message) {
   for (const change of message.changes) {
     const handler = APPLY[change.kind];
-    if (handler) handler(change, message.revision);
+    if (handler) handler(change, change.revision ?? message.revision);
   }
 }
 
@@ -248,14 +267,17 @@ export function readOnce(key, read, gap = 0) {
   });
 }
 
-const AUTOMATION_READ_GAP_MS = 250;   // an automation busy with steps is read 4 times a second at most
+// An automation busy with steps is read at most 4 times a second when this
+// page started it (its person watches it), once a second otherwise.
+const MINE_READ_GAP_MS = 250;
+const OTHERS_READ_GAP_MS = 1000;
 
 export function readAutomation(id) {
   readOnce(`automation ${id}`, async () => {
     const { doc } = await api("GET", `/v1/automations/${enc(id)}`);
     if (state.tasks.has(id) || state.mine.has(id)) state.views.set(id, doc);
     changed("automations");
-  }, AUTOMATION_READ_GAP_MS);
+  }, state.mine.has(id) ? MINE_READ_GAP_MS : OTHERS_READ_GAP_MS);
 }
 
 function readLeases() {
@@ -329,7 +351,9 @@ export function follow(restart) {
   if (source) source.close();
   let buffered = [];                // changes that come while it lists
   setLive("connecting", false);
-  const stream = new EventSource("/v1/events");
+  // a message every 200 ms at most, whatever the rate of revisions, and the
+  // steps' names only (a step makes the page read its automation)
+  const stream = new EventSource("/v1/events?batch=200&step_values=false");
   source = stream;
   stream.addEventListener("hello", async () => {
     buffered = buffered || [];

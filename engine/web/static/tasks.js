@@ -4,7 +4,7 @@
 // in words, its progress, its error) and the task log (#/tasks), a table
 // of them all, live, each opening to its steps; a running one can be aborted.
 
-import { $, el, natural, when, vmHref, age, throttled } from "./dom.js";
+import { $, el, natural, when, vmHref, age, throttled, keyed, setText } from "./dom.js";
 import { state, ended, newestFirst, subscribe, isOperator, readAutomation } from "./store.js";
 import { abortAutomation } from "./actions.js";
 
@@ -81,9 +81,17 @@ export function renderDock() {
   rows.sort(newestFirst);
   const running = rows.filter((task) => !ended(task));
   const shown = [...running, ...rows.filter(ended).slice(0, DOCKED_ENDED)].sort(newestFirst);
-  $("automations-count").textContent = `${running.length} running`;
-  $("automations").replaceChildren(...(shown.length ? shown.map((task) => card(task.id))
-    : [el("p", { className: "empty" }, "No automation runs.")]));
+  setText($("automations-count"), `${running.length} running`);
+  if (!shown.length) {
+    $("automations").replaceChildren(el("p", { className: "empty" }, "No automation runs."));
+    return;
+  }
+  $("automations").querySelector(":scope > p.empty")?.remove();
+  keyed($("automations"), shown, {       // a card is drawn again only when what it shows changed
+    key: (task) => task.id,
+    signature: (task) => [state.views.get(task.id), state.tasks.get(task.id), state.mine.get(task.id)],
+    make: (task) => card(task.id),
+  });
 }
 
 const AUTOMATIONS_EVERY_MS = 250;   // the dock and the task log redraw at most this often

@@ -3,7 +3,7 @@
 // own actions.  Only the rows in view are in the document (a list of 1,000
 // VMs is a scroll of fixed-height rows, the window drawn per frame).
 
-import { el, natural, age, mib, gb, vmHref, hostHref, badge } from "./dom.js";
+import { el, natural, age, mib, gb, vmHref, hostHref, badge, place, setText, setAttr } from "./dom.js";
 import { state, vmRows, subscribe, isOperator } from "./store.js";
 import { vmActionsFor, buttons } from "./actions.js";
 import { openConsole } from "./console.js";
@@ -11,6 +11,7 @@ import { openConsole } from "./console.js";
 const ROW = 34;                     // px, a row's fixed height (page.css: tr.vm)
 const ALL_UNDER = 150;              // fewer rows than this: all drawn
 const MARGIN = 15;                  // rows drawn above and below the window
+const CHUNK = 10;                   // the window moves by this many rows (at most MARGIN)
 
 // Kept across views: a person's filters stay while they look at a VM.
 const filters = { text: "", host: "", state: "", ha: "", group: "", sort: "host", desc: false };
@@ -93,8 +94,8 @@ export function vmList({ fixedHost = null, id = "vms" } = {}) {
   const head = el("tr", {}, el("th", { className: "pick operator-only" }, isOperator() ? all : null),
     COLUMNS.map(([key, label, cls]) => el("th", { className: `${cls || ""} sortable`, dataset: { sort: key } },
       el("button", { type: "button", className: "sort", textContent: label, on: { click: () => sortBy(key) } }))),
-    el("th", { className: "operator-only" }, "Actions"));
-  const tableNode = el("table", { id }, el("thead", {}, head), tbody);
+    el("th", { className: "operator-only actions" }, "Actions"));
+  const tableNode = el("table", { id, className: "vm-table" }, el("thead", {}, head), tbody);
   const scroller = el("div", { className: "vm-scroll" }, tableNode);
   const node = el("section", { className: "card", id: `${id}-section` },
     el("h2", {}, fixedHost ? `VMs on ${fixedHost} ` : "VMs ", count), controls, bulk, scroller);
@@ -135,8 +136,10 @@ export function vmList({ fixedHost = null, id = "vms" } = {}) {
   function drawBulk() {
     const chosen = vmRows().filter((vm) => selected.has(vm.uuid));
     if (!isOperator() || !chosen.length) {
-      bulk.replaceChildren();
-      bulk.hidden = true;
+      if (!bulk.hidden) {
+        bulk.replaceChildren();
+        bulk.hidden = true;
+      }
       return;
     }
     bulk.hidden = false;
@@ -152,6 +155,9 @@ export function vmList({ fixedHost = null, id = "vms" } = {}) {
   // so that a change redraws only the rows it changed (no layout of the rest).
   let drawn = { first: -1, last: -1, total: -1, uuids: [], rows: new Map() };
   let view = { top: 0, height: 600 };   // the scroller's, read on scroll (not on every change)
+  const spacerRow = () => el("tr", { className: "spacer" }, el("td", { colSpan: COLUMNS.length + 2 }));
+  const above = spacerRow();            // the rows out of view, above and below: one tall row each
+  const below = spacerRow();
 
   const signature = (vm) => JSON.stringify([vm.name, vm.host, vm.state, vm.crashed, vm.vcpus, vm.memory_mb, vm.disk_gb,
     vm.ip, vm.ha, vm.group, vm.backup && vm.backup.time, vm.hostDown, selected.has(vm.uuid)]);
@@ -161,8 +167,9 @@ export function vmList({ fixedHost = null, id = "vms" } = {}) {
     let first = 0;
     let last = total;
     if (total > ALL_UNDER) {
-      first = Math.max(0, Math.floor(view.top / ROW) - MARGIN);
-      last = Math.min(total, Math.ceil((view.top + view.height) / ROW) + MARGIN);
+      // whole chunks: a scroll changes the rows drawn once every CHUNK rows, not every row
+      first = Math.max(0, Math.floor(view.top / ROW / CHUNK) * CHUNK - MARGIN);
+      last = Math.min(total, Math.ceil((view.top + view.height) / ROW / CHUNK) * CHUNK + MARGIN);
     }
     const shown = rows.slice(first, last);
     const same = !force && first === drawn.first && last === drawn.last && total === drawn.total
@@ -178,21 +185,24 @@ export function vmList({ fixedHost = null, id = "vms" } = {}) {
         }
       }
     } else {
-      const spacer = (n) => el("tr", { className: "spacer" }, el("td", { colSpan: COLUMNS.length + 2, height: String(n * ROW) }));
+      const spacer = (tr, n) => {
+        if (tr.firstChild.height !== String(n * ROW)) tr.firstChild.height = String(n * ROW);
+        return tr;
+      };
       const made = new Map(shown.map((vm) => {
         const was = drawn.rows.get(vm.uuid);
         const sig = signature(vm);
         return [vm.uuid, was && was.sig === sig && !force ? was : { tr: vmTr(vm), sig }];
       }));
       const parts = [];
-      if (first > 0) parts.push(spacer(first));
+      if (first > 0) parts.push(spacer(above, first));
       parts.push(...shown.map((vm) => made.get(vm.uuid).tr));
-      if (last < total) parts.push(spacer(total - last));
+      if (last < total) parts.push(spacer(below, total - last));
       if (!total) {
         parts.push(el("tr", { className: "empty" }, el("td", { colSpan: COLUMNS.length + 2 },
           vmRows().length ? "No VM matches." : "No VMs.")));
       }
-      tbody.replaceChildren(...parts);
+      place(tbody, parts);                        // rows still in the window stay put
       drawn = { first, last, total, uuids: shown.map((vm) => vm.uuid), rows: made };
     }
     all.checked = total > 0 && rows.every((vm) => selected.has(vm.uuid));
@@ -203,10 +213,10 @@ export function vmList({ fixedHost = null, id = "vms" } = {}) {
     const known = new Set(vms.map((vm) => vm.uuid));
     for (const uuid of [...selected]) if (!known.has(uuid)) selected.delete(uuid);
     rows = matching(vms, fixedHost);
-    count.textContent = rows.length === vms.length || (fixedHost && !filters.text && !filters.state && !filters.ha && !filters.group)
-      ? `${rows.length}` : `${rows.length} of ${fixedHost ? vms.filter((v) => v.host === fixedHost).length : vms.length}`;
+    setText(count, rows.length === vms.length || (fixedHost && !filters.text && !filters.state && !filters.ha && !filters.group)
+      ? `${rows.length}` : `${rows.length} of ${fixedHost ? vms.filter((v) => v.host === fixedHost).length : vms.length}`);
     for (const th of head.querySelectorAll("th[data-sort]")) {
-      th.setAttribute("aria-sort", th.dataset.sort === filters.sort ? (filters.desc ? "descending" : "ascending") : "none");
+      setAttr(th, "aria-sort", th.dataset.sort === filters.sort ? (filters.desc ? "descending" : "ascending") : "none");
     }
     drawWindow();
     drawBulk();
