@@ -59,6 +59,6 @@ def test_the_destination_reads_them_once_and_leaves_out_what_libvirt_refuses():
                                                    "cannot be checked"}}
         assert checkpoints.settle(shut_off) is None
         shut_off.undefine()
-        assert checkpoints.described(conn.lookupByName("test")) == []
+        assert checkpoints.described(conn.lookupByName("test"), ["vda"]) == []
     finally:
         conn.close()

@@ -420,3 +420,26 @@ def test_checkpoints_cross_only_with_their_bitmaps(hosts, guest, libvirtd_pair):
     assert there.listAllCheckpoints(0) == []
     assert checkpoints.settle(there) is None, "the definitions are read once"
     there.destroy()
+
+
+def test_no_checkpoint_crosses_from_a_disk_split_by_a_snapshot(hosts, guest):
+    """After an external snapshot (a replica hand-off's) a checkpoint's
+    writes are counted in two layers and QEMU carries the top's bitmap
+    only: its definition does not go along, and the next backup is full."""
+    source, dest = hosts
+    uuid, dom = boot_on_source(hosts, guest)
+    dom.checkpointCreateXML("<domaincheckpoint><name>peerctl-a</name><disks><disk name='vda' "
+                            "checkpoint='bitmap'/></disks></domaincheckpoint>")
+    top = os.path.join(os.path.dirname(blank_volume(source, f"{uuid}-x").path()),
+                       f"{uuid}-top1.qcow2")
+    dom.snapshotCreateXML(f"<domainsnapshot><disks><disk name='vda' snapshot='external'>"
+                          f"<driver type='qcow2'/><source file='{top}'/></disk></disks>"
+                          "</domainsnapshot>",
+                          libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY
+                          | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA)
+    assert checkpoints.described(dom, ["vda"]) == []
+    target = blank_volume(dest, uuid).path()
+    migration.migrate(source, move_args(dom, dest, uuid, target))
+    there = lookup(dest, uuid)
+    assert checkpoints.settle(there) is None and there.listAllCheckpoints(0) == []
+    there.destroy()

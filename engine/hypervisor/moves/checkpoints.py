@@ -22,6 +22,15 @@ What crosses, and how (libvirt 9.0, QEMU 7.2, measured on this machine):
   (:func:`settle`, ``VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE``) and removes
   that metadata.
 
+Only a disk whose writes all land in one image can carry a bitmap whole:
+QEMU carries the bitmaps of the image the guest writes to (the top of the
+disk's chain), while a checkpoint made before an external snapshot (a
+replica hand-off's, :mod:`engine.hypervisor.moves.handoff`; a snapshot's)
+counts its writes in the layers below too.  So when a moving disk sits on
+anything but a base image of the image cache (``image-<sha256>``, written
+by no guest), no definition is carried (:func:`described`), and the next
+backup is full.
+
 Promise: a checkpoint is defined on the destination only when its bitmap
 is there, whole, on every disk it names: libvirt checks it
 (``VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE_VALIDATE`` answers "missing or
@@ -35,12 +44,14 @@ it alike (redefining a checkpoint defined alike changes nothing).
 """
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ET
 
 import libvirt
 import structlog
 
 from engine.hypervisor.domain.metadata_memo import forget_everywhere
+from engine.hypervisor.storage import images
 
 __all__ = ["described", "carried_in", "settle", "redefined", "NAMESPACE"]
 
@@ -53,15 +64,38 @@ REDEFINE = (libvirt.VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE
             | libvirt.VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE_VALIDATE)
 
 
-def described(dom) -> list[str]:
+def described(dom, devs: list[str]) -> list[str]:
     """The definitions of ``dom``'s checkpoints, each parent before its
-    children, without the domain's XML each would otherwise embed; [] when
-    it has none or its driver keeps none (the test driver)."""
+    children, without the domain's XML each would otherwise embed, for a
+    move of disks ``devs``; [] when it has none, its driver keeps none (the
+    test driver), or a disk of ``devs`` has a layer a bitmap may be in that
+    the move does not carry (:func:`_split`)."""
     try:
+        if _split(ET.fromstring(dom.XMLDesc(0)), devs):
+            return []
         found = dom.listAllCheckpoints(libvirt.VIR_DOMAIN_CHECKPOINT_LIST_TOPOLOGICAL)
         return [c.getXMLDesc(libvirt.VIR_DOMAIN_CHECKPOINT_XML_NO_DOMAIN) for c in found]
     except libvirt.libvirtError:
         return []
+
+
+def _split(root: ET.Element, devs: list[str]) -> list[str]:
+    """The disks of ``devs`` whose chain has, below its top, an image
+    other than an image cache's base (in the live XML's
+    ``<backingStore>``)."""
+    base = images.image_volume_name("")
+    split = []
+    for disk in root.findall("./devices/disk"):
+        if (disk.find("target") is None or disk.find("target").get("dev") not in devs):
+            continue
+        layer = disk.find("backingStore")
+        while layer is not None and layer.find("source") is not None:
+            path = layer.find("source").get("file") or layer.find("source").get("dev") or ""
+            if not os.path.basename(path).startswith(base):
+                split.append(disk.find("target").get("dev"))
+                break
+            layer = layer.find("backingStore")
+    return split
 
 
 def carried_in(domain_xml: str, definitions: list[str]) -> str:

@@ -366,7 +366,7 @@ def _copy(host, dest, dom, move: _Move) -> dict:
             dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
     try:
         timeout, disk_to_copy = _timeout(dom, move)
-        move.xml = checkpoints.carried_in(move.xml, checkpoints.described(dom))
+        move.xml = checkpoints.carried_in(move.xml, checkpoints.described(dom, move.disks))
         if move.live:
             # Before the job, not once it runs: QEMU decides when to switch
             # over from its first iteration on, and a small guest's first
