@@ -19,6 +19,7 @@ there and back (with a third host, one move is enough).
 """
 from __future__ import annotations
 
+import libvirt
 import pytest
 
 from engine.core import api
@@ -101,6 +102,16 @@ def test_the_first_backup_after_live_moves_is_incremental_and_holds_every_write(
     assert_restores(kvm, full["backup"], "A", "db-a")
 
 
+def defined_checkpoints(kvm, host, uuid) -> list[str]:
+    conn = libvirt.open(kvm.uri[host])
+    try:
+        return sorted(c.getName() for c in conn.lookupByUUIDString(uuid).listAllCheckpoints(0))
+    except libvirt.libvirtError:
+        return []           # no copy there
+    finally:
+        conn.close()
+
+
 def _copying(store, automation):
     task = api.get_task(store, automation)
     return task if any(e["request"] == "move_migrate" and e.get("progress")
@@ -135,6 +146,15 @@ def test_a_move_killed_midway_leaves_no_checkpoint_that_claims_more_than_it_know
     if dies != "initiator":
         kvm.start_peer(victim)
     (row,) = task["result"]["vms"]
+    if row["state"] == "error":
+        # The move's own verdict when it found the VM running nowhere (the
+        # destination's copy still paused for the migration, the source's
+        # stopped): both kept for an operator, its lock held.  No checkpoint
+        # was defined on either side's behalf meanwhile.
+        assert "then the source has it" in row["error"], row
+        assert defined_checkpoints(kvm, "host2", uuid) == [], row
+        pytest.skip(f"the move ended with the VM on neither host ({row['error']}): "
+                    "docs/moves.md, step 6; nothing to back up until an operator decides")
     assert row["host"] in HOSTS and row["state"] == "running", row
     kvm.assert_on(uuid, row["host"])
     write(kvm, row["host"], uuid, "C")
