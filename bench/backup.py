@@ -22,6 +22,14 @@ that a full backup moves real data.  Then, ``--rounds`` times:
    filled part, flushed to the disk), and an incremental backup follows,
    timed the same way.  Target: <= 10 % of that round's full backup time.
 
+Then, once, the first backup after a live migration
+(:func:`after_a_move`): 1 % of the disk changed and an incremental backup
+(the reference, no move); 1 % changed again, the VM moved live to host2
+and back (peerctl's ``migrate``: host2 keeps the backups, never of a VM
+it runs), and the next backup, which must be incremental (the checkpoint
+crossed with the VM, twice).  Target: its bytes <= 1.2x the
+reference incremental's.
+
 Medians over the rounds; each figure is printed beside the reference it
 chases, with PASS or MISS.  ``--smoke``: one round, 32 MiB of data, the
 smallest run that still takes every path.
@@ -60,6 +68,7 @@ FILL_AT_MIB = 64            # past the guest's 32 MiB boot filesystem
 SMOKE_FILL_MIB = 32
 TARGET_RATE = 0.8           # peerctl's full backup rate over qemu-img convert's, at least
 TARGET_INCREMENTAL = 0.10   # an incremental's time over the full backup's, at most
+TARGET_AFTER_MOVE = 1.2     # the first backup after a live move over an incremental's bytes
 MB, MiB = 1e6, 1 << 20
 BOOT_TIMEOUT = 180.0
 
@@ -259,7 +268,38 @@ def bench(rounds: int, disk_gb: int, fill_mib: int) -> list[dict]:
                   f"convert {converted['seconds']:.2f} s, {converted['bytes'] / MB:.0f} MB "
                   f"written | incremental {incremental['seconds']:.2f} s, "
                   f"{incremental['bytes'] / MB:.1f} MB moved", flush=True)
-        return rows
+        return rows, after_a_move(store, vm, shell, change_mib, fill_mib)
+
+
+def after_a_move(store, vm: dict, shell, change_mib: int, fill_mib: int) -> dict:
+    """The first backup after live migrations beside an incremental without
+    one, each after ``change_mib`` MiB written: ``{still, moved,
+    move_seconds}`` (two :func:`backup` answers).  The VM goes to host2 and
+    back: host2 keeps the backups, and a backup is never kept on the VM's
+    own host (with a third host, one move would do)."""
+    span = max(fill_mib - change_mib, 1)
+    shell.write_random(FILL_AT_MIB + (span // 3), change_mib)
+    still = backup(store, vm, full=False)
+    shell.write_random(FILL_AT_MIB + (2 * span // 3), change_mib)
+    there, _result, _id = run(store, "migrate", {"vms": [vm], "to": "host2"}, timeout=1800)
+    back, _result, _id = run(store, "migrate", {"vms": [{**vm, "host": "host2"}],
+                                                "to": "host1"}, timeout=1800)
+    moved = backup(store, vm, full=False)
+    print(f"after moves: incremental without a move {still['bytes'] / MB:.1f} MB | live "
+          f"migrations {there:.2f} s and {back:.2f} s | the first backup after them "
+          f"{moved['kind']} ({moved['reason'] or 'no reason'}), {moved['bytes'] / MB:.1f} MB",
+          flush=True)
+    return {"still": still, "moved": moved, "move_seconds": there + back}
+
+
+def report_after_a_move(figure: dict, change_mib: int) -> None:
+    still, moved = figure["still"]["bytes"], figure["moved"]["bytes"]
+    share = moved / still if still else math.inf
+    print(f"  first backup after a live migration (to host2 and back), {change_mib} MiB "
+          "changed: "
+          f"{moved / MB:.1f} MB vs an incremental's {still / MB:.1f} MB without the move = "
+          f"x{share:.2f} (target <= x{TARGET_AFTER_MOVE}): "
+          f"{'PASS' if share <= TARGET_AFTER_MOVE else 'MISS'}")
 
 
 # -- report ------------------------------------------------------------------------
@@ -320,11 +360,12 @@ def main() -> int:
         "bench/backup.py: terminated (everything it started is gone)"))
     load = os.getloadavg()
     try:
-        rows = bench(rounds, options.disk_gb, fill_mib)
+        rows, moved = bench(rounds, options.disk_gb, fill_mib)
     except KeyboardInterrupt:
         raise SystemExit("bench/backup.py: interrupted (everything it started is gone)") \
             from None
     report(rows, options.disk_gb, fill_mib)
+    report_after_a_move(moved, changed_mib(options.disk_gb))
     print(f"\nload average before {' '.join(f'{x:.2f}' for x in load)}, after "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (figures from a loaded machine "
           "are not comparable)")

@@ -83,7 +83,7 @@ def disk_compat(kvm, host, uuid) -> str:
         conn.close()
 
 
-def test_an_old_disk_or_a_move_breaks_the_chain_and_the_full_backup_says_why(kvm):
+def test_an_old_disk_or_a_cold_move_breaks_the_chain_and_the_full_backup_says_why(kvm):
     vm = kvm.boot("old")
     uuid = vm["uuid"]
     # A disk as peerctl made them before backups: qcow2 version 2, started
@@ -112,9 +112,16 @@ def test_an_old_disk_or_a_move_breaks_the_chain_and_the_full_backup_says_why(kvm
     assert first["kind"] == "full" and "no checkpoint" in first["reason"], first
     assert backed_up(kvm, "old")["kind"] == "incremental"
 
-    for there in ("host2", "host1"):
+    for there in ("host2", "host1"):        # live: the checkpoint goes along
         moved = kvm.cluster.cli_json("migrate", "old", "--to", there, "--yes", timeout=300)
         assert moved["state"] == "done", moved
+    assert backed_up(kvm, "old")["kind"] == "incremental"
+
+    kvm.cluster.cli_json("stop", "old", timeout=120)
+    for there in ("host2", "host1"):        # cold: no QEMU runs there to check its bitmap
+        moved = kvm.cluster.cli_json("migrate", "old", "--to", there, "--yes", timeout=300)
+        assert moved["state"] == "done", moved
+    kvm.cluster.cli_json("start", "old", timeout=120)
     after_move = backed_up(kvm, "old")
     assert after_move["kind"] == "full" and "gone from the VM" in after_move["reason"], \
         after_move

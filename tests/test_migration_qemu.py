@@ -27,7 +27,7 @@ import pytest
 from engine.core import keys, steps
 from engine.errors import RequestError
 from engine.hypervisor.storage import images
-from engine.hypervisor.moves import migration
+from engine.hypervisor.moves import checkpoints, migration
 from engine.hypervisor.domain.domain_xml import (NAMESPACE, DomainSpec, domain_type, domain_xml,
                                         volume_xml)
 from engine.hypervisor.host.hostctx import HostContext
@@ -391,3 +391,55 @@ def test_bad_requests_are_one_line_errors(hosts):
         migration.migrate(source, {**base, "bandwidth_mib": -1})
     with pytest.raises(RequestError, match="max_downtime_ms must be a whole number > 0"):
         migration.migrate(source, {**base, "max_downtime_ms": 2.5})
+
+
+def test_checkpoints_cross_only_with_their_bitmaps(hosts, guest, libvirtd_pair):
+    """libvirt carries no checkpoint: their definitions ride in the
+    destination's XML for ``move_adopt``.  A destination QEMU killed before
+    it stored its bitmaps leaves them missing, and no checkpoint is defined
+    again without its bitmap (the next backup is full, saying so)."""
+    source, dest = hosts
+    uuid, dom = boot_on_source(hosts, guest)
+    for name in ("peerctl-a", "peerctl-b"):
+        dom.checkpointCreateXML(f"<domaincheckpoint><name>{name}</name><disks><disk "
+                                "name='vda' checkpoint='bitmap'/></disks></domaincheckpoint>")
+    target = blank_volume(dest, uuid).path()
+    migration.migrate(source, move_args(dom, dest, uuid, target))
+    there = lookup(dest, uuid)
+    assert there.listAllCheckpoints(0) == []
+    pidfile = os.path.join(libvirtd_pair.daemons[1].dir, "run", "qemu", f"{there.name()}.pid")
+    with open(pidfile) as f:
+        os.kill(int(f.read().strip()), 9)
+    wait_for(lambda: not there.isActive(), timeout=30, what="the destination's QEMU gone")
+    there.create()
+
+    settled = checkpoints.settle(there)
+    assert settled["carried"] == [] and set(settled["dropped"]) == {"peerctl-a", "peerctl-b"}
+    assert all("missing or broken bitmap" in why for why in settled["dropped"].values()), \
+        settled
+    assert there.listAllCheckpoints(0) == []
+    assert checkpoints.settle(there) is None, "the definitions are read once"
+    there.destroy()
+
+
+def test_no_checkpoint_crosses_from_a_disk_split_by_a_snapshot(hosts, guest):
+    """After an external snapshot (a replica hand-off's) a checkpoint's
+    writes are counted in two layers and QEMU carries the top's bitmap
+    only: its definition does not go along, and the next backup is full."""
+    source, dest = hosts
+    uuid, dom = boot_on_source(hosts, guest)
+    dom.checkpointCreateXML("<domaincheckpoint><name>peerctl-a</name><disks><disk name='vda' "
+                            "checkpoint='bitmap'/></disks></domaincheckpoint>")
+    top = os.path.join(os.path.dirname(blank_volume(source, f"{uuid}-x").path()),
+                       f"{uuid}-top1.qcow2")
+    dom.snapshotCreateXML(f"<domainsnapshot><disks><disk name='vda' snapshot='external'>"
+                          f"<driver type='qcow2'/><source file='{top}'/></disk></disks>"
+                          "</domainsnapshot>",
+                          libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY
+                          | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA)
+    assert checkpoints.described(dom, ["vda"]) == []
+    target = blank_volume(dest, uuid).path()
+    migration.migrate(source, move_args(dom, dest, uuid, target))
+    there = lookup(dest, uuid)
+    assert checkpoints.settle(there) is None and there.listAllCheckpoints(0) == []
+    there.destroy()

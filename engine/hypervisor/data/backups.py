@@ -405,8 +405,8 @@ def _why_full(dom, old: list[str], args: dict) -> str | None:
         return f"{what} left no checkpoint to start from"
     names = {c.getName() for c in dom.listAllCheckpoints(0)}
     if parent.get("checkpoint") not in names:
-        return (f"the checkpoint of {what} is gone from the VM (it was "
-                "migrated, rebuilt or restored since)")
+        return (f"the checkpoint of {what} is gone from the VM (a move could not "
+                "carry it, or the VM was rebuilt or restored since)")
     return None
 
 

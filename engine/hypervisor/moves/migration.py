@@ -52,7 +52,9 @@ Promises:
   holds no running copy (libvirt removes the incoming domain); its
   prepared volumes are left for the caller's revert;
 - every libvirt failure is a :class:`~engine.errors.RequestError` of one
-  line (libvirt's message), never a traceback.
+  line (libvirt's message), never a traceback;
+- the VM's checkpoints go along: their bitmaps with the disks, their
+  definitions in the destination's XML (:mod:`~engine.hypervisor.moves.checkpoints`).
 
 Transport: libvirt's own (peer to peer: this host's libvirtd opens the
 destination's URI, ``qemu+tls://`` between machines), and QEMU's memory and
@@ -89,6 +91,7 @@ from engine.errors import RequestError
 from engine.hypervisor.domain.domain_xml import read_metadata
 from engine.hypervisor.domain.records import vm_state
 from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label, vm_lock
+from engine.hypervisor.moves import checkpoints
 
 __all__ = ["migrate", "planned", "published_migration_uri", "downtime_limit",
            "DEFAULT_TIMEOUT_PER_GIB", "PEER_GONE_AFTER",
@@ -363,6 +366,7 @@ def _copy(host, dest, dom, move: _Move) -> dict:
             dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
     try:
         timeout, disk_to_copy = _timeout(dom, move)
+        move.xml = checkpoints.carried_in(move.xml, checkpoints.described(dom, move.disks))
         if move.live:
             # Before the job, not once it runs: QEMU decides when to switch
             # over from its first iteration on, and a small guest's first

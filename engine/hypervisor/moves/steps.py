@@ -17,8 +17,10 @@ and is idempotent by VM uuid.
   a running one is refused.
 - :func:`adopt` (destination): the VM in its final state here: defined (from
   ``xml`` when the driver has no migration, the test driver's
-  *re-definition*), running, paused or shut off as asked, and its ``vms/``
-  record written before the reply.
+  *re-definition*), running, paused or shut off as asked, the checkpoints
+  the migration carried defined again where their bitmaps came whole
+  (:mod:`engine.hypervisor.moves.checkpoints`), and its ``vms/`` record
+  written before the reply.
 - :func:`locate`: run by any peer, asks each named libvirt URI directly what
   state the VM is in, waiting while a migration job is still running, so
   that an unknown outcome is decided from the hypervisors, not guessed.
@@ -45,6 +47,7 @@ from engine.hypervisor.domain.lookup import (
 from engine.hypervisor.host.vm import \
     console_log_path, destroy, make_seed, offered_here
 from engine.hypervisor.host.vmpublish import publish_domain
+from engine.hypervisor.moves import checkpoints
 
 __all__ = ["describe", "prepare", "adopt", "locate", "retargeted"]
 
@@ -206,9 +209,13 @@ def adopt(host, args: dict) -> dict:
             libvirt_call(f"cannot resume {vm_label(args, uuid)}", dom.resume)
         elif want == "paused" and state == "running":
             libvirt_call(f"cannot pause {vm_label(args, uuid)}", dom.suspend)
+        answer = {"uuid": uuid, "host": host.host, "state": vm_state(dom)}
+        settled = checkpoints.settle(dom)
+        if settled is not None:
+            answer["checkpoints"] = settled
         if host.store is not None:
             publish_domain(host.store, host.host, dom, want=want)
-        return {"uuid": uuid, "host": host.host, "state": vm_state(dom)}
+        return answer
 
 
 def _where(uri: str, uuid: str, wait: float) -> dict:
