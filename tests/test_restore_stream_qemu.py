@@ -228,6 +228,20 @@ def test_the_chain_hosts_peer_killed_mid_copy_leaves_the_copy_going(kvm, armed):
     assert_clean(kvm, taken)
 
 
+def test_an_export_whose_restore_ended_is_swept_when_its_peer_comes_back(kvm, armed):
+    """The chain's host's peer dies with its export up and stays away until
+    the restore gave up: the export is ended by that peer's sweep."""
+    _vm, taken = chain_of_four(kvm)
+    failpoints.arm(armed["host2"], ["restore exported"])
+    automation = start_restore(kvm, taken[-1]["backup"], "db-r")
+    task = finished(kvm.store, automation, timeout=600)
+    assert task["state"] == "failed", task
+    assert exports_left(kvm), "the export should still be up while its peer is away"
+    (row,) = task["result"]["vms"]
+    kvm.start_peer("host2")
+    assert_clean(kvm, taken, failed_uuid=row["uuid"])
+
+
 def test_the_initiator_killed_at_every_step_boundary_still_restores_once(kvm, tmp_path):
     members_armed = str(tmp_path / "members-failpoints")    # the members' only: they lead
     for member in MEMBERS:

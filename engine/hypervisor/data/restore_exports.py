@@ -189,6 +189,7 @@ def serve(host, args: dict) -> dict:
         for dev in devs:
             running[dev] = _start(host, owner, args.get("uuid"), dev, paths[dev],
                                   [link["id"] for link in chain])
+        failpoints.crash("restore exported")    # tests: a peer dead with its export up
     log.info("restore_exported", owner=owner, backups=[link["id"] for link in chain],
              exports={dev: f"{r['address']}:{r['port']}" for dev, r in running.items()})
     return {"host": host.host,
@@ -246,7 +247,7 @@ def _stop(path: str, record: dict) -> str:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         while _pid(record) == pid and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.01)
         if _pid(record) == pid:
             os.kill(pid, signal.SIGKILL)
     for leftover in (path, record.get("pidfile")):
