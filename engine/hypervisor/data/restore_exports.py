@@ -13,9 +13,11 @@ never modified, not even their headers.  A reader of the export meets each
 block once, in the newest link that holds it.
 
 The export listens on the host's ``migration_address`` (where QEMU's disk
-streams already arrive) when this machine has that address, else on
-loopback; its name is a random token, it is read-only, and it lives from
-:func:`serve` to :func:`unserve`.  Each export is recorded in the state
+streams already arrive) when this machine has that address, over TLS with
+QEMU's certificates when the host is reached over TLS (its certificate
+names that address, as migrations need); else on loopback, in clear.  Its
+name is a random token, it is read-only, and it lives from :func:`serve`
+to :func:`unserve`.  Each export is recorded in the state
 directory (``restore-exports/<owner>-<dev>.json``) *before* its process
 starts, so that :func:`sweep` (run by the backup sweep) ends the exports of
 restores that are no longer running: a restore whose peers died leaves no
@@ -44,9 +46,10 @@ from engine.backups.records import still_running
 from engine.hypervisor.data.backups import Ticker, is_test
 from engine.hypervisor.storage import images
 from engine.hypervisor.storage.file_checksum import file_checksum
+from engine.hypervisor.storage.nbd_copy import qemu_tls_dir, tls_object
 from engine.hypervisor.storage.volcopy import physical_size
 
-__all__ = ["serve", "unserve", "sweep", "chain_image"]
+__all__ = ["serve", "unserve", "sweep", "chain_image", "export_chain"]
 
 log = structlog.get_logger("peerctl.restores")
 
@@ -101,19 +104,21 @@ def chain_image(paths: list[str]) -> str:
     return "json:" + json.dumps(node, separators=(",", ":"))
 
 
-def _address(host) -> str:
-    """The host's migration address when this machine has it, else loopback."""
+def _address(host) -> tuple[str, str | None]:
+    """Where to listen, and QEMU's certificates to serve with: the host's
+    migration address when this machine has it (with TLS when the host is
+    reached over TLS, as its migration streams are), else loopback, in clear."""
     wanted = (host.migration or {}).get("migration_address")
     if wanted:
         probe = socket.socket(socket.AF_INET6 if ":" in wanted else socket.AF_INET)
         try:
             probe.bind((wanted, 0))
-            return wanted
+            return wanted, qemu_tls_dir(host.remote_uri)
         except OSError:
             pass
         finally:
             probe.close()
-    return LOOPBACK
+    return LOOPBACK, None
 
 
 def _free_port(address: str) -> int:
@@ -166,7 +171,7 @@ def _verified_paths(host, chain: list[dict], dev: str, ticker: Ticker) -> list[s
 
 def serve(host, args: dict) -> dict:
     """``{owner, uuid, chain}`` -> ``{host, exports: {dev: {address,
-    port, name}}, backups}``: the chain checked, then each disk served."""
+    port, name, tls}}, backups}``: the chain checked, then each disk served."""
     owner = _owner(args)
     chain = args.get("chain")
     if not isinstance(chain, list) or not chain or any(
@@ -187,32 +192,36 @@ def serve(host, args: dict) -> dict:
         paths = {dev: _verified_paths(host, chain, dev, ticker) for dev in devs}
         failpoints.crash("restore checked")
         for dev in devs:
-            running[dev] = _start(host, owner, args.get("uuid"), dev, paths[dev],
-                                  [link["id"] for link in chain])
+            running[dev] = export_chain(host, owner, args.get("uuid"), dev, paths[dev],
+                                        [link["id"] for link in chain])
         failpoints.crash("restore exported")    # tests: a peer dead with its export up
     log.info("restore_exported", owner=owner, backups=[link["id"] for link in chain],
              exports={dev: f"{r['address']}:{r['port']}" for dev, r in running.items()})
     return {"host": host.host,
-            "exports": {dev: {k: r[k] for k in ("address", "port", "name")}
+            "exports": {dev: {k: r.get(k) for k in ("address", "port", "name", "tls")}
                         for dev, r in running.items()},
             "backups": [link["id"] for link in chain]}
 
 
-def _start(host, owner: str, uuid, dev: str, paths: list[str], backups: list[str]) -> dict:
+def export_chain(host, owner: str, uuid, dev: str, paths: list[str],
+                 backups: list[str]) -> dict:
+    """The chain ``paths`` (full backup first) served for restore ``owner``,
+    without checking it (:func:`serve` checks first): its record."""
     directory = _directory(host)
     path = os.path.join(directory, f"{owner}-{dev}.json")
-    address = _address(host)
+    address, tls_dir = _address(host)
     for _attempt in range(3):
         record = {"owner": owner, "uuid": uuid, "dev": dev, "backups": backups,
                   "address": address, "port": _free_port(address),
-                  "name": "restore-" + secrets.token_hex(16),
+                  "name": "restore-" + secrets.token_hex(16), "tls": tls_dir is not None,
                   "pidfile": os.path.join(directory, f"{owner}-{dev}.pid"),
                   "started": time.time()}
         record["export"] = record["name"]
         _write(path, record)            # first: a sweep finds it whatever happens next
+        tls = [*tls_object(tls_dir, "server"), "--tls-creds=tls0"] if tls_dir else []
         try:
             done = subprocess.run(
-                ["qemu-nbd", "--read-only", "--persistent", "--shared=4", "--fork",
+                ["qemu-nbd", "--read-only", "--persistent", "--shared=4", "--fork", *tls,
                  f"--pid-file={record['pidfile']}", f"--bind={address}",
                  f"--port={record['port']}", f"--export-name={record['name']}",
                  f"--description=peerctl restore {owner} {dev}", chain_image(paths)],

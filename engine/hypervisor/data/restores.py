@@ -35,7 +35,7 @@ from engine.hypervisor.storage import images, qcow2
 from engine.hypervisor.data.backups import Ticker, is_test
 from engine.hypervisor.domain.domain_xml import volume_xml
 from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label, vm_lock
-from engine.hypervisor.storage.nbd_copy import copy_export, export_uri
+from engine.hypervisor.storage.nbd_copy import copy_export, qemu_tls_dir
 from engine.hypervisor.storage.volcopy import copy_volume, physical_size
 
 __all__ = ["restore_disks", "disk_volume_name"]
@@ -60,7 +60,7 @@ def _check_chain(chain) -> list[dict]:
 def restore_disks(host, args: dict) -> dict:
     """``{uuid, name, chain: [{id, host, libvirt_uri, pool, disks: [{dev,
     volume, capacity, checksum}]}], export?: {host, exports: {dev:
-    {address, port, name}}}}`` -> ``{uuid, host, disks: [{dev, volume}],
+    {address, port, name, tls}}}}`` -> ``{uuid, host, disks: [{dev, volume}],
     bytes}``."""
     uuid = uuid_arg(args)
     chain = _check_chain(args.get("chain"))
@@ -105,8 +105,8 @@ def _from_export(host, pool, uuid: str, chain: list[dict], export: dict) -> dict
         capacity = int(newest[dev].get("capacity") or 0)
         name = disk_volume_name(uuid, dev)
         vol = pool.createXML(volume_xml(name, capacity, "qcow2"), 0)
-        copy_export(export_uri(where["address"], where["port"], where["name"]), vol.path(),
-                    capacity, ticker, steps.abort_requested)
+        copy_export(where, vol.path(), capacity, ticker, steps.abort_requested,
+                    qemu_tls_dir(host.remote_uri))
         ticker.next(capacity)
         disks.append({"dev": dev, "volume": name})
     pool.refresh(0)

@@ -7,19 +7,26 @@ never read nor written.
 stops the copy when ``stop()`` says so.  ``qemu-img`` dies with the thread
 that started it (``PR_SET_PDEATHSIG``): a peer SIGKILLed mid-copy leaves no
 writer behind on the volume.
+
+An export served over TLS is read with QEMU's certificates of this host
+(:func:`qemu_tls_dir`: the ``qemu/`` directory ``tls certs --libvirt``
+writes, as QEMU's migration streams use them), the server's certificate
+checked against the address the export listens on.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import re
+import os
 import signal
 import subprocess
+import urllib.parse
 
 from engine.errors import RequestError
 from engine.hypervisor.storage.volcopy import Interrupted
 
-__all__ = ["copy_export", "export_uri"]
+__all__ = ["copy_export", "export_uri", "qemu_tls_dir", "tls_object"]
 
 _PR_SET_PDEATHSIG = 1
 _PROGRESS = re.compile(rb"\(([0-9.]+)/100%\)")
@@ -39,14 +46,48 @@ def export_uri(address: str, port: int, name: str) -> str:
     return f"nbd://{host}:{port}/{name}"
 
 
-def copy_export(uri: str, path: str, total: int, tick=lambda done, total: None,
-                stop=lambda: False) -> None:
-    """The export at ``uri`` (raw, ``total`` bytes) into the empty qcow2 file
-    ``path``."""
+def qemu_tls_dir(remote_uri: str) -> str | None:
+    """Where QEMU's certificates of the host reached at ``remote_uri`` are
+    (``ca-cert.pem``, ``server-cert.pem``...), when that URI is libvirt over
+    TLS: ``<pkipath>/qemu`` for a URI naming its ``pkipath``, else
+    ``/etc/pki/qemu``; None when it is not TLS or they are not there."""
+    parsed = urllib.parse.urlsplit(remote_uri or "")
+    transport = parsed.scheme.partition("+")[2] or ("tls" if parsed.hostname else "")
+    if transport != "tls":
+        return None
+    pkipath = urllib.parse.parse_qs(parsed.query).get("pkipath", [""])[0]
+    directory = os.path.join(pkipath, "qemu") if pkipath else "/etc/pki/qemu"
+    return directory if os.path.isfile(os.path.join(directory, "ca-cert.pem")) else None
+
+
+def tls_object(directory: str, endpoint: str) -> list[str]:
+    """QEMU's ``--object`` for the certificates in ``directory``, id ``tls0``."""
+    return ["--object", f"tls-creds-x509,id=tls0,endpoint={endpoint},dir={directory}"]
+
+
+def _source(where: dict, tls_dir: str | None) -> list[str]:
+    if not where.get("tls"):
+        return ["-f", "raw", export_uri(where["address"], where["port"], where["name"])]
+    if tls_dir is None:
+        raise RequestError(f"the export at {where['address']}:{where['port']} is served over "
+                           "TLS, and this host has no QEMU certificates (tls certs --libvirt)")
+    options = {"driver": "raw", "file.driver": "nbd", "file.server.type": "inet",
+               "file.server.host": where["address"], "file.server.port": where["port"],
+               "file.export": where["name"], "file.tls-creds": "tls0"}
+    return [*tls_object(tls_dir, "client"), "--image-opts",
+            ",".join(f"{k}={v}" for k, v in options.items())]
+
+
+def copy_export(where: dict, path: str, total: int, tick=lambda done, total: None,
+                stop=lambda: False, tls_dir: str | None = None) -> None:
+    """The export ``where`` (``{address, port, name, tls?}``: raw, ``total``
+    bytes) into the empty qcow2 file ``path``; ``tls_dir``: this host's
+    QEMU certificates, for an export served over TLS."""
+    uri = export_uri(where["address"], where["port"], where["name"])
     try:
         child = subprocess.Popen(
             ["qemu-img", "convert", "-p", "-n", "--target-is-zero", "-W", "-m", "16",
-             "-f", "raw", "-O", "qcow2", uri, path],
+             *_source(where, tls_dir), "-O", "qcow2", path],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent)
     except OSError as exc:
