@@ -62,7 +62,8 @@ def qemu_tls_dir(remote_uri: str) -> str | None:
 
 def tls_object(directory: str, endpoint: str) -> list[str]:
     """QEMU's ``--object`` for the certificates in ``directory``, id ``tls0``."""
-    return ["--object", f"tls-creds-x509,id=tls0,endpoint={endpoint},dir={directory}"]
+    escaped = directory.replace(",", ",,")         # QEMU's option syntax
+    return ["--object", f"tls-creds-x509,id=tls0,endpoint={endpoint},dir={escaped}"]
 
 
 def _source(where: dict, tls_dir: str | None) -> list[str]:
