@@ -34,6 +34,7 @@ import os
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import time
 
@@ -99,8 +100,9 @@ def chain_image(paths: list[str]) -> str:
     read-only, each link's backing given explicitly."""
     node = None
     for path in paths:
+        protocol = "host_device" if stat.S_ISBLK(os.stat(path).st_mode) else "file"
         node = {"driver": "qcow2", "read-only": True,
-                "file": {"driver": "file", "filename": path}, "backing": node}
+                "file": {"driver": protocol, "filename": path}, "backing": node}
     return "json:" + json.dumps(node, separators=(",", ":"))
 
 

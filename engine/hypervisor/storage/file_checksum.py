@@ -63,7 +63,7 @@ def file_checksum(path: str, tick=lambda done, total: None,
     """``(checksum, bytes of data read)`` of the file at ``path``."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        length = os.fstat(fd).st_size
+        length = os.lseek(fd, 0, os.SEEK_END)      # a block device's size too
         ranges = _data_ranges(fd, length)
         hint = [0]
 

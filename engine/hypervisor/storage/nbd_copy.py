@@ -5,8 +5,8 @@ never read nor written.
 :func:`copy_export` writes into a volume libvirt already made (empty, so
 ``--target-is-zero``), reports progress through ``tick(done, total)``, and
 stops the copy when ``stop()`` says so.  ``qemu-img`` dies with the thread
-that started it (``PR_SET_PDEATHSIG``): a peer SIGKILLed mid-copy leaves no
-writer behind on the volume.
+that started it (``PR_SET_PDEATHSIG``, through ``setpriv``): a peer
+SIGKILLed mid-copy leaves no writer behind on the volume.
 
 An export served over TLS is read with QEMU's certificates of this host
 (:func:`qemu_tls_dir`: the ``qemu/`` directory ``tls certs --libvirt``
@@ -15,11 +15,9 @@ checked against the address the export listens on.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import re
 import os
-import signal
+import re
+import shutil
 import subprocess
 import urllib.parse
 
@@ -28,17 +26,16 @@ from engine.hypervisor.storage.volcopy import Interrupted
 
 __all__ = ["copy_export", "export_uri", "qemu_tls_dir", "tls_object"]
 
-_PR_SET_PDEATHSIG = 1
 _PROGRESS = re.compile(rb"\(([0-9.]+)/100%\)")
-try:
-    _prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-except (OSError, AttributeError):        # not Linux: the child outlives a killed peer
-    _prctl = None
 
 
-def _die_with_parent() -> None:
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _dying_with_parent() -> list[str]:
+    """util-linux's ``setpriv --pdeathsig``, which sets PR_SET_PDEATHSIG and
+    execs: a ``preexec_fn`` doing it would make Python fork() where it
+    otherwise vforks, and a child forked from a process with gRPC's threads
+    (the store's) may abort in gRPC's fork handlers."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 def export_uri(address: str, port: int, name: str) -> str:
@@ -87,10 +84,9 @@ def copy_export(where: dict, path: str, total: int, tick=lambda done, total: Non
     uri = export_uri(where["address"], where["port"], where["name"])
     try:
         child = subprocess.Popen(
-            ["qemu-img", "convert", "-p", "-n", "--target-is-zero", "-W", "-m", "16",
+            [*_dying_with_parent(), "qemu-img", "convert", "-p", "-n", "--target-is-zero", "-W", "-m", "16",
              *_source(where, tls_dir), "-O", "qcow2", path],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_die_with_parent)
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
         raise RequestError(f"qemu-img convert: {exc}") from None
     try:
@@ -106,9 +102,10 @@ def copy_export(where: dict, path: str, total: int, tick=lambda done, total: Non
             if stop():
                 raise Interrupted("stopped: asked to abort")
         why = child.stderr.read().decode(errors="replace").strip().splitlines()
-        if child.wait() != 0:
+        code = child.wait()
+        if code != 0:
             raise RequestError(f"qemu-img convert from {uri.rsplit('/', 1)[0]}: "
-                               f"{why[-1] if why else 'failed'}")
+                               f"{why[-1] if why else f'exit status {code}'}")
     finally:
         if child.poll() is None:
             child.kill()
