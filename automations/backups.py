@@ -23,9 +23,12 @@ checkpoint, the target's volumes): no half-written backup, no dangling job,
 no checkpoint that a record names but that missed its data.
 
 ``restore``: ``restore_plan`` (the chain, every link's host up), ``claim``
-(placement picks the host, the VM's size, ``--on``), ``restore_disks`` on
-it (copied, checksums checked), ``build`` on those disks; on failure the
-host is cleared and the claim released.
+(placement picks the host, the VM's size, ``--on``), ``restore_export`` on
+the chain's host (every link checked against its record, then the chain
+served read-only over NBD as one image), ``restore_disks`` on the claimed
+host (the export copied into the VM's disk, each block read once),
+``restore_unexport`` (whatever happened), ``build`` on those disks; on
+failure the host is cleared and the claim released.
 
 The backup id and a new VM's uuid derive from the automation, so a replay
 names the same ones.
@@ -142,17 +145,30 @@ def _restored(name, uuid, backup_id, host=None, state="error", error=None):
                      "restored_from": backup_id, "error": error}]}
 
 
-@automation("restore", version=2, cleans_up=True, feature_level=4)
+@automation("restore", version=3, cleans_up=True, feature_level=5)
 def restore(ctx, backup, name, uuid=None, on=None):
     """Rebuild VM ``name`` from ``backup`` (and its chain) on a host
-    placement picks (matching ``on``); ``uuid`` None: a new VM.  Since
-    version 2, ``restore_plan`` holds every backup of the chain for this
-    automation (no prune or delete takes one while it reads them), and
+    placement picks (matching ``on``); ``uuid`` None: a new VM.
+    ``restore_plan`` holds every backup of the chain for this automation
+    (no prune or delete takes one while it reads them), and
     ``backup_release`` lets go at its end, done or failed; a restore that
-    dies first leaves holds that are stale once it is no longer running."""
+    dies first leaves holds that are stale once it is no longer running.
+    Since version 3 the chain's host serves it as one image over NBD
+    (``restore_export``) that the restoring host copies once."""
+    return (yield from _holding(ctx, backup, name, uuid, on, stream=True))
+
+
+@automation("restore", version=2, cleans_up=True, feature_level=4)
+def restore_v2(ctx, backup, name, uuid=None, on=None):
+    """Holds, and each link copied through libvirt: kept so that restores
+    started before version 3 replay."""
+    return (yield from _holding(ctx, backup, name, uuid, on, stream=False))
+
+
+def _holding(ctx, backup, name, uuid, on, stream):
     held = []
     try:
-        result = yield from _restore(ctx, backup, name, uuid, on, held)
+        result = yield from _restore(ctx, backup, name, uuid, on, held, stream)
     except Failed as exc:
         if held:
             yield from resend(Request("backup_release", {"backups": held,
@@ -170,9 +186,10 @@ def restore_v1(ctx, backup, name, uuid=None, on=None):
     return (yield from _restore(ctx, backup, name, uuid, on, None))
 
 
-def _restore(ctx, backup, name, uuid, on, held):
+def _restore(ctx, backup, name, uuid, on, held, stream=False):
     """The restore itself; ``held`` (a list, or None: no hold asked) gets
-    the ids of the chain the plan held."""
+    the ids of the chain the plan held; ``stream``: through the chain's
+    NBD export when every link is on one host."""
     uuid = uuid or ctx.uuid("vm/" + name)
 
     def step(request, args, target=None, deadline=STEP_DEADLINE):
@@ -196,9 +213,24 @@ def _restore(ctx, backup, name, uuid, on, held):
         return _failed(name, uuid, backup, f"no host: {claim.error or claim.status}")
     host = claim.value["host"]
     chain = planned.value["chain"]
-    made = yield from resend(step("restore_disks", {"chain": chain}, host,
-                                  disk_copy_deadline(record["disks"]) * len(chain)), tries=2)
-    error = None if made.ok else f"disks on {host}: {made.error or made.status}"
+    keeper = chain[0]["host"] if stream and len({link["host"] for link in chain}) == 1 \
+        else None
+    export, error = None, None
+    if keeper is not None:
+        served = yield from resend(step("restore_export", {
+            "owner": ctx.automation_id, "chain": chain}, keeper,
+            disk_copy_deadline(record["disks"])), tries=2)
+        if served.ok:
+            export = served.value
+        else:
+            error = f"backup chain on {keeper}: {served.error or served.status}"
+    if error is None:
+        made = yield from resend(step("restore_disks", {
+            "chain": chain, **({"export": export} if export else {})}, host,
+            disk_copy_deadline(record["disks"]) * (1 if export else len(chain))), tries=2)
+        error = None if made.ok else f"disks on {host}: {made.error or made.status}"
+    if keeper is not None:      # the export ends whatever happened
+        yield from resend(step("restore_unexport", {"owner": ctx.automation_id}, keeper))
     if error is None:
         built = yield step("build", {**build, "uuid": uuid, "name": name, "disk_ready": True,
                                      "restored": {"backup": backup, "time": record["time"]}},

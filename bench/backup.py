@@ -30,6 +30,19 @@ it runs), and the next backup, which must be incremental (the checkpoint
 crossed with the VM, twice).  Target: its bytes <= 1.2x the
 reference incremental's.
 
+Then, ``--rounds`` times (:func:`restore_rounds`), a chain of a full
+backup and 3 incrementals (1 % of the disk changed before each) is
+restored onto host1 as a new VM (peerctl's ``restore``: host2 checks the
+chain's four volumes against their records and serves the chain over NBD,
+host1 copies it into the VM's disk) AGAINST ``qemu-img convert -O qcow2``
+of the chain's full backup volume into host1's pool directory, alternating
+which goes first.  The restore's figure is its data steps
+(``restore_export`` + ``restore_disks`` + ``restore_unexport``: the check,
+the copy, the export's end), the whole automation (plan, claim, build and
+start of the VM too) printed beside; rates are each copy's data over its
+seconds (the data each wrote: ``qemu-img map`` of the VM's new disk, of
+the converted file).  Target: >= 0.7x qemu-img's rate.
+
 Medians over the rounds; each figure is printed beside the reference it
 chases, with PASS or MISS.  ``--smoke``: one round, 32 MiB of data, the
 smallest run that still takes every path.
@@ -69,6 +82,9 @@ SMOKE_FILL_MIB = 32
 TARGET_RATE = 0.8           # peerctl's full backup rate over qemu-img convert's, at least
 TARGET_INCREMENTAL = 0.10   # an incremental's time over the full backup's, at most
 TARGET_AFTER_MOVE = 1.2     # the first backup after a live move over an incremental's bytes
+TARGET_RESTORE = 0.7        # a restore's rate (full + 3 incrementals) over qemu-img's of the full
+CHAIN_INCREMENTALS = 3
+RESTORE_STEPS = ("restore_export", "restore_disks", "restore_unexport")
 MB, MiB = 1e6, 1 << 20
 BOOT_TIMEOUT = 180.0
 
@@ -228,7 +244,7 @@ def step_seconds(store, automation_id: str) -> dict:
 
 # -- the run ---------------------------------------------------------------------
 
-def bench(rounds: int, disk_gb: int, fill_mib: int) -> list[dict]:
+def bench(rounds: int, disk_gb: int, fill_mib: int) -> tuple[list[dict], dict, list[dict]]:
     from tests.support import qemu_guest
     change_mib = changed_mib(disk_gb)
     with two_qemu_hosts("peerctl-bbak-", "bbak") as hosts:
@@ -268,7 +284,9 @@ def bench(rounds: int, disk_gb: int, fill_mib: int) -> list[dict]:
                   f"convert {converted['seconds']:.2f} s, {converted['bytes'] / MB:.0f} MB "
                   f"written | incremental {incremental['seconds']:.2f} s, "
                   f"{incremental['bytes'] / MB:.1f} MB moved", flush=True)
-        return rows, after_a_move(store, vm, shell, change_mib, fill_mib)
+        moved = after_a_move(store, vm, shell, change_mib, fill_mib)
+        restores = restore_rounds(hosts, vm, shell, rounds, fill_mib, change_mib)
+        return rows, moved, restores
 
 
 def after_a_move(store, vm: dict, shell, change_mib: int, fill_mib: int) -> dict:
@@ -300,6 +318,98 @@ def report_after_a_move(figure: dict, change_mib: int) -> None:
           f"{moved / MB:.1f} MB vs an incremental's {still / MB:.1f} MB without the move = "
           f"x{share:.2f} (target <= x{TARGET_AFTER_MOVE}): "
           f"{'PASS' if share <= TARGET_AFTER_MOVE else 'MISS'}")
+
+
+# -- restores ----------------------------------------------------------------------
+
+def restore_rounds(hosts, vm: dict, shell, rounds: int, fill_mib: int,
+                   change_mib: int) -> list[dict]:
+    """Each round: a full backup and 3 incrementals, the newest restored
+    onto host1 as a new VM beside ``qemu-img convert`` of the full backup's
+    volume into host1's pool directory."""
+    store, uris = hosts.store, hosts.uris
+    restoring_pool = pool_directory(uris["host1"], "peerctl-host1")
+    rows = []
+    for round_no in range(rounds):
+        chain = [backup(store, vm, full=True)]
+        for step in range(CHAIN_INCREMENTALS):
+            at = FILL_AT_MIB + ((round_no * CHAIN_INCREMENTALS + step) * change_mib) % \
+                max(fill_mib - change_mib, 1)
+            shell.write_random(at, change_mib)
+            chain.append(backup(store, vm, full=False))
+        full_volume = os.path.join(backup_pool(store, uris, chain[0]),
+                                   _volume_of(store, chain[0]))
+        if round_no % 2 == 0:
+            restored = restore(hosts, chain[-1], round_no)
+            converted = qemu_img_convert(full_volume, restoring_pool, round_no)
+        else:
+            converted = qemu_img_convert(full_volume, restoring_pool, round_no)
+            restored = restore(hosts, chain[-1], round_no)
+        rows.append({"restore": restored, "convert": converted,
+                     "chain": sum(link["bytes"] for link in chain)})
+        print(f"restore round {round_no + 1}: a full + {CHAIN_INCREMENTALS} incrementals "
+              f"({rows[-1]['chain'] / MB:.0f} MB kept) | restore {restored['seconds']:.2f} s "
+              f"(data steps {restored['data_seconds']:.2f} s), {restored['data'] / MB:.0f} MB "
+              f"written | qemu-img convert of the full {converted['seconds']:.2f} s, "
+              f"{converted['bytes'] / MB:.0f} MB written", flush=True)
+    return rows
+
+
+def _volume_of(store, taken: dict) -> str:
+    from engine.core.values import readable
+    (disk,) = readable(store.get(keys.backup(taken["id"])))["disks"]
+    return disk["volume"]
+
+
+def restore(hosts, newest: dict, round_no: int) -> dict:
+    """``newest`` and its chain restored onto host1 as a new VM, which is
+    destroyed once measured: ``{seconds, data_seconds, data, steps}``."""
+    name = f"bench-restored-{round_no}"
+    seconds, result, automation_id = run(hosts.store, "restore", {
+        "backup": newest["id"], "name": name, "uuid": None, "on": "host1"}, timeout=1800)
+    (vm,) = result["vms"]
+    if vm.get("host") != "host1":
+        raise SystemExit(f"the restore came back otherwise: {json.dumps(vm)}")
+    steps = step_seconds(hosts.store, automation_id)
+    missing = [name for name in RESTORE_STEPS if name not in steps]
+    if missing:
+        raise SystemExit(f"the restore took no {', '.join(missing)} step: {steps}")
+    data = data_bytes(disk_path(hosts.uris["host1"], vm["uuid"]))
+    hosts.cli_json("destroy", name, "--yes")
+    return {"seconds": seconds, "data_seconds": sum(steps[name] for name in RESTORE_STEPS),
+            "data": data, "steps": steps}
+
+
+def report_restores(rows: list[dict]) -> None:
+    def median(what, key):
+        return statistics.median(row[what][key] for row in rows)
+    data, whole = median("restore", "data"), median("restore", "seconds")
+    steps = median("restore", "data_seconds")
+    reference, converted = median("convert", "seconds"), median("convert", "bytes")
+    rate, reference_rate = data / steps, converted / reference
+    print(f"\nrestores of a full backup + {CHAIN_INCREMENTALS} incrementals, {len(rows)} "
+          "round(s), medians\n")
+    print(f"{'':<34} | {'seconds':>8} | {'MB of data':>10} | {'MB/s of data':>12}")
+    print("-" * 74)
+    print(f"{'peerctl restore, data steps':<34} | {steps:8.2f} | {data / MB:10.1f} | "
+          f"{rate / MB:12.0f}")
+    print(f"{'peerctl restore, whole':<34} | {whole:8.2f} | {data / MB:10.1f} | "
+          f"{data / whole / MB:12.0f}   (context only)")
+    print(f"{'qemu-img convert of the full':<34} | {reference:8.2f} | {converted / MB:10.1f} | "
+          f"{reference_rate / MB:12.0f}")
+    names = list(rows[0]["restore"]["steps"])
+    print("restore's steps (s, medians): " + ", ".join(
+        f"{name} {statistics.median(row['restore']['steps'].get(name, 0.0) for row in rows):.2f}"
+        for name in names))
+    print("(data steps: restore_export, the chain's four volumes checked against their "
+          "records and served; restore_disks, the copy into the VM's disk; "
+          "restore_unexport. Whole: start_automation to terminal state, the VM built and "
+          "started too)")
+    print("\ntarget")
+    print(f"  restore of a full + {CHAIN_INCREMENTALS} incrementals: peerctl "
+          f"{rate / MB:.0f} MB/s vs qemu-img convert of the full {reference_rate / MB:.0f} "
+          f"MB/s, same run = x{rate / reference_rate:.2f} (target >= x{TARGET_RESTORE}): "
+          f"{'PASS' if rate >= TARGET_RESTORE * reference_rate else 'MISS'}")
 
 
 # -- report ------------------------------------------------------------------------
@@ -360,12 +470,13 @@ def main() -> int:
         "bench/backup.py: terminated (everything it started is gone)"))
     load = os.getloadavg()
     try:
-        rows, moved = bench(rounds, options.disk_gb, fill_mib)
+        rows, moved, restores = bench(rounds, options.disk_gb, fill_mib)
     except KeyboardInterrupt:
         raise SystemExit("bench/backup.py: interrupted (everything it started is gone)") \
             from None
     report(rows, options.disk_gb, fill_mib)
     report_after_a_move(moved, changed_mib(options.disk_gb))
+    report_restores(restores)
     print(f"\nload average before {' '.join(f'{x:.2f}' for x in load)}, after "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (figures from a loaded machine "
           "are not comparable)")

@@ -4,7 +4,8 @@ On hosts, from :mod:`engine.hypervisor.data.backups` and
 :mod:`engine.hypervisor.data.restores`: ``backup_store``, ``backup_verify`` and
 ``backup_delete`` (the target), ``backup_take`` and ``backup_prune`` (the
 VM's host), ``backup_discard`` (either), ``restore_disks`` (the host the
-restored VM runs on).
+restored VM runs on); from :mod:`engine.hypervisor.data.restore_exports`,
+``restore_export`` and ``restore_unexport`` (the host keeping the chain).
 
 Run by the initiator (no target), reading etcd:
 
@@ -31,7 +32,7 @@ from engine.placement.drains import drained_hosts
 from engine.errors import Conflict, Failed, RequestError
 from engine.backups import records
 from engine.backups.records import recorded
-from engine.hypervisor.data import backups, restores
+from engine.hypervisor.data import backups, restore_exports, restores
 from engine.hypervisor.host.reachability import reached_at
 from engine.natural import natural_key
 
@@ -42,6 +43,8 @@ handler("backup_prune")(backups.prune)
 handler("backup_discard")(backups.discard)
 handler("backup_delete")(backups.delete)
 handler("restore_disks")(restores.restore_disks)
+handler("restore_export")(restore_exports.serve)
+handler("restore_unexport")(restore_exports.unserve)
 
 MAX_CHAIN = 1000
 

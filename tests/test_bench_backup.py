@@ -3,7 +3,9 @@
 ``--smoke`` takes every path of the benchmark (two private daemons, peers,
 a real guest writing to its disk, a full backup against ``qemu-img
 convert``, an incremental after 1 % of the disk changed, the first backup
-after a live migration beside an incremental without one) and must end well,
+after a live migration beside an incremental without one, a restore of a
+full backup + 3 incrementals against ``qemu-img convert`` of the full) and
+must end well,
 printing a verdict for each target and leaving nothing behind.  Whether a
 target is met is the benchmark's answer, never this test's: speed is not
 asserted here.
@@ -31,7 +33,9 @@ VERDICTS = {"full backup rate": re.compile(r"^  full backup rate: .*x[0-9.]+ "
             "incremental": re.compile(r"^  incremental after 1% of the disk changed: .*"
                                       r"\(target <= 10%\): (PASS|MISS)$", re.M),
             "after a move": re.compile(r"^  first backup after a live migration .*"
-                                       r"\(target <= x1\.2\): (PASS|MISS)$", re.M)}
+                                       r"\(target <= x1\.2\): (PASS|MISS)$", re.M),
+            "restore": re.compile(r"^  restore of a full \+ 3 incrementals: .*x[0-9.]+ "
+                                  r"\(target >= x0\.7\): (PASS|MISS)$", re.M)}
 
 
 WORK = "peerctl-bbak-"           # the benchmark's work directories, under /var/tmp
@@ -49,6 +53,9 @@ def test_the_smoke_run_prints_a_verdict_for_each_target_and_leaves_nothing_behin
         assert verdict.search(done.stdout), f"no verdict for {target}: {done.stdout[-2000:]}"
     assert re.search(r"^round 1: disk data [1-9]\d* MB \| full backup .* incremental ",
                      done.stdout, re.M), done.stdout
+    assert re.search(r"^restore round 1: a full \+ 3 incrementals .* restore [0-9.]+ s "
+                     r"\(data steps [0-9.]+ s\), [1-9]\d* MB written", done.stdout, re.M), \
+        done.stdout
     assert leftovers(WORK) - before == set(), "the benchmark left these behind"
 
 

@@ -39,7 +39,7 @@ from engine.core.store import Put, modified_at
 from engine.core.values import declare, readable, shape
 from engine.errors import Conflict, Failed
 
-__all__ = ["BACKUP", "recorded", "live_holds", "hold", "release", "set_protected",
+__all__ = ["BACKUP", "recorded", "live_holds", "still_running", "hold", "release", "set_protected",
            "begin_delete", "why_kept", "mark_lost", "Kept"]
 
 BACKUP = shape("backup record", id=str, vm=str, uuid=str, target=str, kind=str, disks=list,
@@ -66,6 +66,12 @@ def _running(store, automation_id: str) -> bool:
         return False
     task = readable(kv)
     return task is None or task.get("state", "running") == "running"
+
+
+def still_running(store, automation_id: str) -> bool:
+    """Whether automation ``automation_id`` may still be running (one that
+    cannot be read counts as running; one whose record is gone does not)."""
+    return _running(store, automation_id)
 
 
 def live_holds(store, record: dict) -> list[str]:

@@ -31,7 +31,7 @@ from .values import declare, shape
 __all__ = ["SUPPORTED", "BASE", "level_key", "cluster_level", "raise_level",
            "check_supported", "found_cluster"]
 
-SUPPORTED = 4       # the highest cluster feature level this code knows
+SUPPORTED = 5       # the highest cluster feature level this code knows
 BASE = 1            # the level of a cluster nobody raised
 # Level 2 (issue 34): migrate's max_downtime_ms, and the automation versions
 # registered with feature_level=2 (docs/upgrade.md lists them).
@@ -39,6 +39,8 @@ BASE = 1            # the level of a cluster nobody raised
 # feature_level=3 (docs/upgrade.md lists them).
 # Level 4 (issue 48): restore version 2 (holds its backups) and
 # backup_schedule version 2 (records which schedule made a backup).
+# Level 5 (issue 53): restore version 3 (the chain served over NBD by its
+# host: restore_export, restore_unexport).
 
 
 def level_key() -> str:

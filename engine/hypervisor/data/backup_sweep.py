@@ -18,7 +18,9 @@ names its backup id:
   spared while a ``replicas/`` record names them; volumes ``bk-replica*``
   of the image pool that no record names on this host (a replica this host
   kept before it died and another host took over, an update cut short)
-  are deleted.
+  are deleted;
+- restores (:mod:`engine.hypervisor.data.restore_exports`): the NBD exports
+  of restores that are no longer running are ended.
 
 What is listed is read *before* the running automations and the records,
 so that anything an attempt starting meanwhile makes is never listed: a
@@ -37,6 +39,7 @@ from engine.backups.records import recorded
 from engine.core.values import readable
 from engine.backups import replicas
 from engine.hypervisor.storage import images
+from engine.hypervisor.data import restore_exports
 from engine.hypervisor.data.backups import CHECKPOINT, SCRATCH, is_test, store_pool
 from engine.hypervisor.domain.records import owned_by
 
@@ -74,6 +77,7 @@ def sweep_backups(store, host) -> list[str]:
     """Sweep this host; returns what was removed."""
     if is_test(host.conn):
         return []
+    exports = restore_exports.sweep(store, host)    # by restore: apart from the ids below
     pool = images.ensure_pool(host)
     pool.refresh(0)
     scratch = [v for v in pool.listAllVolumes(0) if v.name().startswith(SCRATCH)]
@@ -86,7 +90,7 @@ def sweep_backups(store, host) -> list[str]:
                    if c.getName().startswith(CHECKPOINT)]
     running = _running_backup_ids(store)
     if running is EVERY:
-        return []
+        return exports
     records = {value["id"]: value for value in recorded(store)}
     replicated = replicas.read_all(store)
     named = {r.get("checkpoint") for r in records.values()} \
@@ -94,7 +98,7 @@ def sweep_backups(store, host) -> list[str]:
     replica_volumes = {d["volume"] for r in replicated
                        if (r.get("replica") or {}).get("host") == host.host
                        for d in [*r["replica"]["disks"], *(r["replica"].get("pending") or [])]}
-    removed = []
+    removed = list(exports)
     for dom in domains:
         removed += _abort_stray_job(dom, running)
     for vol in scratch:

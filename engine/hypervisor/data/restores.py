@@ -2,13 +2,24 @@
 will run on (the ``restore_disks`` request; ``automations/backups.py``
 claims the host first and builds the VM on these disks after).
 
-For each disk, the chain's full backup is copied from its target's pool
-into this host's pool as the VM's disk (``<uuid>.qcow2``), then each
-incremental, oldest first, into a temporary volume whose clusters are
-written into the disk (:func:`engine.hypervisor.storage.qcow2.apply_increment`)
-before it is deleted.  Every copy is checksummed as it arrives and checked
-against the backup's record before anything is built on it: a damaged or
-missing backup leaves no volume behind and says which one.
+With ``export`` (restore version 3): the chain's host serves it as one
+read-only image over NBD (:mod:`engine.hypervisor.data.restore_exports`,
+which checked every link against its record first), and each disk is
+copied from that export straight into the VM's disk volume
+(``<uuid>.qcow2``) by ``qemu-img convert``, sparse
+(:mod:`engine.hypervisor.storage.nbd_copy`): each block is read once, from
+the newest link that holds it, and crosses between the hosts once.
+
+Without it (a restore begun by an older release, or a chain kept on more
+than one host), the chain's full backup is copied from its target's pool
+into this host's pool as the VM's disk, then each incremental, oldest
+first, into a temporary volume whose clusters are written into the disk
+(:func:`engine.hypervisor.storage.qcow2.apply_increment`) before it is
+deleted.  Every copy is checksummed as it arrives and checked against the
+backup's record before anything is built on it.
+
+Either way a damaged or missing backup leaves no volume behind and says
+which one.
 
 It is idempotent by VM uuid: run again, it deletes what an earlier run
 made for a VM that is not defined here and starts over.
@@ -22,7 +33,9 @@ from engine.core import steps
 from engine.errors import RequestError
 from engine.hypervisor.storage import images, qcow2
 from engine.hypervisor.data.backups import Ticker, is_test
+from engine.hypervisor.domain.domain_xml import volume_xml
 from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label, vm_lock
+from engine.hypervisor.storage.nbd_copy import copy_export, qemu_tls_dir
 from engine.hypervisor.storage.volcopy import copy_volume, physical_size
 
 __all__ = ["restore_disks", "disk_volume_name"]
@@ -46,8 +59,9 @@ def _check_chain(chain) -> list[dict]:
 
 def restore_disks(host, args: dict) -> dict:
     """``{uuid, name, chain: [{id, host, libvirt_uri, pool, disks: [{dev,
-    volume, capacity, checksum}]}]}`` -> ``{uuid, host, disks: [{dev,
-    volume}], bytes}``."""
+    volume, capacity, checksum}]}], export?: {host, exports: {dev:
+    {address, port, name, tls}}}}`` -> ``{uuid, host, disks: [{dev, volume}],
+    bytes}``."""
     uuid = uuid_arg(args)
     chain = _check_chain(args.get("chain"))
     with vm_lock(host, uuid):
@@ -58,6 +72,8 @@ def restore_disks(host, args: dict) -> dict:
         if is_test(host.conn):
             return _blank(host, pool, uuid, chain[0])
         try:
+            if isinstance(args.get("export"), dict):
+                return _from_export(host, pool, uuid, chain, args["export"])
             return _rebuild(host, pool, uuid, chain)
         except BaseException:
             images.delete_volumes(pool, uuid)
@@ -73,6 +89,31 @@ def _blank(host, pool, uuid: str, full: dict) -> dict:
         images.ensure_blank(pool, name, gib)
         disks.append({"dev": disk["dev"], "volume": name})
     return {"uuid": uuid, "host": host.host, "disks": disks, "bytes": 0}
+
+
+def _from_export(host, pool, uuid: str, chain: list[dict], export: dict) -> dict:
+    """Each disk copied from the chain's NBD export into its volume."""
+    served = export.get("exports") or {}
+    newest = {d["dev"]: d for d in chain[-1]["disks"]}
+    disks, ticker = [], Ticker("restoring", sum(int(d.get("capacity") or 0)
+                                              for d in newest.values()))
+    for dev in [d["dev"] for d in chain[0]["disks"]]:
+        where = served.get(dev)
+        if not isinstance(where, dict) or dev not in newest:
+            raise RequestError(f"backup {chain[-1]['id']}: no export of disk {dev} on "
+                               f"{export.get('host')}")
+        capacity = int(newest[dev].get("capacity") or 0)
+        name = disk_volume_name(uuid, dev)
+        vol = pool.createXML(volume_xml(name, capacity, "qcow2"), 0)
+        copy_export(where, vol.path(), capacity, ticker, steps.abort_requested,
+                    qemu_tls_dir(host.remote_uri))
+        ticker.next(capacity)
+        disks.append({"dev": dev, "volume": name})
+    pool.refresh(0)
+    sent = sum(physical_size(images.lookup(pool, d["volume"])) for d in disks)
+    log.info("disks_restored", uuid=uuid, chain=[link["id"] for link in chain], bytes=sent,
+             export=export.get("host"))
+    return {"uuid": uuid, "host": host.host, "disks": disks, "bytes": sent}
 
 
 def _source(host, link: dict):
