@@ -252,3 +252,94 @@ def test_a_host_cut_from_the_rack_is_fenced_and_its_guest_comes_back_from_its_re
              what="host1's stale copy set aside, one copy left")
     kvm.cluster.cli_json("replicate", "db", "--stop")
     kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
+
+
+# -- reverse replication: after an HA restart, only the differing blocks go back -----------
+
+def volume_paths(kvm, host, prefix) -> dict:
+    """name -> path of ``host``'s pool volumes whose name starts with ``prefix``."""
+    conn = libvirt.open(kvm.uri[host])
+    try:
+        pool = conn.storagePoolLookupByName(f"peerctl-{host}")
+        pool.refresh(0)
+        return {v.name(): v.path() for v in pool.listAllVolumes(0)
+                if v.name().startswith(prefix)}
+    finally:
+        conn.close()
+
+
+def disk_sum(kvm, host, uuid) -> str:
+    """The MD5 of the whole disk as the guest reads it (QEMU's view, which
+    the image file may lag behind)."""
+    out = kvm.shell(host, uuid, "echo SUM-$((0)):$(md5sum /dev/vda | cut -c1-32)", timeout=600)
+    for line in out.splitlines():
+        if "SUM-0:" in line:
+            return line.split("SUM-0:", 1)[1].strip()
+    raise AssertionError(f"the guest printed no SUM line: {out!r}")
+
+
+def failed_over_with_writes(kvm, store, name):
+    """A replicated HA guest that wrote 4 MiB on host1 after its last
+    update, then was restarted on host2 and wrote 5 MiB there; host1 back,
+    its stale copy aside.  ``(uuid, last update before the kill)``."""
+    vm = kvm.boot(name, "--ha", "restart")
+    uuid = vm["uuid"]
+    kvm.shell("host1", uuid, "dd if=/dev/urandom of=/dev/vda bs=1M seek=600 count=20 "
+                             "2>/dev/null; sync")
+    write_marker(kvm, "host1", uuid, SECTOR_A, "MARKER-A")
+    wrote = time.time()
+    kvm.cluster.cli_json("replicate", name, "--every", "10s")
+    kept = updated_after(store, uuid, wrote)
+    kvm.shell("host1", uuid, "dd if=/dev/urandom of=/dev/vda bs=1M seek=700 count=4 "
+                             "2>/dev/null; sync")
+    kvm.cluster.kill("host1")
+    restarted_on_host2(kvm, name, uuid)
+    write_marker(kvm, "host2", uuid, SECTOR_B, "MARKER-C")
+    kvm.shell("host2", uuid, "dd if=/dev/urandom of=/dev/vda bs=1M seek=800 count=5 "
+                             "2>/dev/null; sync")
+    return uuid, kept
+
+
+def reversed_replica(store, uuid, timeout=120):
+    return wait_until(lambda: replica(store, uuid), lambda r: r and r["host"] == "host1",
+                      timeout=timeout, interval=0.2, what="a replica back on host1")
+
+
+def test_after_an_ha_restart_the_replica_goes_back_with_only_the_blocks_that_differ(
+        ha_kvm, store):
+    """host1 dies with writes its replica never got; the guest runs on host2
+    from the replica and writes more; host1 returns and keeps its stale disk
+    aside.  The next update to host1 sends only the blocks that differ from
+    that disk (what host2 wrote, and what host1 wrote after the last update,
+    which must be undone), about 10 MiB of a 1 GiB disk holding 50 MiB; the
+    replica it builds equals host2's disk, and the guest restarted from it on
+    host1 has the data of both sides."""
+    kvm = ha_kvm
+    uuid, kept = failed_over_with_writes(kvm, store, "db")
+    kvm.start_peer("host1")
+    back = reversed_replica(store, uuid)
+    assert back["kind"] == "delta", back
+    written = (4 + 5 + 1) * MiB            # host1's lost writes, host2's, the marker's block
+    print(f"\nreverse update: {back['bytes'] / MiB:.2f} MiB sent for {written / MiB:.0f} MiB "
+          f"written since the replica's last update ({kept['bytes'] / MiB:.1f} MiB then)")
+    assert back["bytes"] <= 1.1 * written, back
+    assert not back["pending"]
+    (disk,) = back["disks"]
+    on_host2 = disk_sum(kvm, "host2", uuid)     # the guest writes nothing more
+    asides = kvm.cluster.cli_json("aside", "list", "host1")
+    assert [a["uuid"] for a in asides] == [uuid], "the disks kept aside stay untouched"
+    assert not volume_paths(kvm, "host2", "backup-"), "scratch left on the source"
+    assert sorted(volume_paths(kvm, "host1", "bk-")) == [disk["volume"]] or \
+        replica(store, uuid)["seq"] > back["seq"], "volumes the record does not name"
+
+    kvm.cluster.kill("host2")           # and back again: host1 restarts it from there
+    wait_for(lambda: kvm.where(uuid).get("host1") == "running", timeout=120, interval=0.5,
+             what="the guest running on host1 again")
+    assert qemu_guest.wait_for_console(kvm.console("host1", uuid), qemu_guest.READY_MARKER,
+                                       BOOT_TIMEOUT)
+    assert read_marker(kvm, "host1", uuid, SECTOR_A) == "MARKER-A"
+    assert read_marker(kvm, "host1", uuid, SECTOR_B) == "MARKER-C"
+    assert disk_sum(kvm, "host1", uuid) == on_host2, "the promoted replica is not the disk"
+    kvm.start_peer("host2")
+    kvm.cluster.cli_json("replicate", "db", "--stop")
+    kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)

@@ -44,7 +44,7 @@ from engine.core import failpoints, keys
 from engine.core.store import absent, exists
 from engine.errors import RequestError
 from engine.backups import replicas as records
-from engine.hypervisor.data import backups
+from engine.hypervisor.data import backups, replica_delta
 from engine.hypervisor.storage import images, qcow2
 from engine.hypervisor.storage.checksum import ContentHash
 from engine.hypervisor.domain.domain_xml import volume_xml
@@ -92,9 +92,12 @@ def prepare(host, args: dict) -> dict:
 
 def take(host, args: dict) -> dict:
     """On the VM's host: ``{uuid, name, seq, store, parent: {id, checkpoint,
-    time, what} | None, why_full}`` -> what :func:`backups.take` answers, or
-    ``{unchanged: true}`` for a shut-off VM whose disks were not written
-    since the replica's time (a shut-off VM's update is a whole copy)."""
+    time, what} | None, why_full, base}`` -> what :func:`backups.take`
+    answers, or ``{unchanged: true}`` for a shut-off VM whose disks were not
+    written since the replica's time (a shut-off VM's update is a whole
+    copy), or, with ``base`` (the replica's host keeps a copy) when the
+    update cannot be incremental, ``{wants_base: why}`` with nothing taken:
+    a delta update (:mod:`engine.hypervisor.data.replica_delta`) sends less."""
     uuid = uuid_arg(args)
     update = _update_id(args, uuid)
     parent = args.get("parent")
@@ -107,6 +110,11 @@ def take(host, args: dict) -> dict:
         written = max((os.stat(d["path"]).st_mtime for d in disks), default=0)
         if written < float(parent.get("time") or 0):
             return {"unchanged": True}
+    if args.get("base") and vm_state(dom) in ACTIVE and not backups.is_test(host.conn):
+        disks = disks_of(host.conn, ET.fromstring(dom.XMLDesc(0)))
+        why = backups._why_full(dom, backups._old_disks(host, disks), args)
+        if why:
+            return {"wants_base": why}
     return backups.take(host, {**args, "id": update})
 
 
@@ -145,8 +153,9 @@ def _verify(host, pool, update: str, disks: list[dict]) -> None:
 
 
 def apply(host, args: dict) -> dict:
-    """``{uuid, seq, source, expect: {host, seq} | None, taken}`` -> the
-    record's new ``replica``.  Refused (the arrived volumes deleted) when
+    """``{uuid, seq, source, expect: {host, seq} | None, taken, base}`` ->
+    the record's new ``replica`` (``base``: for a delta update, ``{dev:
+    volume}`` the delta applies to, copied).  Refused (the arrived volumes deleted) when
     the record moved on meanwhile, the replication stopped, or the source
     is no longer a live host that owns the VM."""
     uuid = uuid_arg(args)
@@ -163,6 +172,8 @@ def apply(host, args: dict) -> dict:
         if current and current.get("host") == host.host and current.get("seq") == args["seq"]:
             return _finish(host, pool, uuid, current)       # recorded already: a re-sent step
         _verify(host, pool, update, disks)
+        if taken.get("kind") == "delta":
+            disks = replica_delta.build(host, pool, update, disks, args.get("base"))
         incremental = taken.get("kind") == "incremental"
         if incremental and not (current and current.get("host") == host.host):
             backups._delete_volumes(pool, f"bk-{update}-")
