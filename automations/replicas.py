@@ -130,8 +130,7 @@ def _update(step, vm, plan, store, disks):
     if taken.value.get("checkpoint"):
         yield from resend(step("replica_prune", {"keep": taken.value["checkpoint"]},
                                vm["host"]))
-    old = plan.get("old")
-    if old and old != store["host"]:
+    for old in sorted({plan.get("old"), plan.get("frozen_on")} - {None, store["host"]}):
         yield from resend(step("replica_drop", {}, old))
     return None, taken.value
 

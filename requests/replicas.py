@@ -119,13 +119,18 @@ def replica_plan(host, args: dict) -> dict:
         # its disks will be a base the next update sends only differences from
         return {"state": "wait", "next": now + MOVING_RECHECK}
     parent, why_full, base = None, None, None
-    kept = None if replica and replica["host"] in eligible else _kept_aside(host.store, eligible,
-                                                                             uuid)
-    if kept is not None:
-        eligible.remove(kept["host"])
-        eligible.insert(0, kept["host"])
-        base = {"kind": "aside", "id": kept["id"],
-                "what": f"the disks kept aside on {kept['host']}"}
+    aside = None if replica and replica["host"] in eligible else _kept_aside(host.store,
+                                                                              eligible, uuid)
+    frozen = record.get("kept")
+    if aside is not None:
+        eligible.remove(aside["host"])
+        eligible.insert(0, aside["host"])
+        base = {"kind": "aside", "id": aside["id"],
+                "what": f"the disks kept aside on {aside['host']}"}
+    elif not replica and frozen and frozen.get("host") in eligible:
+        eligible.remove(frozen["host"])
+        eligible.insert(0, frozen["host"])
+        base = {"kind": "kept", "what": f"the disk a move left on {frozen['host']}"}
     if replica and replica["host"] in eligible:
         eligible.remove(replica["host"])
         eligible.insert(0, replica["host"])
@@ -148,7 +153,9 @@ def replica_plan(host, args: dict) -> dict:
             "seq": seq, "candidates": eligible, "parent": parent, "why_full": why_full,
             "base": base,
             "expect": {"host": replica["host"], "seq": replica["seq"]} if replica else None,
-            "old": replica["host"] if replica and replica["host"] != eligible[0] else None}
+            "old": replica["host"] if replica and replica["host"] != eligible[0] else None,
+            "frozen_on": frozen["host"] if frozen and frozen.get("host") != eligible[0]
+            else None}
 
 
 def _putting_aside(store, name: str, uuid: str, now: float) -> bool:

@@ -5,8 +5,9 @@ the replica, a move, or a lost checkpoint.
 Without a checkpoint to start from (the VM now runs from what was its
 replica, or it moved and lost its bitmaps), an update used to be a whole
 copy, although the other side kept a nearly identical disk: the disks its
-stale copy left aside (:mod:`engine.hypervisor.host.aside`) or the previous
-replica.  No dirty bitmap can be trusted to name what differs between the
+stale copy left aside (:mod:`engine.hypervisor.host.aside`), the source's
+disk frozen by a move onto the replica (``kept``,
+:mod:`engine.hypervisor.moves.handoff`), or the previous replica.  No dirty bitmap can be trusted to name what differs between the
 two (the old host wrote blocks after the last update that never reached the
 replica, and its copy may have died mid-write), so both sides compare
 checksums of the content, 1 MiB block by block
@@ -74,6 +75,11 @@ def _base_volumes(host, pool, uuid: str, base: dict) -> dict[str, object]:
         if not replica or replica.get("host") != host.host or replica.get("pending"):
             raise RequestError(f"no finished replica of {uuid} on {host.host} to start from")
         named = {d["dev"]: d["volume"] for d in replica["disks"]}
+    elif kind == "kept":
+        kept = (records.read(host.store, uuid) or {}).get("kept")
+        if not kept or kept.get("host") != host.host:
+            raise RequestError(f"no frozen disk of {uuid} kept on {host.host}")
+        named = {d["dev"]: d["volume"] for d in kept["disks"]}
     elif kind == "aside":
         record = readable(host.store.get(keys.aside(host.host, str(base.get("id")))))
         if not record or record.get("uuid") != uuid:
@@ -100,7 +106,7 @@ def _base_volumes(host, pool, uuid: str, base: dict) -> dict[str, object]:
 
 
 def base_map(host, args: dict) -> dict:
-    """``{uuid, seq, base: {kind: aside|replica, id}}`` on the replica's
+    """``{uuid, seq, base: {kind: aside|kept|replica, id}}`` on the replica's
     host -> ``{maps: {dev: {length, blocks: {index: sha256}}}, volumes: {dev:
     volume}, bytes}``."""
     uuid = uuid_arg(args)

@@ -189,6 +189,10 @@ def apply(host, args: dict) -> dict:
             bases = arrived
             old = current["disks"] if current and current.get("host") == host.host else []
             pending = [{**d, "drop": True} for d in old]
+        kept = (record or {}).get("kept")
+        if kept and kept.get("host") == host.host and kept.get("seq") != args["seq"]:
+            # a hand-off's frozen files: done with them
+            pending += [{**d, "drop": True} for d in kept["disks"]]
         replica = {"host": host.host, "seq": args["seq"], "time": taken.get("time"),
                    "checkpoint": taken.get("checkpoint"), "pool": pool.name(),
                    "kind": taken.get("kind"), "bytes": taken.get("bytes"), "disks": bases,
@@ -203,7 +207,9 @@ def apply(host, args: dict) -> dict:
             seen = {"host": now["host"], "seq": now["seq"]} if now else None
             if seen != expect:
                 return "moved on", None, [], []
-            return "recorded", {**known, "replica": replica,
+            frozen = known.get("kept")      # a hand-off's own update keeps its frozen disk
+            frozen = frozen if frozen and frozen.get("seq") == args["seq"] else None
+            return "recorded", {**known, "replica": replica, "kept": frozen,
                                 "seq": max(int(known.get("seq") or 0), args["seq"])}, \
                 [exists(keys.host(source)), absent(keys.disowned(source, uuid))], []
         outcome = records.change(host.store, uuid, edit)
@@ -270,10 +276,13 @@ def discard(host, args: dict) -> dict:
 
 
 def _named_here(host, uuid: str) -> set[str]:
-    replica = (records.read(host.store, uuid) or {}).get("replica")
+    record = records.read(host.store, uuid) or {}
+    replica, kept = record.get("replica"), record.get("kept")
+    named = {d["volume"] for d in kept["disks"]} \
+        if kept and kept.get("host") == host.host else set()
     if not replica or replica.get("host") != host.host:
-        return set()
-    return {d["volume"] for d in replica["disks"]} \
+        return named
+    return named | {d["volume"] for d in replica["disks"]} \
         | {d["volume"] for d in replica.get("pending") or []}
 
 
