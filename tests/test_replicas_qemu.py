@@ -180,9 +180,13 @@ def test_a_live_move_to_the_replicas_host_copies_only_what_changed_since(kvm, st
     assert kvm.where(uuid) == {"host2": "running"}
     consumed = replicas.read(store, uuid)["consumed"]
     assert consumed["host"] == "host2" and consumed["seq"] == via["seq"], consumed
-    # replication goes on, the other way
-    wait_until(lambda: replica(store, uuid), lambda r: r and r["host"] == "host1",
-               timeout=90, interval=0.2, what="a new replica on host1")
+    # replication goes on, the other way, from the disk the move froze on host1
+    back = wait_until(lambda: replica(store, uuid),
+                      lambda r: r and r["host"] == "host1" and not r["pending"],
+                      timeout=90, interval=0.2, what="a new replica on host1")
+    print(f"the update back to host1: {back['kind']}, {back['bytes'] / MiB:.2f} MiB ({back['reason']})")
+    assert back["kind"] == "delta" and back["bytes"] < 2 * MiB, back
+    assert sorted(volume_paths(kvm, "host1", "bk-")) == [d["volume"] for d in back["disks"]]
     kvm.cluster.cli_json("replicate", "db", "--stop")
     kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
 
@@ -301,7 +305,8 @@ def failed_over_with_writes(kvm, store, name):
 
 
 def reversed_replica(store, uuid, timeout=120):
-    return wait_until(lambda: replica(store, uuid), lambda r: r and r["host"] == "host1",
+    return wait_until(lambda: replica(store, uuid),
+                      lambda r: r and r["host"] == "host1" and not r["pending"],
                       timeout=timeout, interval=0.2, what="a replica back on host1")
 
 
@@ -340,6 +345,69 @@ def test_after_an_ha_restart_the_replica_goes_back_with_only_the_blocks_that_dif
     assert read_marker(kvm, "host1", uuid, SECTOR_A) == "MARKER-A"
     assert read_marker(kvm, "host1", uuid, SECTOR_B) == "MARKER-C"
     assert disk_sum(kvm, "host1", uuid) == on_host2, "the promoted replica is not the disk"
+    kvm.start_peer("host2")
+    kvm.cluster.cli_json("replicate", "db", "--stop")
+    kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
+
+
+def restart_whoever_died(kvm, pid):
+    """Start again the peer (host or member) whose process ``pid`` was."""
+    from tests.support.ha_kvm import start_member
+    (name,) = [n for n, p in kvm.cluster.peers.items() if p.pid == pid]
+    kvm.cluster.peers[name].wait(30)
+    if name in ("host1", "host2"):
+        kvm.start_peer(name)
+    else:
+        start_member(kvm, name)
+    return name
+
+
+def test_the_source_the_target_and_the_initiator_killed_mid_update_back_lose_nothing(
+        ha_kvm, store):
+    """The update back to host1 after a failover: the source's peer dies
+    with the delta built, not sent; the initiator dies as it asks host1 to
+    apply it; host1's peer dies with the base copied, not yet written.  Each
+    is started again: the update completes once, as a delta, the disks kept
+    aside are intact, nothing is left on either host that no record names,
+    and the guest restarted from the replica has every marker."""
+    kvm = ha_kvm
+    uuid, _kept = failed_over_with_writes(kvm, store, "db")
+    kvm.cluster.cli_json("ha", "db", "none")        # host2's peer may die: no fencing
+    aside_before = None
+    points = ["delta built", "append replica_apply", "delta base copied"]
+    failpoints.arm(str(kvm.armed), points)
+    kvm.start_peer("host1")
+    restarted = []
+    while len(restarted) < len(points):
+        wait_for(lambda: len(failpoints.fired(str(kvm.armed))) > len(restarted), timeout=180,
+                 what=f"the kill at {points[len(restarted)]!r}")
+        point, pid, _when = failpoints.fired(str(kvm.armed))[len(restarted)]
+        if aside_before is None:
+            aside_before = sorted(volume_paths(kvm, "host1", "aside-"))
+        restarted.append((point, restart_whoever_died(kvm, int(pid))))
+    print(f"\nkilled and restarted: {restarted}")
+    assert [p for p, _ in restarted] == points
+    assert restarted[0][1] == "host2" and restarted[2][1] == "host1", restarted
+    back = reversed_replica(store, uuid, timeout=180)
+    assert back["kind"] == "delta", back
+    assert back["bytes"] <= 1.1 * (4 + 5 + 1) * MiB, back
+    on_host2 = disk_sum(kvm, "host2", uuid)
+    assert sorted(volume_paths(kvm, "host1", "aside-")) == aside_before, "the aside changed"
+    wait_for(lambda: not volume_paths(kvm, "host2", "backup-"), timeout=30,
+             what="no scratch left on the source")
+    now = replica(store, uuid)
+    assert sorted(volume_paths(kvm, "host1", "bk-")) == sorted(
+        d["volume"] for d in now["disks"]), "volumes on host1 that the record does not name"
+
+    kvm.cluster.cli_json("ha", "db", "restart")
+    kvm.cluster.kill("host2")
+    wait_for(lambda: kvm.where(uuid).get("host1") == "running", timeout=120, interval=0.5,
+             what="the guest running on host1 from the replica")
+    assert qemu_guest.wait_for_console(kvm.console("host1", uuid), qemu_guest.READY_MARKER,
+                                       BOOT_TIMEOUT)
+    assert read_marker(kvm, "host1", uuid, SECTOR_A) == "MARKER-A"
+    assert read_marker(kvm, "host1", uuid, SECTOR_B) == "MARKER-C"
+    assert disk_sum(kvm, "host1", uuid) == on_host2
     kvm.start_peer("host2")
     kvm.cluster.cli_json("replicate", "db", "--stop")
     kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
