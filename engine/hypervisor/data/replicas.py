@@ -8,7 +8,10 @@ checkpoint ``peerctl-<id>`` is where the next update starts from.
 
 On the replica's host (:func:`apply`): the arrived volumes are read back
 and checksummed first.  A full update's volumes *are* the new replica; an
-incremental's are written into the replica's disks.  Whole at every
+incremental's are written into the replica's disks; a delta's (only the
+blocks that differ from a copy this host keeps,
+:mod:`engine.hypervisor.data.replica_delta`) are applied to a copy of that
+base, checked, and the copy is the new replica.  Whole at every
 instant, because the record in etcd (``replicas/<uuid>``, written here) is
 moved on only once the arrived data is complete, and names it:
 
