@@ -30,8 +30,9 @@ every update has something to copy.  Then ``--kills`` times:
 - **the update back** (issue 53): the first replica update to the host
   that came back, which starts from the disk it kept aside: its bytes
   against what the guest wrote since the point in time of the replica it
-  restarted from (on the old host until it was fenced, on the new one until
-  the update's point in time).  Target: at most x1.1.  The bench deletes
+  restarted from (on the old host until it was fenced, its last second
+  extrapolated from its rate when the sampler was late, on the new one
+  until the update's point in time).  Target: at most x1.1.  The bench deletes
   the disks kept aside after it (``aside delete``).
 
 After the kills, one **move onto the replica's host** (``migrate --to``,
@@ -202,11 +203,13 @@ class Sampler(threading.Thread):
                 return before[1:3], before[3] + share * (after[3] - before[3])
         return None
 
-    def written_between(self, start: float, end: float) -> float:
+    def written_between(self, start: float, end: float, fenced: float | None = None) -> float:
         """Bytes the guest wrote from ``start`` to ``end``, over every
         incarnation (a copy that began after ``start`` counts from its boot:
-        its counter starts at 0; one that outlived its peer counts until it
-        was fenced)."""
+        its counter starts at 0).  A copy that ended before ``end`` wrote
+        until ``fenced``, when its guard stopped it: from its last sample to
+        then (the sampler is late on a loaded machine), at its rate over the
+        2 s before."""
         total, rows = 0.0, {}
         for sample in self.writes:
             rows.setdefault(sample[1:3], []).append(sample)
@@ -215,6 +218,12 @@ class Sampler(threading.Thread):
                 continue
             first = 0.0 if samples[0][0] >= start else self._at(samples, start)
             last = samples[-1][3] if samples[-1][0] <= end else self._at(samples, end)
+            if fenced is not None and samples[-1][0] < min(fenced, end):
+                recent = [s for s in samples if s[0] >= samples[-1][0] - 2.0]
+                span = recent[-1][0] - recent[0][0]
+                if span > 0:
+                    rate = (recent[-1][3] - recent[0][3]) / span
+                    last += rate * (min(fenced, end) - samples[-1][0])
             total += last - first
         return total
 
@@ -382,7 +391,7 @@ def replica_kill(hosts, hypervisors, sampler, vm: dict, every: float, rng) -> di
 
     def reverse_update():       # while host's stale disk is still kept aside
         reverse.update(update_back(sampler, host, timed["kill"], recovered["data_as_of"],
-                                   every))
+                                   every, timed["kill"] + timed["fenced"]))
     bring_back(hosts, hypervisors, host, [vm["uuid"]], reverse_update)
     return {**timed, "from": host, "to": there, "phase": phase, "reverse": reverse,
             "point": timed["kill"] - recovered["data_as_of"],
@@ -391,7 +400,8 @@ def replica_kill(hosts, hypervisors, sampler, vm: dict, every: float, rng) -> di
             "kind_before": before.get("kind")}
 
 
-def update_back(sampler, host: str, since: float, as_of: float, every: float) -> dict:
+def update_back(sampler, host: str, since: float, as_of: float, every: float,
+                fenced: float | None = None) -> dict:
     """The first replica update to ``host`` seen after ``since`` (the
     replica going back to the host the VM left): its kind and bytes, and
     the bytes the guest wrote from ``as_of`` (the point in time of the copy
@@ -406,7 +416,7 @@ def update_back(sampler, host: str, since: float, as_of: float, every: float) ->
         raise SystemExit(f"no replica update back to {host} in time; updates seen: "
                          f"{sorted(sampler.updates)}") from None
     return {"seq": seq, "kind": update["kind"], "bytes": update["bytes"],
-            "written": sampler.written_between(as_of, update["time"]),
+            "written": sampler.written_between(as_of, update["time"], fenced),
             "after": update["time"] - since}
 
 
