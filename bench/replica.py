@@ -433,7 +433,7 @@ def move_round(hosts, sampler, vm: dict, every: float) -> dict:
         raise SystemExit(f"the move onto {there} ended otherwise: {moved}")
     vm["host"] = there
     consumed = (replicas.read(hosts.store, vm["uuid"]) or {}).get("consumed") or {}
-    start_writing(hosts, there, vm["uuid"], every)
+    # the guest's writing loop moved with it: it goes on writing
     back = update_back(sampler, host, started, consumed.get("time") or started, every)
     return {"from": host, "to": there, "via_replica": (row.get("via_replica") or {}).get("used"),
             "disk_bytes": row.get("disk_bytes"), **back}
