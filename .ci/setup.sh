@@ -37,6 +37,8 @@ apt_install() {
 
 # etcd (tests and `up` run Debian's binary); libvirt-python builds from source
 apt_install etcd-server etcd-client libvirt-dev pkg-config gcc
+# qemu-img and qemu-io: tests/test_blockmap.py builds and applies deltas of real images
+apt_install qemu-utils
 # the web page's tests drive Debian's chromium (browsers cannot be downloaded)
 apt_install chromium
 

@@ -13,6 +13,11 @@ another host can keep the replica):
    that the update can be incremental.
 3. ``replica_take`` on the VM's host: a backup job since the replica's
    checkpoint, copied to the replica's host (:mod:`engine.hypervisor.data.replicas`).
+   When it cannot be incremental but the replica's host keeps a copy (the
+   plan's ``base``: the previous replica, or the disks a stale copy left
+   aside there after an HA restart), ``replica_base_map`` there and
+   ``replica_take_delta`` on the VM's host send only the blocks that differ
+   from it (:mod:`engine.hypervisor.data.replica_delta`); a whole copy if that fails.
 4. ``replica_apply`` on the replica's host: checksummed, recorded, written
    into the replica's disks.  The replica is whole before and after.
 5. ``replica_prune`` on the VM's host (only the new checkpoint stays);
@@ -93,27 +98,59 @@ def _update(step, vm, plan, store, disks):
     """``(error, taken)``: taken on the VM's host, applied on the replica's."""
     first = plan["candidates"][0]
     parent = plan["parent"] if store["host"] == first else None
+    base = plan.get("base") if store["host"] == first else None
     why_full = plan.get("why_full") or (None if parent else
                                         f"the replica's host {first} could not take it")
-    taken = yield from resend(step("replica_take", {
-        "store": store, "parent": parent, "why_full": why_full}, vm["host"],
-        disk_copy_deadline(disks)), tries=2)
+    taken = None
+    if parent is not None:
+        taken = yield from resend(step("replica_take", {
+            "store": store, "parent": parent, "why_full": why_full,
+            **({"base": True} if base else {})},
+            vm["host"], disk_copy_deadline(disks)), tries=2)
+        if taken.ok and taken.value.get("wants_base"):
+            why_full, taken = taken.value["wants_base"], None
+    volumes = None
+    if taken is None and base is not None:
+        taken, volumes = yield from _delta(step, vm, store, disks, base, why_full)
+        if taken is None:
+            why_full = f"{why_full} (no delta: {volumes})"
+    if taken is None:
+        taken = yield from resend(step("replica_take", {
+            "store": store, "parent": None, "why_full": why_full}, vm["host"],
+            disk_copy_deadline(disks)), tries=2)
     if not taken.ok:
         return f"{vm['host']}: {taken.error or taken.status}", None
     if taken.value.get("unchanged"):
         return None, {"kind": "unchanged", "bytes": 0}
     applied = yield from resend(step("replica_apply", {
-        "source": vm["host"], "expect": plan["expect"], "taken": taken.value},
-        store["host"], disk_copy_deadline(disks)))
+        "source": vm["host"], "expect": plan["expect"], "taken": taken.value,
+        "base": volumes}, store["host"], disk_copy_deadline(disks)))
     if not applied.ok:
         return f"{store['host']}: {applied.error or applied.status}", None
     if taken.value.get("checkpoint"):
         yield from resend(step("replica_prune", {"keep": taken.value["checkpoint"]},
                                vm["host"]))
-    old = plan.get("old")
-    if old and old != store["host"]:
+    for old in sorted({plan.get("old"), plan.get("frozen_on")} - {None, store["host"]}):
         yield from resend(step("replica_drop", {}, old))
     return None, taken.value
+
+
+def _delta(step, vm, store, disks, base, why):
+    """``(taken, base volumes)`` of an update that sends only the blocks
+    differing from ``base``, kept on the replica's host; ``(None, why
+    not)`` when it cannot be made (a whole copy is then sent)."""
+    mapped = yield from resend(step("replica_base_map", {"base": base}, store["host"],
+                                    disk_copy_deadline(disks)))
+    if not mapped.ok:
+        return None, f"{store['host']}: {mapped.error or mapped.status}"
+    if not mapped.value.get("maps"):
+        return None, "the base has no content to compare"
+    taken = yield from resend(step("replica_take_delta", {
+        "store": store, "maps": mapped.value["maps"], "map_bytes": mapped.value["bytes"],
+        "why": why, "what": base.get("what")}, vm["host"], disk_copy_deadline(disks)), tries=2)
+    if not taken.ok:
+        return None, f"{vm['host']}: {taken.error or taken.status}"
+    return taken, mapped.value["volumes"]
 
 
 @automation("replicate", version=1)

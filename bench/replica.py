@@ -25,9 +25,20 @@ every update has something to copy.  Then ``--kills`` times:
   the interval + 5 s, over every kill;
 - **restart time**: from the SIGKILL to the restarted guest's ready marker
   on its console (libvirt's running state is printed beside);
-- the killed peer is started again, its stale copy goes aside and the
-  bench deletes it (``aside delete``), and replication now runs the other
-  way, so the kills alternate hosts.
+- the killed peer is started again, its stale copy goes aside, and
+  replication now runs the other way, so the kills alternate hosts;
+- **the update back** (issue 53): the first replica update to the host
+  that came back, which starts from the disk it kept aside: its bytes
+  against what the guest wrote since the point in time of the replica it
+  restarted from (on the old host until it was fenced, its last second
+  extrapolated from its rate when the sampler was late, on the new one
+  until the update's point in time).  Target: at most x1.1.  The bench deletes
+  the disks kept aside after it (``aside delete``).
+
+After the kills, one **move onto the replica's host** (``migrate --to``,
+the hand-off of ``engine/hypervisor/moves/handoff.py``), and the first update
+back to the host it left: bytes against what the guest wrote since the
+hand-off's update (no target).
 
 AGAINST, in the same run: ``--image-rounds`` HA restarts of a second
 guest booted ``--ha restart`` with no replication on the host the first
@@ -87,6 +98,7 @@ RESOURCES = "VCPU:1,MEMORY_MB:128,DISK_GB:1"
 MIN_EVERY = 10.0            # engine.backups.replicas.MIN_EVERY: replicas' shortest interval
 SLACK_S = 5.0               # recovery point target: at most the interval + this
 TARGET_RESTART = 1.5        # restart from a replica over restart from the image, at most
+TARGET_BACK = 1.1           # bytes of the update back over bytes the guest wrote, at most
 WRITE_AT_MIB = 64           # past the guest's 32 MiB boot filesystem
 PROXMOX_MIN_EVERY_S = 60.0
 MB = 1e6
@@ -191,6 +203,38 @@ class Sampler(threading.Thread):
                 return before[1:3], before[3] + share * (after[3] - before[3])
         return None
 
+    def written_between(self, start: float, end: float, fenced: float | None = None) -> float:
+        """Bytes the guest wrote from ``start`` to ``end``, over every
+        incarnation (a copy that began after ``start`` counts from its boot:
+        its counter starts at 0).  A copy that ended before ``end`` wrote
+        until ``fenced``, when its guard stopped it: from its last sample to
+        then (the sampler is late on a loaded machine), at its rate over the
+        2 s before."""
+        total, rows = 0.0, {}
+        for sample in self.writes:
+            rows.setdefault(sample[1:3], []).append(sample)
+        for samples in rows.values():
+            if samples[-1][0] < start or samples[0][0] > end:
+                continue
+            first = 0.0 if samples[0][0] >= start else self._at(samples, start)
+            last = samples[-1][3] if samples[-1][0] <= end else self._at(samples, end)
+            if fenced is not None and samples[-1][0] < min(fenced, end):
+                recent = [s for s in samples if s[0] >= samples[-1][0] - 2.0]
+                span = recent[-1][0] - recent[0][0]
+                if span > 0:
+                    rate = (recent[-1][3] - recent[0][3]) / span
+                    last += rate * (min(fenced, end) - samples[-1][0])
+            total += last - first
+        return total
+
+    @staticmethod
+    def _at(samples, moment: float) -> float:
+        for before, after in zip(samples, samples[1:]):
+            if before[0] <= moment <= after[0]:
+                share = (moment - before[0]) / max(after[0] - before[0], 1e-9)
+                return before[3] + share * (after[3] - before[3])
+        return samples[-1][3]
+
     def incrementals(self) -> list[dict]:
         """Each incremental update with the bytes the guest wrote since the
         update before it on the same host (both in one incarnation)."""
@@ -285,9 +329,9 @@ def kill_and_time(hosts, hypervisors, host: str, uuid: str) -> dict:
             "running": seen["running"] - killed, "ready": ready - killed}
 
 
-def bring_back(hosts, hypervisors, host: str, uuids: list[str]) -> None:
+def bring_back(hosts, hypervisors, host: str, uuids: list[str], before_delete=None) -> None:
     """``host``'s peer started again; its stale copies undefined and their
-    disks, kept aside, deleted."""
+    disks, kept aside, deleted (after ``before_delete()``, if given)."""
     hosts.start_peer(host)
     try:
         wait(lambda: host in api.live_hosts(hosts.store), timeout=60, interval=0.2)
@@ -295,6 +339,8 @@ def bring_back(hosts, hypervisors, host: str, uuids: list[str]) -> None:
              timeout=STEP_TIMEOUT, interval=0.2)
     except TimeoutError:
         raise SystemExit(f"{host} came back but kept its stale copy of {uuids}") from None
+    if before_delete is not None:
+        before_delete()
     if hosts.cli_json("aside", "list", host):
         done = hosts.cli_json("aside", "delete", f"{host}/*", "--yes", timeout=STEP_TIMEOUT)
         if done.get("state") != "done":
@@ -340,13 +386,57 @@ def replica_kill(hosts, hypervisors, sampler, vm: dict, every: float, rng) -> di
             recovered.get("data_as_of") is None:
         raise SystemExit(f"the VM came back otherwise than from its replica on {there}: {row}")
     vm["host"] = there
-    bring_back(hosts, hypervisors, host, [vm["uuid"]])
     start_writing(hosts, there, vm["uuid"], every)
-    return {**timed, "from": host, "to": there, "phase": phase,
+    reverse = {}
+
+    def reverse_update():       # while host's stale disk is still kept aside
+        reverse.update(update_back(sampler, host, timed["kill"], recovered["data_as_of"],
+                                   every, timed["kill"] + timed["fenced"]))
+    bring_back(hosts, hypervisors, host, [vm["uuid"]], reverse_update)
+    return {**timed, "from": host, "to": there, "phase": phase, "reverse": reverse,
             "point": timed["kill"] - recovered["data_as_of"],
             "to_fence": timed["kill"] + timed["fenced"] - recovered["data_as_of"],
             "before": timed["kill"] - before["time"] if before.get("time") else None,
             "kind_before": before.get("kind")}
+
+
+def update_back(sampler, host: str, since: float, as_of: float, every: float,
+                fenced: float | None = None) -> dict:
+    """The first replica update to ``host`` seen after ``since`` (the
+    replica going back to the host the VM left): its kind and bytes, and
+    the bytes the guest wrote from ``as_of`` (the point in time of the copy
+    the VM now runs from) to the update's point in time, on both hosts."""
+    def landed():
+        fresh = [(k, u) for k, u in list(sampler.updates.items())
+                 if k[0] == host and u["seen"] > since]
+        return min(fresh, key=lambda kv: kv[1]["time"]) if fresh else None
+    try:
+        (_, seq), update = wait(landed, timeout=6 * every + STEP_TIMEOUT, interval=0.1)
+    except TimeoutError:
+        raise SystemExit(f"no replica update back to {host} in time; updates seen: "
+                         f"{sorted(sampler.updates)}") from None
+    return {"seq": seq, "kind": update["kind"], "bytes": update["bytes"],
+            "written": sampler.written_between(as_of, update["time"], fenced),
+            "after": update["time"] - since}
+
+
+def move_round(hosts, sampler, vm: dict, every: float) -> dict:
+    """A live move onto the replica's host, once an incremental update
+    landed there; then the first update back to the host it left."""
+    from engine.backups import replicas
+    host, there = vm["host"], other(vm["host"])
+    next_incremental(sampler, there, 6 * every + STEP_TIMEOUT)
+    started = time.time()
+    moved = hosts.cli_json("migrate", VM_NAME, "--to", there, "--yes", timeout=STEP_TIMEOUT)
+    (row,) = moved["vms"]
+    if (moved.get("state"), row.get("host")) != ("done", there):
+        raise SystemExit(f"the move onto {there} ended otherwise: {moved}")
+    vm["host"] = there
+    consumed = (replicas.read(hosts.store, vm["uuid"]) or {}).get("consumed") or {}
+    # the guest's writing loop moved with it: it goes on writing
+    back = update_back(sampler, host, started, consumed.get("time") or started, every)
+    return {"from": host, "to": there, "via_replica": (row.get("via_replica") or {}).get("used"),
+            "disk_bytes": row.get("disk_bytes"), **back}
 
 
 def image_restart(hosts, hypervisors, avoid: str, round_no: int) -> dict:
@@ -413,10 +503,12 @@ def bench(kills: int, every: float, image_rounds: int, seed: int) -> dict:
                     raise SystemExit(f"the sampler failed: {sampler.error}")
             while len(images) < image_rounds:       # more image rounds than kills
                 from_image()
+            move = move_round(hosts, sampler, vm, every)
+            print_move(move)
             sampler.stopping.set()
             sampler.join(10)
             return {"kills": rows, "images": images, "updates": sampler.incrementals(),
-                    "all_updates": dict(sampler.updates)}
+                    "all_updates": dict(sampler.updates), "move": move}
         finally:
             if sampler is not None:
                 sampler.stopping.set()
@@ -430,7 +522,21 @@ def print_kill(row: dict, number: int) -> None:
     print(f"kill {number}: {row['from']} -> {row['to']} at {row['phase']:.1f} s into the "
           f"interval | recovery point {row['point']:.1f} s (replica read just before: "
           f"{before}; to the fence {row['to_fence']:.1f} s) | fenced {row['fenced']:.1f} s, "
-          f"running {row['running']:.1f} s, ready {row['ready']:.1f} s", flush=True)
+          f"running {row['running']:.1f} s, ready {row['ready']:.1f} s | "
+          f"{print_back(row['reverse'])}", flush=True)
+
+
+def print_back(back: dict) -> str:
+    ratio = f"x{back['bytes'] / back['written']:.2f}" if back["written"] else "n/a"
+    return (f"update {back['seq']} back: {back['kind']}, {back['bytes'] / MB:.1f} MB sent for "
+            f"{back['written'] / MB:.1f} MB the guest wrote since its copy's point in time "
+            f"= {ratio}")
+
+
+def print_move(row: dict) -> None:
+    print(f"move {row['from']} -> {row['to']} (onto the replica: {row['via_replica']}, "
+          f"{(row['disk_bytes'] or 0) / MB:.1f} MB of disk crossed) | {print_back(row)}",
+          flush=True)
 
 
 def print_image(row: dict, number: int) -> None:
@@ -504,10 +610,25 @@ def report(result: dict, every: float, seed: int) -> None:
     else:
         print("  bytes per update: no incremental update with the guest's writes around "
               "it was seen: n/a (no target)")
+    backs = [row["reverse"] for row in kills]
+    sent, wrote = sum(b["bytes"] for b in backs), sum(b["written"] for b in backs)
+    worst = max((b["bytes"] / b["written"] for b in backs if b["written"]), default=math.inf)
+    kinds = sorted({b["kind"] for b in backs})
+    print(f"  replica update after an HA restart from the replica: {sent / MB:.1f} MB sent "
+          f"for {wrote / MB:.1f} MB the guest wrote since the replica's last update, over "
+          f"{len(backs)} restart(s) ({', '.join(kinds)}); worst x{worst:.2f} (target <= "
+          f"x{TARGET_BACK}): {'PASS' if worst <= TARGET_BACK else 'MISS'}")
+    move = result["move"]
+    print(f"  replica update after a move onto the replica's host: {move['kind']}, "
+          f"{move['bytes'] / MB:.1f} MB sent for {move['written'] / MB:.1f} MB the guest "
+          f"wrote since the hand-off's update (no target)")
     print("\nreferences (their own documentation)")
     print(f"  Proxmox VE storage replication: every {PROXMOX_MIN_EVERY_S:.0f} s at the "
           f"shortest, so a recovery point up to ~{PROXMOX_MIN_EVERY_S:.0f} s + a transfer; "
           "ZFS only (pve.proxmox.com/wiki/Storage_Replication)")
+    print("  Proxmox VE after a migration: the replication job is switched to run from the "
+          "new node back to the old one, and sends only what changed since their last common "
+          "ZFS snapshot (pve-guest-common, switch_replication_job_target)")
     print("  DRBD protocol C: synchronous, recovery point 0 s, each write waits for the "
           "peer; needs the drbd kernel module (LINBIT DRBD 9 User's Guide, Replication "
           "protocols)")

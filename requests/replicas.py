@@ -3,7 +3,9 @@ restarts from a replica (``automations/ha.py``).
 
 On hosts, from :mod:`engine.hypervisor.data.replicas`: ``replica_store``,
 ``replica_apply``, ``replica_drop`` and ``replica_promote`` (the replica's
-host), ``replica_take`` and ``replica_prune`` (the VM's host),
+host), ``replica_take``, ``replica_take_delta`` and ``replica_prune`` (the VM's
+host), ``replica_base_map`` (the replica's host, from
+:mod:`engine.hypervisor.data.replica_delta`),
 ``replica_discard`` (either); from :mod:`engine.hypervisor.moves.handoff`, a
 migration to the replica's host: ``handoff_take`` (the VM's host) and
 ``handoff_prepare`` (the replica's).
@@ -35,19 +37,23 @@ import time
 
 from engine.backups import replicas as records
 from engine.cluster import read_vms
-from engine.core import api, locks
+from engine.core import api, keys, locks
+from engine.core.values import readable
 from engine.core.handlers import handler
 from engine.core.hosts import live_host_names
 from engine.placement.drains import drained_hosts
 from engine.errors import RequestError
 from engine.hypervisor.moves import handoff
-from engine.hypervisor.data import replicas
+from engine.hypervisor.data import replica_delta, replicas
 from engine.natural import natural_key
 
 MOVING_RECHECK = 2.0     # seconds: a VM a move holds, listed nowhere, is looked at again
+ASIDE_WAIT = 600.0       # seconds after a disown its host may take to put the copy aside
 
 handler("replica_store")(replicas.prepare)
 handler("replica_take")(replicas.take)
+handler("replica_base_map")(replica_delta.base_map)
+handler("replica_take_delta")(replica_delta.take)
 handler("replica_apply")(replicas.apply)
 handler("replica_prune")(replicas.prune)
 handler("replica_discard")(replicas.discard)
@@ -109,13 +115,29 @@ def replica_plan(host, args: dict) -> dict:
         return {"state": "wait", "next": later,
                 "why": "no host to keep its replica: none but its own is up and undrained"
                 + (f" and matches {pattern!r}" if record.get("to") else "")}
-    parent, why_full = None, None
+    if any(_putting_aside(host.store, name, uuid, now) for name in eligible):
+        # its disks will be a base the next update sends only differences from
+        return {"state": "wait", "next": now + MOVING_RECHECK}
+    parent, why_full, base = None, None, None
+    aside = None if replica and replica["host"] in eligible else _kept_aside(host.store,
+                                                                              eligible, uuid)
+    frozen = record.get("kept")
+    if aside is not None:
+        eligible.remove(aside["host"])
+        eligible.insert(0, aside["host"])
+        base = {"kind": "aside", "id": aside["id"],
+                "what": f"the disks kept aside on {aside['host']}"}
+    elif not replica and frozen and frozen.get("host") in eligible:
+        eligible.remove(frozen["host"])
+        eligible.insert(0, frozen["host"])
+        base = {"kind": "kept", "what": f"the disk a move left on {frozen['host']}"}
     if replica and replica["host"] in eligible:
         eligible.remove(replica["host"])
         eligible.insert(0, replica["host"])
         parent = {"id": records.replica_id(uuid, replica["seq"]),
                   "checkpoint": replica.get("checkpoint"), "time": replica.get("time"),
                   "what": f"replica update {replica['seq']}"}
+        base = {"kind": "replica", "what": f"replica update {replica['seq']}"}
     elif replica:
         why = "down" if replica["host"] not in alive else "drained" \
             if replica["host"] in drained else "the VM's own host now" \
@@ -129,8 +151,27 @@ def replica_plan(host, args: dict) -> dict:
     seq = int(record.get("seq") or 0) + 1
     return {"state": "update", "vm": {k: vm[k] for k in ("name", "uuid", "host", "state")},
             "seq": seq, "candidates": eligible, "parent": parent, "why_full": why_full,
+            "base": base,
             "expect": {"host": replica["host"], "seq": replica["seq"]} if replica else None,
-            "old": replica["host"] if replica and replica["host"] != eligible[0] else None}
+            "old": replica["host"] if replica and replica["host"] != eligible[0] else None,
+            "frozen_on": frozen["host"] if frozen and frozen.get("host") != eligible[0]
+            else None}
+
+
+def _putting_aside(store, name: str, uuid: str, now: float) -> bool:
+    """``name`` runs or is about to put aside a stale copy of the VM (a
+    fresh disowned mark): its disks are about to become a base."""
+    mark = readable(store.get(keys.disowned(name, uuid)))
+    return isinstance(mark, dict) and now - float(mark.get("time") or 0) < ASIDE_WAIT
+
+
+def _kept_aside(store, hosts: list[str], uuid: str) -> dict | None:
+    """The newest disks of the VM kept aside on one of ``hosts``."""
+    found = [record for name in hosts
+             for record in (readable(kv) for kv in store.range(keys.aside(name))[0])
+             if isinstance(record, dict) and record.get("uuid") == uuid
+             and record.get("host") == name]
+    return max(found, key=lambda r: float(r.get("time") or 0), default=None)
 
 
 def _owned(store, args: dict, edit):

@@ -32,7 +32,12 @@ VERDICTS = {"recovery point": re.compile(r"^  recovery point: median [0-9.]+ s, 
                                          r"(PASS|MISS)$", re.M),
             "restart": re.compile(r"^  restart from a replica: [0-9.]+ s vs from the image "
                                   r"[0-9.]+ s, .*\(target <= x1\.5\): (PASS|MISS)$", re.M),
-            "bytes per update": re.compile(r"^  bytes per update: .* = x[0-9.]+ ", re.M)}
+            "bytes per update": re.compile(r"^  bytes per update: .* = x[0-9.]+ ", re.M),
+            "update back": re.compile(r"^  replica update after an HA restart from the replica: "
+                                      r"[0-9.]+ MB sent for [0-9.]+ MB .*\(target <= x1\.1\): "
+                                      r"(PASS|MISS)$", re.M),
+            "after a move": re.compile(r"^  replica update after a move onto the replica's "
+                                       r"host: (delta|full|incremental), [0-9.]+ MB sent", re.M)}
 WORK = "peerctl-brep-"           # the benchmark's work directories, under /var/tmp
 
 

@@ -262,3 +262,44 @@ def test_a_vm_a_move_holds_while_listed_nowhere_is_not_taken_for_gone(store):
     assert waiting["state"] == "wait" and waiting["next"] - time.time() < 60, waiting
     store.put(keys.status(mover), {"state": "done"})
     assert plan(on_h2, {"uuid": uuid, "owner": replicator})["state"] == "stop"
+
+
+def test_the_update_after_a_failover_or_a_move_starts_from_the_copy_a_host_keeps(
+        cluster, store, tmp_path):
+    """With no replica left (it became the VM's disks), the plan offers the
+    copy another host keeps as the base of a delta, and puts that host
+    first: the disks its stale copy left aside, or the disk a move froze
+    there; while a host's stale copy is still being put aside, it waits."""
+    start_hosts(cluster, store, tmp_path, ["h1", "h2", "h3"])
+    uuid = boot(cluster, ["db1"], "h1")["db1"]
+    plan = load_request_handlers()["replica_plan"]
+    owner = "20260101-000000-cccccc"
+    store.put(keys.replica(uuid), {"uuid": uuid, "vm": "db1", "every": 3600.0,
+                                   "automation": owner, "seq": 4, "replica": None,
+                                   "consumed": {"host": "h1", "seq": 4, "time": 1.0}})
+    on_h1 = SimpleNamespace(store=store, host="h1")
+
+    def planned():
+        return plan(on_h1, {"uuid": uuid, "owner": owner})
+    first = planned()
+    assert (first["state"], first["candidates"], first["base"]) == \
+        ("update", ["h2", "h3"], None), first
+
+    store.put(keys.aside("h3", f"{uuid}-7"), {
+        "uuid": uuid, "host": "h3", "name": "db1", "id": f"{uuid}-7", "time": 7.0,
+        "volumes": [{"name": f"aside-{uuid}-7.qcow2", "path": "/x", "bytes": 1}]})
+    aside = planned()
+    assert aside["candidates"] == ["h3", "h2"] and aside["base"]["kind"] == "aside", aside
+    assert aside["base"]["id"] == f"{uuid}-7" and aside["parent"] is None
+
+    store.put(keys.disowned("h2", uuid), {"uuid": uuid, "host": "h2", "time": time.time()})
+    assert planned()["state"] == "wait", "h2's stale copy is about to go aside"
+    store.delete(keys.disowned("h2", uuid))
+
+    store.delete(keys.aside("h3", f"{uuid}-7"))
+    record = replicas.read(store, uuid)
+    store.put(keys.replica(uuid), {**record, "kept": {
+        "host": "h3", "seq": 4, "disks": [{"dev": "vda", "volume": "bk-x-vda.kept.qcow2"}]}})
+    kept = planned()
+    assert kept["candidates"] == ["h3", "h2"] and kept["base"]["kind"] == "kept", kept
+    assert kept["frozen_on"] is None

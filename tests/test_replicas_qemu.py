@@ -180,9 +180,13 @@ def test_a_live_move_to_the_replicas_host_copies_only_what_changed_since(kvm, st
     assert kvm.where(uuid) == {"host2": "running"}
     consumed = replicas.read(store, uuid)["consumed"]
     assert consumed["host"] == "host2" and consumed["seq"] == via["seq"], consumed
-    # replication goes on, the other way
-    wait_until(lambda: replica(store, uuid), lambda r: r and r["host"] == "host1",
-               timeout=90, interval=0.2, what="a new replica on host1")
+    # replication goes on, the other way, from the disk the move froze on host1
+    back = wait_until(lambda: replica(store, uuid),
+                      lambda r: r and r["host"] == "host1" and not r["pending"],
+                      timeout=90, interval=0.2, what="a new replica on host1")
+    print(f"the update back to host1: {back['kind']}, {back['bytes'] / MiB:.2f} MiB ({back['reason']})")
+    assert back["kind"] == "delta" and back["bytes"] < 2 * MiB, back
+    assert sorted(volume_paths(kvm, "host1", "bk-")) == [d["volume"] for d in back["disks"]]
     kvm.cluster.cli_json("replicate", "db", "--stop")
     kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
 
@@ -250,5 +254,160 @@ def test_a_host_cut_from_the_rack_is_fenced_and_its_guest_comes_back_from_its_re
     wait_for(lambda: "host1" in api.live_hosts(store), timeout=90, what="host1 back")
     wait_for(lambda: kvm.where(uuid) == {"host2": "running"}, timeout=60, interval=0.5,
              what="host1's stale copy set aside, one copy left")
+    kvm.cluster.cli_json("replicate", "db", "--stop")
+    kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
+
+
+# -- reverse replication: after an HA restart, only the differing blocks go back -----------
+
+def volume_paths(kvm, host, prefix) -> dict:
+    """name -> path of ``host``'s pool volumes whose name starts with ``prefix``."""
+    conn = libvirt.open(kvm.uri[host])
+    try:
+        pool = conn.storagePoolLookupByName(f"peerctl-{host}")
+        pool.refresh(0)
+        return {v.name(): v.path() for v in pool.listAllVolumes(0)
+                if v.name().startswith(prefix)}
+    finally:
+        conn.close()
+
+
+def disk_sum(kvm, host, uuid) -> str:
+    """The MD5 of the whole disk as the guest reads it (QEMU's view, which
+    the image file may lag behind)."""
+    out = kvm.shell(host, uuid, "echo SUM-$((0)):$(md5sum /dev/vda | cut -c1-32)", timeout=600)
+    for line in out.splitlines():
+        if "SUM-0:" in line:
+            return line.split("SUM-0:", 1)[1].strip()
+    raise AssertionError(f"the guest printed no SUM line: {out!r}")
+
+
+def failed_over_with_writes(kvm, store, name):
+    """A replicated HA guest that wrote 4 MiB on host1 after its last
+    update, then was restarted on host2 and wrote 5 MiB there; host1 back,
+    its stale copy aside.  ``(uuid, last update before the kill)``."""
+    vm = kvm.boot(name, "--ha", "restart")
+    uuid = vm["uuid"]
+    kvm.shell("host1", uuid, "dd if=/dev/urandom of=/dev/vda bs=1M seek=600 count=20 "
+                             "2>/dev/null; sync")
+    write_marker(kvm, "host1", uuid, SECTOR_A, "MARKER-A")
+    wrote = time.time()
+    kvm.cluster.cli_json("replicate", name, "--every", "10s")
+    kept = updated_after(store, uuid, wrote)
+    kvm.shell("host1", uuid, "dd if=/dev/urandom of=/dev/vda bs=1M seek=700 count=4 "
+                             "2>/dev/null; sync")
+    kvm.cluster.kill("host1")
+    restarted_on_host2(kvm, name, uuid)
+    write_marker(kvm, "host2", uuid, SECTOR_B, "MARKER-C")
+    kvm.shell("host2", uuid, "dd if=/dev/urandom of=/dev/vda bs=1M seek=800 count=5 "
+                             "2>/dev/null; sync")
+    return uuid, kept
+
+
+def reversed_replica(store, uuid, timeout=120):
+    return wait_until(lambda: replica(store, uuid),
+                      lambda r: r and r["host"] == "host1" and not r["pending"],
+                      timeout=timeout, interval=0.2, what="a replica back on host1")
+
+
+def test_after_an_ha_restart_the_replica_goes_back_with_only_the_blocks_that_differ(
+        ha_kvm, store):
+    """host1 dies with writes its replica never got; the guest runs on host2
+    from the replica and writes more; host1 returns and keeps its stale disk
+    aside.  The next update to host1 sends only the blocks that differ from
+    that disk (what host2 wrote, and what host1 wrote after the last update,
+    which must be undone), about 10 MiB of a 1 GiB disk holding 50 MiB; the
+    replica it builds equals host2's disk, and the guest restarted from it on
+    host1 has the data of both sides."""
+    kvm = ha_kvm
+    uuid, kept = failed_over_with_writes(kvm, store, "db")
+    kvm.start_peer("host1")
+    back = reversed_replica(store, uuid)
+    assert back["kind"] == "delta", back
+    written = (4 + 5 + 1) * MiB            # host1's lost writes, host2's, the marker's block
+    print(f"\nreverse update: {back['bytes'] / MiB:.2f} MiB sent for {written / MiB:.0f} MiB "
+          f"written since the replica's last update ({kept['bytes'] / MiB:.1f} MiB then)")
+    assert back["bytes"] <= 1.1 * written, back
+    assert not back["pending"]
+    (disk,) = back["disks"]
+    on_host2 = disk_sum(kvm, "host2", uuid)     # the guest writes nothing more
+    asides = kvm.cluster.cli_json("aside", "list", "host1")
+    assert [a["uuid"] for a in asides] == [uuid], "the disks kept aside stay untouched"
+    assert not volume_paths(kvm, "host2", "backup-"), "scratch left on the source"
+    assert sorted(volume_paths(kvm, "host1", "bk-")) == [disk["volume"]] or \
+        replica(store, uuid)["seq"] > back["seq"], "volumes the record does not name"
+
+    kvm.cluster.kill("host2")           # and back again: host1 restarts it from there
+    wait_for(lambda: kvm.where(uuid).get("host1") == "running", timeout=120, interval=0.5,
+             what="the guest running on host1 again")
+    assert qemu_guest.wait_for_console(kvm.console("host1", uuid), qemu_guest.READY_MARKER,
+                                       BOOT_TIMEOUT)
+    assert read_marker(kvm, "host1", uuid, SECTOR_A) == "MARKER-A"
+    assert read_marker(kvm, "host1", uuid, SECTOR_B) == "MARKER-C"
+    assert disk_sum(kvm, "host1", uuid) == on_host2, "the promoted replica is not the disk"
+    kvm.start_peer("host2")
+    kvm.cluster.cli_json("replicate", "db", "--stop")
+    kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
+
+
+def restart_whoever_died(kvm, pid):
+    """Start again the peer (host or member) whose process ``pid`` was."""
+    from tests.support.ha_kvm import start_member
+    (name,) = [n for n, p in kvm.cluster.peers.items() if p.pid == pid]
+    kvm.cluster.peers[name].wait(30)
+    if name in ("host1", "host2"):
+        kvm.start_peer(name)
+    else:
+        start_member(kvm, name)
+    return name
+
+
+def test_the_source_the_target_and_the_initiator_killed_mid_update_back_lose_nothing(
+        ha_kvm, store):
+    """The update back to host1 after a failover: the source's peer dies
+    with the delta built, not sent; the initiator dies as it asks host1 to
+    apply it; host1's peer dies with the base copied, not yet written.  Each
+    is started again: the update completes once, as a delta, the disks kept
+    aside are intact, nothing is left on either host that no record names,
+    and the guest restarted from the replica has every marker."""
+    kvm = ha_kvm
+    uuid, _kept = failed_over_with_writes(kvm, store, "db")
+    kvm.cluster.cli_json("ha", "db", "none")        # host2's peer may die: no fencing
+    aside_before = None
+    points = ["delta built", "append replica_apply", "delta base copied"]
+    failpoints.arm(str(kvm.armed), points)
+    kvm.start_peer("host1")
+    restarted = []
+    while len(restarted) < len(points):
+        wait_for(lambda: len(failpoints.fired(str(kvm.armed))) > len(restarted), timeout=180,
+                 what=f"the kill at {points[len(restarted)]!r}")
+        point, pid, _when = failpoints.fired(str(kvm.armed))[len(restarted)]
+        if aside_before is None:
+            aside_before = sorted(volume_paths(kvm, "host1", "aside-"))
+        restarted.append((point, restart_whoever_died(kvm, int(pid))))
+    print(f"\nkilled and restarted: {restarted}")
+    assert [p for p, _ in restarted] == points
+    assert restarted[0][1] == "host2" and restarted[2][1] == "host1", restarted
+    back = reversed_replica(store, uuid, timeout=180)
+    assert back["kind"] == "delta", back
+    assert back["bytes"] <= 1.1 * (4 + 5 + 1) * MiB, back
+    on_host2 = disk_sum(kvm, "host2", uuid)
+    assert sorted(volume_paths(kvm, "host1", "aside-")) == aside_before, "the aside changed"
+    wait_for(lambda: not volume_paths(kvm, "host2", "backup-"), timeout=30,
+             what="no scratch left on the source")
+    now = replica(store, uuid)
+    assert sorted(volume_paths(kvm, "host1", "bk-")) == sorted(
+        d["volume"] for d in now["disks"]), "volumes on host1 that the record does not name"
+
+    kvm.cluster.cli_json("ha", "db", "restart")
+    kvm.cluster.kill("host2")
+    wait_for(lambda: kvm.where(uuid).get("host1") == "running", timeout=120, interval=0.5,
+             what="the guest running on host1 from the replica")
+    assert qemu_guest.wait_for_console(kvm.console("host1", uuid), qemu_guest.READY_MARKER,
+                                       BOOT_TIMEOUT)
+    assert read_marker(kvm, "host1", uuid, SECTOR_A) == "MARKER-A"
+    assert read_marker(kvm, "host1", uuid, SECTOR_B) == "MARKER-C"
+    assert disk_sum(kvm, "host1", uuid) == on_host2
+    kvm.start_peer("host2")
     kvm.cluster.cli_json("replicate", "db", "--stop")
     kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)

@@ -16,7 +16,8 @@ names its backup id:
 - on a target: volumes ``bk-<id>-*`` of the backup pool with no record;
 - replicas (:mod:`engine.hypervisor.data.replicas`): their checkpoints are
   spared while a ``replicas/`` record names them; volumes ``bk-replica*``
-  of the image pool that no record names on this host (a replica this host
+  of the image pool that no record names on this host (as its replica or
+  as the disk a move onto the replica ``kept``) (a replica this host
   kept before it died and another host took over, an update cut short)
   are deleted;
 - restores (:mod:`engine.hypervisor.data.restore_exports`): the NBD exports
@@ -98,6 +99,9 @@ def sweep_backups(store, host) -> list[str]:
     replica_volumes = {d["volume"] for r in replicated
                        if (r.get("replica") or {}).get("host") == host.host
                        for d in [*r["replica"]["disks"], *(r["replica"].get("pending") or [])]}
+    replica_volumes |= {d["volume"] for r in replicated        # a hand-off's frozen disk
+                        if (r.get("kept") or {}).get("host") == host.host
+                        for d in r["kept"]["disks"]}
     removed = list(exports)
     for dom in domains:
         removed += _abort_stray_job(dom, running)

@@ -8,7 +8,10 @@ checkpoint ``peerctl-<id>`` is where the next update starts from.
 
 On the replica's host (:func:`apply`): the arrived volumes are read back
 and checksummed first.  A full update's volumes *are* the new replica; an
-incremental's are written into the replica's disks.  Whole at every
+incremental's are written into the replica's disks; a delta's (only the
+blocks that differ from a copy this host keeps,
+:mod:`engine.hypervisor.data.replica_delta`) are applied to a copy of that
+base, checked, and the copy is the new replica.  Whole at every
 instant, because the record in etcd (``replicas/<uuid>``, written here) is
 moved on only once the arrived data is complete, and names it:
 
@@ -44,7 +47,7 @@ from engine.core import failpoints, keys
 from engine.core.store import absent, exists
 from engine.errors import RequestError
 from engine.backups import replicas as records
-from engine.hypervisor.data import backups
+from engine.hypervisor.data import backups, replica_delta
 from engine.hypervisor.storage import images, qcow2
 from engine.hypervisor.storage.checksum import ContentHash
 from engine.hypervisor.domain.domain_xml import volume_xml
@@ -92,9 +95,12 @@ def prepare(host, args: dict) -> dict:
 
 def take(host, args: dict) -> dict:
     """On the VM's host: ``{uuid, name, seq, store, parent: {id, checkpoint,
-    time, what} | None, why_full}`` -> what :func:`backups.take` answers, or
-    ``{unchanged: true}`` for a shut-off VM whose disks were not written
-    since the replica's time (a shut-off VM's update is a whole copy)."""
+    time, what} | None, why_full, base}`` -> what :func:`backups.take`
+    answers, or ``{unchanged: true}`` for a shut-off VM whose disks were not
+    written since the replica's time (a shut-off VM's update is a whole
+    copy), or, with ``base`` (the replica's host keeps a copy) when the
+    update cannot be incremental, ``{wants_base: why}`` with nothing taken:
+    a delta update (:mod:`engine.hypervisor.data.replica_delta`) sends less."""
     uuid = uuid_arg(args)
     update = _update_id(args, uuid)
     parent = args.get("parent")
@@ -107,6 +113,11 @@ def take(host, args: dict) -> dict:
         written = max((os.stat(d["path"]).st_mtime for d in disks), default=0)
         if written < float(parent.get("time") or 0):
             return {"unchanged": True}
+    if args.get("base") and vm_state(dom) in ACTIVE and not backups.is_test(host.conn):
+        disks = disks_of(host.conn, ET.fromstring(dom.XMLDesc(0)))
+        why = backups._why_full(dom, backups._old_disks(host, disks), args)
+        if why:
+            return {"wants_base": why}
     return backups.take(host, {**args, "id": update})
 
 
@@ -145,8 +156,9 @@ def _verify(host, pool, update: str, disks: list[dict]) -> None:
 
 
 def apply(host, args: dict) -> dict:
-    """``{uuid, seq, source, expect: {host, seq} | None, taken}`` -> the
-    record's new ``replica``.  Refused (the arrived volumes deleted) when
+    """``{uuid, seq, source, expect: {host, seq} | None, taken, base}`` ->
+    the record's new ``replica`` (``base``: for a delta update, ``{dev:
+    volume}`` the delta applies to, copied).  Refused (the arrived volumes deleted) when
     the record moved on meanwhile, the replication stopped, or the source
     is no longer a live host that owns the VM."""
     uuid = uuid_arg(args)
@@ -163,6 +175,8 @@ def apply(host, args: dict) -> dict:
         if current and current.get("host") == host.host and current.get("seq") == args["seq"]:
             return _finish(host, pool, uuid, current)       # recorded already: a re-sent step
         _verify(host, pool, update, disks)
+        if taken.get("kind") == "delta":
+            disks = replica_delta.build(host, pool, update, disks, args.get("base"))
         incremental = taken.get("kind") == "incremental"
         if incremental and not (current and current.get("host") == host.host):
             backups._delete_volumes(pool, f"bk-{update}-")
@@ -178,6 +192,10 @@ def apply(host, args: dict) -> dict:
             bases = arrived
             old = current["disks"] if current and current.get("host") == host.host else []
             pending = [{**d, "drop": True} for d in old]
+        kept = (record or {}).get("kept")
+        if kept and kept.get("host") == host.host and kept.get("seq") != args["seq"]:
+            # a hand-off's frozen files: done with them
+            pending += [{**d, "drop": True} for d in kept["disks"]]
         replica = {"host": host.host, "seq": args["seq"], "time": taken.get("time"),
                    "checkpoint": taken.get("checkpoint"), "pool": pool.name(),
                    "kind": taken.get("kind"), "bytes": taken.get("bytes"), "disks": bases,
@@ -192,7 +210,9 @@ def apply(host, args: dict) -> dict:
             seen = {"host": now["host"], "seq": now["seq"]} if now else None
             if seen != expect:
                 return "moved on", None, [], []
-            return "recorded", {**known, "replica": replica,
+            frozen = known.get("kept")      # a hand-off's own update keeps its frozen disk
+            frozen = frozen if frozen and frozen.get("seq") == args["seq"] else None
+            return "recorded", {**known, "replica": replica, "kept": frozen,
                                 "seq": max(int(known.get("seq") or 0), args["seq"])}, \
                 [exists(keys.host(source)), absent(keys.disowned(source, uuid))], []
         outcome = records.change(host.store, uuid, edit)
@@ -259,10 +279,13 @@ def discard(host, args: dict) -> dict:
 
 
 def _named_here(host, uuid: str) -> set[str]:
-    replica = (records.read(host.store, uuid) or {}).get("replica")
+    record = records.read(host.store, uuid) or {}
+    replica, kept = record.get("replica"), record.get("kept")
+    named = {d["volume"] for d in kept["disks"]} \
+        if kept and kept.get("host") == host.host else set()
     if not replica or replica.get("host") != host.host:
-        return set()
-    return {d["volume"] for d in replica["disks"]} \
+        return named
+    return named | {d["volume"] for d in replica["disks"]} \
         | {d["volume"] for d in replica.get("pending") or []}
 
 

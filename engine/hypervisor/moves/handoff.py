@@ -21,6 +21,10 @@ that true with the replica:
 3. the usual migration (``move_migrate``) with ``incremental``: only the
    top image, the writes since step 1, crosses.
 
+The frozen file keeps a second name on the source (``kept`` in the
+replication record): the first replica update back to that host sends only
+the blocks that differ from it.
+
 Anything that fails before the migration leaves the VM running on its
 host (its disk is then two files, a valid chain; a later migration copies
 it whole); the migration automation falls back to a whole copy.
@@ -119,6 +123,7 @@ def take(host, args: dict) -> dict:
         for disk in disks:
             qcow2.detach_backing(images.lookup(pool, backups.scratch_name(update,
                                                                           disk["dev"])).path())
+        _keep_frozen(host, pool, uuid, seq, disks, directory)
     try:
         copied = backups._send(host, disks, update, pool, store)
     finally:
@@ -130,6 +135,37 @@ def take(host, args: dict) -> dict:
             "time": started, "bytes": sum(d["bytes"] for d in copied), "disks": copied,
             "paused_ms": paused_ms,
             "tops": {d["dev"]: top_name(uuid, d["dev"], seq) for d in disks}}
+
+
+def kept_name(uuid: str, seq: int, dev: str) -> str:
+    """The second name a hand-off gives a frozen disk file on the source: a
+    replica volume's (swept with the VM's replica volumes)."""
+    return f"bk-{records.replica_id(uuid, seq)}-{dev}.kept.qcow2"
+
+
+def _keep_frozen(host, pool, uuid: str, seq: int, disks: list[dict], directory: str) -> None:
+    """The frozen files (the replica's content once this update is applied)
+    outlive the move under a second name (a hard link: nothing copied), and
+    the record says so (``kept``): the first update back to this host sends
+    only the blocks that differ from them (:mod:`engine.hypervisor.data.replica_delta`)."""
+    kept = []
+    for disk in disks:
+        name = kept_name(uuid, seq, disk["dev"])
+        path = os.path.join(directory, name)
+        if not os.path.exists(path):
+            try:
+                os.link(disk["path"], path)
+            except OSError as exc:
+                log.warning("handoff_not_kept", uuid=uuid, why=str(exc))
+                return
+        kept.append({"dev": disk["dev"], "volume": name})
+    pool.refresh(0)
+
+    def edit(known):
+        if known is None:
+            return None, None, [], []
+        return None, {**known, "kept": {"host": host.host, "seq": seq, "disks": kept}}, [], []
+    records.change(host.store, uuid, edit)
 
 
 def prepare(host, args: dict) -> dict:
