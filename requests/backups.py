@@ -1,10 +1,11 @@
 """The requests of backups and restores (see ``automations/backups.py``).
 
-On hosts, from :mod:`engine.hypervisor.data.backups` and
+On hosts, from :mod:`engine.hypervisor.data.backups`,
+:mod:`engine.hypervisor.data.backup_pull` (pull-mode backups) and
 :mod:`engine.hypervisor.data.restores`: ``backup_store``, ``backup_verify`` and
-``backup_delete`` (the target), ``backup_take`` and ``backup_prune`` (the
-VM's host), ``backup_discard`` (either), ``restore_disks`` (the host the
-restored VM runs on).
+``backup_delete`` (the target), ``backup_take``, ``backup_finish`` and
+``backup_prune`` (the VM's host), ``backup_discard`` (either),
+``restore_disks`` (the host the restored VM runs on).
 
 Run by the initiator (no target), reading etcd:
 
@@ -31,13 +32,14 @@ from engine.placement.drains import drained_hosts
 from engine.errors import Conflict, Failed, RequestError
 from engine.backups import records
 from engine.backups.records import recorded
-from engine.hypervisor.data import backups, restores
+from engine.hypervisor.data import backup_pull, backups, restores
 from engine.hypervisor.host.reachability import reached_at
 from engine.natural import natural_key
 
-handler("backup_store")(backups.prepare_store)
-handler("backup_take")(backups.take)
-handler("backup_verify")(backups.verify)
+handler("backup_store")(backup_pull.prepare_store)
+handler("backup_take")(backup_pull.take)
+handler("backup_verify")(backup_pull.verify)
+handler("backup_finish")(backup_pull.finish)
 handler("backup_prune")(backups.prune)
 handler("backup_discard")(backups.discard)
 handler("backup_delete")(backups.delete)

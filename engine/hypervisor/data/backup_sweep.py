@@ -8,7 +8,8 @@ perhaps a backup job still running in libvirtd; a target whose peer was
 down keeps a partial volume.  Each is swept once no running automation
 names its backup id:
 
-- on the VM's host: backup jobs of peerctl's scratch volumes are aborted,
+- on the VM's host: backup jobs of peerctl's scratch volumes (a push job's
+  target, a pull job's scratch: a pull job nobody finished) are aborted,
   scratch volumes ``backup-<id>-*`` deleted, and checkpoints ``peerctl-<id>``
   that no backup record names deleted (libvirt merges their bitmaps into
   their neighbours', so the recorded checkpoints still count every block
@@ -127,8 +128,8 @@ def _abort_stray_job(dom, running) -> list[str]:
         xml = dom.backupGetXMLDesc(0)
     except libvirt.libvirtError:
         return []           # no backup job
-    for target in ET.fromstring(xml).iter("target"):
-        path = target.get("file") or ""
+    for target in [*ET.fromstring(xml).iter("target"), *ET.fromstring(xml).iter("scratch")]:
+        path = target.get("file") or ""      # a push job's target, a pull job's scratch
         base = path.rsplit("/", 1)[-1]
         if base.startswith(SCRATCH) and _id_of(base, SCRATCH) not in running:
             try:

@@ -253,7 +253,7 @@ def _job_running(dom) -> bool:
 
 def _our_job(dom, backup_id: str) -> bool:
     try:
-        return scratch_name(backup_id, "") in dom.backupGetXMLDesc(0)
+        return f"{SCRATCH}{backup_id}-" in dom.backupGetXMLDesc(0)   # its scratch files
     except libvirt.libvirtError:
         return False
 

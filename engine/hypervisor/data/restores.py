@@ -6,8 +6,11 @@ For each disk, the chain's full backup is copied from its target's pool
 into this host's pool as the VM's disk (``<uuid>.qcow2``), then each
 incremental, oldest first, into a temporary volume whose clusters are
 written into the disk (:func:`engine.hypervisor.storage.qcow2.apply_increment`)
-before it is deleted.  Every copy is checksummed as it arrives and checked
-against the backup's record before anything is built on it: a damaged or
+before it is deleted.  Every copy is checksummed as it arrives (a pulled
+backup, whose record has the checksum of its content rather than of its
+file, ``checksum_of: content``: its copy's content, read through
+``qemu-nbd``) and checked against the backup's record before anything is
+built on it: a damaged or
 missing backup leaves no volume behind and says which one.
 
 It is idempotent by VM uuid: run again, it deletes what an earlier run
@@ -24,6 +27,8 @@ from engine.hypervisor.storage import images, qcow2
 from engine.hypervisor.data.backups import Ticker, is_test
 from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label, vm_lock
 from engine.hypervisor.storage.volcopy import copy_volume, physical_size
+from engine.hypervisor.storage.nbdpull import content_checksum
+from engine.hypervisor.data.backup_pull import CONTENT
 
 __all__ = ["restore_disks", "disk_volume_name"]
 
@@ -121,6 +126,9 @@ def _rebuild(host, pool, uuid: str, chain: list[dict]) -> dict:
                                               pool, name, ticker, steps.abort_requested)
                 ticker.next(physical_size(vol))
                 sent += count
+                if disk.get("checksum_of") == CONTENT:      # a pulled backup: its content's
+                    checksum = content_checksum(images.lookup(pool, name).path(),
+                                                stop=steps.abort_requested)[0]
                 if checksum != disk["checksum"]:
                     raise RequestError(f"backup {link['id']}: disk {dev} on {link['host']} "
                                        f"does not match its checksum: it is damaged; nothing "

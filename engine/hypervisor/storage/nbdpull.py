@@ -1,0 +1,230 @@
+"""One disk of a pull-mode backup, copied from its NBD export into a qcow2
+file of this host, checksummed as it passes: the data is read once, over
+the network, and written once.
+
+:func:`pull` connects to the export (``(address, port)``, export name) a
+libvirt pull-mode backup job serves on the VM's host, and serves the
+destination file itself with a ``qemu-nbd`` of its own on a UNIX socket
+(QEMU writes the qcow2 format; no other tool is needed).  It asks the
+export's block status first, then copies:
+
+- a **full** backup (no ``bitmap``): every extent that is not known zero
+  (``base:allocation``); zeros and holes are not sent, and the fresh
+  destination reads them as zeros;
+- an **incremental** one (``bitmap``: the export's
+  ``qemu:dirty-bitmap:NAME``): only the dirty extents, their zeros written
+  as zeros (``NBD_CMD_WRITE_ZEROES``: the qcow2 file marks them, no data
+  crosses); what is clean stays unallocated, so that the increment holds
+  exactly the changed clusters (:func:`engine.hypervisor.storage.qcow2.apply_increment`).
+
+The checksum (:class:`~engine.hypervisor.storage.checksum.ContentHash`) is
+of the destination's *content* as a reader of its virtual disk sees it
+(what ``qemu-img convert -O raw`` of it gives: what was skipped reads as
+zeros): read data is hashed as it is written, what was skipped or zeroed
+counts as holes.  :func:`content_checksum` computes the same value from a
+qcow2 file, by reading its data extents, for whoever must check the file
+later (a restore).
+
+Writes are flushed (``NBD_CMD_FLUSH``: durable) before :func:`pull`
+returns.  A pull that fails or is stopped leaves the file as it was
+written so far: its caller deletes it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import deque
+
+from engine.errors import RequestError
+from engine.hypervisor.storage import nbd
+from engine.hypervisor.storage.checksum import ContentHash
+
+__all__ = ["pull", "content_checksum", "dirty_context", "Interrupted"]
+
+CHUNK = 4 << 20             # bytes per read request
+DEPTH = 4                   # read requests in flight
+START_TIMEOUT = 30.0
+EXIT_TIMEOUT = 60.0
+
+
+class Interrupted(RequestError):
+    """The pull was asked to stop (an abort)."""
+
+
+def dirty_context(bitmap: str) -> str:
+    return f"qemu:dirty-bitmap:{bitmap}"
+
+
+@contextlib.contextmanager
+def served(path: str, fmt: str = "qcow2", read_only: bool = False):
+    """A ``qemu-nbd`` serving ``path`` on a UNIX socket of its own, for one
+    client; yields the socket's path; the server is gone after."""
+    directory = tempfile.mkdtemp(prefix="peerctl-nbd-")
+    socket_path = os.path.join(directory, "s")
+    # setpriv: SIGKILLed when the peer's thread that started it dies (no
+    # preexec_fn: a fork of the threaded peer must exec at once)
+    command = ["setpriv", "--pdeathsig", "KILL", "qemu-nbd", "-f", fmt, "--cache=writeback", "--aio=threads", "-k", socket_path,
+               *(["-r"] if read_only else []), path]
+    try:
+        server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE)
+    except OSError as exc:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise RequestError(f"qemu-nbd: {exc}") from None
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not os.path.exists(socket_path):
+            if server.poll() is not None or time.monotonic() > deadline:
+                why = server.stderr.read().decode(errors="replace").strip().splitlines()
+                raise RequestError(f"qemu-nbd could not serve {path}: "
+                                   f"{why[-1] if why else 'it did not start'}")
+            time.sleep(0.002)
+        yield socket_path
+        try:
+            server.wait(EXIT_TIMEOUT)       # it ends when its one client leaves
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        server.stderr.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _plan(source: nbd.Client, bitmap: str | None):
+    """``[(offset, length, what)]`` over the whole disk, in order; what:
+    ``data`` (read and write), ``zero`` (write zeros), ``skip``."""
+    allocation = source.extents(nbd.ALLOCATION, 0, source.size)
+    if bitmap is None:
+        return [(offset, length, "skip" if flags & nbd.STATE_ZERO else "data")
+                for offset, length, flags in allocation]
+    dirty = source.extents(dirty_context(bitmap), 0, source.size)
+    plan, i, j, at = [], 0, 0, 0
+    while i < len(allocation) and j < len(dirty):
+        a_off, a_len, a_flags = allocation[i]
+        d_off, d_len, d_flags = dirty[j]
+        end = min(a_off + a_len, d_off + d_len)
+        if not d_flags & nbd.STATE_DIRTY:
+            what = "skip"
+        else:
+            what = "zero" if a_flags & nbd.STATE_ZERO else "data"
+        if plan and plan[-1][2] == what and plan[-1][0] + plan[-1][1] == at:
+            plan[-1] = (plan[-1][0], plan[-1][1] + end - at, what)
+        else:
+            plan.append((at, end - at, what))
+        at = end
+        if end == a_off + a_len:
+            i += 1
+        if end == d_off + d_len:
+            j += 1
+    return plan
+
+
+def _chunks(plan):
+    for offset, length, what in plan:
+        if what != "data":
+            yield offset, length, what
+            continue
+        for at in range(offset, offset + length, CHUNK):
+            yield at, min(CHUNK, offset + length - at), what
+
+
+def pull(address, export: str, bitmap: str | None, destination: str,
+         tick=lambda done, total: None, stop=lambda: False) -> tuple[int, str]:
+    """Export ``export`` at ``address`` into the qcow2 file ``destination``
+    (made already, of the export's size).  ``(bytes of data sent, checksum)``."""
+    contexts = (nbd.ALLOCATION,) + ((dirty_context(bitmap),) if bitmap else ())
+    try:
+        source = nbd.connect(address, export, contexts)
+    except nbd.NbdError as exc:
+        raise RequestError(f"backup export {export!r}: {exc}") from None
+    try:
+        with served(destination) as socket_path:
+            target = nbd.connect(socket_path)
+            try:
+                if target.size < source.size:
+                    raise RequestError(f"{destination} holds {target.size} bytes, the "
+                                       f"export {source.size}")
+                sent, checksum = _copy(source, target, bitmap, tick, stop)
+                target.flush()
+            finally:
+                target.close()
+    except nbd.NbdError as exc:
+        raise RequestError(f"backup export {export!r}: {exc}") from None
+    finally:
+        source.close()
+    return sent, checksum
+
+
+def _copy(source, target, bitmap, tick, stop) -> tuple[int, str]:
+    plan = _plan(source, bitmap)
+    total = sum(length for _, length, what in plan if what == "data")
+    hasher, done = ContentHash(), 0
+    buffers = [bytearray(CHUNK) for _ in range(DEPTH)]
+    in_flight: deque = deque()          # at most DEPTH: a buffer is reused once read
+    chunks = _chunks(plan)
+    reads = 0
+
+    def send_next() -> None:
+        nonlocal reads
+        for offset, length, what in chunks:
+            if what == "data":
+                slot = reads % DEPTH
+                view = memoryview(buffers[slot])[:length]
+                in_flight.append((source.send_read(offset, view), offset, length, view))
+                reads += 1
+            else:
+                in_flight.append((None, offset, length, what))
+            return
+
+    for _ in range(DEPTH):
+        send_next()
+    while in_flight:
+        if stop():
+            raise Interrupted("stopped: asked to abort")
+        cookie, offset, length, landing = in_flight.popleft()
+        if cookie is None:
+            hasher.hole(length)
+            if landing == "zero":
+                for at in range(offset, offset + length, 1 << 30):
+                    target.write_zeroes(at, min(1 << 30, offset + length - at))
+        else:
+            view = landing
+            source.finish_read(cookie)
+            hasher.data(view)
+            target.write(offset, view)
+            done += length
+            tick(done, total)
+        send_next()
+    return hasher.data_bytes, hasher.hexdigest()
+
+
+def content_checksum(path: str, fmt: str = "qcow2", stop=lambda: False) -> tuple[str, int]:
+    """The checksum :func:`pull` gives, of the qcow2 file ``path``'s content
+    (its data extents read, the rest counted as holes), and the bytes read."""
+    with served(path, fmt, read_only=True) as socket_path:
+        try:
+            client = nbd.connect(socket_path, "", (nbd.ALLOCATION,))
+        except nbd.NbdError as exc:
+            raise RequestError(f"reading {path}: {exc}") from None
+        try:
+            hasher, buffer = ContentHash(), bytearray(CHUNK)
+            for offset, length, what in _chunks(_plan(client, None)):
+                if stop():
+                    raise Interrupted("stopped: asked to abort")
+                if what != "data":
+                    hasher.hole(length)
+                    continue
+                view = memoryview(buffer)[:length]
+                client.read_into(offset, view)
+                hasher.data(view)
+        except nbd.NbdError as exc:
+            raise RequestError(f"reading {path}: {exc}") from None
+        finally:
+            client.close()
+    return hasher.hexdigest(), hasher.data_bytes
