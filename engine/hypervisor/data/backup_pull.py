@@ -208,6 +208,7 @@ def finish(host, args: dict) -> dict:
     """``backup_finish`` ``{uuid, id}``: this backup's pull job ended and its
     scratch files gone; its checkpoint stays."""
     uuid, backup_id = uuid_arg(args), backups._backup_id(args)
+    failpoints.crash("finishing")       # tests: the VM's host dead before the job ends
     dom = find_domain(host, uuid)
     ended = []
     if dom is not None and dom.isActive() and backups._our_job(dom, backup_id):

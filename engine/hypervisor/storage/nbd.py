@@ -75,6 +75,9 @@ def connect(address, export: str = "", contexts: tuple[str, ...] = (),
 class Client:
     def __init__(self, sock):
         self.sock = sock
+        # Acknowledge at once: a server that writes a reply in pieces (QEMU's
+        # header, then payload) otherwise waits out our delayed ACK (40 ms)
+        self.quickack = sock.family != socket.AF_UNIX and hasattr(socket, "TCP_QUICKACK")
         self.size = 0
         self.contexts: dict[str, int] = {}
         self.structured = False
@@ -92,6 +95,8 @@ class Client:
 
     def _recv_into(self, view: memoryview) -> None:
         while view:
+            if self.quickack:       # Linux drops it after a while: asked before each read
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
             got = self.sock.recv_into(view)
             if not got:
                 raise NbdError("the NBD server closed the connection")

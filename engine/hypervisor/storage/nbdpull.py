@@ -35,7 +35,9 @@ import contextlib
 import os
 import shutil
 import subprocess
+import queue
 import tempfile
+import threading
 import time
 from collections import deque
 
@@ -161,47 +163,100 @@ def pull(address, export: str, bitmap: str | None, destination: str,
     return sent, checksum
 
 
+class _Hashing:
+    """The checksum computed beside the copy, by a thread of its own (the
+    hash releases the GIL): pieces are hashed in the order given, and each
+    data buffer is handed back once hashed."""
+
+    def __init__(self, buffers: int):
+        self.hasher = ContentHash()
+        self.free: queue.Queue = queue.Queue()
+        self.unmade = buffers           # made when first needed: a small copy needs few
+        self.todo: queue.Queue = queue.Queue()
+        self.failed: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="nbd-hash", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            piece = self.todo.get()
+            if piece is None:
+                return
+            buffer, view, hole = piece
+            try:
+                if view is None:
+                    self.hasher.hole(hole)
+                else:
+                    self.hasher.data(view)
+            except BaseException as exc:       # noqa: BLE001  (given to the copy)
+                self.failed = exc
+            if buffer is not None:
+                self.free.put(buffer)
+
+    def buffer(self) -> bytearray:
+        """A free buffer; waits while the hash is behind."""
+        if self.unmade and self.free.empty():
+            self.unmade -= 1
+            return bytearray(CHUNK)
+        return self.free.get()
+
+    def data(self, buffer, view) -> None:
+        self.todo.put((buffer, view, 0))
+
+    def hole(self, length: int) -> None:
+        self.todo.put((None, None, length))
+
+    def close(self) -> None:
+        self.todo.put(None)
+        self.thread.join()
+        if self.failed is not None:
+            raise self.failed
+
+
 def _copy(source, target, bitmap, tick, stop) -> tuple[int, str]:
+    """Reads kept in flight (DEPTH), each written as it lands, and hashed by
+    :class:`_Hashing` meanwhile."""
     plan = _plan(source, bitmap)
     total = sum(length for _, length, what in plan if what == "data")
-    hasher, done = ContentHash(), 0
-    buffers = [bytearray(CHUNK) for _ in range(DEPTH)]
-    in_flight: deque = deque()          # at most DEPTH: a buffer is reused once read
+    hashing = _Hashing(2 * DEPTH)
+    in_flight: deque = deque()
     chunks = _chunks(plan)
-    reads = 0
+    done = 0
 
     def send_next() -> None:
-        nonlocal reads
         for offset, length, what in chunks:
             if what == "data":
-                slot = reads % DEPTH
-                view = memoryview(buffers[slot])[:length]
-                in_flight.append((source.send_read(offset, view), offset, length, view))
-                reads += 1
+                buffer = hashing.buffer()
+                view = memoryview(buffer)[:length]
+                in_flight.append((source.send_read(offset, view), offset, length,
+                                  (buffer, view)))
             else:
                 in_flight.append((None, offset, length, what))
             return
 
-    for _ in range(DEPTH):
-        send_next()
-    while in_flight:
-        if stop():
-            raise Interrupted("stopped: asked to abort")
-        cookie, offset, length, landing = in_flight.popleft()
-        if cookie is None:
-            hasher.hole(length)
-            if landing == "zero":
-                for at in range(offset, offset + length, 1 << 30):
-                    target.write_zeroes(at, min(1 << 30, offset + length - at))
-        else:
-            view = landing
-            source.finish_read(cookie)
-            hasher.data(view)
-            target.write(offset, view)
-            done += length
-            tick(done, total)
-        send_next()
-    return hasher.data_bytes, hasher.hexdigest()
+    try:
+        for _ in range(DEPTH):
+            send_next()
+        while in_flight:
+            if stop():
+                raise Interrupted("stopped: asked to abort")
+            cookie, offset, length, landing = in_flight.popleft()
+            if cookie is None:
+                hashing.hole(length)
+                if landing == "zero":
+                    for at in range(offset, offset + length, 1 << 30):
+                        target.write_zeroes(at, min(1 << 30, offset + length - at))
+            else:
+                buffer, view = landing
+                source.finish_read(cookie)
+                target.write(offset, view)
+                hashing.data(buffer, view)
+                done += length
+                tick(done, total)
+            send_next()
+    finally:
+        hashing.close()
+    return hashing.hasher.data_bytes, hashing.hasher.hexdigest()
 
 
 def content_checksum(path: str, fmt: str = "qcow2", stop=lambda: False) -> tuple[str, int]:
