@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 
 __all__ = ["connect", "Client", "NbdError", "STATE_HOLE", "STATE_ZERO", "STATE_DIRTY",
            "ALLOCATION"]
@@ -49,18 +50,21 @@ class NbdError(OSError):
 
 
 def connect(address, export: str = "", contexts: tuple[str, ...] = (),
-            timeout: float | None = 60.0) -> "Client":
-    """``address``: ``(host, port)`` or a UNIX socket's path."""
-    try:
-        if isinstance(address, str):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(timeout)
-            sock.connect(address)
-        else:
-            sock = socket.create_connection(address, timeout=timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except OSError as exc:
-        raise NbdError(f"cannot reach the NBD server at {address}: {exc}") from None
+            timeout: float | None = 60.0, refused_for: float = 0.0) -> "Client":
+    """``address``: ``(host, port)`` or a UNIX socket's path; a refused
+    connection is tried again for ``refused_for`` seconds (a server that
+    has bound its socket but does not listen yet)."""
+    deadline = time.monotonic() + refused_for
+    while True:
+        try:
+            sock = _socket(address, timeout)
+            break
+        except ConnectionRefusedError as exc:
+            if time.monotonic() > deadline:
+                raise NbdError(f"cannot reach the NBD server at {address}: {exc}") from None
+            time.sleep(0.002)
+        except OSError as exc:
+            raise NbdError(f"cannot reach the NBD server at {address}: {exc}") from None
     for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
         sock.setsockopt(socket.SOL_SOCKET, option, 4 << 20)
     client = Client(sock)
@@ -70,6 +74,21 @@ def connect(address, export: str = "", contexts: tuple[str, ...] = (),
         sock.close()
         raise
     return client
+
+
+def _socket(address, timeout):
+    if isinstance(address, str):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    sock = socket.create_connection(address, timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class Client:
@@ -97,13 +116,19 @@ class Client:
         while view:
             if self.quickack:       # Linux drops it after a while: asked before each read
                 self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
-            got = self.sock.recv_into(view)
+            try:
+                got = self.sock.recv_into(view)
+            except OSError as exc:
+                raise NbdError(f"the NBD connection broke: {exc}") from None
             if not got:
                 raise NbdError("the NBD server closed the connection")
             view = view[got:]
 
     def _option(self, option: int, data: bytes) -> None:
-        self.sock.sendall(_IHAVEOPT + struct.pack(">II", option, len(data)) + data)
+        try:
+            self.sock.sendall(_IHAVEOPT + struct.pack(">II", option, len(data)) + data)
+        except OSError as exc:
+            raise NbdError(f"the NBD connection broke: {exc}") from None
 
     def _reply(self, option: int) -> tuple[int, bytes]:
         magic, echoed, kind, length = struct.unpack(">QIII", self._recv(20))
@@ -152,11 +177,12 @@ class Client:
               payload=None) -> int:
         self._cookie += 1
         header = _HEADER.pack(_REQUEST, flags, command, self._cookie, offset, length)
-        if payload is None:
+        try:
             self.sock.sendall(header)
-        else:
-            self.sock.sendall(header)
-            self.sock.sendall(payload)
+            if payload is not None:
+                self.sock.sendall(payload)
+        except OSError as exc:
+            raise NbdError(f"the NBD connection broke: {exc}") from None
         return self._cookie
 
     def _reply_without_data(self) -> None:

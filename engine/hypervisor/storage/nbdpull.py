@@ -21,7 +21,8 @@ The checksum (:class:`~engine.hypervisor.storage.checksum.ContentHash`) is
 of the destination's *content* as a reader of its virtual disk sees it
 (what ``qemu-img convert -O raw`` of it gives: what was skipped reads as
 zeros): read data is hashed as it is written, what was skipped or zeroed
-counts as holes.  :func:`content_checksum` computes the same value from a
+counts as holes; a thread of its own hashes while the next reads land and
+the last ones are written.  :func:`content_checksum` computes the same value from a
 qcow2 file, by reading its data extents, for whoever must check the file
 later (a restore).
 
@@ -33,9 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import subprocess
-import queue
 import tempfile
 import threading
 import time
@@ -69,8 +70,8 @@ def served(path: str, fmt: str = "qcow2", read_only: bool = False):
     socket_path = os.path.join(directory, "s")
     # setpriv: SIGKILLed when the peer's thread that started it dies (no
     # preexec_fn: a fork of the threaded peer must exec at once)
-    command = ["setpriv", "--pdeathsig", "KILL", "qemu-nbd", "-f", fmt, "--cache=writeback", "--aio=threads", "-k", socket_path,
-               *(["-r"] if read_only else []), path]
+    command = ["setpriv", "--pdeathsig", "KILL", "qemu-nbd", "-f", fmt, "--cache=writeback",
+               "--aio=threads", "-k", socket_path, *(["-r"] if read_only else []), path]
     try:
         server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE)
@@ -147,7 +148,7 @@ def pull(address, export: str, bitmap: str | None, destination: str,
         raise RequestError(f"backup export {export!r}: {exc}") from None
     try:
         with served(destination) as socket_path:
-            target = nbd.connect(socket_path)
+            target = nbd.connect(socket_path, refused_for=START_TIMEOUT)
             try:
                 if target.size < source.size:
                     raise RequestError(f"{destination} holds {target.size} bytes, the "
@@ -264,7 +265,8 @@ def content_checksum(path: str, fmt: str = "qcow2", stop=lambda: False) -> tuple
     (its data extents read, the rest counted as holes), and the bytes read."""
     with served(path, fmt, read_only=True) as socket_path:
         try:
-            client = nbd.connect(socket_path, "", (nbd.ALLOCATION,))
+            client = nbd.connect(socket_path, "", (nbd.ALLOCATION,),
+                                 refused_for=START_TIMEOUT)
         except nbd.NbdError as exc:
             raise RequestError(f"reading {path}: {exc}") from None
         try:
