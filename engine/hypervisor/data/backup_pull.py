@@ -58,7 +58,6 @@ from engine.hypervisor.domain.guest_agent import freeze, thaw
 from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label
 from engine.hypervisor.domain.records import vm_state
 from engine.hypervisor.storage import images, nbdpull
-from engine.hypervisor.storage.volcopy import physical_size
 
 __all__ = ["prepare_store", "take", "verify", "finish", "PORTS", "CONTENT"]
 
@@ -276,7 +275,6 @@ def _pull(host, pool, backup_id: str, disk: dict) -> dict:
     except RequestError as exc:
         raise RequestError(f"backup {backup_id}: disk {disk['dev']} from "
                            f"{export['address']}:{export['port']}: {exc}") from None
-    pool.refresh(0)
-    stored = physical_size(images.lookup(pool, name))
+    stored = os.path.getsize(vol.path())        # the file's bytes, as physical_size says
     return {"dev": disk["dev"], "volume": name, "capacity": disk["capacity"], "bytes": sent,
             "stored": stored, "checksum": checksum, "checksum_of": CONTENT}
