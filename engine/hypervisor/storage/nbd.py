@@ -94,8 +94,9 @@ def _socket(address, timeout):
 class Client:
     def __init__(self, sock):
         self.sock = sock
-        # Acknowledge at once: a server that writes a reply in pieces (QEMU's
-        # header, then payload) otherwise waits out our delayed ACK (40 ms)
+        # Acknowledge headers at once: a server that writes a reply in pieces
+        # (QEMU's header, then payload) otherwise waits out our delayed ACK
+        # (40 ms); bulk data is acknowledged as TCP likes (fewer packets)
         self.quickack = sock.family != socket.AF_UNIX and hasattr(socket, "TCP_QUICKACK")
         self.size = 0
         self.contexts: dict[str, int] = {}
@@ -108,6 +109,7 @@ class Client:
     # -- the handshake -------------------------------------------------------
 
     def _recv(self, count: int) -> bytes:
+        """A header or a small answer, acknowledged at once (``quickack``)."""
         data = bytearray(count)
         self._recv_into(memoryview(data))
         return bytes(data)
