@@ -50,8 +50,7 @@ from engine.core.store import Put, absent
 from engine.core.values import readable
 from engine.errors import RequestError
 from engine.hypervisor.data import backups
-from engine.hypervisor.data.backups import (Ticker, checkpoint_name, scratch_name,
-                                            volume_name)
+from engine.hypervisor.data.backups import Ticker, checkpoint_name, volume_name
 from engine.hypervisor.domain.disks import ACTIVE, disks_of
 from engine.hypervisor.domain.domain_xml import volume_xml
 from engine.hypervisor.domain.guest_agent import freeze, thaw
@@ -179,28 +178,20 @@ def _begin(dom, root, disks, backup_id, directory, address, incremental,
 
 def _backup_xml(root, disks, backup_id, directory, address, port,
                 incremental) -> tuple[str, str]:
-    wanted = {d["dev"] for d in disks}
-    backup = ET.Element("domainbackup", mode="pull")
-    if incremental:
-        ET.SubElement(backup, "incremental").text = incremental
-    ET.SubElement(backup, "server", transport="tcp", name=address, port=str(port))
-    listed = ET.SubElement(backup, "disks")
-    checkpoint = ET.Element("domaincheckpoint")
-    ET.SubElement(checkpoint, "name").text = checkpoint_name(backup_id)
-    marked = ET.SubElement(checkpoint, "disks")
-    for target in root.findall("./devices/disk/target"):
-        dev = target.get("dev")
-        if dev in wanted:
-            disk = ET.SubElement(listed, "disk", name=dev, backup="yes", type="file",
-                                 exportname=dev)
-            ET.SubElement(disk, "scratch",
-                          file=os.path.join(directory, scratch_name(backup_id, dev)))
-            ET.SubElement(disk, "driver", type="qcow2")
-            ET.SubElement(marked, "disk", name=dev, checkpoint="bitmap")
-        else:
-            ET.SubElement(listed, "disk", name=dev, backup="no")
-            ET.SubElement(marked, "disk", name=dev, checkpoint="no")
-    return ET.tostring(backup, encoding="unicode"), ET.tostring(checkpoint, encoding="unicode")
+    """The push job's XML and checkpoint (:func:`backups._backup_xml`),
+    turned into a pull job's: an NBD server, each disk's target its
+    scratch file, exported under its name."""
+    push, checkpoint = backups._backup_xml(root, disks, backup_id, directory, incremental)
+    backup = ET.fromstring(push)
+    backup.set("mode", "pull")
+    backup.insert(1 if incremental else 0,
+                  ET.Element("server", transport="tcp", name=address, port=str(port)))
+    for disk in backup.iter("disk"):
+        target = disk.find("target")
+        if target is not None:
+            target.tag = "scratch"
+            disk.set("exportname", disk.get("name"))
+    return ET.tostring(backup, encoding="unicode"), checkpoint
 
 
 def finish(host, args: dict) -> dict:
@@ -209,16 +200,7 @@ def finish(host, args: dict) -> dict:
     uuid, backup_id = uuid_arg(args), backups._backup_id(args)
     failpoints.crash("finishing")       # tests: the VM's host dead before the job ends
     dom = find_domain(host, uuid)
-    ended = []
-    if dom is not None and dom.isActive() and backups._our_job(dom, backup_id):
-        try:
-            dom.abortJob()
-        except libvirt.libvirtError:
-            pass
-        deadline = time.monotonic() + 60
-        while backups._job_running(dom) and time.monotonic() < deadline:
-            time.sleep(backups.POLL)
-        ended.append("job")
+    ended = ["job"] if backups.end_job(dom, backup_id) else []
     pool = images.ensure_pool(host)
     pool.refresh(0)
     ended += backups._delete_volumes(pool, f"{backups.SCRATCH}{backup_id}-")
