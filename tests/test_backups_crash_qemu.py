@@ -4,7 +4,7 @@ restore can trust.
 
 After every scenario: exactly the backups that completed are recorded;
 no scratch volume on the VM's host, no backup volume on the target that no
-record names, no backup job left on the domain, only the newest backup's
+record names, no socket directory of a pull whose peer died, no backup job left on the domain, only the newest backup's
 checkpoint on it, no VM lock held; and the next incremental restores the
 guest's data.
 """
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 
 import libvirt
 import pytest
 
 from engine.core import api, failpoints, keys
 from engine.core.values import readable
+from engine.hypervisor.storage import nbdpull
 from tests.support import qemu_guest, wait_for
 from tests.support.cluster import finished
 from tests.support.kvm import BOOT_TIMEOUT, Kvm
@@ -120,6 +122,10 @@ def leftovers(kvm, uuid) -> list[str]:
     if job != libvirt.VIR_DOMAIN_JOB_NONE:
         left.append("a job on the domain")
     left += [f"lock {kv.key}" for kv in kvm.store.range(keys.lock("vm/"))[0]]
+    left += [f"qemu-nbd's socket directory {name}, its peer dead"
+             for name in os.listdir(tempfile.gettempdir())
+             if name.startswith(nbdpull.SOCKETS)
+             and not os.path.exists(f"/proc/{name[len(nbdpull.SOCKETS):].split('-')[0]}")]
     return left
 
 

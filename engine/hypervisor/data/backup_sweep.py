@@ -14,7 +14,9 @@ names its backup id:
   that no backup record names deleted (libvirt merges their bitmaps into
   their neighbours', so the recorded checkpoints still count every block
   written since them);
-- on a target: volumes ``bk-<id>-*`` of the backup pool with no record;
+- on a target: volumes ``bk-<id>-*`` of the backup pool with no record,
+  and the socket directories of ``qemu-nbd`` a pull left when its peer was
+  killed (:func:`engine.hypervisor.storage.nbdpull.sweep_sockets`);
 - replicas (:mod:`engine.hypervisor.data.replicas`): their checkpoints are
   spared while a ``replicas/`` record names them; volumes ``bk-replica*``
   of the image pool that no record names on this host (a replica this host
@@ -37,7 +39,7 @@ from engine.core import keys
 from engine.backups.records import recorded
 from engine.core.values import readable
 from engine.backups import replicas
-from engine.hypervisor.storage import images
+from engine.hypervisor.storage import images, nbdpull
 from engine.hypervisor.data.backups import CHECKPOINT, SCRATCH, is_test, store_pool
 from engine.hypervisor.domain.records import owned_by
 
@@ -117,6 +119,7 @@ def sweep_backups(store, host) -> list[str]:
             except libvirt.libvirtError as exc:
                 log.warning("checkpoint_not_swept", vm=dom.name(), checkpoint=name,
                             error=exc.get_error_message())
+    removed += nbdpull.sweep_sockets()       # a pull's, its peer killed mid-read
     removed = [r for r in removed if r]
     if removed:
         log.warning("backup_leftovers_swept", host=host.host, removed=removed)

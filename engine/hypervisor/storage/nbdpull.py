@@ -46,16 +46,33 @@ from engine.errors import RequestError
 from engine.hypervisor.storage import nbd
 from engine.hypervisor.storage.checksum import ContentHash
 
-__all__ = ["pull", "content_checksum", "dirty_context", "Interrupted"]
+__all__ = ["pull", "content_checksum", "dirty_context", "sweep_sockets", "Interrupted"]
 
 CHUNK = 4 << 20             # bytes per read request
 DEPTH = 4                   # read requests in flight
 START_TIMEOUT = 30.0
 EXIT_TIMEOUT = 60.0
+SOCKETS = "peerctl-nbd-"     # + the peer's pid: the directories of qemu-nbd's sockets
 
 
 class Interrupted(RequestError):
     """The pull was asked to stop (an abort)."""
+
+
+def sweep_sockets() -> list[str]:
+    """The socket directories of :func:`served` whose peer died before it
+    could remove them (``peerctl-nbd-<pid>-*``, that pid gone), removed."""
+    removed = []
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        if not name.startswith(SOCKETS):
+            continue
+        pid = name[len(SOCKETS):].split("-", 1)[0]
+        if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        removed.append(name)
+    return removed
 
 
 def dirty_context(bitmap: str) -> str:
@@ -66,7 +83,7 @@ def dirty_context(bitmap: str) -> str:
 def served(path: str, fmt: str = "qcow2", read_only: bool = False):
     """A ``qemu-nbd`` serving ``path`` on a UNIX socket of its own, for one
     client; yields the socket's path; the server is gone after."""
-    directory = tempfile.mkdtemp(prefix="peerctl-nbd-")
+    directory = tempfile.mkdtemp(prefix=f"{SOCKETS}{os.getpid()}-")
     socket_path = os.path.join(directory, "s")
     # setpriv: SIGKILLed when the peer's thread that started it dies (no
     # preexec_fn: a fork of the threaded peer must exec at once)
