@@ -11,11 +11,17 @@ rebuilds a VM from a backup chain, ``backup_delete`` removes backups.
    on the first candidate with room (the next one otherwise).
 4. ``backup_take`` on the VM's host: the point in time, and the copy to the
    target (see :mod:`engine.hypervisor.data.backups`).  Incremental only when the
-   target is the parent's host.
+   target is the parent's host.  For a running VM whose target pulls
+   (:mod:`engine.hypervisor.data.backup_pull`), no copy: a pull-mode job
+   left running, its NBD exports named in the reply.
 5. ``backup_verify`` on the target: read back, checksums compared, the
-   record ``backups/<id>`` written.  Nothing is listed before this.
-6. ``backup_prune`` on the VM's host: only this backup's checkpoint stays.
-7. ``unlock_vm``.
+   record ``backups/<id>`` written.  Nothing is listed before this.  With
+   exports: the target pulls the disks, checksumming them as they arrive,
+   then records.
+6. ``backup_finish`` on the VM's host, after a pull: the job ended, its
+   scratch files deleted.
+7. ``backup_prune`` on the VM's host: only this backup's checkpoint stays.
+8. ``unlock_vm``.
 
 A step that fails, or whose peer stays lost, ends the attempt with
 ``backup_discard`` on both hosts (the job, the scratch volumes, the new
@@ -122,6 +128,11 @@ def _take(step, vm, backup_id, plan, store, disks, full, marks):
                                       store["host"], disk_copy_deadline(disks)))
     if not verified.ok:
         return f"verify on {store['host']}: {verified.error or verified.status}", None
+    if any(disk.get("export") for disk in taken["disks"]):
+        # a pull-mode job: the target read everything and recorded it; the
+        # job ends (the sweep ends it if this step is lost)
+        yield from resend(step("backup_finish", {"id": backup_id}, vm["host"]))
+        taken = {**taken, "bytes": verified.value["bytes"], "disks": verified.value["disks"]}
     if taken["checkpoint"]:
         yield from resend(step("backup_prune", {"keep": taken["checkpoint"]}, vm["host"]))
     return None, taken

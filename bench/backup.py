@@ -10,8 +10,9 @@ them up.  The guest first fills a quarter of its disk with random data
 that a full backup moves real data.  Then, ``--rounds`` times:
 
 1. a full backup (peerctl's ``backup`` automation with ``full``, timed from
-   start_automation to its terminal state: the point in time, the copy to
-   host2's backup pool through libvirt, the read-back check, the record)
+   start_automation to its terminal state: the point in time (a pull-mode
+   job), host2 reading its NBD export into its backup pool, checksumming
+   on the way, the record, the job's end)
    AGAINST ``qemu-img convert -U -O qcow2`` of the same disk (the VM's pool
    volume, read while the VM runs) into a file in the same backup pool
    directory on host2.  The two alternate which goes first, round by round.
@@ -432,9 +433,10 @@ def report(rows: list[dict], disk_gb: int, fill_mib: int) -> None:
         print(f"{label:<28} | {seconds:8.2f} | {moved / MB:9.1f} | {shown}")
     print(f"{'qemu-img convert + fsync':<28} | {median('convert', 'synced'):8.2f} | "
           f"{'':>9} | {data / median('convert', 'synced') / MB:12.0f}   (context only)")
-    print("\n(peerctl: start_automation to terminal state: the point in time, the copy "
-          "to host2 through libvirt, the read-back check, the record; qemu-img: the "
-          "process alone, into host2's backup pool directory, its writes in the page cache)")
+    print("\n(peerctl: start_automation to terminal state: the point in time, host2 "
+          "pulling the NBD export into its pool and checksumming it, its writes flushed, "
+          "the record, the job's end; qemu-img: the process alone, into host2's backup pool "
+          "directory, its writes in the page cache)")
     for what in ("full", "incremental"):
         names = list(rows[0][what]["steps"])
         print(f"{what} backup's steps (s, medians): " + ", ".join(

@@ -1,11 +1,13 @@
 """The requests of backups and restores (see ``automations/backups.py``).
 
-On hosts, from :mod:`engine.hypervisor.data.backups` and
+On hosts, from :mod:`engine.hypervisor.data.backups`,
+:mod:`engine.hypervisor.data.backup_pull` (pull-mode backups) and
 :mod:`engine.hypervisor.data.restores`: ``backup_store``, ``backup_verify`` and
-``backup_delete`` (the target), ``backup_take`` and ``backup_prune`` (the
-VM's host), ``backup_discard`` (either), ``restore_disks`` (the host the
-restored VM runs on); from :mod:`engine.hypervisor.data.restore_exports`,
-``restore_export`` and ``restore_unexport`` (the host keeping the chain).
+``backup_delete`` (the target), ``backup_take``, ``backup_finish`` and
+``backup_prune`` (the VM's host), ``backup_discard`` (either),
+``restore_disks`` (the host the restored VM runs on); from
+:mod:`engine.hypervisor.data.restore_exports`, ``restore_export`` and
+``restore_unexport`` (the host keeping the chain).
 
 Run by the initiator (no target), reading etcd:
 
@@ -32,13 +34,14 @@ from engine.placement.drains import drained_hosts
 from engine.errors import Conflict, Failed, RequestError
 from engine.backups import records
 from engine.backups.records import recorded
-from engine.hypervisor.data import backups, restore_exports, restores
+from engine.hypervisor.data import backup_pull, backups, restore_exports, restores
 from engine.hypervisor.host.reachability import reached_at
 from engine.natural import natural_key
 
-handler("backup_store")(backups.prepare_store)
-handler("backup_take")(backups.take)
-handler("backup_verify")(backups.verify)
+handler("backup_store")(backup_pull.prepare_store)
+handler("backup_take")(backup_pull.take)
+handler("backup_verify")(backup_pull.verify)
+handler("backup_finish")(backup_pull.finish)
 handler("backup_prune")(backups.prune)
 handler("backup_discard")(backups.discard)
 handler("backup_delete")(backups.delete)

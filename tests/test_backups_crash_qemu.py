@@ -4,17 +4,22 @@ restore can trust.
 
 After every scenario: exactly the backups that completed are recorded;
 no scratch volume on the VM's host, no backup volume on the target that no
-record names, no backup job left on the domain, only the newest backup's
+record names, no socket directory of a pull whose peer died, no backup job left on the domain, only the newest backup's
 checkpoint on it, no VM lock held; and the next incremental restores the
 guest's data.
 """
 from __future__ import annotations
+
+import os
+import signal
+import tempfile
 
 import libvirt
 import pytest
 
 from engine.core import api, failpoints, keys
 from engine.core.values import readable
+from engine.hypervisor.storage import nbdpull
 from tests.support import qemu_guest, wait_for
 from tests.support.cluster import finished
 from tests.support.kvm import BOOT_TIMEOUT, Kvm
@@ -117,6 +122,10 @@ def leftovers(kvm, uuid) -> list[str]:
     if job != libvirt.VIR_DOMAIN_JOB_NONE:
         left.append("a job on the domain")
     left += [f"lock {kv.key}" for kv in kvm.store.range(keys.lock("vm/"))[0]]
+    left += [f"qemu-nbd's socket directory {name}, its peer dead"
+             for name in os.listdir(tempfile.gettempdir())
+             if name.startswith(nbdpull.SOCKETS)
+             and not os.path.exists(f"/proc/{name[len(nbdpull.SOCKETS):].split('-')[0]}")]
     return left
 
 
@@ -172,10 +181,12 @@ def test_the_initiator_killed_at_every_step_boundary_still_makes_one_incremental
     assert_restores(kvm, row["backup"], "AB", "db-b")
 
 
-@pytest.mark.parametrize("point, dies", [("backup begun", "host1"), ("copying", "host1"),
-                                         ("verifying", "host2")])
+@pytest.mark.parametrize("point, dies", [("backup begun", "host1"), ("finishing", "host1"),
+                                         ("pulling", "host2")])
 def test_a_peer_killed_mid_backup_leaves_one_complete_backup_or_nothing(kvm, armed, point,
                                                                         dies):
+    """The VM's host just after its pull job began, or before it ends the
+    job the target has read; the target mid-read."""
     vm = kvm.boot("db")
     write(kvm, vm["uuid"], "A")
     first = finished(kvm.store, start_backup(kvm, vm), timeout=300)
@@ -186,6 +197,12 @@ def test_a_peer_killed_mid_backup_leaves_one_complete_backup_or_nothing(kvm, arm
     task = wait_for(lambda: restart_the_dead(kvm, ["host1", "host2"], automation),
                     timeout=600, interval=0.1, what="the backup to end through the crash")
     assert [p for p, _, _ in failpoints.fired(armed)] == [point]
+    the_rest_holds(kvm, vm, first, task)
+
+
+def the_rest_holds(kvm, vm, first, task):
+    """Exactly the completed backups recorded, nothing left, and the next
+    incremental restores what the guest wrote."""
     kept = records(kvm)
     if task["state"] == "done":
         assert len(kept) == 2 and task["result"]["vms"][0]["backup"] in kept
@@ -199,3 +216,22 @@ def test_a_peer_killed_mid_backup_leaves_one_complete_backup_or_nothing(kvm, arm
     assert row["kind"] == "incremental", row
     assert_nothing_left(kvm, vm["uuid"])
     assert_restores(kvm, row["backup"], "ABC", "db-c")
+
+
+def test_the_vms_host_killed_while_the_target_reads_its_export(kvm, armed):
+    """The export lives in the VM host's libvirtd, not in its peer: the
+    target reads on, records, and the job ends once the peer is back."""
+    vm = kvm.boot("db")
+    write(kvm, vm["uuid"], "A")
+    first = finished(kvm.store, start_backup(kvm, vm), timeout=300)
+    assert first["state"] == "done", first["error"]
+    write(kvm, vm["uuid"], "B")
+    failpoints.arm(armed, ["pause pulling"])       # the target stops mid-read...
+    automation = start_backup(kvm, vm)
+    (paused,) = wait_for(lambda: failpoints.fired(armed), timeout=300,
+                         what="the target to stop mid-read")
+    kvm.cluster.kill("host1")                       # ...the VM's host's peer dies...
+    os.kill(paused[1], signal.SIGCONT)              # ...and the target reads on
+    task = wait_for(lambda: restart_the_dead(kvm, ["host1", "host2"], automation),
+                    timeout=600, interval=0.1, what="the backup to end through the crash")
+    the_rest_holds(kvm, vm, first, task)

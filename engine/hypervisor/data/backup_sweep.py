@@ -8,12 +8,15 @@ perhaps a backup job still running in libvirtd; a target whose peer was
 down keeps a partial volume.  Each is swept once no running automation
 names its backup id:
 
-- on the VM's host: backup jobs of peerctl's scratch volumes are aborted,
+- on the VM's host: backup jobs of peerctl's scratch volumes (a push job's
+  target, a pull job's scratch: a pull job nobody finished) are aborted,
   scratch volumes ``backup-<id>-*`` deleted, and checkpoints ``peerctl-<id>``
   that no backup record names deleted (libvirt merges their bitmaps into
   their neighbours', so the recorded checkpoints still count every block
   written since them);
-- on a target: volumes ``bk-<id>-*`` of the backup pool with no record;
+- on a target: volumes ``bk-<id>-*`` of the backup pool with no record,
+  and the socket directories of ``qemu-nbd`` a pull left when its peer was
+  killed (:func:`engine.hypervisor.storage.nbdpull.sweep_sockets`);
 - replicas (:mod:`engine.hypervisor.data.replicas`): their checkpoints are
   spared while a ``replicas/`` record names them; volumes ``bk-replica*``
   of the image pool that no record names on this host (as its replica or
@@ -39,7 +42,7 @@ from engine.core import keys
 from engine.backups.records import recorded
 from engine.core.values import readable
 from engine.backups import replicas
-from engine.hypervisor.storage import images
+from engine.hypervisor.storage import images, nbdpull
 from engine.hypervisor.data import restore_exports
 from engine.hypervisor.data.backups import CHECKPOINT, SCRATCH, is_test, store_pool
 from engine.hypervisor.domain.records import owned_by
@@ -124,6 +127,7 @@ def sweep_backups(store, host) -> list[str]:
             except libvirt.libvirtError as exc:
                 log.warning("checkpoint_not_swept", vm=dom.name(), checkpoint=name,
                             error=exc.get_error_message())
+    removed += nbdpull.sweep_sockets()       # a pull's, its peer killed mid-read
     removed = [r for r in removed if r]
     if removed:
         log.warning("backup_leftovers_swept", host=host.host, removed=removed)
@@ -135,8 +139,8 @@ def _abort_stray_job(dom, running) -> list[str]:
         xml = dom.backupGetXMLDesc(0)
     except libvirt.libvirtError:
         return []           # no backup job
-    for target in ET.fromstring(xml).iter("target"):
-        path = target.get("file") or ""
+    for target in [*ET.fromstring(xml).iter("target"), *ET.fromstring(xml).iter("scratch")]:
+        path = target.get("file") or ""      # a push job's target, a pull job's scratch
         base = path.rsplit("/", 1)[-1]
         if base.startswith(SCRATCH) and _id_of(base, SCRATCH) not in running:
             try:

@@ -253,9 +253,24 @@ def _job_running(dom) -> bool:
 
 def _our_job(dom, backup_id: str) -> bool:
     try:
-        return scratch_name(backup_id, "") in dom.backupGetXMLDesc(0)
+        return f"{SCRATCH}{backup_id}-" in dom.backupGetXMLDesc(0)   # its scratch files
     except libvirt.libvirtError:
         return False
+
+
+def end_job(dom, backup_id: str) -> bool:
+    """This backup's job on ``dom``, if it runs, aborted (a push job's
+    abort; a pull job's normal end) and waited for; True if there was one."""
+    if dom is None or not dom.isActive() or not _our_job(dom, backup_id):
+        return False
+    try:
+        dom.abortJob()
+    except libvirt.libvirtError:
+        pass
+    deadline = time.monotonic() + 60
+    while _job_running(dom) and time.monotonic() < deadline:
+        time.sleep(POLL)
+    return True
 
 
 def _undo_here(host, dom, backup_id: str) -> list[str]:
@@ -267,14 +282,7 @@ def _undo_here(host, dom, backup_id: str) -> list[str]:
             dom.fsThaw(None, 0)     # a run that died between freeze and thaw
         except libvirt.libvirtError:
             pass                    # nothing frozen, or no guest agent
-    if dom is not None and dom.isActive() and _our_job(dom, backup_id):
-        try:
-            dom.abortJob()
-        except libvirt.libvirtError:
-            pass
-        deadline = time.monotonic() + 60
-        while _job_running(dom) and time.monotonic() < deadline:
-            time.sleep(POLL)
+    if end_job(dom, backup_id):
         undone.append("job")
     pool = images.ensure_pool(host)
     pool.refresh(0)

@@ -47,6 +47,8 @@ from engine.backups.records import still_running
 from engine.hypervisor.data.backups import Ticker, is_test
 from engine.hypervisor.storage import images
 from engine.hypervisor.storage.file_checksum import file_checksum
+from engine.hypervisor.storage.nbdpull import content_checksum
+from engine.hypervisor.data.backup_pull import CONTENT
 from engine.hypervisor.storage.nbd_copy import qemu_tls_dir, tls_object
 from engine.hypervisor.storage.volcopy import physical_size
 
@@ -162,7 +164,10 @@ def _verified_paths(host, chain: list[dict], dev: str, ticker: Ticker) -> list[s
         if vol is None:
             raise RequestError(f"backup {link['id']}: volume {disk['volume']} is missing "
                                f"from pool {link['pool']} on {host.host}")
-        found, _read = file_checksum(vol.path(), ticker, steps.abort_requested)
+        if disk.get("checksum_of") == CONTENT:      # a pulled backup: its content's
+            found = content_checksum(vol.path(), stop=steps.abort_requested)[0]
+        else:
+            found, _read = file_checksum(vol.path(), ticker, steps.abort_requested)
         ticker.next(physical_size(vol))
         if found != disk["checksum"]:
             raise RequestError(f"backup {link['id']}: disk {dev} on {host.host} does not "

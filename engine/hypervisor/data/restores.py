@@ -15,8 +15,10 @@ than one host), the chain's full backup is copied from its target's pool
 into this host's pool as the VM's disk, then each incremental, oldest
 first, into a temporary volume whose clusters are written into the disk
 (:func:`engine.hypervisor.storage.qcow2.apply_increment`) before it is
-deleted.  Every copy is checksummed as it arrives and checked against the
-backup's record before anything is built on it.
+deleted.  Every copy is checksummed as it arrives (a pulled backup, whose
+record has the checksum of its content rather than of its file,
+``checksum_of: content``: its copy's content, read through ``qemu-nbd``)
+and checked against the backup's record before anything is built on it.
 
 Either way a damaged or missing backup leaves no volume behind and says
 which one.
@@ -37,6 +39,8 @@ from engine.hypervisor.domain.domain_xml import volume_xml
 from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label, vm_lock
 from engine.hypervisor.storage.nbd_copy import copy_export, qemu_tls_dir
 from engine.hypervisor.storage.volcopy import copy_volume, physical_size
+from engine.hypervisor.storage.nbdpull import content_checksum
+from engine.hypervisor.data.backup_pull import CONTENT
 
 __all__ = ["restore_disks", "disk_volume_name"]
 
@@ -162,6 +166,9 @@ def _rebuild(host, pool, uuid: str, chain: list[dict]) -> dict:
                                               pool, name, ticker, steps.abort_requested)
                 ticker.next(physical_size(vol))
                 sent += count
+                if disk.get("checksum_of") == CONTENT:      # a pulled backup: its content's
+                    checksum = content_checksum(images.lookup(pool, name).path(),
+                                                stop=steps.abort_requested)[0]
                 if checksum != disk["checksum"]:
                     raise RequestError(f"backup {link['id']}: disk {dev} on {link['host']} "
                                        f"does not match its checksum: it is damaged; nothing "
