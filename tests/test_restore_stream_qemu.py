@@ -13,15 +13,19 @@ their records' checksums (they were served read-only, never modified).
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 
 import libvirt
 import pytest
 
 from engine.core import api, failpoints, keys
 from engine.core.values import readable
+from engine.hypervisor.data.backup_pull import CONTENT
 from engine.hypervisor.storage.file_checksum import file_checksum
+from engine.hypervisor.storage.nbdpull import content_checksum
 from tests.support import qemu_guest, wait_for
 from tests.support.cluster import finished
 from tests.support.guest_disk import read_marker, write_marker
@@ -130,9 +134,27 @@ def assert_clean(kvm, taken, failed_uuid=None):
         assert not record.get("holds"), record
         for disk in record["disks"]:
             path = volume_path(kvm, "host2", record["pool"], disk["volume"])
-            assert file_checksum(path)[0] == disk["checksum"], f"{disk['volume']} was modified"
+            assert stored_checksum(path, disk) == disk["checksum"], \
+                f"{disk['volume']} was modified"
     if failed_uuid is not None:
         assert [v for v in pool_volumes(kvm, "host1") if v.startswith(failed_uuid)] == []
+
+
+def stored_checksum(path: str, disk: dict) -> str:
+    """A backup volume's checksum as its record counts it: of its content
+    for a pulled backup, else of its file."""
+    if disk.get("checksum_of") == CONTENT:
+        return content_checksum(path)[0]
+    return file_checksum(path)[0]
+
+
+def data_offset(path: str) -> int:
+    """Where in the file, in the middle of its guest data, a byte lies."""
+    extents = json.loads(subprocess.run(["qemu-img", "map", "--output=json", "-f", "qcow2", path],
+                                        capture_output=True, text=True, check=True).stdout)
+    data = [e for e in extents if e.get("data") and "offset" in e]
+    middle = data[len(data) // 2]
+    return middle["offset"] + middle["length"] // 2
 
 
 def restored_exactly(kvm, task, name):
@@ -181,11 +203,11 @@ def test_a_damaged_link_restores_nothing_and_names_its_backup(kvm):
     vm, taken = chain_of_four(kvm)
     damaged = records(kvm)[taken[2]["backup"]]
     path = volume_path(kvm, "host2", damaged["pool"], damaged["disks"][0]["volume"])
-    size = os.path.getsize(path)
+    at = data_offset(path)
     with open(path, "r+b") as f:        # a flipped byte in the middle of its data
-        f.seek(size // 2)
+        f.seek(at)
         byte = f.read(1)
-        f.seek(size // 2)
+        f.seek(at)
         f.write(bytes([byte[0] ^ 0xFF]))
     task = finished(kvm.store, start_restore(kvm, taken[-1]["backup"], "db-r"), timeout=600)
     assert task["state"] == "failed", task
@@ -193,7 +215,7 @@ def test_a_damaged_link_restores_nothing_and_names_its_backup(kvm):
         task["error"]
     (row,) = task["result"]["vms"]
     with open(path, "r+b") as f:        # mended, so that the chain checks again
-        f.seek(size // 2)
+        f.seek(at)
         f.write(byte)
     assert_clean(kvm, taken, failed_uuid=row["uuid"])
     assert vm["uuid"] != row["uuid"]
