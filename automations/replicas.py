@@ -17,7 +17,9 @@ another host can keep the replica):
    plan's ``base``: the previous replica, or the disks a stale copy left
    aside there after an HA restart), ``replica_base_map`` there and
    ``replica_take_delta`` on the VM's host send only the blocks that differ
-   from it (:mod:`engine.hypervisor.data.replica_delta`); a whole copy if that fails.
+   from it (:mod:`engine.hypervisor.data.replica_delta`: the base's block
+   map is a volume there, which the VM's host reads through libvirt; only
+   its name goes through the steps); a whole copy if that fails.
 4. ``replica_apply`` on the replica's host: checksummed, recorded, written
    into the replica's disks.  The replica is whole before and after.
 5. ``replica_prune`` on the VM's host (only the new checkpoint stays);
@@ -146,8 +148,7 @@ def _delta(step, vm, store, disks, base, why):
     if not mapped.value.get("maps"):
         return None, "the base has no content to compare"
     taken = yield from resend(step("replica_take_delta", {
-        "store": store, "maps": mapped.value["maps"], "map_bytes": mapped.value["bytes"],
-        "why": why, "what": base.get("what")}, vm["host"], disk_copy_deadline(disks)), tries=2)
+        "store": store, "maps": mapped.value["maps"], "why": why, "what": base.get("what")}, vm["host"], disk_copy_deadline(disks)), tries=2)
     if not taken.ok:
         return None, f"{vm['host']}: {taken.error or taken.status}"
     return taken, mapped.value["volumes"]

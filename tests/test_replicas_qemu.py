@@ -10,6 +10,9 @@ missing, and the result's ``data_as_of`` says which update it came from.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 
 import libvirt
@@ -17,6 +20,9 @@ import pytest
 
 from engine.backups import replicas
 from engine.core import api, failpoints
+from engine.hypervisor.domain.domain_xml import pool_xml
+from engine.hypervisor.storage import blockmap
+from engine.hypervisor.storage.volcopy import copy_volume
 from tests.support import qemu_guest, wait_for, wait_until
 from tests.support.cluster import finished
 from tests.support.kvm import BOOT_TIMEOUT, kvm  # noqa: F401  (kvm: a fixture)
@@ -411,3 +417,42 @@ def test_the_source_the_target_and_the_initiator_killed_mid_update_back_lose_not
     kvm.start_peer("host2")
     kvm.cluster.cli_json("replicate", "db", "--stop")
     kvm.cluster.cli_json("destroy", "db", "--yes", timeout=120)
+
+
+def test_a_base_map_too_large_for_etcd_crosses_between_pools_through_libvirt(
+        guest_dir, tmp_path):
+    """The map of a disk with 40,000 written blocks (2.4 GiB of data),
+    whose JSON would overflow etcd's 1.5 MiB requests, written as a map
+    file in one pool of the tier's libvirtd and copied into another as
+    ``replica_take_delta`` reads it (``virStorageVolDownload``, sparse):
+    it arrives whole, reads back the same, and what was sent is the pages
+    its entries fill (the first half every other block, the second half
+    contiguous), not the 6.1 MiB file with its holes."""
+    count, limit = 40_000, int(1.5 * (1 << 20))
+    blocks = {index * 2: hashlib.sha256(index.to_bytes(4, "little")).hexdigest()[:32]
+              for index in range(count // 2)}
+    blocks |= {index: hashlib.sha256(b"%d" % index).hexdigest()[:32]
+               for index in range(200_000, 200_000 + count // 2)}
+    length = 400_000 * blockmap.BLOCK                # 24 GiB, mostly never written
+    assert len(json.dumps({str(i): h for i, h in blocks.items()})) > limit
+    conn = libvirt.open(qemu_guest.QEMU_URI)
+    pools = []
+    try:
+        for side in ("replica", "source"):
+            (tmp_path / side).mkdir()
+            pools.append(conn.storagePoolCreateXML(
+                pool_xml(f"peerctl-mapvol-{side}-{os.getpid()}", str(tmp_path / side)), 0))
+        theirs, ours = pools
+        blockmap.write_map(blocks, length, str(tmp_path / "replica" / "bk-r1-vda.map"))
+        theirs.refresh(0)
+        sent, _checksum = copy_volume(conn, theirs.storageVolLookupByName("bk-r1-vda.map"),
+                                      conn, ours, "backup-r1-vda.basemap")
+        arrived = ours.storageVolLookupByName("backup-r1-vda.basemap").path()
+        assert blockmap.read_map(arrived) == (blocks, length)
+        print(f"\nmap of {count} blocks: {sent / 1024:.0f} KiB sent, "
+              f"{os.path.getsize(arrived) / 1024:.0f} KiB long with holes")
+        assert sent <= blockmap.DIGEST * (2 * count // 2 + count // 2) + 3 * 4096, sent
+    finally:
+        for pool in pools:
+            pool.destroy()
+        conn.close()

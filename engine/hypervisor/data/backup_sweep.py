@@ -21,8 +21,9 @@ names its backup id:
   spared while a ``replicas/`` record names them; volumes ``bk-replica*``
   of the image pool that no record names on this host (as its replica or
   as the disk a move onto the replica ``kept``) (a replica this host
-  kept before it died and another host took over, an update cut short)
-  are deleted;
+  kept before it died and another host took over, an update cut short,
+  the block maps of a delta update, ``bk-<id>-<dev>.map``, ``.srcmap``) are
+  deleted;
 - restores (:mod:`engine.hypervisor.data.restore_exports`): the NBD exports
   of restores that are no longer running are ended.
 

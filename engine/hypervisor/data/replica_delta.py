@@ -10,30 +10,47 @@ disk frozen by a move onto the replica (``kept``,
 :mod:`engine.hypervisor.moves.handoff`), or the previous replica.  No dirty bitmap can be trusted to name what differs between the
 two (the old host wrote blocks after the last update that never reached the
 replica, and its copy may have died mid-write), so both sides compare
-checksums of the content, 1 MiB block by block
+checksums of the content, 64 KiB block by block
 (:mod:`engine.hypervisor.storage.blockmap`): reading both disks locally, sending only
 what differs.
 
 1. :func:`base_map`, on the replica's host: the base's block map (the disks
-   kept aside, or the replica's), read, never written;
-2. :func:`take`, on the VM's host: a full backup job into local scratch
-   volumes (a new checkpoint, from which the next update is incremental
-   again), its block map, and a delta holding the blocks that differ from
-   the base's map (those the guest wrote since the promotion, and those the
-   old host wrote after the last update); only the delta travels;
+   kept aside, or the replica's), read, never written, kept as a volume of
+   this host's image pool (:func:`map_name`, a binary map file,
+   :func:`engine.hypervisor.storage.blockmap.write_map`).  Only its name and
+   length travel in the answer: a map is 16 bytes per 64 KiB block, too
+   much for etcd's requests once a disk holds a few GiB.  Run again, it
+   finds the map a run before it finished (the base is never written);
+2. :func:`take`, on the VM's host: the base's map files, read through
+   libvirt's storage streams from the replica's host (sparse: only its
+   data travels, counted in the update's bytes, into scratch volumes
+   deleted at once); a full backup job into local scratch volumes (a new
+   checkpoint, from which the next update is incremental again), its block
+   map, and a delta holding the blocks that differ from the base's map
+   (those the guest wrote since the promotion, and those the old host wrote
+   after the last update); only the delta travels, with our map beside it
+   as a volume (:func:`source_map_name`): no list of blocks goes through
+   etcd either;
 3. :func:`build`, on the replica's host, from ``replica_apply``: a copy of
-   the base with the delta applied, checked against the source's map, is
-   the new replica's disk.  The base is never written: until the record
+   the base with the delta applied where the two maps differ, checked
+   against the source's map, is the new replica's disk.  The base is never written: until the record
    names the new disk, the old copy is whole and the new one unnamed (an
    interrupted update's volumes are swept as any other's).
+
+The map volumes go when the update ends: ``replica_apply`` deletes them
+(:func:`drop_maps`) once the update is recorded, whatever its kind (a run
+of it again, after a crash, builds from them), ``replica_discard`` with
+the update's other volumes; the sweep deletes those of an update no
+running automation names (``bk-<id>-*``, as any replica volume).
 """
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import time
 import xml.etree.ElementTree as ET
 
+import libvirt
 import structlog
 
 from engine.core import failpoints, keys
@@ -46,8 +63,10 @@ from engine.hypervisor.domain.disks import ACTIVE, disks_of
 from engine.hypervisor.domain.lookup import find_domain, uuid_arg, vm_label
 from engine.hypervisor.domain.records import vm_state
 from engine.hypervisor.storage import blockmap, images
+from engine.hypervisor.storage.volcopy import copy_volume
 
-__all__ = ["base_map", "take", "build", "whole_name", "map_bytes"]
+__all__ = ["base_map", "take", "build", "whole_name", "map_name", "source_map_name",
+           "drop_maps"]
 
 log = structlog.get_logger("peerctl.replicas")
 
@@ -58,9 +77,31 @@ def whole_name(update: str, dev: str) -> str:
     return f"bk-{update}-{dev}.whole.qcow2"
 
 
-def map_bytes(maps: dict) -> int:
-    """What a set of block maps weighs on the wire (counted as sent)."""
-    return len(json.dumps(maps, separators=(",", ":")))
+def map_name(update: str, dev: str) -> str:
+    """The volume holding the block map of a disk's base, on the replica's
+    host, for update ``update``."""
+    return f"bk-{update}-{dev}.map"
+
+
+def source_map_name(update: str, dev: str) -> str:
+    """The block map of the disk the source sent, arrived on the replica's
+    host beside the delta."""
+    return f"bk-{update}-{dev}.srcmap"
+
+
+def _fetched_name(update: str, dev: str, whose: str = "base") -> str:
+    """A map on the VM's host (a scratch volume): the base's on its way in
+    (``base``), or ours on its way out (``src``)."""
+    return f"{backups.SCRATCH}{update}-{dev}.{whose}map"
+
+
+def drop_maps(pool, update: str) -> list[str]:
+    """The map volumes of update ``update`` in ``pool`` (the base's, a
+    half-written one, the source's) are deleted."""
+    return [name for vol in pool.listAllVolumes(0)
+            if vol.name().startswith(f"bk-{update}-")
+            and vol.name().endswith((".map", ".map.part", ".srcmap"))
+            for name in backups._delete_volumes(pool, vol.name())]
 
 
 def _directory(pool) -> str:
@@ -107,8 +148,9 @@ def _base_volumes(host, pool, uuid: str, base: dict) -> dict[str, object]:
 
 def base_map(host, args: dict) -> dict:
     """``{uuid, seq, base: {kind: aside|kept|replica, id}}`` on the replica's
-    host -> ``{maps: {dev: {length, blocks: {index: sha256}}}, volumes: {dev:
-    volume}, bytes}``."""
+    host -> ``{maps: {dev: {volume, length}}, volumes: {dev: volume}}``:
+    ``maps`` names each base disk's map volume (:func:`map_name`) in this
+    host's image pool, ``volumes`` the base's disks."""
     uuid = uuid_arg(args)
     update = records.replica_id(uuid, args.get("seq") or 0)
     base = args.get("base")
@@ -117,22 +159,94 @@ def base_map(host, args: dict) -> dict:
     pool = images.ensure_pool(host)
     pool.refresh(0)
     if backups.is_test(host.conn):
-        return {"maps": {}, "volumes": {}, "bytes": 0}
+        return {"maps": {}, "volumes": {}}
     volumes = _base_volumes(host, pool, uuid, base)
-    maps = {}
+    directory, maps = _directory(pool), {}
     for dev, vol in volumes.items():
-        scratch = os.path.join(_directory(pool), f"bk-{update}-{dev}.base.raw")
-        blocks, length = blockmap.content_map(vol.path(), scratch)
-        maps[dev] = {"length": length, "blocks": {str(i): h for i, h in blocks.items()}}
-    return {"maps": maps, "volumes": {dev: vol.name() for dev, vol in volumes.items()},
-            "bytes": map_bytes(maps)}
+        path = os.path.join(directory, map_name(update, dev))
+        try:
+            length = blockmap.map_length(path)      # made by a run before this one
+        except RequestError:
+            scratch = os.path.join(directory, f"bk-{update}-{dev}.base.raw")
+            blocks, length = blockmap.content_map(vol.path(), scratch)
+            blockmap.write_map(blocks, length, path)
+        maps[dev] = {"volume": map_name(update, dev), "length": length}
+    pool.refresh(0)
+    return {"maps": maps, "volumes": {dev: vol.name() for dev, vol in volumes.items()}}
+
+
+@contextlib.contextmanager
+def _replica_host(host, store: dict):
+    """``(conn, pool)``: the replica host's libvirt and image pool."""
+    same = host.is_me(store["libvirt_uri"])
+    try:
+        there = host.conn if same else libvirt.open(store["libvirt_uri"])
+    except libvirt.libvirtError as exc:
+        raise RequestError(f"cannot reach the hypervisor of {store.get('host')}: "
+                           f"{exc.get_error_message()}") from None
+    try:
+        their_pool = there.storagePoolLookupByName(store["pool"])
+        their_pool.refresh(0)
+        yield there, their_pool
+    except libvirt.libvirtError as exc:
+        raise RequestError(f"block maps on {store.get('host')}: "
+                           f"{exc.get_error_message()}") from None
+    finally:
+        if not same:
+            try:
+                there.close()
+            except libvirt.libvirtError:
+                pass
+
+
+def _fetch_maps(host, pool, update: str, maps: dict, store: dict) -> tuple[dict, int]:
+    """``({dev: map}, bytes sent)``: the base's map volumes on the replica's
+    host, copied here through libvirt and read (the copies deleted)."""
+    found, sent = {}, 0
+    with _replica_host(host, store) as (there, their_pool):
+        for dev, entry in maps.items():
+            name = _fetched_name(update, dev)
+            bytes_sent, _checksum = copy_volume(there, their_pool.storageVolLookupByName(
+                entry["volume"]), host.conn, pool, name)
+            sent += bytes_sent
+            vol = images.lookup(pool, name)
+            try:
+                blocks, length = blockmap.read_map(vol.path())
+            finally:
+                vol.delete(0)
+            if length != entry.get("length"):
+                raise RequestError(f"the base's map of {dev} describes {length} bytes, "
+                                   f"not {entry.get('length')}")
+            found[dev] = blocks
+    return found, sent
+
+
+def _send_maps(host, pool, update: str, maps: dict, store: dict) -> int:
+    """Our maps (``{dev: (map, length)}``) as volumes :func:`source_map_name`
+    on the replica's host -> bytes sent."""
+    directory, sent = _directory(pool), 0
+    for dev, (blocks, length) in maps.items():
+        blockmap.write_map(blocks, length,
+                           os.path.join(directory, _fetched_name(update, dev, "src")))
+    pool.refresh(0)
+    with _replica_host(host, store) as (there, their_pool):
+        for dev in maps:
+            bytes_sent, _checksum = copy_volume(
+                host.conn, images.lookup(pool, _fetched_name(update, dev, "src")), there,
+                their_pool,
+                source_map_name(update, dev))
+            sent += bytes_sent
+    return sent
 
 
 def take(host, args: dict) -> dict:
-    """``{uuid, name, seq, store, maps, map_bytes, why}`` on the VM's host ->
-    ``replica_take``'s answer with ``kind: delta`` and each disk's
-    ``blocks`` (sent), ``length`` and ``content`` (the whole disk's map
-    digest, which the built replica must match)."""
+    """``{uuid, name, seq, store, maps: {dev: {volume, length}}, why}`` on
+    the VM's host (``maps``: :func:`base_map`'s, read from ``store``'s host) ->
+    ``replica_take``'s answer with ``kind: delta``, ``map_bytes`` (the maps'
+    share of ``bytes``) and each disk's ``changed`` (blocks sent) and
+    ``length``.  Our map travels beside the delta as a volume
+    (:func:`source_map_name`): it names the blocks the delta holds, and
+    the content the built replica must match."""
     uuid = uuid_arg(args)
     update = records.replica_id(uuid, args.get("seq") or 0)
     maps, store = args.get("maps"), args.get("store")
@@ -145,10 +259,13 @@ def take(host, args: dict) -> dict:
     disks = disks_of(host.conn, ET.fromstring(dom.XMLDesc(0)))
     for disk in disks:
         theirs = maps.get(disk["dev"])
-        if not isinstance(theirs, dict) or theirs.get("length") != disk["capacity"]:
+        if not isinstance(theirs, dict) or theirs.get("length") != disk["capacity"] \
+                or not isinstance(theirs.get("volume"), str):
             raise RequestError(f"the base has no disk {disk['dev']} of "
                                f"{disk['capacity']} bytes")
     pool = images.ensure_pool(host)
+    base_maps, map_sent = _fetch_maps(host, pool, update,
+                                      {d["dev"]: maps[d["dev"]] for d in disks}, store)
     started = time.time()
     why = args.get("why") or "no checkpoint to start from"
     if vm_state(dom) in ACTIVE:
@@ -156,42 +273,45 @@ def take(host, args: dict) -> dict:
     else:
         point = backups._offline_point(host, dom, disks, update, pool)
     pool.refresh(0)
-    directory, sent_blocks = _directory(pool), {}
+    directory, sent_blocks, our_maps = _directory(pool), {}, {}
     for disk in disks:
         dev = disk["dev"]
         scratch = images.lookup(pool, backups.scratch_name(update, dev))
         raw = os.path.join(directory, f"{backups.SCRATCH}{update}-{dev}.raw")
         try:
             ours, length = blockmap.content_map(scratch.path(), raw, keep=True)
-            theirs = {int(i): h for i, h in maps[dev]["blocks"].items()}
-            blocks = blockmap.differing(ours, theirs)
+            blocks = blockmap.differing(ours, base_maps[dev])
             delta = os.path.join(directory, f"{backups.SCRATCH}{update}-{dev}.delta")
             blockmap.write_delta(raw, blocks, length, delta, raw + ".sparse")
         finally:
             if os.path.exists(raw):
                 os.unlink(raw)
-        os.replace(delta, scratch.path())   # what travels is the delta alone
-        sent_blocks[dev] = {"blocks": blocks, "length": length,
-                            "content": blockmap.digest(ours, length)}
+        os.replace(delta, scratch.path())   # what travels is the delta, and our map
+        sent_blocks[dev] = {"changed": len(blocks), "length": length}
+        our_maps[dev] = (ours, length)
     pool.refresh(0)
     failpoints.crash("delta built")         # tests: the source dies before sending
+    map_sent += _send_maps(host, pool, update, our_maps, store)
     copied = backups._send(host, disks, update, pool, store)
     backups._delete_volumes(pool, f"{backups.SCRATCH}{update}-")
     data = sum(d["bytes"] for d in copied)
-    total = data + int(args.get("map_bytes") or 0)
+    total = data + map_sent
     log.info("replica_delta_taken", vm=dom.name(), update=update, bytes=total,
-             blocks=sum(len(s["blocks"]) for s in sent_blocks.values()))
+             map_bytes=map_sent, blocks=sum(s["changed"] for s in sent_blocks.values()))
     return {"id": update, **point, "kind": "delta", "parent": None,
             "reason": f"{why}: only the blocks that differ from {args.get('what') or 'the base'}",
-            "time": started, "bytes": total,
+            "time": started, "bytes": total, "map_bytes": map_sent,
             "disks": [{**d, **sent_blocks[d["dev"]]} for d in copied]}
 
 
 def build(host, pool, update: str, disks: list[dict], volumes: dict) -> list[dict]:
     """On the replica's host: each disk's base (``volumes``: ``{dev:
-    volume}``), copied, with its arrived delta applied and its content
-    checked -> the new replica's disks.  The deltas are deleted; a
-    mismatch deletes everything this update made."""
+    volume}``), copied, with its arrived delta applied at the blocks where
+    the base's map (:func:`map_name`) and the source's (arrived beside
+    the delta, :func:`source_map_name`) differ, and its content checked
+    against the source's map -> the new replica's disks.  The deltas are
+    deleted (the maps once the update is recorded: a run again needs
+    them); a mismatch deletes everything this update made."""
     directory, built = _directory(pool), []
     try:
         for disk in disks:
@@ -204,10 +324,14 @@ def build(host, pool, update: str, disks: list[dict], volumes: dict) -> list[dic
             whole = os.path.join(directory, whole_name(update, dev))
             blockmap.copy_image(base.path(), whole)
             failpoints.crash("delta base copied")   # tests: not yet written, not named
-            blockmap.apply_delta(delta.path(), whole, disk["blocks"], disk["length"])
+            theirs, _ = blockmap.read_map(os.path.join(directory, map_name(update, dev)))
+            source, length = blockmap.read_map(
+                os.path.join(directory, source_map_name(update, dev)))
+            blockmap.apply_delta(delta.path(), whole, blockmap.differing(source, theirs),
+                                 length)
             blocks, length = blockmap.content_map(
                 whole, os.path.join(directory, f"bk-{update}-{dev}.check.raw"))
-            if blockmap.digest(blocks, length) != disk.get("content"):
+            if blockmap.digest(blocks, length) != blockmap.digest(source, length):
                 raise RequestError(f"replica update {update}: disk {dev} built on "
                                    f"{host.host} differs from the source's")
             built.append({"dev": dev, "volume": whole_name(update, dev),

@@ -173,6 +173,7 @@ def apply(host, args: dict) -> dict:
         record = records.read(host.store, uuid)
         current = (record or {}).get("replica")
         if current and current.get("host") == host.host and current.get("seq") == args["seq"]:
+            replica_delta.drop_maps(pool, update)
             return _finish(host, pool, uuid, current)       # recorded already: a re-sent step
         _verify(host, pool, update, disks)
         if taken.get("kind") == "delta":
@@ -220,6 +221,7 @@ def apply(host, args: dict) -> dict:
             backups._delete_volumes(pool, f"bk-{update}-")
             raise RequestError(f"replica update {update} not recorded: the replication "
                                f"{outcome} meanwhile, or {source} no longer runs the VM")
+        replica_delta.drop_maps(pool, update)     # a delta's maps, or a base's unused
         log.info("replica_updated", vm=(record or {}).get("vm"), uuid=uuid, seq=args["seq"],
                  kind=taken.get("kind"), bytes=taken.get("bytes"))
         return _finish(host, pool, uuid, replica)

@@ -15,6 +15,14 @@ whose content differs.
 - :func:`content_map` reads an image of this host (through ``qemu-img
   convert`` into a sparse raw file beside it, deleted after) and answers its
   map and length; :func:`digest` sums a map into one checksum;
+- :func:`write_map` and :func:`read_map` keep a map in a file, binary, so
+  that it can travel between hosts as a volume (never through etcd, whose
+  requests a large disk's map would overflow): a 64-byte header (magic,
+  block size, digest size, the content's length), then 16 bytes per block
+  (the first 128 bits of its SHA-256) indexed by block number, all zeros
+  for a zero block.  Zero blocks are left holes, so that a sparse copy of
+  the file sends little more than the blocks that hold data
+  (:func:`map_size`: 1/4096 of the disk at most);
 - :func:`differing` names the blocks where two maps disagree;
 - :func:`write_delta` makes a qcow2 file holding those blocks of an image,
   nothing else (all-zero ones included as zeros);
@@ -24,24 +32,30 @@ whose content differs.
   unallocated reach the disk too.  Run again (after a crash), it writes the
   same blocks again: the result is the same.
 
-Nothing here opens a path of another host: maps travel as request values.
+Nothing here opens a path of another host: a map file travels as a volume
+(:mod:`engine.hypervisor.data.replica_delta`).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import subprocess
 
 from engine.errors import RequestError
 from engine.hypervisor.storage.qcow2 import CAN_CHECKPOINT, apply_increment
 
 __all__ = ["content_map", "digest", "differing", "write_delta", "apply_delta", "copy_image",
-           "runs", "BLOCK"]
+           "runs", "write_map", "read_map", "map_length", "map_size", "BLOCK"]
 
 TIMEOUT = 3600.0
 BLOCK = 64 << 10
 HEX = 32                    # hex digits of a block's SHA-256 kept in a map
 _ZERO = bytes(BLOCK)
+MAGIC = b"PCBMAP1\0"        # a map file's first bytes
+HEADER = 64                 # bytes before the first block's digest
+DIGEST = HEX // 2           # bytes of a block's digest in a map file
+_HEAD = struct.Struct("<8sIIQ")     # magic, block size, digest size, length
 
 
 def _run(tool: str, *args: str) -> str:
@@ -117,6 +131,65 @@ def digest(blocks: dict[int, str], length: int) -> str:
         summed.update(f"{index}:{blocks[index]};".encode())
     summed.update(str(length).encode())
     return "blockmap-sha256:" + summed.hexdigest()
+
+
+def map_size(length: int) -> int:
+    """The bytes of the map file of ``length`` bytes of content."""
+    return HEADER + DIGEST * (-(-length // BLOCK))
+
+
+def write_map(blocks: dict[int, str], length: int, path: str) -> None:
+    """``path``: the map ``blocks`` of ``length`` bytes of content, as a
+    file (the module docstring).  Written beside as ``path.part`` and
+    renamed: a map file that exists is whole."""
+    part = path + ".part"
+    with open(part, "wb") as out:
+        out.write(_HEAD.pack(MAGIC, BLOCK, DIGEST, length).ljust(HEADER, b"\0"))
+        out.truncate(map_size(length))
+        for index in sorted(blocks):
+            out.seek(HEADER + DIGEST * index)
+            out.write(bytes.fromhex(blocks[index]))
+    os.replace(part, path)
+
+
+def map_length(path: str) -> int:
+    """The content's length a map file describes; RequestError when the
+    file is no whole map."""
+    try:
+        with open(path, "rb") as source:
+            head = source.read(HEADER)
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise RequestError(f"block map {os.path.basename(path)}: {exc.strerror}") from None
+    if len(head) < HEADER:
+        raise RequestError(f"block map {os.path.basename(path)}: no header")
+    magic, block, digest_size, length = _HEAD.unpack_from(head)
+    if magic != MAGIC or block != BLOCK or digest_size != DIGEST or size != map_size(length):
+        raise RequestError(f"block map {os.path.basename(path)}: not a whole map of "
+                           f"{BLOCK >> 10} KiB blocks")
+    return length
+
+
+def read_map(path: str) -> tuple[dict[int, str], int]:
+    """``(map, length)`` read from a map file (only its data: holes are
+    zero blocks)."""
+    length = map_length(path)
+    count, zero, blocks = -(-length // BLOCK), bytes(DIGEST), {}
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for start, end in _data_ranges(fd, map_size(length)):
+            first = max(0, (start - HEADER) // DIGEST)
+            last = min(count, -(-(end - HEADER) // DIGEST))
+            if last <= first:
+                continue
+            data = os.pread(fd, (last - first) * DIGEST, HEADER + first * DIGEST)
+            for index in range(first, last):
+                entry = data[(index - first) * DIGEST:(index - first + 1) * DIGEST]
+                if entry != zero:
+                    blocks[index] = entry.hex()
+    finally:
+        os.close(fd)
+    return blocks, length
 
 
 def differing(ours: dict[int, str], theirs: dict[int, str]) -> list[int]:
