@@ -163,10 +163,11 @@ def test_a_shut_off_vm_with_a_checkpoint_is_snapshotted_and_reverted(kvm):
     assert read_marker(kvm, uuid, SECTOR_A) == "MARKER-A"
 
 
-def test_a_replicated_vm_keeps_its_snapshot_and_a_revert_makes_the_next_update_full(kvm):
+def test_a_replicated_vm_keeps_its_snapshot_and_a_revert_makes_the_next_update_a_delta(kvm):
     """A replica copies the disks as they are and leaves the snapshot
     where it is; a revert drops the replica's checkpoint with the others,
-    so the next update is full and says why; a move is refused, naming the
+    so the next update sends the blocks that differ from the previous
+    replica (a delta) and says why; a move is refused, naming the
     snapshot."""
     from engine.backups import replicas
     vm = kvm.boot("rp")
@@ -188,6 +189,7 @@ def test_a_replicated_vm_keeps_its_snapshot_and_a_revert_makes_the_next_update_f
     reverted = done(kvm, "revert", "rp", "s1", "--yes")
     assert any(name.startswith("peerctl-replica") for name in reverted["dropped"]), reverted
     after = replica_after(time.time())
-    assert after["kind"] == "full" and "gone from the VM" in after["reason"], after
+    assert after["kind"] == "delta" and "gone from the VM" in after["reason"] \
+        and "from replica update" in after["reason"], after
     kvm.cluster.cli_json("replicate", "rp", "--stop")
     kvm.cluster.cli_json("destroy", "rp", "--yes", timeout=120)
