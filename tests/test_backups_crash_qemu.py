@@ -21,6 +21,7 @@ from engine.core import api, failpoints, keys
 from engine.core.values import readable
 from engine.hypervisor.storage import nbdpull
 from tests.support import qemu_guest, wait_for
+from tests.support.guest_disk import read_marker, write_marker
 from tests.support.cluster import finished
 from tests.support.kvm import BOOT_TIMEOUT, Kvm
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
@@ -47,32 +48,12 @@ def kvm(cluster, store, libvirtd_pair, guest_dir, armed):  # noqa: F811
     kvm.close()
 
 
-def restart_the_dead(kvm, hosts, automation, armed=None):
-    """Start again each of ``hosts`` whose peer died; the automation's task
-    once it ended."""
-    for host in hosts:
-        if kvm.cluster.peers[host].poll() is None:
-            continue
-        if host in MEMBERS:
-            kvm.cluster.start_peer(host, env={failpoints.ENV: armed})
-        else:
-            kvm.start_peer(host)
-    task = api.get_task(kvm.store, automation)
-    return task if task["state"] in keys.TERMINAL_STATES else None
-
-
 def write(kvm, uuid, letter, host="host1"):
-    kvm.shell(host, uuid, f"echo MARKER-{letter} | dd of=/dev/vda bs=512 "
-                          f"seek={SECTORS[letter]} conv=notrunc 2>/dev/null; sync")
+    write_marker(kvm, host, uuid, SECTORS[letter], f"MARKER-{letter}")
 
 
 def read(kvm, host, uuid, letter) -> str:
-    out = kvm.shell(host, uuid, f"echo READ-$((0)):$(dd if=/dev/vda bs=512 "
-                                f"skip={SECTORS[letter]} count=1 2>/dev/null | head -n 1 "
-                                "| tr -cd 'A-Za-z0-9-')")
-    lines = [line for line in out.splitlines() if "READ-0:" in line]
-    assert lines, f"the guest printed no READ line: {out!r}"
-    return lines[-1].split("READ-0:", 1)[1].strip()
+    return read_marker(kvm, host, uuid, SECTORS[letter])
 
 
 def start_backup(kvm, vm, prefer=None):
@@ -169,8 +150,7 @@ def test_the_initiator_killed_at_every_step_boundary_still_makes_one_incremental
     steps = list(dict.fromkeys(e["request"] for e in first["log"]))
     failpoints.arm(armed, [f"append {request}" for request in steps] + ["finish"])
     automation = start_backup(kvm, vm, prefer=list(MEMBERS))
-    task = wait_for(lambda: restart_the_dead(kvm, (*MEMBERS, "host1", "host2"), automation,
-                                             armed), timeout=600,
+    task = wait_for(lambda: kvm.restart_the_dead(automation, MEMBERS, armed), timeout=600,
                     interval=0.1, what="the backup to finish through the crashes")
     fired = [point for point, _, _ in failpoints.fired(armed)]
     assert task["state"] == "done", (task["error"], task["result"])
@@ -195,7 +175,7 @@ def test_a_peer_killed_mid_backup_leaves_one_complete_backup_or_nothing(kvm, arm
     write(kvm, vm["uuid"], "B")
     failpoints.arm(armed, [point])
     automation = start_backup(kvm, vm)
-    task = wait_for(lambda: restart_the_dead(kvm, ["host1", "host2"], automation),
+    task = wait_for(lambda: kvm.restart_the_dead(automation),
                     timeout=600, interval=0.1, what="the backup to end through the crash")
     assert [p for p, _, _ in failpoints.fired(armed)] == [point]
     the_rest_holds(kvm, vm, first, task)
@@ -233,6 +213,6 @@ def test_the_vms_host_killed_while_the_target_reads_its_export(kvm, armed):
                          what="the target to stop mid-read")
     kvm.cluster.kill("host1")                       # ...the VM's host's peer dies...
     os.kill(paused[1], signal.SIGCONT)              # ...and the target reads on
-    task = wait_for(lambda: restart_the_dead(kvm, ["host1", "host2"], automation),
+    task = wait_for(lambda: kvm.restart_the_dead(automation),
                     timeout=600, interval=0.1, what="the backup to end through the crash")
     the_rest_holds(kvm, vm, first, task)

@@ -24,6 +24,7 @@ import pytest
 
 from engine.core import api
 from tests.support import qemu_guest, wait_for
+from tests.support.guest_disk import read_marker, write_marker
 from tests.support.cluster import finished, start_automation
 from tests.support.kvm import BOOT_TIMEOUT, HOSTS, kvm  # noqa: F401  (kvm: a fixture)
 from tests.support.libvirtd_pair import libvirtd_pair  # noqa: F401  (a fixture)
@@ -36,17 +37,11 @@ SECTORS = {"A": 1_000_000, "B": 1_000_008, "C": 1_000_016, "D": 1_000_024}
 
 
 def write(kvm, host, uuid, letter):
-    kvm.shell(host, uuid, f"echo MARKER-{letter} | dd of=/dev/vda bs=512 "
-                          f"seek={SECTORS[letter]} conv=notrunc 2>/dev/null; sync")
+    write_marker(kvm, host, uuid, SECTORS[letter], f"MARKER-{letter}")
 
 
 def read(kvm, host, uuid, letter) -> str:
-    out = kvm.shell(host, uuid, f"echo READ-$((0)):$(dd if=/dev/vda bs=512 "
-                                f"skip={SECTORS[letter]} count=1 2>/dev/null | head -n 1 "
-                                "| tr -cd 'A-Za-z0-9-')")
-    lines = [line for line in out.splitlines() if "READ-0:" in line]
-    assert lines, f"the guest printed no READ line: {out!r}"
-    return lines[-1].split("READ-0:", 1)[1].strip()
+    return read_marker(kvm, host, uuid, SECTORS[letter])
 
 
 def backed_up(kvm, name):

@@ -177,19 +177,6 @@ def requests_of(task) -> list[str]:
     return list(dict.fromkeys(entry["request"] for entry in task["log"]))
 
 
-def restart_the_dead(kvm, automation, armed):
-    """Start again each peer that died; the automation's task once it ended."""
-    for host in [h for h in (*MEMBERS, "host1", "host2") if h in kvm.cluster.peers]:
-        if kvm.cluster.peers[host].poll() is None:
-            continue
-        if host in MEMBERS:
-            kvm.cluster.start_peer(host, env={failpoints.ENV: armed})
-        else:
-            kvm.start_peer(host)
-    task = api.get_task(kvm.store, automation)
-    return task if task["state"] in keys.TERMINAL_STATES else None
-
-
 def test_a_chain_of_four_is_served_once_and_restored_exactly(kvm):
     _vm, taken = chain_of_four(kvm)
     task = finished(kvm.store, start_restore(kvm, taken[-1]["backup"], "db-r"), timeout=600)
@@ -229,7 +216,7 @@ def test_a_peer_killed_mid_restore_still_restores_exactly(kvm, armed, point):
     _vm, taken = chain_of_four(kvm)
     failpoints.arm(armed, [point])
     automation = start_restore(kvm, taken[-1]["backup"], "db-r")
-    task = wait_for(lambda: restart_the_dead(kvm, automation, armed),
+    task = wait_for(lambda: kvm.restart_the_dead(automation, MEMBERS, armed),
                     timeout=600, interval=0.1, what="the restore to end through the crash")
     assert [p for p, _, _ in failpoints.fired(armed)] == [point]
     restored_exactly(kvm, task, "db-r")
@@ -246,7 +233,7 @@ def test_the_chain_hosts_peer_killed_mid_copy_leaves_the_copy_going(kvm, armed):
              what="the copy to start")
     kvm.cluster.kill("host2")
     kvm.cluster.kill("host1", signal.SIGCONT)
-    task = wait_for(lambda: restart_the_dead(kvm, automation, armed),
+    task = wait_for(lambda: kvm.restart_the_dead(automation, MEMBERS, armed),
                     timeout=600, interval=0.1, what="the restore to end through the crash")
     restored_exactly(kvm, task, "db-r")
     assert_clean(kvm, taken)
@@ -277,7 +264,7 @@ def test_the_initiator_killed_at_every_step_boundary_still_restores_once(kvm, ar
              "build", "backup_release"]
     failpoints.arm(armed, [f"append {request}" for request in steps] + ["finish"])
     automation = start_restore(kvm, taken[-1]["backup"], "db-r", prefer=list(MEMBERS))
-    task = wait_for(lambda: restart_the_dead(kvm, automation, armed),
+    task = wait_for(lambda: kvm.restart_the_dead(automation, MEMBERS, armed),
                     timeout=600, interval=0.1, what="the restore to finish through the crashes")
     assert [p for p, _, _ in failpoints.fired(armed)] == \
         [f"append {request}" for request in steps] + ["finish"]

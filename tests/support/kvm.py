@@ -23,7 +23,7 @@ import shutil
 import libvirt
 import pytest
 
-from engine.core import api, keys
+from engine.core import api, failpoints, keys
 from engine.placement import open_placement
 from tests.support import qemu_guest, wait_for
 from tests.support.cluster import start_automation, stop_guard
@@ -94,6 +94,20 @@ class Kvm:
                                             *self.peer_args],
                                 netns=self.pair.netns[HOSTS.index(host)]
                                 if host in self.inside else None)
+
+    def restart_the_dead(self, automation, members=(), armed=None):
+        """Start again each peer that died: ``members`` (the cluster's own
+        peers that lead, with the crash points ``armed``) and the two KVM
+        hosts; the automation's task once it ended, else None."""
+        for host in (*members, *HOSTS):
+            if host not in self.cluster.peers or self.cluster.peers[host].poll() is None:
+                continue
+            if host in HOSTS:
+                self.start_peer(host)
+            else:
+                self.cluster.start_peer(host, env={failpoints.ENV: armed} if armed else None)
+        task = api.get_task(self.store, automation)
+        return task if task["state"] in keys.TERMINAL_STATES else None
 
     def boot(self, name, *flags):
         booted = self.cluster.cli_json(
